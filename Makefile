@@ -1,0 +1,18 @@
+# The README's two commands: `make run` (set-up + the embedded default grid) and
+# `make test` (set-up + the test suite, which starts a real single-node Slurm).
+SHELL := /bin/bash
+CORES ?= 2
+
+.PHONY: setup run test dry-run-paper
+setup:
+	bash envs/setup.sh
+
+run: setup
+	.venv/bin/snakemake --cores $(CORES)
+
+test: setup
+	bash envs/install-slurm.sh
+	.venv/bin/python -m pytest
+
+dry-run-paper: setup
+	.venv/bin/snakemake --configfile config/paper.yaml -n --quiet rules

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Set-up of this repo's own environment (the README's commands call it; so does CI):
+# a venv in .venv with the pinned stack, llmbench installed editable, and the site
+# profiles linked where `snakemake --profile <name>` looks for bare names.
+# Idempotent: a stamp of the requirement files skips pip when nothing changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+py=${PYTHON:-python3}
+
+stamp=.venv/.llmbench-setup
+want=$(cat envs/requirements-torch-cpu.txt envs/requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+  [[ -x .venv/bin/python ]] || "$py" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  # torch FIRST and alone: pip then takes the local CPU build instead of a multi-GB
+  # CUDA build that deepspeed/bitsandbytes would otherwise pull (FINDINGS.md).
+  .venv/bin/python -m pip install -q -r envs/requirements-torch-cpu.txt
+  .venv/bin/python -m pip install -q -r envs/requirements.txt
+  .venv/bin/python -m pip install -q --no-deps -e .
+  echo "$want" > "$stamp"
+fi
+
+# `snakemake --profile slurm_a800` resolves bare names in ~/.config/snakemake, not in
+# ./profiles: link every site profile there (profiles/default is the workflow profile,
+# loaded from the repo automatically).
+cfg=${XDG_CONFIG_HOME:-$HOME/.config}/snakemake
+mkdir -p "$cfg"
+for dir in profiles/*/; do
+  name=$(basename "$dir")
+  [[ $name == default ]] && continue
+  ln -sfn "$root/profiles/$name" "$cfg/$name"
+done
+echo "llmbench set-up done: $(.venv/bin/snakemake --version | head -1) in $root/.venv"

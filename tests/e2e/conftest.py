@@ -1,0 +1,45 @@
+"""End-to-end helpers: a copy of the workflow in a temporary folder, and snakemake runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent  # the venv's bin (not resolved: keep the venv)
+COPY = ("Snakefile", "workflow", "config", "profiles")
+
+
+def make_workspace(dest: Path) -> Path:
+    """A fresh copy of the workflow (no results) to run in."""
+    for name in COPY:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def snakemake(workspace: Path, *args: str, env: dict | None = None, timeout: int = 1800) -> subprocess.CompletedProcess:
+    """Run the venv's snakemake in ``workspace``; output captured as text."""
+    full_env = {**os.environ, **(env or {})}
+    full_env["PATH"] = f"{BIN}{os.pathsep}{full_env.get('PATH', '')}"
+    return subprocess.run([str(BIN / "snakemake"), *args], cwd=workspace, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def record_mtimes(workspace: Path) -> dict[str, int]:
+    """Record path -> mtime in ns, for every record under results/runs."""
+    return {str(p.relative_to(workspace)): p.stat().st_mtime_ns
+            for p in (workspace / "results" / "runs").rglob("record.json")}
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    return make_workspace(tmp_path_factory.mktemp("workspace"))

@@ -1,0 +1,53 @@
+"""The pipeline through a real single-node Slurm (slurmctld, slurmd, munge on 127.0.0.1)
+with the slurm executor plugin and profiles/slurm_ci: cells become Slurm jobs, an OOM
+cell is a record, the tables come out. The cluster is stopped also when the test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import make_workspace, record_mtimes, snakemake
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from slurm_cluster import slurm_available, slurm_cluster  # noqa: E402
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slurm,
+    pytest.mark.skipif(not slurm_available(), reason="Slurm/munge not installed (envs/install-slurm.sh)"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="starting Slurm daemons needs root"),
+]
+
+CONFIG = {
+    "protocol": {"warmup_steps": 1, "measured_steps": 3, "repeats": 1, "seq_len": 350, "timeout_s": 600},
+    "pretrain": [
+        {"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive", "Z3", "Q"], "batch_sizes": [1]},
+        {"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive"], "batch_sizes": [64], "mem_cap_gib": 1.5},
+    ],
+}
+
+
+def test_pipeline_through_slurm(tmp_path):
+    ws = make_workspace(tmp_path / "ws")
+    (ws / "slurm.yaml").write_text(yaml.safe_dump(CONFIG))
+    with slurm_cluster(tmp_path / "slurm") as cluster:
+        res = snakemake(ws, "--profile", str(ws / "profiles" / "slurm_ci"), "--configfile", "slurm.yaml",
+                        env=cluster.env, timeout=1500)
+        logs = sorted((ws / ".snakemake" / "slurm_logs").rglob("*.log"))
+        detail = "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-2000:]}" for p in logs)
+        assert res.returncode == 0, f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}\n{detail}"
+    records = {p: json.loads((ws / p).read_text()) for p in record_mtimes(ws)}
+    assert len(records) == 4
+    statuses = {r["cell"]["technique"] + f"/bs{r['cell']['batch_size']}": r["status"] for r in records.values()}
+    assert statuses == {"Naive/bs1": "ok", "Z3/bs1": "ok", "Q/bs1": "ok", "Naive/bs64": "oom"}
+    # every cell ran inside a Slurm job of the test cluster
+    job_ids = {r["provenance"]["host"]["slurm_job_id"] for r in records.values()}
+    assert None not in job_ids and len(job_ids) == 4
+    assert any("run_pretrain_cell" in str(p) for p in logs)
+    assert (ws / "results/tables/table3.md").exists() and (ws / "results/figures/pretrain.svg").exists()

@@ -1,0 +1,152 @@
+import copy
+import shutil
+
+import pytest
+import yaml
+
+from llmbench import grid
+from llmbench.config import ConfigError
+from llmbench.protocol import Protocol
+
+BASE = {
+    "protocol": {"warmup_steps": 1, "measured_steps": 2, "repeats": 1, "seq_len": 16, "timeout_s": 60},
+    "pretrain": [
+        {"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive", "R+Z3+F", "Q"], "batch_sizes": [1, 2]},
+    ],
+}
+
+
+def cfg(**block):
+    c = copy.deepcopy(BASE)
+    c["pretrain"][0].update(block)
+    return c
+
+
+def test_expansion_is_the_cartesian_product():
+    g = grid.expand(cfg())
+    assert len(g.cells) == 3 * 2
+    names = {(c.technique, c.batch_size) for c in g.cells}
+    assert ("F+R+Z3", 2) in names  # canonicalised
+    assert all(c.gpus == 1 for c in g.cells)  # cpu platform: gpus_per_node 1
+
+
+def test_paths_are_a_function_of_the_key():
+    g = grid.expand(cfg())
+    paths = [c.record_path("results") for c in g.cells]
+    assert len(set(paths)) == len(paths)
+    c = g.find(stage="pretrain", platform="cpu", model="tiny", backend="deepspeed",
+               technique="F+R+Z3", batch_size="2", gpus="1")
+    assert c.record_path("results") == "results/runs/pretrain/cpu/tiny/deepspeed/F+R+Z3/bs2-g1/record.json"
+    assert g.by_path()[c.record_path("results")] is c
+
+
+def test_defaults_filled_and_protocol_override():
+    c = cfg(protocol={"repeats": 3})
+    g = grid.expand(c)
+    assert g.cells[0].protocol == Protocol(warmup_steps=1, measured_steps=2, repeats=3, seq_len=16, timeout_s=60, seed=0)
+    assert g.results_dir == "results"
+    assert g.cells[0].backend == "deepspeed"
+
+
+def test_batch_sizes_per_technique():
+    g = grid.expand(cfg(techniques=["Z3", "R"], batch_sizes={"Z3": [4], "R": [8, 16]}))
+    assert sorted((c.technique, c.batch_size) for c in g.cells) == [("R", 8), ("R", 16), ("Z3", 4)]
+
+
+def test_batch_sizes_map_must_cover_every_technique():
+    with pytest.raises(ConfigError, match=r"pretrain\[0\]\.batch_sizes: no batch sizes for technique\(s\) R"):
+        grid.expand(cfg(techniques=["Z3", "R"], batch_sizes={"Z3": [4]}))
+
+
+def test_gpus_default_from_platform_and_override():
+    g = grid.expand(cfg(platforms=["a800"]))
+    assert {c.gpus for c in g.cells} == {8}
+    g = grid.expand(cfg(platforms=["a800"], gpus=2))
+    assert {c.gpus for c in g.cells} == {2}
+
+
+def test_only_platforms_filters():
+    c = cfg(platforms=["cpu", "a800"])
+    c["only_platforms"] = ["a800"]
+    assert {x.platform for x in grid.expand(c).cells} == {"a800"}
+
+
+@pytest.mark.parametrize(
+    "block,needle",
+    [
+        (dict(techniques=["Naive", "Z4"]), r"pretrain\[0\]\.techniques\[1\]: unknown flag 'Z4'.*flags are F, R, Z2, Z3, O, Q"),
+        (dict(techniques=["Z2+Z3"]), r"pretrain\[0\]\.techniques\[0\]: .*both Z2 and Z3"),
+        (dict(techniques=["O"]), r"techniques\[0\]: .*O \(offload\) needs Z2 or Z3"),
+        (dict(models=["llama9"]), r"pretrain\[0\]\.models\[0\]: unknown model 'llama9'; allowed: llama2-13b, llama2-70b, llama2-7b, tiny"),
+        (dict(platforms=["tpu"]), r"pretrain\[0\]\.platforms\[0\]: unknown platform 'tpu'; allowed: a800, cpu, h100"),
+        (dict(batch_sizes=[1, 0]), r"pretrain\[0\]\.batch_sizes\[1\]: 0 is less than the minimum of 1"),
+        (dict(batch_sizes=["two"]), r"pretrain\[0\]\.batch_sizes\[0\]: 'two' is not of type 'integer'"),
+        (dict(batch_size=[1]), r"pretrain\[0\]: unknown key\(s\) 'batch_size'; allowed keys: .*batch_sizes"),
+        (dict(backend="colossal"), r"pretrain\[0\]\.backend: 'colossal' is not allowed; allowed values: 'deepspeed'"),
+    ],
+)
+def test_bad_input_names_the_key(block, needle):
+    with pytest.raises(ConfigError, match=needle):
+        grid.expand(cfg(**block))
+
+
+def test_bad_protocol_value():
+    c = cfg()
+    c["protocol"]["repeats"] = 0
+    with pytest.raises(ConfigError, match=r"protocol\.repeats: 0 is less than the minimum of 1"):
+        grid.expand(c)
+
+
+def test_conflicting_duplicate_cells_rejected():
+    c = cfg(techniques=["Naive"], batch_sizes=[1])
+    c["pretrain"].append({**c["pretrain"][0], "mem_cap_gib": 1.0})
+    with pytest.raises(ConfigError, match="defined twice with different settings"):
+        grid.expand(c)
+
+
+def test_identical_duplicate_cells_merge():
+    c = cfg(techniques=["Naive"], batch_sizes=[1])
+    c["pretrain"].append(copy.deepcopy(c["pretrain"][0]))
+    assert len(grid.expand(c).cells) == 1
+
+
+def test_malformed_platform_file_names_file(tmp_path, repo):
+    shutil.copytree(repo / "config", tmp_path / "config")
+    (tmp_path / "config" / "platforms" / "cpu.yaml").write_text("name: cpu\n  bad: [indent\n")
+    with pytest.raises(ConfigError, match=r"platforms/cpu\.yaml: malformed YAML"):
+        grid.expand(cfg(), root=tmp_path)
+
+
+def test_platform_file_schema_error_names_key(tmp_path, repo):
+    shutil.copytree(repo / "config", tmp_path / "config")
+    path = tmp_path / "config" / "platforms" / "cpu.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["accelerator"] = "tpu"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"cpu\.yaml: invalid platform config:\n  accelerator: 'tpu' is not allowed; allowed values: 'cuda', 'cpu'"):
+        grid.expand(cfg(), root=tmp_path)
+
+
+def test_shipped_configs_expand(repo):
+    default = grid.load(repo / "config" / "config.yaml")
+    assert {c.technique for c in default.cells} >= {"Naive", "Z2", "Z3", "Z2+O", "Z3+O", "R", "Q", "F"}
+    assert any(c.mem_cap_gib for c in default.cells)  # the forced-OOM cell
+    paper = grid.load(repo / "config" / "paper.yaml")
+    assert {c.platform for c in paper.cells} == {"a800", "rtx4090", "rtx3090", "rtx3090-nonvlink"}
+    assert {c.model for c in paper.cells} == {"llama2-7b", "llama2-13b", "llama2-70b"}
+    bs1 = {(c.platform, c.model, c.technique) for c in paper.cells if c.batch_size == 1}
+    assert len(bs1) == 4 * 3 * 22  # every method row of Table III, on every platform and model
+    assert {c.gpus for c in paper.cells} == {8}
+
+
+def test_paper_grid_covers_the_reference_tables(repo):
+    import pandas as pd
+
+    from llmbench.techniques import canonical
+
+    paper = grid.load(repo / "config" / "paper.yaml")
+    cells = {(c.platform, c.model, c.technique, c.batch_size) for c in paper.cells}
+    for table in ("table3", "table4"):
+        ref = pd.read_csv(repo / "config" / "reference" / f"{table}.csv")
+        for r in ref[ref.status == "ok"].itertuples():
+            assert (r.platform, r.model, canonical(r.method), int(r.batch_size)) in cells, r

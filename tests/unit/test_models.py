@@ -1,0 +1,23 @@
+import pytest
+import torch
+
+from llmbench.models import ModelSpec, flops_per_token
+from llmbench.train.build import build_llama
+
+
+def test_param_counts_match_transformers():
+    spec = ModelSpec.load("tiny")
+    model = build_llama(spec, "sdpa", torch.float32, "cpu")
+    assert spec.param_counts()["total"] == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name,billions", [("llama2-7b", 6.738), ("llama2-13b", 13.016), ("llama2-70b", 68.977)])
+def test_llama2_sizes(name, billions):
+    # published sizes of the released checkpoints
+    assert ModelSpec.load(name).param_counts()["total"] / 1e9 == pytest.approx(billions, abs=0.002)
+
+
+def test_flops_per_token_palm_formula():
+    spec = ModelSpec.load("llama2-7b")
+    n = spec.param_counts()["non_embedding"]
+    assert flops_per_token(spec, 350) == 6 * n + 12 * 32 * 4096 * 350

@@ -1,0 +1,50 @@
+import json
+
+import pytest
+
+from llmbench import record
+from llmbench.record import Metrics, Record
+
+
+def make(status="ok", **kw):
+    m = Metrics(tokens_per_s_mean=10.0, tokens_per_s_std=1.0, tokens_per_s_runs=(9.0, 11.0),
+                step_time_s_runs=(0.1, 0.2), peak_rss_gib=0.5, mfu=None, mfu_formula="n/a")
+    return Record(cell={"stage": "pretrain", "technique": "Z3"}, status=status, metrics=m if status == "ok" else Metrics(),
+                  provenance={"git": {"sha": "abc"}}, **kw)
+
+
+def test_round_trip(tmp_path):
+    r = make()
+    path = tmp_path / "a" / "record.json"
+    record.write(r, path)
+    assert record.read(path) == r
+    assert Record.from_dict(json.loads(path.read_text())) == r
+    assert json.loads(path.read_text())["schema_version"] == record.SCHEMA_VERSION
+
+
+def test_non_ok_needs_reason():
+    with pytest.raises(ValueError, match="needs a reason"):
+        make(status="oom")
+    assert make(status="oom", reason="CUDA out of memory").status == "oom"
+
+
+def test_unknown_status_rejected():
+    with pytest.raises(ValueError, match="status must be one of"):
+        make(status="crashed", reason="x")
+
+
+def test_other_schema_version_rejected(tmp_path):
+    d = make().to_dict()
+    d["schema_version"] = 999
+    with pytest.raises(ValueError, match="schema_version 999"):
+        Record.from_dict(d)
+
+
+def test_atomic_write_keeps_old_file_on_failure(tmp_path):
+    path = tmp_path / "record.json"
+    record.write(make(), path)
+    before = path.read_text()
+    with pytest.raises(ValueError):
+        record.write_json_atomic(path, {"x": float("nan")})  # not valid JSON
+    assert path.read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["record.json"]  # no temp file left

@@ -1,0 +1,70 @@
+# Grid -> targets: thin wrappers over llmbench.grid. The config is validated here, at
+# parse time, before any job: a bad key or value stops the workflow with one message.
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "scripts"))
+
+from llmbench import grid as lbgrid  # noqa: E402
+from llmbench.config import ConfigError  # noqa: E402
+
+try:
+    GRID = lbgrid.expand(config, Path(workflow.basedir), source="config")
+except ConfigError as exc:
+    raise WorkflowError(f"invalid configuration (nothing was run):\n{exc}") from None
+
+R = GRID.results_dir
+CELL_DIR = "{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}"
+PAPER_TABLES = ["table3", "table4"]
+
+
+wildcard_constraints:
+    **lbgrid.WILDCARD_CONSTRAINTS,
+    table="|".join(PAPER_TABLES),
+
+
+def pretrain_records():
+    """Every pre-training cell's record (rule all lists each, so a deleted one reruns)."""
+    return [c.record_path(R) for c in GRID.cells if c.stage == "pretrain"]
+
+
+def table_targets():
+    return [f"{R}/tables/records.csv", f"{R}/tables/records.parquet"] + [
+        f"{R}/tables/{t}.{ext}" for t in PAPER_TABLES for ext in ("csv", "md")
+    ]
+
+
+def figure_targets():
+    return [f"{R}/figures/pretrain.{ext}" for ext in ("html", "svg", "png")]
+
+
+def all_targets():
+    return pretrain_records() + table_targets() + figure_targets()
+
+
+def cell_of(wildcards):
+    return GRID.find(**dict(wildcards.items()))
+
+
+def cell_spec(wildcards):
+    """The resolved cell config the runner gets (also the params rerun trigger)."""
+    return GRID.spec(cell_of(wildcards))
+
+
+def platform_of(wildcards):
+    return GRID.platforms[wildcards.platform]
+
+
+def cell_threads(wildcards):
+    return platform_of(wildcards).slurm.get("cpus_per_task", 1)
+
+
+def cell_runtime_min(wildcards):
+    """Slurm time limit: every repeat may use its full timeout, plus start-up slack."""
+    p = cell_of(wildcards).protocol
+    return p.repeats * (p.timeout_s // 60 + 1) + 10
+
+
+def slurm_resource(key, default=None):
+    """A resource taken from the cell's platform file (profiles may override it)."""
+    return lambda wildcards: platform_of(wildcards).slurm.get(key) or default

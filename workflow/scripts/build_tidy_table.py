@@ -1,0 +1,16 @@
+"""Snakemake adapter: every Record -> the tidy table (CSV and Parquet)."""
+
+import logging
+
+from llmbench.report import tidy
+
+
+def main(smk) -> None:
+    logging.basicConfig(filename=smk.log[0], level=logging.INFO)
+    df = tidy.build(smk.input.records)
+    tidy.write(df, smk.output.csv, smk.output.parquet)
+    logging.info("%d records: %s", len(df), df["status"].value_counts().to_dict())
+
+
+if __name__ == "__main__":
+    main(snakemake)  # noqa: F821 - injected by Snakemake

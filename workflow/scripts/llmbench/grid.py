@@ -1,0 +1,191 @@
+"""The grid: config blocks expanded into Cells, and the path grammar of their records.
+
+Path grammar (relative to results_dir):
+    runs/{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}/record.json
+A Cell's path is a pure function of these fields; every other field (protocol, caps) must
+agree between blocks that produce the same path, or the grid is rejected.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import techniques
+from .config import REPO_ROOT, ConfigError, available, load_yaml, validate
+from .models import ModelSpec
+from .platforms import Platform
+from .protocol import Protocol
+
+RECORD_PATTERN = (
+    "runs/{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}/record.json"
+)
+#: Wildcard regexes for Snakemake (common.smk), one per path field.
+WILDCARD_CONSTRAINTS: dict[str, str] = {
+    "stage": "pretrain",
+    "platform": "[a-z0-9][a-z0-9-]*",
+    "model": "[a-z0-9][a-z0-9.-]*",
+    "backend": "[a-z]+",
+    "technique": "[A-Za-z0-9+]+",
+    "batch_size": "[0-9]+",
+    "gpus": "[0-9]+",
+}
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Cell:
+    """One point of the grid: everything a runner needs to produce one Record."""
+
+    stage: str
+    """Pipeline stage ('pretrain')."""
+    platform: str
+    """Platform id."""
+    model: str
+    """Model id."""
+    backend: str
+    """Training backend ('deepspeed')."""
+    technique: str
+    """Canonical technique name (llmbench.techniques)."""
+    batch_size: int
+    """Per-GPU micro-batch size (global batch = batch_size * gpus)."""
+    gpus: int
+    """GPUs (ranks) the cell runs on, all on one node."""
+    protocol: Protocol
+    """How it is measured."""
+    mem_cap_gib: float | None = None
+    """Per-rank host-RSS cap in GiB (None: none)."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.gpus < 1:
+            raise ConfigError(f"gpus must be >= 1, got {self.gpus}")
+        if techniques.canonical(self.technique) != self.technique:
+            raise ConfigError(f"technique {self.technique!r} is not canonical")
+
+    @property
+    def key(self) -> dict[str, Any]:
+        """The fields that name the cell's path."""
+        return {k: getattr(self, k) for k in WILDCARD_CONSTRAINTS}
+
+    def record_path(self, results_dir: str = "results") -> str:
+        """Where this cell's Record lives."""
+        return f"{results_dir}/" + RECORD_PATTERN.format(**self.key)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (JSON-ready)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Cell":
+        """Inverse of to_dict."""
+        return cls(**{**data, "protocol": Protocol(**data["protocol"])})
+
+
+@dataclass(kw_only=True, slots=True)
+class Grid:
+    """A validated config: its cells and the platforms and models they use."""
+
+    results_dir: str
+    cells: list[Cell]
+    platforms: dict[str, Platform] = field(default_factory=dict)
+    models: dict[str, ModelSpec] = field(default_factory=dict)
+
+    def by_path(self) -> dict[str, Cell]:
+        """Record path -> Cell."""
+        return {c.record_path(self.results_dir): c for c in self.cells}
+
+    def find(self, **key: Any) -> Cell:
+        """The cell whose path fields equal ``key`` (values compared as strings)."""
+        want = {k: str(v) for k, v in key.items() if k in WILDCARD_CONSTRAINTS}
+        for c in self.cells:
+            if {k: str(v) for k, v in c.key.items()} == want:
+                return c
+        raise KeyError(f"no cell with {want}")
+
+    def spec(self, cell: Cell) -> dict[str, Any]:
+        """The fully resolved cell config a runner gets: cell, platform and model."""
+        return {
+            "cell": cell.to_dict(),
+            "platform": self.platforms[cell.platform].to_dict(),
+            "model": self.models[cell.model].to_dict(),
+        }
+
+
+def _check_names(values: list[str], kind: str, where: str, root: Path) -> None:
+    allowed = available(kind, root)
+    for i, v in enumerate(values):
+        if v not in allowed:
+            raise ConfigError(f"{where}[{i}]: unknown {kind} {v!r}; allowed: {', '.join(allowed)}")
+
+
+def expand(config: dict[str, Any], root: Path = REPO_ROOT, source: str = "config") -> Grid:
+    """Validate a config mapping and expand it into a Grid.
+
+    Raises ConfigError (naming the key and the allowed values) before anything runs.
+    """
+    raw = copy.deepcopy(dict(config))
+    # a block's protocol overrides only the keys it names (validation fills in defaults)
+    block_protocols = [
+        dict(b.get("protocol") or {}) if isinstance(b, dict) else {} for b in raw.get("pretrain") or []
+    ] if isinstance(raw.get("pretrain"), list) else []
+    config = validate(raw, "config", source)
+    base_protocol = config["protocol"]
+    only = config.get("only_platforms")
+    if only is not None:
+        _check_names(only, "platform", "only_platforms", root)
+    grid = Grid(results_dir=config["results_dir"], cells=[])
+    seen: dict[str, Cell] = {}
+    for b, block in enumerate(config["pretrain"]):
+        where = f"pretrain[{b}]"
+        _check_names(block["platforms"], "platform", f"{where}.platforms", root)
+        _check_names(block["models"], "model", f"{where}.models", root)
+        names = []
+        for t, text in enumerate(block["techniques"]):
+            try:
+                names.append(techniques.canonical(text))
+            except techniques.TechniqueError as exc:
+                raise ConfigError(f"{where}.techniques[{t}]: {exc}") from None
+        sizes = block["batch_sizes"]
+        if isinstance(sizes, dict):
+            canon = {}
+            for text, lst in sizes.items():
+                try:
+                    canon[techniques.canonical(text)] = lst
+                except techniques.TechniqueError as exc:
+                    raise ConfigError(f"{where}.batch_sizes.{text}: {exc}") from None
+            missing = sorted(set(names) - set(canon))
+            if missing:
+                raise ConfigError(f"{where}.batch_sizes: no batch sizes for technique(s) {', '.join(missing)}")
+        protocol = Protocol(**{**base_protocol, **block_protocols[b]})
+        for plat_name in block["platforms"]:
+            if only is not None and plat_name not in only:
+                continue
+            platform = grid.platforms.setdefault(plat_name, Platform.load(plat_name, root))
+            gpus = block["gpus"] or platform.gpus_per_node
+            for model_name, tech in itertools.product(block["models"], names):
+                grid.models.setdefault(model_name, ModelSpec.load(model_name, root))
+                for bs in (canon[tech] if isinstance(sizes, dict) else sizes):
+                    cell = Cell(
+                        stage="pretrain", platform=plat_name, model=model_name,
+                        backend=block["backend"], technique=tech, batch_size=bs, gpus=gpus,
+                        protocol=protocol, mem_cap_gib=block["mem_cap_gib"],
+                    )
+                    path = cell.record_path(grid.results_dir)
+                    if path in seen and seen[path] != cell:
+                        raise ConfigError(f"{where}: cell {path} is defined twice with different settings")
+                    if path not in seen:
+                        seen[path] = cell
+                        grid.cells.append(cell)
+    return grid
+
+
+def load(configfile: Path, root: Path = REPO_ROOT) -> Grid:
+    """Load a config file and expand it."""
+    data = load_yaml(configfile)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{configfile}: expected a mapping at the top level")
+    return expand(data, root, str(configfile))

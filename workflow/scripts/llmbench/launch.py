@@ -1,0 +1,266 @@
+"""Launcher: one cell, each repeat in its own process group, exit -> status, -> Record.
+
+Each repeat runs ``torchrun --standalone --nproc-per-node <gpus> -m <worker>`` in a new
+session, so the whole group (torchrun and every rank) can be stopped together: on a
+timeout, on a per-rank memory cap, or when this process is told to stop (Snakemake
+cancelling the job, Ctrl-C). Status is data:
+  ok       every repeat wrote its result
+  oom      a rank reported an out-of-memory error, exceeded the cell's mem_cap_gib
+           (killed by the watchdog) or was killed by SIGKILL (the kernel's OOM killer)
+  timeout  a repeat ran past protocol.timeout_s
+  error    anything else (the reason and log tail say what)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from . import provenance, techniques
+from .grid import Cell
+from .models import MFU_FORMULA, ModelSpec, flops_per_token
+from .protocol import summarize
+from .record import Metrics, Record, write
+
+WORKERS = {"deepspeed": "llmbench.train.deepspeed_worker"}
+OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "DefaultCPUAllocator: can't allocate memory")
+LOG_TAIL_LINES = 40
+
+
+@dataclass(kw_only=True, slots=True)
+class Outcome:
+    """How one repeat ended."""
+
+    status: str
+    reason: str = ""
+    result: dict | None = None
+    log_tail: str = ""
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _last_error(path: Path) -> str:
+    """The last line of a log that names an exception (the root cause, usually)."""
+    pattern = re.compile(r"^\s*(\w+\.)*\w*(Error|Exception|Interrupt)\b.*")
+    lines = [re.sub(r"^\[rank\d+\]:\s*", "", ln).strip() for ln in _tail(path, 400).splitlines()]
+    lines = [ln for ln in lines if pattern.match(ln)]
+    lines = [ln for ln in lines if "ChildFailedError" not in ln]
+    return lines[-1][:500] if lines else "no exception in the log"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group, then SIGKILL what is left after a grace period."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            # ranks may outlive torchrun briefly; give the group the same grace
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(proc.pid, 0)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.1)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class _Watchdog(threading.Thread):
+    """Kills the process group when one of its processes' RSS exceeds a cap."""
+
+    def __init__(self, proc: subprocess.Popen, cap_bytes: float, interval_s: float = 0.05):
+        super().__init__(daemon=True)
+        self.proc, self.cap, self.interval = proc, cap_bytes, interval_s
+        self.fired: str | None = None
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        try:
+            root = psutil.Process(self.proc.pid)
+        except psutil.NoSuchProcess:
+            return
+        while not self._stop.is_set() and self.proc.poll() is None:
+            try:
+                procs = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return
+            for p in procs:
+                try:
+                    rss = p.memory_info().rss
+                except psutil.Error:
+                    continue
+                if rss > self.cap:
+                    self.fired = (f"process {p.pid} reached {rss / 2**30:.2f} GiB RSS, over the cell's "
+                                  f"mem_cap_gib={self.cap / 2**30:g}: killed (out of memory)")
+                    _kill_group(self.proc)
+                    return
+            self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+_ACTIVE: list[subprocess.Popen] = []
+
+
+def _on_signal(signum, _frame) -> None:
+    """Stop the running repeat's whole process group, then exit (Snakemake cancel, Ctrl-C)."""
+    for proc in list(_ACTIVE):
+        _kill_group(proc)
+    sys.exit(128 + signum)
+
+
+def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int) -> Outcome:
+    """Run one repeat of a cell under torchrun in its own session; classify how it ended."""
+    cell = Cell.from_dict(spec["cell"])
+    spec_path = workdir / "spec.json"
+    spec_path.write_text(json.dumps(spec, indent=2))
+    out = workdir / f"repeat-{index}.json"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={cell.gpus}", "-m", WORKERS[cell.backend],
+            "--spec", str(spec_path), "--out", str(out)]
+    env = {**os.environ, **spec["platform"]["env"]}
+    env.setdefault("OMP_NUM_THREADS", str(max(1, threads // cell.gpus)))
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    env["PYTHONUNBUFFERED"] = "1"
+    # workers import llmbench from this checkout, installed or not
+    pkg_parent = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
+    with open(log, "a") as fh:
+        fh.write(f"\n=== repeat {index}: {' '.join(argv)}\n")
+        fh.flush()
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                cwd=workdir, start_new_session=True)
+    _ACTIVE.append(proc)
+    dog = None
+    if cell.mem_cap_gib:
+        dog = _Watchdog(proc, cell.mem_cap_gib * 2**30)
+        dog.start()
+    try:
+        rc = proc.wait(timeout=cell.protocol.timeout_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        rc, timed_out = proc.returncode, True
+    finally:
+        if dog:
+            dog.stop()
+        _ACTIVE.remove(proc)
+    _kill_group(proc)  # no orphan rank survives its torchrun
+    tail = _tail(log)
+    ooms = sorted(workdir.glob(f"{out.name}.oom.rank*"))
+    if timed_out:
+        return Outcome(status="timeout", reason=f"repeat {index} ran past timeout_s={cell.protocol.timeout_s}", log_tail=tail)
+    if dog and dog.fired:
+        return Outcome(status="oom", reason=dog.fired, log_tail=tail)
+    if ooms:
+        return Outcome(status="oom", reason=ooms[0].read_text(), log_tail=tail)
+    if rc == 0 and out.exists():
+        return Outcome(status="ok", result=json.loads(out.read_text()))
+    if any(m in tail for m in OOM_MARKERS):
+        return Outcome(status="oom", reason="out-of-memory error in the log", log_tail=tail)
+    if "Signal 9 (SIGKILL)" in tail or rc in (-9, 137):
+        return Outcome(status="oom", reason="a rank was killed by SIGKILL (the kernel's OOM killer is the usual sender)", log_tail=tail)
+    return Outcome(status="error", reason=f"repeat {index} exited with code {rc}: {_last_error(log)}", log_tail=tail)
+
+
+def _max(values: list[Any]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return max(vals) if vals else None
+
+
+def build_record(spec: dict, outcomes: list[Outcome], started: str, command: list[str]) -> Record:
+    """Aggregate repeat outcomes into the cell's Record."""
+    cell = Cell.from_dict(spec["cell"])
+    results = [o.result for o in outcomes if o.status == "ok"]
+    bad = next((o for o in outcomes if o.status != "ok"), None)
+    prov = {
+        "git": provenance.git_state(),
+        "host": provenance.host(),
+        "versions": results[-1]["versions"] if results else provenance.versions(),
+        "devices": results[-1]["devices"] if results else None,
+        "ds_config": results[-1]["ds_config"] if results else None,
+        "spec": spec,
+        "command": command,
+        "started": started,
+        "finished": datetime.now(timezone.utc).isoformat(),
+    }
+    if bad is not None:
+        return Record(cell=cell.to_dict(), status=bad.status, reason=bad.reason,
+                      log_tail=bad.log_tail, provenance=prov)
+    tps = summarize([r["tokens_per_s"] for r in results])
+    step = summarize([r["step_time_s"] for r in results])
+    model = ModelSpec(**spec["model"])
+    peak = spec["platform"]["peak_bf16_tflops"]
+    tech = techniques.parse(cell.technique)
+    if tech.quant4:
+        mfu, formula = None, "not reported for 4-bit (Q) cells: their matmuls are not bf16 GEMMs"
+    elif peak is None:
+        mfu, formula = None, f"not reported: platform {cell.platform!r} has no peak bf16 FLOP/s"
+    else:
+        mfu = tps.mean * flops_per_token(model, cell.protocol.seq_len) / (cell.gpus * peak * 1e12)
+        formula = f"{MFU_FORMULA}; peak {peak} TFLOP/s per GPU ({spec['platform']['peak_source']})"
+    last = results[-1]
+    metrics = Metrics(
+        tokens_per_s_mean=tps.mean, tokens_per_s_std=tps.std, tokens_per_s_runs=tps.values,
+        step_time_s_mean=step.mean, step_time_s_runs=step.values,
+        peak_mem_allocated_gib=_max([r["peak_mem_allocated_gib"] for r in results]),
+        peak_mem_reserved_gib=_max([r["peak_mem_reserved_gib"] for r in results]),
+        peak_rss_gib=_max([r["peak_rss_gib"] for r in results]),
+        mfu=mfu, mfu_formula=formula,
+        total_params=last["total_params"], trainable_params=last["trainable_params"],
+        trainable_desc=last["trainable_desc"], attention=last["attention"],
+        global_batch_tokens=last["global_batch_tokens"], loss_last=last["loss_last"],
+    )
+    return Record(cell=cell.to_dict(), status="ok", metrics=metrics, provenance=prov)
+
+
+def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1) -> Record:
+    """Run every repeat of a cell (stopping at the first that is not ok) and write its Record."""
+    started = datetime.now(timezone.utc).isoformat()
+    command = [sys.executable, *sys.argv]
+    cell = Cell.from_dict(spec["cell"])
+    log = Path(log)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"cell {cell.record_path()}\n")
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    workdir = Path(tempfile.mkdtemp(prefix="llmbench-cell-"))
+    try:
+        outcomes = []
+        for i in range(cell.protocol.repeats):
+            outcome = run_repeat(spec, workdir, i, log, threads)
+            outcomes.append(outcome)
+            with open(log, "a") as fh:
+                fh.write(f"=== repeat {i}: {outcome.status} {outcome.reason}\n")
+            if outcome.status != "ok":
+                break
+        record = build_record(spec, outcomes, started, command)
+        write(record, record_path)
+        return record
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        shutil.rmtree(workdir, ignore_errors=True)

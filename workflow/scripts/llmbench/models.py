@@ -1,0 +1,113 @@
+"""Model architectures (config/models/*.yaml) and their random-initialised instances.
+
+No weights are downloaded: a model is built from its config with random weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import REPO_ROOT, load_named
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ModelSpec:
+    """A Llama-architecture model, by its dimensions."""
+
+    name: str
+    """Model id (the file name)."""
+    architecture: str
+    """Architecture family ('llama')."""
+    hidden_size: int
+    """Width d."""
+    intermediate_size: int
+    """SwiGLU MLP width."""
+    num_hidden_layers: int
+    """Decoder layers L."""
+    num_attention_heads: int
+    """Query heads."""
+    num_key_value_heads: int
+    """Key/value heads (fewer than query heads: GQA)."""
+    vocab_size: int
+    """Vocabulary size."""
+    max_position_embeddings: int = 4096
+    """RoPE table length."""
+    rms_norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    rope_theta: float = 10000.0
+    """RoPE base."""
+    tie_word_embeddings: bool = False
+    """Share embedding and lm_head weights."""
+
+    @classmethod
+    def load(cls, name: str, root: Path = REPO_ROOT) -> "ModelSpec":
+        """Load and validate config/models/<name>.yaml."""
+        return cls(**load_named("model", name, root))
+
+    def to_dict(self) -> dict:
+        """Plain-data form."""
+        return {f: getattr(self, f) for f in self.__slots__}
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head width."""
+        return self.hidden_size // self.num_attention_heads
+
+    def param_counts(self) -> dict[str, int]:
+        """Exact parameter counts of the transformers Llama built from this spec."""
+        d, f, L = self.hidden_size, self.intermediate_size, self.num_hidden_layers
+        kv = self.num_key_value_heads * self.head_dim
+        attn = d * d * 2 + d * kv * 2  # q, o: d x d; k, v: d x kv
+        mlp = 3 * d * f
+        norms = 2 * d
+        layers = L * (attn + mlp + norms)
+        embed = self.vocab_size * d
+        head = 0 if self.tie_word_embeddings else self.vocab_size * d
+        return {
+            "embedding": embed,
+            "lm_head": head,
+            "decoder_linear": L * (attn + mlp),
+            "total": embed + layers + d + head,  # + final norm
+            # PaLM/torchtitan convention for MFU: parameters that do matmul work per token,
+            # i.e. everything but the embedding lookup (lm_head does count).
+            "non_embedding": layers + d + head,
+        }
+
+    def hf_config(self, attn_implementation: str = "sdpa"):
+        """A transformers LlamaConfig for this spec."""
+        from transformers import LlamaConfig
+
+        return LlamaConfig(
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            vocab_size=self.vocab_size,
+            max_position_embeddings=self.max_position_embeddings,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            tie_word_embeddings=self.tie_word_embeddings,
+            attention_bias=False,
+            mlp_bias=False,
+            use_cache=False,
+            attn_implementation=attn_implementation,
+        )
+
+
+def flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Training FLOPs per token, PaLM convention: 6N + 12·L·d·s.
+
+    N = non-embedding parameters (forward 2N, backward 4N per token); 12·L·d·s counts the
+    attention score and value matmuls (QK^T and PV) forward and backward. Recomputation
+    is not counted (model FLOPs, not hardware FLOPs).
+    """
+    n = model.param_counts()["non_embedding"]
+    return 6.0 * n + 12.0 * model.num_hidden_layers * model.hidden_size * seq_len
+
+
+MFU_FORMULA = (
+    "mfu = tokens_per_s * (6*N + 12*L*d*s) / (gpus * peak_bf16_flops); "
+    "N = non-embedding params, L layers, d width, s seq_len (PaLM, Chowdhery et al. 2022, App. B)"
+)

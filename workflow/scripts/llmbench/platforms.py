@@ -1,0 +1,43 @@
+"""Hardware platforms (config/platforms/*.yaml)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import REPO_ROOT, load_named
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Platform:
+    """One hardware platform: what a cell runs on."""
+
+    name: str
+    """Platform id (the file name)."""
+    description: str
+    """Human-readable hardware summary."""
+    accelerator: str
+    """'cuda' or 'cpu'."""
+    gpus_per_node: int
+    """GPUs per node (CPU: ranks per node)."""
+    gpu_memory_gib: float | None
+    """Memory per GPU in GiB."""
+    peak_bf16_tflops: float | None
+    """Dense bf16 peak per GPU in TFLOP/s (None: no MFU)."""
+    peak_source: str
+    """Datasheet row the peak comes from."""
+    interconnect: str
+    """GPU-GPU link."""
+    env: dict = field(default_factory=dict)
+    """Environment variables for every process of a cell."""
+    slurm: dict = field(default_factory=dict)
+    """Slurm defaults: partition, gres, cpus_per_task, mem_mb."""
+
+    @classmethod
+    def load(cls, name: str, root: Path = REPO_ROOT) -> "Platform":
+        """Load and validate config/platforms/<name>.yaml."""
+        return cls(**load_named("platform", name, root))
+
+    def to_dict(self) -> dict:
+        """Plain-data form (for cell specs and provenance)."""
+        return {f: getattr(self, f) for f in self.__slots__}

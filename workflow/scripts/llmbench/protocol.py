@@ -1,0 +1,89 @@
+"""The measurement protocol, written once: warm-up, measured steps, repeats, statistics.
+
+Paper (Section IV-A): 30 warm-up steps, throughput averaged over 100 steps, 3 independent
+runs, mean and standard deviation. Each repeat runs in its own process (llmbench.launch).
+GPU time is read on the host clock after a device synchronize at both ends of the
+measured window, so asynchronous kernels are inside it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Protocol:
+    """How one cell is measured."""
+
+    warmup_steps: int = 30
+    """Steps before timing starts (compilation, allocator warm-up)."""
+    measured_steps: int = 100
+    """Timed steps per repeat."""
+    repeats: int = 3
+    """Independent runs, each in a fresh process."""
+    seq_len: int = 350
+    """Tokens per sample."""
+    timeout_s: int = 3600
+    """Wall-clock limit per repeat; past it the cell is recorded as timeout."""
+    seed: int = 0
+    """Seed for random weights and synthetic token ids."""
+
+    def __post_init__(self) -> None:
+        for name in ("measured_steps", "repeats", "seq_len", "timeout_s"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"protocol.{name} must be >= 1, got {getattr(self, name)}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"protocol.warmup_steps must be >= 0, got {self.warmup_steps}")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Window:
+    """Timing of one repeat's measured window."""
+
+    steps: int
+    """Steps in the window."""
+    elapsed_s: float
+    """Wall-clock seconds of the window (device synchronised at both ends)."""
+    step_times_s: tuple[float, ...]
+    """Host-clock time between consecutive step returns (not synchronised per step)."""
+
+
+def run_window(step: Callable[[], None], protocol: Protocol, synchronize: Callable[[], None]) -> Window:
+    """Run warm-up steps, then time ``measured_steps`` steps as one window."""
+    for _ in range(protocol.warmup_steps):
+        step()
+    synchronize()
+    start = last = time.perf_counter()
+    marks = []
+    for _ in range(protocol.measured_steps):
+        step()
+        now = time.perf_counter()
+        marks.append(now - last)
+        last = now
+    synchronize()
+    elapsed = time.perf_counter() - start
+    return Window(steps=protocol.measured_steps, elapsed_s=elapsed, step_times_s=tuple(marks))
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Summary:
+    """Mean, sample standard deviation and the values themselves."""
+
+    mean: float
+    std: float
+    values: tuple[float, ...]
+
+
+def summarize(values: Sequence[float]) -> Summary:
+    """Mean and sample standard deviation (n-1; 0 for a single value)."""
+    vals = tuple(float(v) for v in values)
+    if not vals:
+        raise ValueError("no values to summarize")
+    if not all(math.isfinite(v) for v in vals):
+        raise ValueError(f"non-finite value in {vals}")
+    std = statistics.stdev(vals) if len(vals) > 1 else 0.0
+    return Summary(mean=statistics.fmean(vals), std=std, values=vals)

@@ -1,0 +1,79 @@
+"""Provenance: where and with what a record was made."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform as pyplatform
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from .config import REPO_ROOT
+
+PACKAGES = (
+    "torch", "deepspeed", "transformers", "accelerate", "peft", "bitsandbytes",
+    "flash-attn", "megatron-core", "snakemake", "numpy",
+)
+
+
+def versions() -> dict[str, str | None]:
+    """Installed versions of the packages that shape a measurement (None: absent)."""
+    out: dict[str, str | None] = {"python": pyplatform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
+    """Commit sha and whether the tree had uncommitted changes."""
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", "-C", str(root), *args], capture_output=True,
+                                  text=True, timeout=10, check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"sha": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
+
+
+def host() -> dict[str, Any]:
+    """Host CPU, memory and OS."""
+    cpu = pyplatform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gib = round(int(line.split()[1]) / 2**20, 2)
+    except OSError:
+        pass
+    return {"hostname": socket.gethostname(), "cpu": cpu, "cpus": os.cpu_count(),
+            "mem_total_gib": mem_gib, "os": pyplatform.platform(),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+
+
+def devices() -> dict[str, Any]:
+    """Accelerators as torch sees them (call inside a worker that imported torch)."""
+    import torch
+
+    info: dict[str, Any] = {"cuda_available": torch.cuda.is_available(), "torch_cuda": torch.version.cuda}
+    if torch.cuda.is_available():
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+            info["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError, IndexError):
+            info["driver"] = None
+    return info

@@ -1,0 +1,125 @@
+"""Records: what a cell leaves behind. Typed, versioned, written atomically.
+
+A Record is the only thing later stages read (tables, figures). Status is data:
+ok | oom | error | timeout | skipped; every non-ok record says why (reason, log tail).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "oom", "error", "timeout", "skipped")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Metrics:
+    """Measured quantities of one cell (None where not measured or not meaningful)."""
+
+    tokens_per_s_mean: float | None = None
+    """Global tokens per second (all GPUs), mean over repeats."""
+    tokens_per_s_std: float | None = None
+    """Sample standard deviation over repeats."""
+    tokens_per_s_runs: tuple[float, ...] = ()
+    """Per-repeat tokens per second."""
+    step_time_s_mean: float | None = None
+    """Seconds per optimizer step, mean over repeats."""
+    step_time_s_runs: tuple[float, ...] = ()
+    """Per-repeat mean step time."""
+    peak_mem_allocated_gib: float | None = None
+    """Peak device memory allocated by tensors, max over ranks and repeats (GPU only)."""
+    peak_mem_reserved_gib: float | None = None
+    """Peak device memory reserved by the caching allocator, max over ranks and repeats."""
+    peak_rss_gib: float | None = None
+    """Peak host resident set size of one rank, max over ranks and repeats."""
+    mfu: float | None = None
+    """Model FLOPs utilisation against the platform's peak (formula in mfu_formula)."""
+    mfu_formula: str | None = None
+    """How mfu was computed, or why it is absent."""
+    total_params: int | None = None
+    """Parameters of the model as built."""
+    trainable_params: int | None = None
+    """Parameters the optimizer updates."""
+    trainable_desc: str | None = None
+    """Which parameters train (e.g. for Q: embeddings, norms and lm_head)."""
+    attention: str | None = None
+    """Attention implementation actually used (e.g. sdpa[flash], eager)."""
+    global_batch_tokens: int | None = None
+    """Tokens per optimizer step over all GPUs."""
+    loss_last: float | None = None
+    """Loss at the last measured step of the last repeat (a sanity check, not a result)."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Record:
+    """One cell's result."""
+
+    schema_version: int = SCHEMA_VERSION
+    """Record format version."""
+    cell: dict[str, Any]
+    """The cell (llmbench.grid.Cell.to_dict())."""
+    status: str
+    """ok | oom | error | timeout | skipped."""
+    reason: str = ""
+    """Why the status is what it is (empty for ok)."""
+    log_tail: str = ""
+    """Last lines of the failing process's output (non-ok records)."""
+    metrics: Metrics = field(default_factory=Metrics)
+    """What was measured."""
+    provenance: dict[str, Any] = field(default_factory=dict)
+    """Versions, hardware, git sha, resolved config, command, times."""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+        if self.status != "ok" and not self.reason:
+            raise ValueError(f"a {self.status} record needs a reason")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Record":
+        """Inverse of to_dict; rejects records of another schema version."""
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"record schema_version {version!r}, this llmbench reads {SCHEMA_VERSION}")
+        known = {f.name for f in fields(Metrics)}
+        m = {k: v for k, v in (data.get("metrics") or {}).items() if k in known}
+        for k in ("tokens_per_s_runs", "step_time_s_runs"):
+            m[k] = tuple(m.get(k) or ())
+        return cls(**{**data, "metrics": Metrics(**m)})
+
+
+def write_json_atomic(path: Path | str, data: Any) -> None:
+    """Write JSON to a temporary file in the same folder, then rename over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2, sort_keys=True, allow_nan=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write(record: Record, path: Path | str) -> None:
+    """Write a Record atomically."""
+    write_json_atomic(path, record.to_dict())
+
+
+def read(path: Path | str) -> Record:
+    """Read a Record."""
+    with open(path) as fh:
+        return Record.from_dict(json.load(fh))

@@ -1,0 +1,114 @@
+"""The paper's table layouts, ours beside the published values, as CSV (long) and Markdown.
+
+Table III: every method at batch size 1. Table IV: every method at the batch size that
+gave the highest throughput among the batch sizes run (Table IV's "maximised" batch).
+"-" is an out-of-memory cell (ours or the paper's); an empty cell was not run/printed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from . import reference
+
+PAPER_PLATFORM_ORDER = ["a800", "rtx4090", "rtx3090", "rtx3090-nonvlink"]
+LONG_COLUMNS = [
+    "model", "technique", "platform", "status", "batch_size", "tokens_per_s", "tokens_per_s_std",
+    "peak_mem_gib", "paper_status", "paper_batch_size", "paper_tokens_per_s",
+    "paper_tokens_per_s_std", "paper_mem_gb", "ratio_tokens_per_s",
+]
+
+
+def _ours(tidy: pd.DataFrame, table: str) -> pd.DataFrame:
+    pre = tidy[(tidy["stage"] == "pretrain") & (tidy["backend"] == "deepspeed")]
+    if table == "table3":
+        pre = pre[pre["batch_size"] == 1]
+        # one record per (platform, model, technique): the one with most GPUs
+        pre = pre.sort_values("gpus").groupby(["platform", "model", "technique"]).tail(1)
+        return pre
+    # table4: the best ok cell per method; a method with no ok cell shows its worst status
+    ok = pre[pre["status"] == "ok"].sort_values("tokens_per_s_mean")
+    best = ok.groupby(["platform", "model", "technique"]).tail(1)
+    rest = pre[~pre.set_index(["platform", "model", "technique"]).index.isin(
+        best.set_index(["platform", "model", "technique"]).index)]
+    rest = rest.sort_values("batch_size").groupby(["platform", "model", "technique"]).head(1)
+    return pd.concat([best, rest])
+
+
+def build(tidy: pd.DataFrame, table: str, root=None) -> pd.DataFrame:
+    """Long form of Table III or IV: one row per (model, technique, platform)."""
+    ref = reference.load(table, **({"root": root} if root else {}))
+    ours = _ours(tidy, table).rename(columns={"tokens_per_s_mean": "tokens_per_s"})
+    ours = ours[["model", "technique", "platform", "status", "batch_size", "tokens_per_s",
+                 "tokens_per_s_std", "peak_mem_gib"]]
+    paper = ref.rename(columns={"status": "paper_status", "batch_size": "paper_batch_size",
+                                "tokens_per_s": "paper_tokens_per_s",
+                                "tokens_per_s_std": "paper_tokens_per_s_std", "mem_gb": "paper_mem_gb"})
+    paper = paper[["model", "technique", "platform", "paper_status", "paper_batch_size",
+                   "paper_tokens_per_s", "paper_tokens_per_s_std", "paper_mem_gb"]]
+    long = ours.merge(paper, on=["model", "technique", "platform"], how="outer")
+    long["ratio_tokens_per_s"] = long["tokens_per_s"] / long["paper_tokens_per_s"]
+    # paper order first (its row order), then ours
+    order = {k: i for i, k in enumerate(dict.fromkeys(zip(ref["model"], ref["technique"])))}
+    long["_row"] = [order.get((m, t), len(order)) for m, t in zip(long["model"], long["technique"])]
+    plats = PAPER_PLATFORM_ORDER + sorted(set(long["platform"]) - set(PAPER_PLATFORM_ORDER))
+    long["_col"] = [plats.index(p) for p in long["platform"]]
+    long = long.sort_values(["_row", "model", "technique", "_col"]).drop(columns=["_row", "_col"])
+    return long[LONG_COLUMNS].reset_index(drop=True)
+
+
+def _cell(status, value, fmt: str) -> str:
+    if isinstance(status, str) and status != "ok":
+        return "-" if status == "oom" else status
+    if value is None or pd.isna(value):
+        return ""
+    return format(value, fmt)
+
+
+def markdown(long: pd.DataFrame, title: str, with_bs: bool) -> str:
+    """The paper's wide layout: a row per (model, method), per platform ours | paper | ratio.
+
+    Shows the models we ran (all of the paper's if we ran none) and the platforms that have
+    a value, ours or the paper's, for those models.
+    """
+    ours_models = set(long.loc[long["status"].notna(), "model"])
+    if ours_models:
+        long = long[long["model"].isin(ours_models)]
+    has_value = long["status"].notna() | long["paper_status"].notna()
+    plats = list(dict.fromkeys(long.loc[has_value, "platform"]))
+    head = ["Model", "Method"]
+    for p in plats:
+        head += [f"{p} tok/s", f"{p} paper", f"{p} ratio", f"{p} M GiB", f"{p} paper M GB"]
+        if with_bs:
+            head += [f"{p} BS", f"{p} paper BS"]
+    lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (model, tech), grp in long.groupby(["model", "technique"], sort=False):
+        cells = [model, tech]
+        by = {r.platform: r for r in grp.itertuples()}
+        for p in plats:
+            r = by.get(p)
+            if r is None:
+                cells += [""] * (7 if with_bs else 5)
+                continue
+            ours_tps = _cell(r.status, r.tokens_per_s, ".1f")
+            if ours_tps and r.status == "ok" and not pd.isna(r.tokens_per_s_std):
+                ours_tps += f" ±{r.tokens_per_s_std:.1f}"
+            ratio = "" if pd.isna(r.ratio_tokens_per_s) else f"{r.ratio_tokens_per_s:.2f}"
+            cells += [ours_tps, _cell(r.paper_status, r.paper_tokens_per_s, ".1f"), ratio,
+                      _cell(r.status, r.peak_mem_gib, ".2f"), _cell(r.paper_status, r.paper_mem_gb, "g")]
+            if with_bs:
+                cells += [_cell(r.status, r.batch_size, ".0f"), _cell(r.paper_status, r.paper_batch_size, ".0f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "ours: mean ± sample std over repeats; '-' out of memory; empty: not run (ours) or "
+              "not printed (paper); ratio = ours / paper tokens/s. M: ours is peak reserved GPU "
+              "memory in GiB (host RSS on CPU platforms), the paper's is 'GB' as printed.", ""]
+    return "\n".join(lines)
+
+
+def write(long: pd.DataFrame, csv: Path | str, md: Path | str, title: str, with_bs: bool) -> None:
+    """Write one paper table as CSV (long form) and Markdown (wide form)."""
+    Path(csv).parent.mkdir(parents=True, exist_ok=True)
+    long.to_csv(csv, index=False)
+    Path(md).write_text(markdown(long, title, with_bs))

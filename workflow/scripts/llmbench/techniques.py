@@ -1,0 +1,114 @@
+"""The technique grammar: "F+R+Z3+O" parsed into flags, in one place.
+
+Flags (paper, Section IV-A):
+  F   FlashAttention (GPU: flash-attn if installed, else PyTorch's flash SDPA kernel;
+      CPU: SDPA's default kernel; without F: eager attention on GPU, SDPA math on CPU)
+  R   activation recomputation (gradient checkpointing of every decoder layer)
+  Z2  DeepSpeed ZeRO stage 2 (optimizer state and gradients sharded)
+  Z3  DeepSpeed ZeRO stage 3 (optimizer state, gradients and parameters sharded)
+  O   CPU offload: with Z2 the optimizer state, with Z3 optimizer state and parameters
+  Q   4-bit NF4 weights with double quantization (bitsandbytes, as QLoRA)
+"Naive" is the empty set (ZeRO stage 0, nothing else). Order does not matter on input;
+the canonical name orders flags as the paper prints them (F+R+Z3+O, R+Q).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NAIVE = "Naive"
+#: Canonical order of flags in names and paths (the paper's Tables III and IV order).
+FLAG_ORDER: tuple[str, ...] = ("F", "R", "Z2", "Z3", "O", "Q")
+FLAG_MEANING: dict[str, str] = {
+    "F": "FlashAttention",
+    "R": "activation recomputation",
+    "Z2": "ZeRO stage 2",
+    "Z3": "ZeRO stage 3",
+    "O": "CPU offload (Z2: optimizer state; Z3: optimizer state and parameters)",
+    "Q": "4-bit NF4 weights with double quantization",
+}
+
+
+class TechniqueError(ValueError):
+    """A technique string that does not parse or contradicts itself."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Technique:
+    """One point of the technique axis, as flags."""
+
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage: 0 (none), 2 or 3."""
+    offload: bool = False
+    """Offload to CPU RAM (requires zero_stage 2 or 3)."""
+    recompute: bool = False
+    """Activation recomputation (gradient checkpointing)."""
+    flash: bool = False
+    """FlashAttention kernels."""
+    quant4: bool = False
+    """4-bit NF4 base weights with double quantization (bitsandbytes)."""
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in (0, 2, 3):
+            raise TechniqueError(f"zero_stage must be 0, 2 or 3, got {self.zero_stage}")
+        if self.offload and self.zero_stage == 0:
+            raise TechniqueError("O (offload) needs Z2 or Z3: DeepSpeed offloads ZeRO partitions")
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The set flags in canonical order."""
+        on = {
+            "F": self.flash,
+            "R": self.recompute,
+            "Z2": self.zero_stage == 2,
+            "Z3": self.zero_stage == 3,
+            "O": self.offload,
+            "Q": self.quant4,
+        }
+        return tuple(f for f in FLAG_ORDER if on[f])
+
+    @property
+    def name(self) -> str:
+        """Canonical name, used in paths and tables ("Naive" when no flag is set)."""
+        return "+".join(self.flags) or NAIVE
+
+
+def parse(text: str) -> Technique:
+    """Parse "F+R+Z3+O" (any order, any case of "naive") into a Technique.
+
+    Raises TechniqueError naming the bad token and the allowed ones.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise TechniqueError(f"technique must be a non-empty string, got {text!r}")
+    if text.strip().lower() == NAIVE.lower():
+        return Technique()
+    tokens = [t.strip() for t in text.split("+")]
+    allowed = ", ".join(FLAG_ORDER)
+    seen: set[str] = set()
+    for tok in tokens:
+        if tok not in FLAG_MEANING:
+            raise TechniqueError(
+                f"unknown flag {tok!r} in technique {text!r}; flags are {allowed} "
+                f"joined with '+', or {NAIVE!r}"
+            )
+        if tok in seen:
+            raise TechniqueError(f"flag {tok!r} repeated in technique {text!r}")
+        seen.add(tok)
+    if {"Z2", "Z3"} <= seen:
+        raise TechniqueError(f"technique {text!r} asks for both Z2 and Z3; choose one ZeRO stage")
+    if "O" in seen and not seen & {"Z2", "Z3"}:
+        raise TechniqueError(
+            f"technique {text!r}: O (offload) needs Z2 or Z3 (DeepSpeed offloads ZeRO partitions)"
+        )
+    return Technique(
+        zero_stage=3 if "Z3" in seen else 2 if "Z2" in seen else 0,
+        offload="O" in seen,
+        recompute="R" in seen,
+        flash="F" in seen,
+        quant4="Q" in seen,
+    )
+
+
+def canonical(text: str) -> str:
+    """The canonical name of a technique string."""
+    return parse(text).name

@@ -1,0 +1,85 @@
+"""Building the random-initialised model a training cell runs: attention kernel, 4-bit.
+
+Shared by every backend that trains a transformers Llama (pre-training, fine-tuning).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from typing import Any, Callable
+
+import torch
+# Imported here, not inside build_llama: deepspeed.zero.Init patches tensor constructors,
+# and importing transformers' modeling code inside that context fails.
+from transformers import LlamaForCausalLM
+
+from ..models import ModelSpec
+from ..techniques import Technique
+
+#: Linear layers of a Llama decoder layer that Q replaces by 4-bit NF4 layers.
+DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+Q_TRAINABLE = (
+    "Q: the decoder's linear layers (q,k,v,o,gate,up,down) hold frozen 4-bit NF4 weights "
+    "with double quantization and bf16 compute (bitsandbytes, as QLoRA); the embeddings, "
+    "RMSNorm weights and lm_head stay bf16 and train"
+)
+
+
+def attention_choice(tech: Technique, accelerator: str) -> tuple[str, Callable[[], Any], str]:
+    """(transformers attn_implementation, context manager factory, label) for a cell.
+
+    GPU: F -> flash-attn 2 if installed, else SDPA restricted to its flash kernel;
+         no F -> eager attention (the paper's baseline).
+    CPU: F -> SDPA with its default kernels (a flash-style kernel on CPU);
+         no F -> SDPA restricted to the math kernel.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if accelerator == "cuda":
+        if not tech.flash:
+            return "eager", contextlib.nullcontext, "eager"
+        if importlib.util.find_spec("flash_attn") is not None:
+            return "flash_attention_2", contextlib.nullcontext, "flash_attention_2"
+        return "sdpa", lambda: sdpa_kernel([SDPBackend.FLASH_ATTENTION]), "sdpa[flash]"
+    if tech.flash:
+        return "sdpa", contextlib.nullcontext, "sdpa[default]"
+    return "sdpa", lambda: sdpa_kernel([SDPBackend.MATH]), "sdpa[math]"
+
+
+def build_llama(spec: ModelSpec, attn_impl: str, dtype: torch.dtype, device: str | torch.device):
+    """A LlamaForCausalLM with random weights, created directly on ``device`` in ``dtype``."""
+    config = spec.hf_config(attn_implementation=attn_impl)
+    with torch.device(device):
+        model = LlamaForCausalLM._from_config(config, dtype=dtype)
+    model.config.use_cache = False
+    return model
+
+
+def quantize_4bit(model: torch.nn.Module, compute_dtype: torch.dtype, device: str | torch.device) -> int:
+    """Replace every decoder linear layer by a frozen bitsandbytes NF4 layer (double quant).
+
+    Returns the number of layers replaced. The weights are quantised from the random
+    bf16 ones on ``device`` (bitsandbytes quantises when a Params4bit moves to a device).
+    """
+    import bitsandbytes as bnb
+
+    replaced = 0
+    for _, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if child_name in DECODER_LINEARS and isinstance(child, torch.nn.Linear):
+                q = bnb.nn.Linear4bit(
+                    child.in_features, child.out_features, bias=child.bias is not None,
+                    compute_dtype=compute_dtype, compress_statistics=True, quant_type="nf4",
+                    device="meta",
+                )
+                q.weight = bnb.nn.Params4bit(
+                    child.weight.data.to("cpu") if str(device) == "cpu" else child.weight.data,
+                    requires_grad=False, compress_statistics=True, quant_type="nf4",
+                )
+                q = q.to(device)
+                setattr(module, child_name, q)
+                del child
+                replaced += 1
+    return replaced

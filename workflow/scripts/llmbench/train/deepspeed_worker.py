@@ -1,0 +1,195 @@
+"""DeepSpeed pre-training worker: one repeat of one cell, run by torchrun on every rank.
+
+    torchrun ... -m llmbench.train.deepspeed_worker --spec spec.json --out repeat.json
+
+Contract with llmbench.launch: rank 0 writes ``--out`` (JSON) on success; on an
+out-of-memory error every rank that saw it writes ``<out>.oom.rank<r>`` with the
+message and exits with code OOM_EXIT. Nothing else is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import traceback
+from pathlib import Path
+
+OOM_EXIT = 75
+
+
+def ds_config(tech, batch_size: int, accelerator: str) -> dict:
+    """The DeepSpeed config for a technique (bf16, AdamW, ZeRO stage and offload)."""
+    zero: dict = {"stage": tech.zero_stage}
+    pin = accelerator == "cuda"  # pinned host memory needs a CUDA device
+    if tech.offload:
+        # Z2+O: optimizer state on CPU; Z3+O: optimizer state and parameters (paper §IV-A).
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
+        if tech.zero_stage == 3:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
+    if tech.zero_stage >= 2:
+        zero.update(overlap_comm=accelerator == "cuda", contiguous_gradients=True)
+    return {
+        "train_micro_batch_size_per_gpu": batch_size,
+        "gradient_accumulation_steps": 1,
+        "bf16": {"enabled": True},
+        "optimizer": {
+            "type": "AdamW",
+            # On CPU without offload DeepSpeed's fused Adam (CUDA) is unavailable: torch's.
+            "params": {"lr": 1e-5, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0,
+                       **({"torch_adam": True} if accelerator == "cpu" and not tech.offload else {})},
+        },
+        "zero_optimization": zero,
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import torch
+
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(exc)
+    return "out of memory" in text.lower() or "can't allocate memory" in text or "DefaultCPUAllocator" in text
+
+
+def run(spec: dict, out: Path) -> None:
+    """Build the model, initialise DeepSpeed, run the protocol and write the result."""
+    platform = spec["platform"]
+    accelerator = platform["accelerator"]
+    if accelerator == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+    from deepspeed.accelerator import get_accelerator
+
+    from .. import provenance, techniques
+    from ..grid import Cell
+    from ..models import ModelSpec
+    from ..protocol import run_window
+    from . import build
+
+    cell = Cell.from_dict(spec["cell"])
+    model_spec = ModelSpec(**spec["model"])
+    tech = techniques.parse(cell.technique)
+    proto = cell.protocol
+
+    deepspeed.init_distributed(dist_backend="gloo" if accelerator == "cpu" else "nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if accelerator == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    torch.manual_seed(proto.seed)
+    attn_impl, attn_ctx, attn_label = build.attention_choice(tech, accelerator)
+    config = ds_config(tech, cell.batch_size, accelerator)
+    dtype = torch.bfloat16
+
+    if tech.zero_stage == 3 and not tech.quant4:
+        # Parameters are partitioned as they are created: a 70B model never exists whole.
+        with deepspeed.zero.Init(config_dict_or_path=config, dtype=dtype):
+            model = build.build_llama(model_spec, attn_impl, dtype, "cpu" if accelerator == "cpu" else device)
+    else:
+        model = build.build_llama(model_spec, attn_impl, dtype, device)
+    trainable_desc = "all parameters"
+    if tech.quant4:
+        build.quantize_4bit(model, dtype, device)
+        trainable_desc = build.Q_TRAINABLE
+    if tech.recompute:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad and p.dtype.is_floating_point]
+    for p in model.parameters():
+        if not p.dtype.is_floating_point:
+            p.requires_grad_(False)
+
+    def count(ps):
+        return sum(getattr(p, "ds_numel", p.numel()) for p in ps)
+
+    total_params, trainable_params = count(model.parameters()), count(params)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config)
+
+    gen = torch.Generator(device="cpu").manual_seed(proto.seed + 1000 + rank)
+    ids = torch.randint(0, model_spec.vocab_size, (cell.batch_size, proto.seq_len), generator=gen).to(engine.device)
+    losses: list[float] = []
+
+    def step() -> None:
+        with attn_ctx():
+            loss = engine(input_ids=ids, labels=ids).loss
+            engine.backward(loss)
+        engine.step()
+        losses.append(loss.detach())
+
+    acc = get_accelerator()
+    if accelerator == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    window = run_window(step, proto, acc.synchronize)
+
+    gib = 2.0**30
+    peak = torch.tensor([
+        torch.cuda.max_memory_allocated(device) / gib if accelerator == "cuda" else -1.0,
+        torch.cuda.max_memory_reserved(device) / gib if accelerator == "cuda" else -1.0,
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # KiB on Linux
+    ], dtype=torch.float64, device=device if accelerator == "cuda" else "cpu")
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        tokens = cell.batch_size * proto.seq_len * world
+        result = {
+            "world_size": world,
+            "elapsed_s": window.elapsed_s,
+            "steps": window.steps,
+            "step_times_s": list(window.step_times_s),
+            "tokens_per_s": tokens * window.steps / window.elapsed_s,
+            "step_time_s": window.elapsed_s / window.steps,
+            "global_batch_tokens": tokens,
+            "peak_mem_allocated_gib": peak[0].item() if accelerator == "cuda" else None,
+            "peak_mem_reserved_gib": peak[1].item() if accelerator == "cuda" else None,
+            "peak_rss_gib": peak[2].item(),
+            "total_params": int(total_params),
+            "trainable_params": int(trainable_params),
+            "trainable_desc": trainable_desc,
+            "attention": attn_label,
+            "loss_last": float(losses[-1].float().item()),
+            "ds_config": config,
+            "versions": provenance.versions(),
+            "devices": provenance.devices(),
+        }
+        Path(out).write_text(json.dumps(result, indent=2))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for one rank."""
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--spec", required=True, type=Path, help="resolved cell spec (JSON)")
+    ap.add_argument("--out", required=True, type=Path, help="where rank 0 writes the repeat result")
+    args = ap.parse_args(argv)
+    spec = json.loads(args.spec.read_text())
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        run(spec, args.out)
+    except BaseException as exc:  # noqa: BLE001 - classify, then re-raise or exit
+        if _is_oom(exc):
+            Path(f"{args.out}.oom.rank{rank}").write_text(f"{type(exc).__name__}: {exc}"[:2000])
+            traceback.print_exc()
+            return OOM_EXIT
+        raise
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            try:
+                dist.destroy_process_group()  # a 2-rank ZeRO-3 run aborts at exit without it
+            except Exception:  # noqa: BLE001
+                pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

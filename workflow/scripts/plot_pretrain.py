@@ -1,0 +1,18 @@
+"""Snakemake adapter: tidy table -> pre-training figure (HTML with inline JS, SVG, PNG)."""
+
+import logging
+from pathlib import Path
+
+import pandas as pd
+
+from llmbench.report import figures
+
+
+def main(smk) -> None:
+    logging.basicConfig(filename=smk.log[0], level=logging.INFO)
+    chart = figures.pretrain_chart(pd.read_csv(smk.input.tidy))
+    figures.save(chart, Path(smk.output.html).with_suffix(""))
+
+
+if __name__ == "__main__":
+    main(snakemake)  # noqa: F821 - injected by Snakemake

@@ -17,6 +17,7 @@ COPY = ("Snakefile", "workflow", "config", "profiles")
 
 def make_workspace(dest: Path) -> Path:
     """A fresh copy of the workflow (no results) to run in."""
+    dest.mkdir(parents=True, exist_ok=True)
     for name in COPY:
         src = REPO / name
         if src.is_dir():

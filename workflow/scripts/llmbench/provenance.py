@@ -37,8 +37,12 @@ def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
                                   text=True, timeout=10, check=True).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return None
+    sha = git("rev-parse", "HEAD")
+    if sha is None and os.environ.get("LLMBENCH_GIT_SHA"):
+        # a copy of the tree without .git (e.g. shipped to a GPU host): the sender says
+        return {"sha": os.environ["LLMBENCH_GIT_SHA"], "dirty": None, "source": "LLMBENCH_GIT_SHA"}
     status = git("status", "--porcelain", "--untracked-files=no")
-    return {"sha": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
+    return {"sha": sha, "dirty": None if status is None else bool(status)}
 
 
 def host() -> dict[str, Any]:

@@ -82,3 +82,14 @@ def test_figure_saves_offline(table, tmp_path):
     assert "cdn.jsdelivr" not in html and "vega-lite" in html.lower()
     assert out[1].read_text().lstrip().startswith("<svg")
     assert out[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_summary_lists_every_record(tmp_path):
+    from llmbench.report import summary
+
+    write_records(tmp_path, [("a800", "llama2-7b", "Naive", 1, "ok", 7000.0, 60.0),
+                             ("rtx4090", "llama2-7b", "Naive", 1, "oom", None, None)])
+    text = summary.render(tmp_path / "results" / "runs")
+    lines = text.splitlines()
+    assert len(lines) == 3
+    assert "7,000.0" in lines[1] and "oom" in lines[2] and "CUDA out of memory" in lines[2]

@@ -29,7 +29,8 @@ def row(record: Record, path: str) -> dict:
         "backend": c["backend"], "technique": c["technique"], "batch_size": c["batch_size"],
         "gpus": c["gpus"], "seq_len": proto["seq_len"], "status": record.status,
         "reason": record.reason, "tokens_per_s_mean": m.tokens_per_s_mean,
-        "tokens_per_s_std": m.tokens_per_s_std,
+        # a single run has no spread: leave std empty rather than print a misleading 0
+        "tokens_per_s_std": m.tokens_per_s_std if len(m.tokens_per_s_runs) > 1 else None,
         "tokens_per_s_runs": ";".join(f"{v:.6g}" for v in m.tokens_per_s_runs),
         "step_time_s_mean": m.step_time_s_mean,
         "peak_mem_gib": gpu_mem if gpu_mem is not None else m.peak_rss_gib,

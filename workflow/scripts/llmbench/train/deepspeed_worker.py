@@ -113,7 +113,8 @@ def run(spec: dict, out: Path) -> None:
     def count(ps):
         return sum(getattr(p, "ds_numel", p.numel()) for p in ps)
 
-    total_params, trainable_params = count(model.parameters()), count(params)
+    # logical parameter count from the spec: 4-bit layers store two weights per byte
+    total_params, trainable_params = model_spec.param_counts()["total"], count(params)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config)
 
     gen = torch.Generator(device="cpu").manual_seed(proto.seed + 1000 + rank)

@@ -7,8 +7,8 @@
 #   runs/{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}/record.json
 #   logs/<same as runs, .log>            benchmarks/<same as runs, .tsv> (harness overhead)
 #   tables/records.{csv,parquet}         the tidy table of every Record
-#   tables/{table3,table4}.{csv,md}      the paper's layouts, ours beside the published values
-#   figures/pretrain.{html,svg,png}      throughput and memory per technique and platform
+#   tables/{table3,table4,table9}.{csv,md}  the paper's layouts, ours beside the published values
+#   figures/{pretrain,finetune}.{html,svg,png}  throughput and memory per technique and platform
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -18,7 +18,7 @@ configfile: "config/config.yaml"
 
 
 include: "workflow/rules/common.smk"
-include: "workflow/rules/pretrain.smk"
+include: "workflow/rules/training.smk"
 include: "workflow/rules/report.smk"
 
 
@@ -30,7 +30,8 @@ localrules:
     figures,
     build_tidy_table,
     build_paper_table,
-    plot_pretrain,
+    plot_figure,
+    finetune,
 
 
 rule all:
@@ -41,7 +42,12 @@ rule all:
 
 rule pretrain:
     input:
-        pretrain_records(),
+        records("pretrain"),
+
+
+rule finetune:
+    input:
+        records("finetune"),
 
 
 rule tables:

@@ -1,6 +1,7 @@
 """The embedded default grid through the workflow, for real: DeepSpeed ZeRO-0/2/3, offload,
 recomputation, FlashAttention (SDPA kernels) and bitsandbytes 4-bit on the CPU, a forced
-OOM cell, the tables and figures; then the incremental-rerun behaviour and bad input.
+OOM cell; PEFT LoRA, QLoRA (bitsandbytes CPU backend), LoRA-FA, DoRA and prompt tuning,
+with R, F and ZeRO-2/3; the tables and figures; then incremental reruns and bad input.
 
 Tests in this module run in order on one workspace (the first one runs the grid).
 """
@@ -24,7 +25,7 @@ def test_default_grid_runs_end_to_end(workspace):
     res = snakemake(workspace, "--cores", "2")
     assert res.returncode == 0, res.stderr[-4000:]
     records = {p: json.loads((workspace / p).read_text()) for p in record_mtimes(workspace)}
-    assert len(records) == 14
+    assert len(records) == 25
     for path, rec in records.items():
         if path == OOM_CELL:
             assert rec["status"] == "oom", rec["reason"]
@@ -36,7 +37,8 @@ def test_default_grid_runs_end_to_end(workspace):
         assert len(m["tokens_per_s_runs"]) == 2  # two repeats, each its own process
         assert m["peak_rss_gib"] > 0
         assert rec["provenance"]["versions"]["deepspeed"] and rec["provenance"]["spec"]["cell"]
-    by_tech = {(r["cell"]["technique"], r["cell"]["batch_size"]): r for r in records.values()}
+    pre = [r for r in records.values() if r["cell"]["stage"] == "pretrain"]
+    by_tech = {(r["cell"]["technique"], r["cell"]["batch_size"]): r for r in pre}
     # DeepSpeed really ran the stage the technique asks for
     assert by_tech[("Z3+O", 1)]["provenance"]["ds_config"]["zero_optimization"]["offload_param"]["device"] == "cpu"
     assert by_tech[("Z2+O", 1)]["provenance"]["ds_config"]["zero_optimization"]["stage"] == 2
@@ -47,8 +49,8 @@ def test_default_grid_runs_end_to_end(workspace):
     assert naive["attention"] == "sdpa[math]"
 
     tidy = pd.read_csv(workspace / "results/tables/records.csv")
-    assert len(tidy) == 14 and (tidy["status"] == "oom").sum() == 1
-    assert len(pd.read_parquet(workspace / "results/tables/records.parquet")) == 14
+    assert len(tidy) == 25 and (tidy["status"] == "oom").sum() == 1
+    assert len(pd.read_parquet(workspace / "results/tables/records.parquet")) == 25
     t3 = (workspace / "results/tables/table3.md").read_text()
     for tech in ("Naive", "Z2", "Z2+O", "Z3", "Z3+O", "Q", "R", "F", "R+Q", "F+R+Z3"):
         assert f"| tiny | {tech} |" in t3
@@ -57,9 +59,33 @@ def test_default_grid_runs_end_to_end(workspace):
     best = naive_ok.loc[naive_ok["tokens_per_s_mean"].idxmax()]
     row = t4[(t4.technique == "Naive") & (t4.platform == "cpu")].iloc[0]
     assert (row.batch_size, row.tokens_per_s) == (best.batch_size, pytest.approx(best.tokens_per_s_mean))
-    html = (workspace / "results/figures/pretrain.html").read_text()
-    assert "cdn.jsdelivr" not in html
-    assert (workspace / "results/figures/pretrain.png").stat().st_size > 0
+    for fig in ("pretrain", "finetune"):
+        assert "cdn.jsdelivr" not in (workspace / f"results/figures/{fig}.html").read_text()
+        assert (workspace / f"results/figures/{fig}.png").stat().st_size > 0
+
+
+def test_fine_tuning_cells_train_adapters_only(workspace):
+    recs = [json.loads(p.read_text()) for p in (workspace / "results/runs/finetune").rglob("record.json")]
+    by = {r["cell"]["technique"]: r for r in recs}
+    assert set(by) == {"L", "QL", "L+R", "QL+R", "L+F", "L+Z2", "QL+Z2", "L+Z3+O", "LFA", "DORA", "PT"}
+    for tech, r in by.items():
+        assert r["status"] == "ok", (tech, r["reason"], r["log_tail"])
+        m = r["metrics"]
+        # the base weights did not move, and the optimizer holds only what trains
+        assert m["frozen_params_unchanged"] is True, tech
+        assert m["trainable_params"] <= m["optimizer_param_numel"] <= m["trainable_params"] * 1.01 + 64, tech
+        assert m["trainable_params"] < m["total_params"] / 10, tech
+    # LoRA rank 64 on the 7 decoder linears of 2 layers: r * (in + out) each
+    lora = 2 * 64 * (4 * (64 + 64) + 2 * (64 + 172) + (172 + 64))
+    assert by["L"]["metrics"]["trainable_params"] == lora == by["QL+Z2"]["metrics"]["trainable_params"]
+    assert by["LFA"]["metrics"]["trainable_params"] < lora  # A frozen
+    assert by["DORA"]["metrics"]["trainable_params"] > lora  # + magnitude vectors
+    assert by["PT"]["metrics"]["trainable_params"] == 20 * 64
+    assert by["L+Z3+O"]["provenance"]["ds_config"]["zero_optimization"]["offload_param"]["device"] == "cpu"
+    assert "NF4" not in by["L"]["metrics"]["trainable_desc"] and "4-bit" in by["QL"]["metrics"]["trainable_desc"]
+    t9 = (workspace / "results/tables/table9.md").read_text()
+    for tech in ("L", "QL", "QL+R", "L+Z3+O", "PT"):
+        assert f"| tiny | {tech} |" in t9
 
 
 def test_deleting_one_record_reruns_only_that_cell(workspace):
@@ -89,7 +115,7 @@ def test_changing_one_grid_value_reruns_only_the_cells_it_touches(workspace):
     assert changed == {OOM_CELL, "results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs2-g1/record.json"}
     # nothing measured is lost: the cell that left the grid keeps its record
     assert "results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs4-g1/record.json" in after
-    assert len(pd.read_csv(workspace / "results/tables/records.csv")) == 14
+    assert len(pd.read_csv(workspace / "results/tables/records.csv")) == 25
 
 
 @pytest.mark.parametrize(

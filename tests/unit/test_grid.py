@@ -134,7 +134,7 @@ def test_shipped_configs_expand(repo):
     paper = grid.load(repo / "config" / "paper.yaml")
     assert {c.platform for c in paper.cells} == {"a800", "rtx4090", "rtx3090", "rtx3090-nonvlink"}
     assert {c.model for c in paper.cells} == {"llama2-7b", "llama2-13b", "llama2-70b"}
-    bs1 = {(c.platform, c.model, c.technique) for c in paper.cells if c.batch_size == 1}
+    bs1 = {(c.platform, c.model, c.technique) for c in paper.cells if c.batch_size == 1 and c.stage == "pretrain"}
     assert len(bs1) == 4 * 3 * 22  # every method row of Table III, on every platform and model
     assert {c.gpus for c in paper.cells} == {8}
 
@@ -145,8 +145,87 @@ def test_paper_grid_covers_the_reference_tables(repo):
     from llmbench.techniques import canonical
 
     paper = grid.load(repo / "config" / "paper.yaml")
-    cells = {(c.platform, c.model, c.technique, c.batch_size) for c in paper.cells}
+    cells = {(c.platform, c.model, c.technique, c.batch_size) for c in paper.cells if c.stage == "pretrain"}
     for table in ("table3", "table4"):
         ref = pd.read_csv(repo / "config" / "reference" / f"{table}.csv")
         for r in ref[ref.status == "ok"].itertuples():
             assert (r.platform, r.model, canonical(r.method), int(r.batch_size)) in cells, r
+
+
+def test_every_shipped_platform_and_model_validates(repo):
+    from llmbench.config import available
+    from llmbench.models import ModelSpec
+    from llmbench.platforms import Platform
+
+    for name in available("platform"):
+        p = Platform.load(name)
+        assert p.accelerator == "cpu" or (p.peak_bf16_tflops and p.peak_source)
+    for name in available("model"):
+        ModelSpec.load(name)
+    for cfg in sorted((repo / "config").glob("*.yaml")):
+        assert grid.load(cfg).cells, cfg
+
+
+FT = {"platforms": ["cpu"], "models": ["tiny"], "techniques": ["L", "QL+R", "PT"], "batch_sizes": [1]}
+
+
+def ft(**block):
+    return {"protocol": {"repeats": 1}, "finetune": [{**copy.deepcopy(FT), **block}]}
+
+
+def test_finetune_cells_carry_adapter_settings():
+    g = grid.expand(ft(lora={"rank": 8}))
+    by = {c.technique: c for c in g.cells}
+    assert by["L"].stage == "finetune"
+    assert by["L"].record_path() == "results/runs/finetune/cpu/tiny/deepspeed/L/bs1-g1/record.json"
+    assert by["QL+R"].adapter == {"kind": "lora", "rank": 8, "alpha": 16, "dropout": 0.05,
+                                  "target_modules": list(grid.LLAMA_LINEARS)}
+    assert by["PT"].adapter == {"kind": "prompt_tuning", "num_virtual_tokens": 20}
+
+
+def test_lora_rank_change_changes_the_spec_not_the_path():
+    a, b = grid.expand(ft(lora={"rank": 8})), grid.expand(ft(lora={"rank": 16}))
+    assert [c.record_path() for c in a.cells] == [c.record_path() for c in b.cells]
+    assert a.cells[0] != b.cells[0]
+
+
+@pytest.mark.parametrize(
+    "block,needle",
+    [
+        (dict(lora={"target_modules": ["q_proj", "c_attn"]}),
+         r"finetune\[0\]\.lora\.target_modules\[1\]: 'c_attn' is not a linear layer of a Llama decoder; allowed: q_proj"),
+        (dict(lora={"rank": 0}), r"finetune\[0\]\.lora\.rank: 0 is less than the minimum of 1"),
+        (dict(lora={"rank": -4}), r"finetune\[0\]\.lora\.rank: -4 is less than the minimum of 1"),
+        (dict(lora={"ranks": 8}), r"finetune\[0\]\.lora: unknown key\(s\) 'ranks'"),
+        (dict(techniques=["Z3"]), r"finetune\[0\]\.techniques\[0\]: 'Z3' names no fine-tuning method; start it with one of L, QL"),
+    ],
+)
+def test_bad_finetune_input(block, needle):
+    with pytest.raises(ConfigError, match=needle):
+        grid.expand(ft(**block))
+
+
+def test_fine_tuning_method_in_a_pretrain_block_rejected():
+    with pytest.raises(ConfigError, match=r"pretrain\[0\]\.techniques\[0\]: 'QL' is a fine-tuning method"):
+        grid.expand(cfg(techniques=["QL"]))
+
+
+def test_4bit_on_a_platform_without_bitsandbytes(tmp_path, repo):
+    shutil.copytree(repo / "config", tmp_path / "config")
+    path = tmp_path / "config" / "platforms" / "cpu.yaml"
+    path.write_text(path.read_text() + "supports_4bit: false\n")
+    with pytest.raises(ConfigError, match=r"finetune\[0\]: technique 'QL\+R' needs bitsandbytes 4-bit, which platform 'cpu' does not support"):
+        grid.expand(ft(), root=tmp_path)
+    assert grid.expand(ft(techniques=["L"]), root=tmp_path).cells  # LoRA alone is fine
+
+
+def test_paper_grid_has_every_table9_row(repo):
+    import pandas as pd
+
+    from llmbench.techniques import canonical
+
+    paper = grid.load(repo / "config" / "paper.yaml")
+    cells = {(c.platform, c.model, c.technique) for c in paper.cells if c.stage == "finetune"}
+    ref = pd.read_csv(repo / "config" / "reference" / "table9.csv")
+    assert {(r.platform, r.model, canonical(r.method)) for r in ref.itertuples()} <= cells
+    assert all(c.adapter["rank"] == 64 for c in paper.cells if c.stage == "finetune")

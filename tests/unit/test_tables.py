@@ -8,11 +8,11 @@ from llmbench.record import Metrics, Record
 from llmbench.report import figures, paper_tables, tidy
 
 
-def write_records(tmp_path, rows):
+def write_records(tmp_path, rows, stage="pretrain"):
     """rows: (platform, model, technique, batch_size, status, tokens_per_s, mem_gib)."""
     paths = []
     for plat, model, tech, bs, status, tps, mem in rows:
-        g = grid.expand({"protocol": {"repeats": 2}, "pretrain": [
+        g = grid.expand({"protocol": {"repeats": 2}, stage: [
             {"platforms": [plat], "models": [model], "techniques": [tech], "batch_sizes": [bs]}]})
         cell = g.cells[0]
         m = Metrics(tokens_per_s_mean=tps, tokens_per_s_std=1.0, tokens_per_s_runs=(tps - 1, tps + 1),
@@ -93,3 +93,16 @@ def test_summary_lists_every_record(tmp_path):
     lines = text.splitlines()
     assert len(lines) == 3
     assert "7,000.0" in lines[1] and "oom" in lines[2] and "CUDA out of memory" in lines[2]
+
+
+def test_table9_and_finetune_figure(tmp_path):
+    paths = write_records(tmp_path, [("a800", "llama2-7b", "L", 1, "ok", 3000.0, 20.0),
+                                     ("a800", "llama2-7b", "R+F+QL", 1, "ok", 1500.0, 8.0)], stage="finetune")
+    df = tidy.build(paths)
+    long = paper_tables.build(df, "table9")
+    ql = long[(long.technique == "QL+F+R") & (long.platform == "a800")].iloc[0]
+    assert ql.tokens_per_s == 1500.0 and ql.paper_tokens_per_s > 0
+    assert ql.ratio_tokens_per_s == pytest.approx(1500.0 / ql.paper_tokens_per_s)
+    assert paper_tables.build(df, "table3")["status"].isna().all()  # fine-tuning is not Table III
+    out = figures.save(figures.CHARTS["finetune"](df), tmp_path / "ft")
+    assert out[1].read_text().lstrip().startswith("<svg")

@@ -55,3 +55,27 @@ def test_unknown_flag_lists_allowed():
 def test_dataclass_rejects_offload_without_zero():
     with pytest.raises(TechniqueError):
         Technique(offload=True)
+
+
+@pytest.mark.parametrize(
+    "text,canon,adapter,quant4",
+    [
+        ("L", "L", "lora", False),
+        ("QL", "QL", "lora", True),
+        ("Q+L", "QL", "lora", True),  # QLoRA is LoRA on a 4-bit base
+        ("R+F+QL", "QL+F+R", "lora", True),
+        ("L+F+R+Z3+O", "L+F+R+Z3+O", "lora", False),
+        ("lfa+R", "LFA+R", "lora_fa", False),
+        ("DoRA+Z2", "DORA+Z2", "dora", False),
+        ("PT", "PT", "prompt_tuning", False),
+    ],
+)
+def test_fine_tuning_methods(text, canon, adapter, quant4):
+    t = parse(text)
+    assert (t.name, t.adapter, t.quant4) == (canon, adapter, quant4)
+    assert parse(t.name) == t
+
+
+def test_two_fine_tuning_methods_rejected():
+    with pytest.raises(TechniqueError, match="several fine-tuning methods"):
+        parse("L+PT")

@@ -15,17 +15,19 @@ except ConfigError as exc:
 
 R = GRID.results_dir
 CELL_DIR = "{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}"
-PAPER_TABLES = ["table3", "table4"]
+PAPER_TABLES = ["table3", "table4", "table9"]
+FIGURES = ["pretrain", "finetune"]
 
 
 wildcard_constraints:
     **lbgrid.WILDCARD_CONSTRAINTS,
     table="|".join(PAPER_TABLES),
+    figure="|".join(FIGURES),
 
 
-def pretrain_records():
-    """Every pre-training cell's record (rule all lists each, so a deleted one reruns)."""
-    return [c.record_path(R) for c in GRID.cells if c.stage == "pretrain"]
+def records(stage=None):
+    """Every cell's record, or one stage's (rule all lists each, so a deleted one reruns)."""
+    return [c.record_path(R) for c in GRID.cells if stage in (None, c.stage)]
 
 
 def table_targets():
@@ -35,11 +37,11 @@ def table_targets():
 
 
 def figure_targets():
-    return [f"{R}/figures/pretrain.{ext}" for ext in ("html", "svg", "png")]
+    return [f"{R}/figures/{f}.{ext}" for f in FIGURES for ext in ("html", "svg", "png")]
 
 
 def all_targets():
-    return pretrain_records() + table_targets() + figure_targets()
+    return records() + table_targets() + figure_targets()
 
 
 def cell_of(wildcards):

@@ -3,12 +3,14 @@
 
 rule build_tidy_table:
     input:
-        records=pretrain_records(),
+        records=records(),
     output:
         csv=f"{R}/tables/records.csv",
         parquet=f"{R}/tables/records.parquet",
     log:
         f"{R}/logs/report/build_tidy_table.log",
+    conda:
+        "../../envs/report.yaml"
     script:
         "../scripts/build_tidy_table.py"
 
@@ -22,18 +24,22 @@ rule build_paper_table:
         md=f"{R}/tables/{{table}}.md",
     log:
         f"{R}/logs/report/build_paper_table-{{table}}.log",
+    conda:
+        "../../envs/report.yaml"
     script:
         "../scripts/build_paper_table.py"
 
 
-rule plot_pretrain:
+rule plot_figure:
     input:
         tidy=f"{R}/tables/records.csv",
     output:
-        html=f"{R}/figures/pretrain.html",
-        svg=f"{R}/figures/pretrain.svg",
-        png=f"{R}/figures/pretrain.png",
+        html=f"{R}/figures/{{figure}}.html",
+        svg=f"{R}/figures/{{figure}}.svg",
+        png=f"{R}/figures/{{figure}}.png",
     log:
-        f"{R}/logs/report/plot_pretrain.log",
+        f"{R}/logs/report/plot_figure-{{figure}}.log",
+    conda:
+        "../../envs/report.yaml"
     script:
-        "../scripts/plot_pretrain.py"
+        "../scripts/plot_figure.py"

@@ -9,6 +9,7 @@ from llmbench.report import paper_tables
 TITLES = {
     "table3": "Table III: pre-training at batch size 1 (ours beside the paper's)",
     "table4": "Table IV: pre-training at the best batch size run (ours beside the paper's)",
+    "table9": "Table IX: fine-tuning at batch size 1 (ours beside the paper's)",
 }
 
 

@@ -6,6 +6,7 @@ Every error is a ConfigError whose message names the file, the key path (e.g.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ def _with_defaults(validator_cls):
         if isinstance(instance, dict):
             for prop, sub in properties.items():
                 if "default" in sub and prop not in instance:
-                    instance[prop] = sub["default"]
+                    instance[prop] = copy.deepcopy(sub["default"])
         yield from validate_props(validator, properties, instance, schema)
 
     return jsonschema.validators.extend(validator_cls, {"properties": set_defaults})

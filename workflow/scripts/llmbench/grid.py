@@ -25,7 +25,7 @@ RECORD_PATTERN = (
 )
 #: Wildcard regexes for Snakemake (common.smk), one per path field.
 WILDCARD_CONSTRAINTS: dict[str, str] = {
-    "stage": "pretrain",
+    "stage": "pretrain|finetune",
     "platform": "[a-z0-9][a-z0-9-]*",
     "model": "[a-z0-9][a-z0-9.-]*",
     "backend": "[a-z]+",
@@ -57,6 +57,9 @@ class Cell:
     """How it is measured."""
     mem_cap_gib: float | None = None
     """Per-rank host-RSS cap in GiB (None: none)."""
+    adapter: dict[str, Any] | None = None
+    """Resolved fine-tuning settings (lora: rank, alpha, dropout, target_modules; or
+    prompt_tuning: num_virtual_tokens); None for pre-training."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -122,6 +125,42 @@ def _check_names(values: list[str], kind: str, where: str, root: Path) -> None:
             raise ConfigError(f"{where}[{i}]: unknown {kind} {v!r}; allowed: {', '.join(allowed)}")
 
 
+#: Linear layers of a Llama decoder layer (LoRA targets must be among them).
+LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+STAGES = ("pretrain", "finetune")
+
+
+def _techniques(block: dict, where: str, stage: str) -> list[str]:
+    names = []
+    for t, text in enumerate(block["techniques"]):
+        key = f"{where}.techniques[{t}]"
+        try:
+            tech = techniques.parse(text)
+        except techniques.TechniqueError as exc:
+            raise ConfigError(f"{key}: {exc}") from None
+        if stage == "pretrain" and tech.adapter:
+            raise ConfigError(f"{key}: {text!r} is a fine-tuning method; put it in a finetune block")
+        if stage == "finetune" and not tech.adapter:
+            methods = ", ".join(techniques.ADAPTERS)
+            raise ConfigError(f"{key}: {text!r} names no fine-tuning method; start it with one of {methods}")
+        names.append(tech.name)
+    return names
+
+
+def _adapter(block: dict, where: str, tech: str) -> dict[str, Any] | None:
+    kind = techniques.parse(tech).adapter
+    if kind is None:
+        return None
+    if kind == "prompt_tuning":
+        return {"kind": kind, **block["prompt_tuning"]}
+    lora = block["lora"]
+    for i, mod in enumerate(lora["target_modules"]):
+        if mod not in LLAMA_LINEARS:
+            raise ConfigError(f"{where}.lora.target_modules[{i}]: {mod!r} is not a linear layer of "
+                              f"a Llama decoder; allowed: {', '.join(LLAMA_LINEARS)}")
+    return {"kind": kind, **lora}
+
+
 def expand(config: dict[str, Any], root: Path = REPO_ROOT, source: str = "config") -> Grid:
     """Validate a config mapping and expand it into a Grid.
 
@@ -129,57 +168,58 @@ def expand(config: dict[str, Any], root: Path = REPO_ROOT, source: str = "config
     """
     raw = copy.deepcopy(dict(config))
     # a block's protocol overrides only the keys it names (validation fills in defaults)
-    block_protocols = [
-        dict(b.get("protocol") or {}) if isinstance(b, dict) else {} for b in raw.get("pretrain") or []
-    ] if isinstance(raw.get("pretrain"), list) else []
+    given = {
+        stage: [dict(b.get("protocol") or {}) if isinstance(b, dict) else {} for b in raw.get(stage) or []]
+        if isinstance(raw.get(stage), list) else []
+        for stage in STAGES
+    }
     config = validate(raw, "config", source)
-    base_protocol = config["protocol"]
     only = config.get("only_platforms")
     if only is not None:
         _check_names(only, "platform", "only_platforms", root)
     grid = Grid(results_dir=config["results_dir"], cells=[])
     seen: dict[str, Cell] = {}
-    for b, block in enumerate(config["pretrain"]):
-        where = f"pretrain[{b}]"
-        _check_names(block["platforms"], "platform", f"{where}.platforms", root)
-        _check_names(block["models"], "model", f"{where}.models", root)
-        names = []
-        for t, text in enumerate(block["techniques"]):
-            try:
-                names.append(techniques.canonical(text))
-            except techniques.TechniqueError as exc:
-                raise ConfigError(f"{where}.techniques[{t}]: {exc}") from None
-        sizes = block["batch_sizes"]
-        if isinstance(sizes, dict):
-            canon = {}
-            for text, lst in sizes.items():
-                try:
-                    canon[techniques.canonical(text)] = lst
-                except techniques.TechniqueError as exc:
-                    raise ConfigError(f"{where}.batch_sizes.{text}: {exc}") from None
-            missing = sorted(set(names) - set(canon))
-            if missing:
-                raise ConfigError(f"{where}.batch_sizes: no batch sizes for technique(s) {', '.join(missing)}")
-        protocol = Protocol(**{**base_protocol, **block_protocols[b]})
-        for plat_name in block["platforms"]:
-            if only is not None and plat_name not in only:
-                continue
-            platform = grid.platforms.setdefault(plat_name, Platform.load(plat_name, root))
-            gpus = block["gpus"] or platform.gpus_per_node
-            for model_name, tech in itertools.product(block["models"], names):
-                grid.models.setdefault(model_name, ModelSpec.load(model_name, root))
-                for bs in (canon[tech] if isinstance(sizes, dict) else sizes):
-                    cell = Cell(
-                        stage="pretrain", platform=plat_name, model=model_name,
-                        backend=block["backend"], technique=tech, batch_size=bs, gpus=gpus,
-                        protocol=protocol, mem_cap_gib=block["mem_cap_gib"],
-                    )
-                    path = cell.record_path(grid.results_dir)
-                    if path in seen and seen[path] != cell:
-                        raise ConfigError(f"{where}: cell {path} is defined twice with different settings")
-                    if path not in seen:
-                        seen[path] = cell
-                        grid.cells.append(cell)
+    for stage in STAGES:
+        for b, block in enumerate(config[stage]):
+            where = f"{stage}[{b}]"
+            _check_names(block["platforms"], "platform", f"{where}.platforms", root)
+            _check_names(block["models"], "model", f"{where}.models", root)
+            names = _techniques(block, where, stage)
+            sizes = block["batch_sizes"]
+            if isinstance(sizes, dict):
+                canon = {}
+                for text, lst in sizes.items():
+                    try:
+                        canon[techniques.canonical(text)] = lst
+                    except techniques.TechniqueError as exc:
+                        raise ConfigError(f"{where}.batch_sizes.{text}: {exc}") from None
+                missing = sorted(set(names) - set(canon))
+                if missing:
+                    raise ConfigError(f"{where}.batch_sizes: no batch sizes for technique(s) {', '.join(missing)}")
+            protocol = Protocol(**{**config["protocol"], **given[stage][b]})
+            for plat_name in block["platforms"]:
+                if only is not None and plat_name not in only:
+                    continue
+                platform = grid.platforms.setdefault(plat_name, Platform.load(plat_name, root))
+                gpus = block["gpus"] or platform.gpus_per_node
+                for model_name, tech in itertools.product(block["models"], names):
+                    if techniques.parse(tech).quant4 and not platform.supports_4bit:
+                        raise ConfigError(f"{where}: technique {tech!r} needs bitsandbytes 4-bit, which "
+                                          f"platform {plat_name!r} does not support (supports_4bit: false)")
+                    grid.models.setdefault(model_name, ModelSpec.load(model_name, root))
+                    for bs in (canon[tech] if isinstance(sizes, dict) else sizes):
+                        cell = Cell(
+                            stage=stage, platform=plat_name, model=model_name,
+                            backend=block["backend"], technique=tech, batch_size=bs, gpus=gpus,
+                            protocol=protocol, mem_cap_gib=block["mem_cap_gib"],
+                            adapter=_adapter(block, where, tech),
+                        )
+                        path = cell.record_path(grid.results_dir)
+                        if path in seen and seen[path] != cell:
+                            raise ConfigError(f"{where}: cell {path} is defined twice with different settings")
+                        if path not in seen:
+                            seen[path] = cell
+                            grid.cells.append(cell)
     return grid
 
 

@@ -28,6 +28,8 @@ class Platform:
     """Datasheet row the peak comes from."""
     interconnect: str
     """GPU-GPU link."""
+    supports_4bit: bool = True
+    """bitsandbytes 4-bit (Q, QL) runs on this platform."""
     env: dict = field(default_factory=dict)
     """Environment variables for every process of a cell."""
     slurm: dict = field(default_factory=dict)

@@ -47,6 +47,10 @@ class Metrics:
     """Parameters the optimizer updates."""
     trainable_desc: str | None = None
     """Which parameters train (e.g. for Q: embeddings, norms and lm_head)."""
+    frozen_params_unchanged: bool | None = None
+    """Frozen (base) weights bit-identical after training (None: nothing frozen)."""
+    optimizer_param_numel: int | None = None
+    """Elements the optimizer updates, summed over ranks (ZeRO pads partitions a little)."""
     attention: str | None = None
     """Attention implementation actually used (e.g. sdpa[flash], eager)."""
     global_batch_tokens: int | None = None

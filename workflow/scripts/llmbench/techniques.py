@@ -8,8 +8,14 @@ Flags (paper, Section IV-A):
   Z3  DeepSpeed ZeRO stage 3 (optimizer state, gradients and parameters sharded)
   O   CPU offload: with Z2 the optimizer state, with Z3 optimizer state and parameters
   Q   4-bit NF4 weights with double quantization (bitsandbytes, as QLoRA)
+Fine-tuning methods (paper Section V, Table IX; one per technique, written first):
+  L     LoRA (PEFT) on a bf16 base
+  QL    QLoRA: LoRA on a 4-bit NF4 base (Q implied; "L+Q" means the same)
+  LFA   LoRA-FA: LoRA with the A matrices frozen (Zhang et al. 2023, the paper's authors)
+  DORA  DoRA: weight-decomposed LoRA (PEFT use_dora)
+  PT    prompt tuning (PEFT): trainable virtual-token embeddings, frozen model
 "Naive" is the empty set (ZeRO stage 0, nothing else). Order does not matter on input;
-the canonical name orders flags as the paper prints them (F+R+Z3+O, R+Q).
+the canonical name orders flags as the paper prints them (F+R+Z3+O, R+Q, QL+F+R).
 """
 
 from __future__ import annotations
@@ -19,6 +25,14 @@ from dataclasses import dataclass
 NAIVE = "Naive"
 #: Canonical order of flags in names and paths (the paper's Tables III and IV order).
 FLAG_ORDER: tuple[str, ...] = ("F", "R", "Z2", "Z3", "O", "Q")
+#: Fine-tuning method tokens -> (adapter kind, implies 4-bit base).
+ADAPTERS: dict[str, tuple[str, bool]] = {
+    "L": ("lora", False),
+    "QL": ("lora", True),
+    "LFA": ("lora_fa", False),
+    "DORA": ("dora", False),
+    "PT": ("prompt_tuning", False),
+}
 FLAG_MEANING: dict[str, str] = {
     "F": "FlashAttention",
     "R": "activation recomputation",
@@ -47,8 +61,12 @@ class Technique:
     """FlashAttention kernels."""
     quant4: bool = False
     """4-bit NF4 base weights with double quantization (bitsandbytes)."""
+    adapter: str | None = None
+    """Fine-tuning method: lora | lora_fa | dora | prompt_tuning (None: full parameters)."""
 
     def __post_init__(self) -> None:
+        if self.adapter is not None and self.adapter not in {a for a, _ in ADAPTERS.values()}:
+            raise TechniqueError(f"unknown adapter {self.adapter!r}")
         if self.zero_stage not in (0, 2, 3):
             raise TechniqueError(f"zero_stage must be 0, 2 or 3, got {self.zero_stage}")
         if self.offload and self.zero_stage == 0:
@@ -68,9 +86,20 @@ class Technique:
         return tuple(f for f in FLAG_ORDER if on[f])
 
     @property
+    def adapter_token(self) -> str | None:
+        """The fine-tuning method token (QL for LoRA on a 4-bit base), or None."""
+        if self.adapter is None:
+            return None
+        if self.adapter == "lora" and self.quant4:
+            return "QL"
+        return next(tok for tok, (kind, _) in ADAPTERS.items() if kind == self.adapter)
+
+    @property
     def name(self) -> str:
         """Canonical name, used in paths and tables ("Naive" when no flag is set)."""
-        return "+".join(self.flags) or NAIVE
+        head = self.adapter_token
+        flags = [f for f in self.flags if not (head == "QL" and f == "Q")]
+        return "+".join(([head] if head else []) + flags) or NAIVE
 
 
 def parse(text: str) -> Technique:
@@ -83,9 +112,13 @@ def parse(text: str) -> Technique:
     if text.strip().lower() == NAIVE.lower():
         return Technique()
     tokens = [t.strip() for t in text.split("+")]
-    allowed = ", ".join(FLAG_ORDER)
+    allowed = ", ".join(FLAG_ORDER + tuple(ADAPTERS))
     seen: set[str] = set()
+    adapters = []
     for tok in tokens:
+        if tok.upper() in ADAPTERS and tok not in FLAG_MEANING:
+            adapters.append(tok.upper())
+            continue
         if tok not in FLAG_MEANING:
             raise TechniqueError(
                 f"unknown flag {tok!r} in technique {text!r}; flags are {allowed} "
@@ -94,6 +127,9 @@ def parse(text: str) -> Technique:
         if tok in seen:
             raise TechniqueError(f"flag {tok!r} repeated in technique {text!r}")
         seen.add(tok)
+    if len(adapters) > 1:
+        raise TechniqueError(f"technique {text!r} names several fine-tuning methods {adapters}; choose one")
+    adapter, implies_q = ADAPTERS[adapters[0]] if adapters else (None, False)
     if {"Z2", "Z3"} <= seen:
         raise TechniqueError(f"technique {text!r} asks for both Z2 and Z3; choose one ZeRO stage")
     if "O" in seen and not seen & {"Z2", "Z3"}:
@@ -105,7 +141,8 @@ def parse(text: str) -> Technique:
         offload="O" in seen,
         recompute="R" in seen,
         flash="F" in seen,
-        quant4="Q" in seen,
+        quant4="Q" in seen or implies_q,
+        adapter=adapter,
     )
 
 

@@ -29,6 +29,23 @@ def pretrain_chart(tidy: pd.DataFrame) -> alt.VConcatChart:
     ).properties(title="Pre-training: throughput and peak memory per technique (ok cells)")
 
 
+def finetune_chart(tidy: pd.DataFrame) -> alt.FacetChart:
+    """Throughput against peak memory per fine-tuning method (Table IX), one panel per model."""
+    df = tidy[(tidy["stage"] == "finetune") & (tidy["status"] == "ok")].copy()
+    base = alt.Chart(df).encode(
+        x=alt.X("peak_mem_gib:Q", title="peak memory per GPU (GiB)"),
+        y=alt.Y("tokens_per_s_mean:Q", title="tokens/s (all GPUs)"),
+        color=alt.Color("platform:N"),
+        tooltip=["platform", "model", "technique", "batch_size", "trainable_params",
+                 alt.Tooltip("tokens_per_s_mean:Q", format=",.1f"), alt.Tooltip("peak_mem_gib:Q", format=".2f")],
+    )
+    points = base.mark_point(filled=True, size=60)
+    labels = base.mark_text(align="left", dx=6, fontSize=9).encode(text="technique:N")
+    return alt.layer(points, labels, data=df).properties(width=360, height=260).facet(
+        column=alt.Column("model:N", title=None)
+    ).properties(title="Fine-tuning: throughput against memory per method (ok cells)")
+
+
 def save(chart: alt.TopLevelMixin, stem: Path | str) -> list[Path]:
     """Save ``chart`` as <stem>.html (JavaScript inlined), <stem>.svg and <stem>.png."""
     stem = Path(stem)
@@ -38,3 +55,7 @@ def save(chart: alt.TopLevelMixin, stem: Path | str) -> list[Path]:
     chart.save(str(out[1]))
     chart.save(str(out[2]), scale_factor=2)
     return out
+
+
+#: figure name (path stem under figures/) -> chart builder
+CHARTS = {"pretrain": pretrain_chart, "finetune": finetune_chart}

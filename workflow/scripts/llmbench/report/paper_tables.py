@@ -2,6 +2,7 @@
 
 Table III: every method at batch size 1. Table IV: every method at the batch size that
 gave the highest throughput among the batch sizes run (Table IV's "maximised" batch).
+Table IX: every fine-tuning method (LoRA, QLoRA, ...) at batch size 1.
 "-" is an out-of-memory cell (ours or the paper's); an empty cell was not run/printed.
 """
 
@@ -21,9 +22,13 @@ LONG_COLUMNS = [
 ]
 
 
+#: paper table -> the stage of the cells it shows
+STAGE = {"table3": "pretrain", "table4": "pretrain", "table9": "finetune"}
+
+
 def _ours(tidy: pd.DataFrame, table: str) -> pd.DataFrame:
-    pre = tidy[(tidy["stage"] == "pretrain") & (tidy["backend"] == "deepspeed")]
-    if table == "table3":
+    pre = tidy[(tidy["stage"] == STAGE[table]) & (tidy["backend"] == "deepspeed")]
+    if table in ("table3", "table9"):
         pre = pre[pre["batch_size"] == 1]
         # one record per (platform, model, technique): the one with most GPUs
         pre = pre.sort_values("gpus").groupby(["platform", "model", "technique"]).tail(1)

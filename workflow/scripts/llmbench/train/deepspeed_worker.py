@@ -48,6 +48,16 @@ def ds_config(tech, batch_size: int, accelerator: str) -> dict:
     }
 
 
+def _optimizer_numel(engine) -> int:
+    """Elements this rank's inner torch optimizer updates (its share of what trains)."""
+    opt = engine.optimizer
+    flat = getattr(opt, "fp32_partitioned_groups_flat", None)  # ZeRO-3 keeps its own flat groups
+    if flat:
+        return sum(t.numel() for t in flat)
+    inner = getattr(opt, "optimizer", opt)
+    return sum(p.numel() for g in inner.param_groups for p in g["params"])
+
+
 def _is_oom(exc: BaseException) -> bool:
     import torch
 
@@ -72,7 +82,7 @@ def run(spec: dict, out: Path) -> None:
     from ..grid import Cell
     from ..models import ModelSpec
     from ..protocol import run_window
-    from . import build
+    from . import adapters, build
 
     cell = Cell.from_dict(spec["cell"])
     model_spec = ModelSpec(**spec["model"])
@@ -102,7 +112,9 @@ def run(spec: dict, out: Path) -> None:
     if tech.quant4:
         build.quantize_4bit(model, dtype, device)
         trainable_desc = build.Q_TRAINABLE
-    if tech.recompute:
+    if tech.adapter:
+        model, trainable_desc = adapters.apply(model, tech, cell.adapter)
+    if tech.recompute and not (tech.adapter and tech.quant4):  # QL: done by k-bit preparation
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     params = [p for p in model.parameters() if p.requires_grad and p.dtype.is_floating_point]
@@ -116,6 +128,8 @@ def run(spec: dict, out: Path) -> None:
     # logical parameter count from the spec: 4-bit layers store two weights per byte
     total_params, trainable_params = model_spec.param_counts()["total"], count(params)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config)
+    has_frozen = trainable_params < total_params
+    frozen_before = adapters.frozen_checksum(engine.module) if has_frozen else None
 
     gen = torch.Generator(device="cpu").manual_seed(proto.seed + 1000 + rank)
     ids = torch.randint(0, model_spec.vocab_size, (cell.batch_size, proto.seq_len), generator=gen).to(engine.device)
@@ -132,6 +146,13 @@ def run(spec: dict, out: Path) -> None:
     if accelerator == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     window = run_window(step, proto, acc.synchronize)
+
+    frozen_unchanged = None
+    if has_frozen:
+        frozen_unchanged = adapters.frozen_checksum(engine.module) == frozen_before
+    opt_numel = torch.tensor([float(_optimizer_numel(engine))], dtype=torch.float64,
+                             device=device if accelerator == "cuda" else "cpu")
+    dist.all_reduce(opt_numel)
 
     gib = 2.0**30
     peak = torch.tensor([
@@ -157,6 +178,8 @@ def run(spec: dict, out: Path) -> None:
             "trainable_params": int(trainable_params),
             "trainable_desc": trainable_desc,
             "attention": attn_label,
+            "frozen_params_unchanged": frozen_unchanged,
+            "optimizer_param_numel": int(opt_numel.item()),
             "loss_last": float(losses[-1].float().item()),
             "ds_config": config,
             "versions": provenance.versions(),

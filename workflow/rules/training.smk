@@ -1,8 +1,9 @@
-# Pre-training cells (paper Section IV, Tables III and IV): one job per Cell, each
-# repeat in its own process group (llmbench.launch). An OOM is a record, not a failure.
+# Training cells, pre-training (paper Section IV, Tables III and IV) and fine-tuning
+# (Section V, Table IX): one job per Cell, each repeat in its own process group
+# (llmbench.launch). An OOM is a record, not a failure of the workflow.
 
 
-rule run_pretrain_cell:
+rule run_training_cell:
     output:
         record=f"{R}/runs/{CELL_DIR}/record.json",
     log:
@@ -12,6 +13,8 @@ rule run_pretrain_cell:
     params:
         spec=cell_spec,
     threads: cell_threads
+    conda:
+        "../../envs/pretrain.yaml"
     resources:
         slurm_partition=slurm_resource("partition"),
         gres=slurm_resource("gres"),

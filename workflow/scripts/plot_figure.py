@@ -1,4 +1,4 @@
-"""Snakemake adapter: tidy table -> pre-training figure (HTML with inline JS, SVG, PNG)."""
+"""Snakemake adapter: tidy table -> one figure (HTML with inline JS, SVG, PNG)."""
 
 import logging
 from pathlib import Path
@@ -10,7 +10,7 @@ from llmbench.report import figures
 
 def main(smk) -> None:
     logging.basicConfig(filename=smk.log[0], level=logging.INFO)
-    chart = figures.pretrain_chart(pd.read_csv(smk.input.tidy))
+    chart = figures.CHARTS[smk.wildcards.figure](pd.read_csv(smk.input.tidy))
     figures.save(chart, Path(smk.output.html).with_suffix(""))
 
 

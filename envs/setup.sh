@@ -12,7 +12,7 @@ stamp=.venv/.llmbench-setup
 want=$(cat envs/requirements-torch-cpu.txt envs/requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   [[ -x .venv/bin/python ]] || "$py" -m venv .venv
-  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
   # torch FIRST and alone: pip then takes the local CPU build instead of a multi-GB
   # CUDA build that deepspeed/bitsandbytes would otherwise pull (FINDINGS.md).
   .venv/bin/python -m pip install -q -r envs/requirements-torch-cpu.txt
@@ -20,6 +20,17 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   .venv/bin/python -m pip install -q --no-deps -e .
   echo "$want" > "$stamp"
 fi
+
+# Build DeepSpeed's CPU ops once, here, in the folder the launcher uses
+# (TORCH_EXTENSIONS_DIR=<venv>/torch_extensions): cells that build them on first use
+# race for the build lock, and a cell killed mid-build (an OOM cell) leaves a stale lock
+# that hangs every later cell until its timeout.
+DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR=$root/.venv/torch_extensions .venv/bin/python - <<'PY'
+from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, ShareMemCommBuilder
+for builder in (CPUAdamBuilder(), ShareMemCommBuilder()):
+    builder.load(verbose=False)
+print("DeepSpeed CPU ops built:", CPUAdamBuilder.NAME, ShareMemCommBuilder.NAME)
+PY
 
 # `snakemake --profile slurm_a800` resolves bare names in ~/.config/snakemake, not in
 # ./profiles: link every site profile there (profiles/default is the workflow profile,

@@ -1,14 +1,20 @@
-# llmbench: runtime benchmarks of LLM pre-training (and, in later stages, fine-tuning,
-# serving and microbenchmarks), regenerating the tables and figures of
+# llmbench: runtime benchmarks of LLM pre-training, fine-tuning and serving (and, in
+# later stages, microbenchmarks), regenerating the tables and figures of
 # "Dissecting the Runtime Performance of the Training, Fine-tuning, and Inference of
 # Large Language Models" with the published numbers beside ours.
 #
 # Path grammar (under config["results_dir"], default results/):
 #   runs/{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}/record.json
+#   runs/serve/{platform}/{model}/{engine}/{load}-g{gpus}/record.json   serving cells
 #   logs/<same as runs, .log>            benchmarks/<same as runs, .tsv> (harness overhead)
+#   logs/serve/<same as runs>.server.log the engine's own output
+#   models/{model}/{weights}/            model directory an engine loads (config, weights, tokenizer)
 #   tables/records.{csv,parquet}         the tidy table of every Record
+#   tables/requests.parquet              one row per measured request of every serving cell
 #   tables/{table3,table4,table9}.{csv,md}  the paper's layouts, ours beside the published values
+#   tables/serving.{csv,md}              throughput and TTFT/TPOT/ITL/latency percentiles per cell
 #   figures/{pretrain,finetune}.{html,svg,png}  throughput and memory per technique and platform
+#   figures/serve-throughput, serve-latency-cdf  Figs. 6-10: throughput, latency CDFs
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -19,6 +25,7 @@ configfile: "config/config.yaml"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/training.smk"
+include: "workflow/rules/serving.smk"
 include: "workflow/rules/report.smk"
 
 
@@ -30,8 +37,10 @@ localrules:
     figures,
     build_tidy_table,
     build_paper_table,
+    build_serving_table,
     plot_figure,
     finetune,
+    serve,
 
 
 rule all:
@@ -48,6 +57,11 @@ rule pretrain:
 rule finetune:
     input:
         records("finetune"),
+
+
+rule serve:
+    input:
+        records("serve"),
 
 
 rule tables:

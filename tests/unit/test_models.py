@@ -21,3 +21,9 @@ def test_flops_per_token_palm_formula():
     spec = ModelSpec.load("llama2-7b")
     n = spec.param_counts()["non_embedding"]
     assert flops_per_token(spec, 350) == 6 * n + 12 * 32 * 4096 * 350
+
+
+def test_frozen_base_counts_no_weight_gradients():
+    spec = ModelSpec.load("llama2-7b")
+    n = spec.param_counts()["non_embedding"]
+    assert flops_per_token(spec, 350) - flops_per_token(spec, 350, frozen_base=True) == 2 * n

@@ -106,3 +106,51 @@ def test_table9_and_finetune_figure(tmp_path):
     assert paper_tables.build(df, "table3")["status"].isna().all()  # fine-tuning is not Table III
     out = figures.save(figures.CHARTS["finetune"](df), tmp_path / "ft")
     assert out[1].read_text().lstrip().startswith("<svg")
+
+
+def write_serve_records(tmp_path):
+    """Two engines on one platform: one ok with three requests, one oom."""
+    g = grid.expand({"protocol": {}, "serve": [{"platforms": ["cpu"], "models": ["tiny"],
+                                                 "engines": ["vllm", "transformers"],
+                                                 "loads": {"burst": {"num_requests": 3, "input_len": 8, "output_len": 4}}}]})
+    paths = []
+    for cell in g.cells:
+        ok = cell.engine == "vllm"
+        serving = {"num_requests": 3, "completed": 3, "failed": 0, "output_tokens_per_s": 120.0,
+                   "request_throughput_per_s": 30.0, "p50_ttft_s": 0.1, "p90_ttft_s": 0.2, "p99_ttft_s": 0.3,
+                   "p50_e2e_latency_s": 0.5, "server_peak_rss_gib": 1.5, "server_peak_gpu_mem_gib": None} if ok else {}
+        requests = {"index": [0, 1, 2], "ttft_s": [0.1, 0.2, 0.3], "e2e_s": [0.6, 0.4, 0.5], "tpot_s": [0.1] * 3,
+                    "scheduled_s": [0.0] * 3, "sent_s": [0.01] * 3, "output_tokens": [4] * 3,
+                    "ok": [True] * 3, "error": [""] * 3} if ok else {}
+        r = Record(cell=cell.to_dict(), status="ok" if ok else "oom", reason="" if ok else "CUDA out of memory",
+                   serving=serving, requests=requests)
+        path = tmp_path / cell.record_path("results")
+        record.write(r, path)
+        paths.append(path)
+    return paths
+
+
+def test_serving_rows_requests_table_and_figures(tmp_path):
+    from llmbench.report import serving, summary
+
+    paths = write_serve_records(tmp_path)
+    df = tidy.build(paths)
+    vllm = df[df.engine == "vllm"].iloc[0]
+    assert (vllm.stage, vllm.load, vllm.output_tokens_per_s, vllm.peak_mem_gib, vllm.peak_mem_kind) == (
+        "serve", "burst", 120.0, 1.5, "host_rss")
+    req = tidy.build_requests(paths)
+    assert len(req) == 3 and set(req.engine) == {"vllm"} and list(req.e2e_s) == [0.6, 0.4, 0.5]
+    table = serving.build(df)
+    assert list(table.engine) == ["transformers", "vllm"] and list(table.status) == ["oom", "ok"]
+    md = serving.markdown(table)
+    assert "| cpu | tiny | vllm | burst (burst, 8 in / 4 out) | 1 | ok | 3 (0) | 30.00 | 120.0 | 0.100 / 0.200 / 0.300 |" in md
+    assert "| transformers | burst (burst, 8 in / 4 out) | 1 | - (oom) |" in md
+    assert "vllm" in summary.render(tmp_path / "results" / "runs")
+    # the CDF is exact: one step per request, ending at 1
+    chart = figures.serve_latency_cdf_chart(df, req).to_dict()
+    values = next(iter(chart["datasets"].values()))
+    assert sorted(v["cdf"] for v in values) == pytest.approx([1 / 3, 2 / 3, 1.0])
+    assert [v["e2e_s"] for v in sorted(values, key=lambda v: v["cdf"])] == [0.4, 0.5, 0.6]
+    for name in ("serve-throughput", "serve-latency-cdf"):
+        out = figures.save(figures.CHARTS[name](df, req), tmp_path / name)
+        assert out[1].read_text().lstrip().startswith("<svg")

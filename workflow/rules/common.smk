@@ -1,11 +1,13 @@
 # Grid -> targets: thin wrappers over llmbench.grid. The config is validated here, at
 # parse time, before any job: a bad key or value stops the workflow with one message.
+import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "scripts"))
 
 from llmbench import grid as lbgrid  # noqa: E402
+from llmbench.serve import engines as lbengines  # noqa: E402
 from llmbench.config import ConfigError  # noqa: E402
 
 try:
@@ -15,8 +17,9 @@ except ConfigError as exc:
 
 R = GRID.results_dir
 CELL_DIR = "{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}"
+SERVE_CELL_DIR = "{platform}/{model}/{engine}/{load}-g{gpus}"
 PAPER_TABLES = ["table3", "table4", "table9"]
-FIGURES = ["pretrain", "finetune"]
+FIGURES = ["pretrain", "finetune", "serve-throughput", "serve-latency-cdf"]
 
 
 wildcard_constraints:
@@ -31,9 +34,11 @@ def records(stage=None):
 
 
 def table_targets():
-    return [f"{R}/tables/records.csv", f"{R}/tables/records.parquet"] + [
-        f"{R}/tables/{t}.{ext}" for t in PAPER_TABLES for ext in ("csv", "md")
-    ]
+    return (
+        [f"{R}/tables/records.csv", f"{R}/tables/records.parquet", f"{R}/tables/requests.parquet"]
+        + [f"{R}/tables/{t}.{ext}" for t in PAPER_TABLES for ext in ("csv", "md")]
+        + [f"{R}/tables/serving.{ext}" for ext in ("csv", "md")]
+    )
 
 
 def figure_targets():
@@ -65,6 +70,36 @@ def cell_runtime_min(wildcards):
     """Slurm time limit: every repeat may use its full timeout, plus start-up slack."""
     p = cell_of(wildcards).protocol
     return p.repeats * (p.timeout_s // 60 + 1) + 10
+
+
+def model_spec(wildcards):
+    """The model's dimensions (also the model directory's params rerun trigger)."""
+    return GRID.models[wildcards.model].to_dict()
+
+
+def serve_model_dir(wildcards):
+    """The model directory a serving cell's engine loads."""
+    cell = cell_of(wildcards)
+    return f"{R}/models/{cell.model}/{cell.weights}"
+
+
+def serve_env_file(wildcards):
+    """The engine's environment file (used with --software-deployment-method conda)."""
+    return "../../" + lbengines.ENGINES[wildcards.engine].env_file
+
+
+def serve_threads(wildcards):
+    """A serving cell on a CPU platform takes the whole machine: an engine beside another
+    cell would measure their contention. On GPUs: the platform's CPUs per job."""
+    if platform_of(wildcards).accelerator == "cpu":
+        return min(workflow.cores, os.cpu_count() or 1)
+    return cell_threads(wildcards)
+
+
+def serve_runtime_min(wildcards):
+    """Slurm time limit: start-up, the load's timeout, and slack."""
+    cell = cell_of(wildcards)
+    return (cell.ready_timeout_s + cell.timeout_s) // 60 + 10
 
 
 def slurm_resource(key, default=None):

@@ -7,6 +7,7 @@ rule build_tidy_table:
     output:
         csv=f"{R}/tables/records.csv",
         parquet=f"{R}/tables/records.parquet",
+        requests=f"{R}/tables/requests.parquet",
     log:
         f"{R}/logs/report/build_tidy_table.log",
     conda:
@@ -30,9 +31,24 @@ rule build_paper_table:
         "../scripts/build_paper_table.py"
 
 
+rule build_serving_table:
+    input:
+        tidy=f"{R}/tables/records.csv",
+    output:
+        csv=f"{R}/tables/serving.csv",
+        md=f"{R}/tables/serving.md",
+    log:
+        f"{R}/logs/report/build_serving_table.log",
+    conda:
+        "../../envs/report.yaml"
+    script:
+        "../scripts/build_serving_table.py"
+
+
 rule plot_figure:
     input:
         tidy=f"{R}/tables/records.csv",
+        requests=f"{R}/tables/requests.parquet",
     output:
         html=f"{R}/figures/{{figure}}.html",
         svg=f"{R}/figures/{{figure}}.svg",

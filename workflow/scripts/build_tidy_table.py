@@ -1,4 +1,4 @@
-"""Snakemake adapter: every Record -> the tidy table (CSV and Parquet)."""
+"""Snakemake adapter: every Record -> the tidy table (CSV and Parquet) and the per-request table."""
 
 import logging
 
@@ -9,6 +9,7 @@ def main(smk) -> None:
     logging.basicConfig(filename=smk.log[0], level=logging.INFO)
     df = tidy.build(smk.input.records)
     tidy.write(df, smk.output.csv, smk.output.parquet)
+    tidy.build_requests(smk.input.records).to_parquet(smk.output.requests, index=False)
     logging.info("%d records: %s", len(df), df["status"].value_counts().to_dict())
 
 

@@ -1,4 +1,4 @@
-"""Snakemake adapter: tidy table -> one figure (HTML with inline JS, SVG, PNG)."""
+"""Snakemake adapter: tidy tables (records, requests) -> one figure (HTML with inline JS, SVG, PNG)."""
 
 import logging
 from pathlib import Path
@@ -10,7 +10,7 @@ from llmbench.report import figures
 
 def main(smk) -> None:
     logging.basicConfig(filename=smk.log[0], level=logging.INFO)
-    chart = figures.CHARTS[smk.wildcards.figure](pd.read_csv(smk.input.tidy))
+    chart = figures.CHARTS[smk.wildcards.figure](pd.read_csv(smk.input.tidy), pd.read_parquet(smk.input.requests))
     figures.save(chart, Path(smk.output.html).with_suffix(""))
 
 

@@ -23,6 +23,8 @@ from .protocol import Protocol
 RECORD_PATTERN = (
     "runs/{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}/record.json"
 )
+#: Serving cells (stage "serve"): one engine under one load.
+SERVE_RECORD_PATTERN = "runs/serve/{platform}/{model}/{engine}/{load}-g{gpus}/record.json"
 #: Wildcard regexes for Snakemake (common.smk), one per path field.
 WILDCARD_CONSTRAINTS: dict[str, str] = {
     "stage": "pretrain|finetune",
@@ -32,7 +34,11 @@ WILDCARD_CONSTRAINTS: dict[str, str] = {
     "technique": "[A-Za-z0-9+]+",
     "batch_size": "[0-9]+",
     "gpus": "[0-9]+",
+    "engine": "[a-z]+",
+    "load": "[a-z0-9][a-z0-9-]*",
 }
+TRAIN_KEY = ("stage", "platform", "model", "backend", "technique", "batch_size", "gpus")
+SERVE_KEY = ("stage", "platform", "model", "engine", "load", "gpus")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -72,7 +78,7 @@ class Cell:
     @property
     def key(self) -> dict[str, Any]:
         """The fields that name the cell's path."""
-        return {k: getattr(self, k) for k in WILDCARD_CONSTRAINTS}
+        return {k: getattr(self, k) for k in TRAIN_KEY}
 
     def record_path(self, results_dir: str = "results") -> str:
         """Where this cell's Record lives."""
@@ -88,34 +94,111 @@ class Cell:
         return cls(**{**data, "protocol": Protocol(**data["protocol"])})
 
 
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ServeCell:
+    """One serving point of the grid: one engine on one model under one load."""
+
+    stage: str = "serve"
+    """Always 'serve'."""
+    platform: str
+    """Platform id."""
+    model: str
+    """Model id."""
+    engine: str
+    """Serving engine (llmbench.serve.engines.ENGINES)."""
+    load: str
+    """Name of the load (the block's loads map key)."""
+    gpus: int
+    """GPUs the engine uses (tensor parallel), all on one node."""
+    load_spec: dict[str, Any]
+    """The load: mode, num_requests, input_len, output_len, rate_per_s, max_concurrency,
+    warmup_requests, request_timeout_s (llmbench.serve.loadgen.LoadSpec)."""
+    weights: str = "random"
+    """random: safetensors written by the model-directory rule; dummy: the engine makes
+    its own random weights where it can (vLLM --load-format dummy)."""
+    engine_args: tuple[str, ...] = ()
+    """Extra engine arguments, appended to its launch command."""
+    ready_timeout_s: int = 600
+    """Seconds the engine may take to become ready."""
+    timeout_s: int = 3600
+    """Wall-clock limit of the whole load; past it the cell is recorded as timeout."""
+    seed: int = 0
+    """Seed of the synthetic prompts and arrival times."""
+
+    def __post_init__(self) -> None:
+        if self.stage != "serve":
+            raise ConfigError(f"a ServeCell's stage is 'serve', got {self.stage!r}")
+        if self.gpus < 1:
+            raise ConfigError(f"gpus must be >= 1, got {self.gpus}")
+
+    @property
+    def key(self) -> dict[str, Any]:
+        """The fields that name the cell's path."""
+        return {k: getattr(self, k) for k in SERVE_KEY}
+
+    @property
+    def max_model_len(self) -> int:
+        """Longest sequence a request needs: prompt plus output."""
+        return int(self.load_spec["input_len"]) + int(self.load_spec["output_len"])
+
+    def record_path(self, results_dir: str = "results") -> str:
+        """Where this cell's Record lives."""
+        return f"{results_dir}/" + SERVE_RECORD_PATTERN.format(**self.key)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (JSON-ready)."""
+        return {**asdict(self), "engine_args": list(self.engine_args)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ServeCell":
+        """Inverse of to_dict."""
+        return cls(**{**data, "engine_args": tuple(data.get("engine_args") or ())})
+
+
+def cell_from_dict(data: dict[str, Any]) -> "Cell | ServeCell":
+    """A training or serving cell from its plain-data form."""
+    return ServeCell.from_dict(data) if data.get("stage") == "serve" else Cell.from_dict(data)
+
+
 @dataclass(kw_only=True, slots=True)
 class Grid:
     """A validated config: its cells and the platforms and models they use."""
 
     results_dir: str
-    cells: list[Cell]
+    cells: list[Cell | ServeCell]
     platforms: dict[str, Platform] = field(default_factory=dict)
     models: dict[str, ModelSpec] = field(default_factory=dict)
+    engine_python: dict[str, str] = field(default_factory=dict)
+    """Interpreter of each serving engine's environment (absent: the workflow's own)."""
 
-    def by_path(self) -> dict[str, Cell]:
+    def by_path(self) -> dict[str, Cell | ServeCell]:
         """Record path -> Cell."""
         return {c.record_path(self.results_dir): c for c in self.cells}
 
-    def find(self, **key: Any) -> Cell:
-        """The cell whose path fields equal ``key`` (values compared as strings)."""
+    def find(self, **key: Any) -> Cell | ServeCell:
+        """The cell whose path fields equal ``key`` (values compared as strings; a serving
+        cell's path has no stage field, so it may be left out)."""
         want = {k: str(v) for k, v in key.items() if k in WILDCARD_CONSTRAINTS}
         for c in self.cells:
-            if {k: str(v) for k, v in c.key.items()} == want:
+            have = {k: str(v) for k, v in c.key.items()}
+            if set(have) - set(want) <= {"stage"} and all(have.get(k) == v for k, v in want.items()):
                 return c
         raise KeyError(f"no cell with {want}")
 
-    def spec(self, cell: Cell) -> dict[str, Any]:
+    def spec(self, cell: Cell | ServeCell) -> dict[str, Any]:
         """The fully resolved cell config a runner gets: cell, platform and model."""
-        return {
+        platform = self.platforms[cell.platform].to_dict()
+        # where a job is queued is not part of the experiment: a partition edit must not
+        # change the spec (the params rerun trigger) of every cell of the platform
+        platform.pop("slurm")
+        spec = {
             "cell": cell.to_dict(),
-            "platform": self.platforms[cell.platform].to_dict(),
+            "platform": platform,
             "model": self.models[cell.model].to_dict(),
         }
+        if isinstance(cell, ServeCell):
+            spec["engine_python"] = self.engine_python.get(cell.engine)
+        return spec
 
 
 def _check_names(values: list[str], kind: str, where: str, root: Path) -> None:
@@ -127,7 +210,7 @@ def _check_names(values: list[str], kind: str, where: str, root: Path) -> None:
 
 #: Linear layers of a Llama decoder layer (LoRA targets must be among them).
 LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-STAGES = ("pretrain", "finetune")
+STAGES = ("pretrain", "finetune")  # training stages; "serve" cells come from serve blocks
 
 
 def _techniques(block: dict, where: str, stage: str) -> list[str]:
@@ -220,7 +303,55 @@ def expand(config: dict[str, Any], root: Path = REPO_ROOT, source: str = "config
                         if path not in seen:
                             seen[path] = cell
                             grid.cells.append(cell)
+    _serve_cells(config, grid, root, seen)
+    grid.engine_python = dict(config["engine_python"])
     return grid
+
+
+def _serve_cells(config: dict[str, Any], grid: Grid, root: Path, seen: dict[str, Any]) -> None:
+    """Expand the serve blocks into ServeCells (engine x platform checks named by key)."""
+    from .serve.engines import ENGINES  # no heavy imports there
+
+    only = config.get("only_platforms")
+    for b, block in enumerate(config["serve"]):
+        where = f"serve[{b}]"
+        _check_names(block["platforms"], "platform", f"{where}.platforms", root)
+        _check_names(block["models"], "model", f"{where}.models", root)
+        for name, load in block["loads"].items():
+            if load["mode"] == "poisson" and load["rate_per_s"] is None:
+                raise ConfigError(f"{where}.loads.{name}.rate_per_s: required when mode is 'poisson'")
+        for e, engine_name in enumerate(block["engines"]):
+            engine = ENGINES[engine_name]
+            if block["weights"] == "dummy" and not engine.dummy_weights:
+                can = ", ".join(n for n, x in ENGINES.items() if x.dummy_weights)
+                raise ConfigError(f"{where}.weights: 'dummy' needs an engine that makes its own weights "
+                                  f"({can}); engine {engine_name!r} loads them (use weights: random)")
+            for plat_name in block["platforms"]:
+                if only is not None and plat_name not in only:
+                    continue
+                platform = grid.platforms.setdefault(plat_name, Platform.load(plat_name, root))
+                if platform.accelerator not in engine.accelerators:
+                    raise ConfigError(
+                        f"{where}.engines[{e}]: engine {engine_name!r} runs on {' or '.join(engine.accelerators)}, "
+                        f"platform {plat_name!r} is {platform.accelerator}")
+                gpus = block["gpus"] or (platform.gpus_per_node if engine.tensor_parallel else 1)
+                if gpus > 1 and not engine.tensor_parallel:
+                    raise ConfigError(f"{where}.gpus: engine {engine_name!r} has no tensor parallelism; use gpus: 1")
+                for model_name, (load_name, load) in itertools.product(block["models"], block["loads"].items()):
+                    grid.models.setdefault(model_name, ModelSpec.load(model_name, root))
+                    cell = ServeCell(
+                        platform=plat_name, model=model_name, engine=engine_name, load=load_name, gpus=gpus,
+                        load_spec=dict(load), weights=block["weights"],
+                        engine_args=tuple(block["engine_args"].get(engine_name, ())),
+                        ready_timeout_s=block["ready_timeout_s"], timeout_s=block["timeout_s"],
+                        seed=config["protocol"]["seed"],
+                    )
+                    path = cell.record_path(grid.results_dir)
+                    if path in seen and seen[path] != cell:
+                        raise ConfigError(f"{where}: cell {path} is defined twice with different settings")
+                    if path not in seen:
+                        seen[path] = cell
+                        grid.cells.append(cell)
 
 
 def load(configfile: Path, root: Path = REPO_ROOT) -> Grid:

@@ -13,6 +13,7 @@ cancelling the job, Ctrl-C). Status is data:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -26,7 +27,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import psutil
 
@@ -67,7 +68,7 @@ def _last_error(path: Path) -> str:
     return lines[-1][:500] if lines else "no exception in the log"
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
     """SIGTERM the process group, then SIGKILL what is left after a grace period."""
     for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         try:
@@ -115,7 +116,7 @@ class _Watchdog(threading.Thread):
                 if rss > self.cap:
                     self.fired = (f"process {p.pid} reached {rss / 2**30:.2f} GiB RSS, over the cell's "
                                   f"mem_cap_gib={self.cap / 2**30:g}: killed (out of memory)")
-                    _kill_group(self.proc)
+                    kill_group(self.proc)
                     return
             self._stop.wait(self.interval)
 
@@ -127,10 +128,43 @@ _ACTIVE: list[subprocess.Popen] = []
 
 
 def _on_signal(signum, _frame) -> None:
-    """Stop the running repeat's whole process group, then exit (Snakemake cancel, Ctrl-C)."""
+    """Stop every running process group, then exit (Snakemake cancel, Ctrl-C)."""
     for proc in list(_ACTIVE):
-        _kill_group(proc)
+        kill_group(proc)
     sys.exit(128 + signum)
+
+
+@contextlib.contextmanager
+def stop_groups_on_signal() -> Iterator[None]:
+    """While inside, SIGTERM and SIGINT stop every group started by start_group, then exit."""
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def start_group(argv: list[str], *, env: dict[str, str], log: Path, cwd: Path | None = None) -> subprocess.Popen:
+    """Start ``argv`` in a new session (its own process group), output appended to ``log``.
+
+    Config values reach it as an argument list, never through a shell. Stop it with
+    stop_group; until then a signal caught by stop_groups_on_signal stops it too.
+    """
+    with open(log, "a") as fh:
+        fh.write(f"\n=== {' '.join(argv)}\n")
+        fh.flush()
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                start_new_session=True)
+    _ACTIVE.append(proc)
+    return proc
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Stop the whole process group of ``proc`` (TERM, then KILL) and forget it."""
+    kill_group(proc)
+    if proc in _ACTIVE:
+        _ACTIVE.remove(proc)
 
 
 def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int) -> Outcome:
@@ -150,11 +184,8 @@ def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int) -
     pkg_parent = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
     with open(log, "a") as fh:
-        fh.write(f"\n=== repeat {index}: {' '.join(argv)}\n")
-        fh.flush()
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                cwd=workdir, start_new_session=True)
-    _ACTIVE.append(proc)
+        fh.write(f"\n=== repeat {index}\n")
+    proc = start_group(argv, env=env, log=log, cwd=workdir)
     dog = None
     if cell.mem_cap_gib:
         dog = _Watchdog(proc, cell.mem_cap_gib * 2**30)
@@ -163,13 +194,12 @@ def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int) -
         rc = proc.wait(timeout=cell.protocol.timeout_s)
         timed_out = False
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_group(proc)
         rc, timed_out = proc.returncode, True
     finally:
         if dog:
             dog.stop()
-        _ACTIVE.remove(proc)
-    _kill_group(proc)  # no orphan rank survives its torchrun
+        stop_group(proc)  # no orphan rank survives its torchrun
     tail = _tail(log)
     ooms = sorted(workdir.glob(f"{out.name}.oom.rank*"))
     if timed_out:
@@ -221,7 +251,8 @@ def build_record(spec: dict, outcomes: list[Outcome], started: str, command: lis
     elif peak is None:
         mfu, formula = None, f"not reported: platform {cell.platform!r} has no peak bf16 FLOP/s"
     else:
-        mfu = tps.mean * flops_per_token(model, cell.protocol.seq_len) / (cell.gpus * peak * 1e12)
+        fpt = flops_per_token(model, cell.protocol.seq_len, frozen_base=tech.adapter is not None)
+        mfu = tps.mean * fpt / (cell.gpus * peak * 1e12)
         formula = f"{MFU_FORMULA}; peak {peak} TFLOP/s per GPU ({spec['platform']['peak_source']})"
     last = results[-1]
     metrics = Metrics(
@@ -248,21 +279,19 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1) -> Reco
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"cell {cell.record_path()}\n")
-    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     workdir = Path(tempfile.mkdtemp(prefix="llmbench-cell-"))
     try:
-        outcomes = []
-        for i in range(cell.protocol.repeats):
-            outcome = run_repeat(spec, workdir, i, log, threads)
-            outcomes.append(outcome)
-            with open(log, "a") as fh:
-                fh.write(f"=== repeat {i}: {outcome.status} {outcome.reason}\n")
-            if outcome.status != "ok":
-                break
-        record = build_record(spec, outcomes, started, command)
-        write(record, record_path)
-        return record
+        with stop_groups_on_signal():
+            outcomes = []
+            for i in range(cell.protocol.repeats):
+                outcome = run_repeat(spec, workdir, i, log, threads)
+                outcomes.append(outcome)
+                with open(log, "a") as fh:
+                    fh.write(f"=== repeat {i}: {outcome.status} {outcome.reason}\n")
+                if outcome.status != "ok":
+                    break
+            record = build_record(spec, outcomes, started, command)
+            write(record, record_path)
+            return record
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
         shutil.rmtree(workdir, ignore_errors=True)

@@ -96,18 +96,20 @@ class ModelSpec:
         )
 
 
-def flops_per_token(model: ModelSpec, seq_len: int) -> float:
+def flops_per_token(model: ModelSpec, seq_len: int, frozen_base: bool = False) -> float:
     """Training FLOPs per token, PaLM convention: 6N + 12·L·d·s.
 
     N = non-embedding parameters (forward 2N, backward 4N per token); 12·L·d·s counts the
     attention score and value matmuls (QK^T and PV) forward and backward. Recomputation
-    is not counted (model FLOPs, not hardware FLOPs).
+    is not counted (model FLOPs, not hardware FLOPs). With a frozen base (adapters), the
+    backward pass computes input gradients only: 4N instead of 6N (adapters are negligible).
     """
     n = model.param_counts()["non_embedding"]
-    return 6.0 * n + 12.0 * model.num_hidden_layers * model.hidden_size * seq_len
+    return (4.0 if frozen_base else 6.0) * n + 12.0 * model.num_hidden_layers * model.hidden_size * seq_len
 
 
 MFU_FORMULA = (
-    "mfu = tokens_per_s * (6*N + 12*L*d*s) / (gpus * peak_bf16_flops); "
-    "N = non-embedding params, L layers, d width, s seq_len (PaLM, Chowdhery et al. 2022, App. B)"
+    "mfu = tokens_per_s * (6*N + 12*L*d*s) / (gpus * peak_bf16_flops) (4*N for a frozen base "
+    "with adapters); N = non-embedding params, L layers, d width, s seq_len "
+    "(PaLM, Chowdhery et al. 2022, App. B)"
 )

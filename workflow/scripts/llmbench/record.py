@@ -13,7 +13,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+#: 2: serving fields (serving, requests). Version 1 records (training only) are read as 2.
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 STATUSES = ("ok", "oom", "error", "timeout", "skipped")
 
 
@@ -77,6 +79,13 @@ class Record:
     """What was measured."""
     provenance: dict[str, Any] = field(default_factory=dict)
     """Versions, hardware, git sha, resolved config, command, times."""
+    serving: dict[str, Any] = field(default_factory=dict)
+    """Serving cells: the load's summary (llmbench.serve.metrics.summarize: throughput,
+    TTFT/TPOT/ITL/end-to-end percentiles, failures), server memory and start-up time;
+    flat keys with units in their names. Empty for training cells."""
+    requests: dict[str, list] = field(default_factory=dict)
+    """Serving cells: per-request raw values, one list per column (ttft_s, e2e_s,
+    output_tokens, ok, ...), so latency CDFs are exact. Empty for training cells."""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -92,8 +101,9 @@ class Record:
     def from_dict(cls, data: dict[str, Any]) -> "Record":
         """Inverse of to_dict; rejects records of another schema version."""
         version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise ValueError(f"record schema_version {version!r}, this llmbench reads {SCHEMA_VERSION}")
+        if version not in READABLE_VERSIONS:
+            raise ValueError(f"record schema_version {version!r}, this llmbench reads {READABLE_VERSIONS}")
+        data = {**data, "schema_version": SCHEMA_VERSION}  # 1 -> 2 adds fields with defaults
         known = {f.name for f in fields(Metrics)}
         m = {k: v for k, v in (data.get("metrics") or {}).items() if k in known}
         for k in ("tokens_per_s_runs", "step_time_s_runs"):

@@ -8,7 +8,7 @@ import altair as alt
 import pandas as pd
 
 
-def pretrain_chart(tidy: pd.DataFrame) -> alt.VConcatChart:
+def pretrain_chart(tidy: pd.DataFrame, requests: pd.DataFrame | None = None) -> alt.VConcatChart:
     """Throughput and peak memory per technique, coloured by platform, one column per model."""
     df = tidy[(tidy["stage"] == "pretrain") & (tidy["status"] == "ok")].copy()
     df["cell"] = df["technique"] + " bs" + df["batch_size"].astype(str)
@@ -29,7 +29,7 @@ def pretrain_chart(tidy: pd.DataFrame) -> alt.VConcatChart:
     ).properties(title="Pre-training: throughput and peak memory per technique (ok cells)")
 
 
-def finetune_chart(tidy: pd.DataFrame) -> alt.FacetChart:
+def finetune_chart(tidy: pd.DataFrame, requests: pd.DataFrame | None = None) -> alt.FacetChart:
     """Throughput against peak memory per fine-tuning method (Table IX), one panel per model."""
     df = tidy[(tidy["stage"] == "finetune") & (tidy["status"] == "ok")].copy()
     base = alt.Chart(df).encode(
@@ -46,6 +46,49 @@ def finetune_chart(tidy: pd.DataFrame) -> alt.FacetChart:
     ).properties(title="Fine-tuning: throughput against memory per method (ok cells)")
 
 
+def serve_throughput_chart(tidy: pd.DataFrame, requests: pd.DataFrame | None = None) -> alt.FacetChart:
+    """Fig. 6: output-token throughput per engine, grouped by platform, one panel per model."""
+    df = tidy[(tidy["stage"] == "serve") & (tidy["status"] == "ok")].copy()
+    df["cell"] = df["platform"] + " / " + df["load"].astype(str)
+    bars = alt.Chart(df).mark_bar().encode(
+        x=alt.X("cell:N", title="platform / load", sort=None),
+        xOffset="engine:N",
+        y=alt.Y("output_tokens_per_s:Q", title="output tokens/s"),
+        color=alt.Color("engine:N", title="engine"),
+        tooltip=["platform", "model", "engine", "load", "gpus", "num_requests", "input_len", "output_len",
+                 alt.Tooltip("output_tokens_per_s:Q", format=",.1f"),
+                 alt.Tooltip("request_throughput_per_s:Q", format=",.2f"),
+                 alt.Tooltip("p50_e2e_latency_s:Q", format=".2f")],
+    )
+    return bars.properties(width=320, height=240).facet(column=alt.Column("model:N", title=None)).properties(
+        title="Serving: output-token throughput per engine (ok cells; Fig. 6)")
+
+
+def serve_latency_cdf_chart(tidy: pd.DataFrame, requests: pd.DataFrame | None = None) -> alt.FacetChart:
+    """Figs. 7-10: exact CDF of end-to-end request latency, one line per engine, one panel
+    per (platform, model, load): engines on one platform side by side (Figs. 7, 9) and,
+    reading across panels, one engine on several platforms (Figs. 8, 10)."""
+    req = requests if requests is not None else pd.DataFrame()
+    ok_cells = tidy[(tidy["stage"] == "serve") & (tidy["status"] == "ok")][["platform", "model", "engine", "load"]]
+    frames = []
+    if not req.empty:
+        req = req[req["ok"].astype(bool)].merge(ok_cells, on=["platform", "model", "engine", "load"])
+        for _, grp in req.groupby(["platform", "model", "engine", "load"]):
+            grp = grp.sort_values("e2e_s")
+            frames.append(grp.assign(cdf=[(i + 1) / len(grp) for i in range(len(grp))]))
+    df = pd.concat(frames) if frames else pd.DataFrame(columns=["platform", "model", "engine", "load", "e2e_s", "cdf"])
+    df = df[["platform", "model", "engine", "load", "e2e_s", "cdf"]].copy()
+    df["panel"] = df["platform"] + " / " + df["model"] + " / " + df["load"].astype(str)
+    lines = alt.Chart(df).mark_line(interpolate="step-after").encode(
+        x=alt.X("e2e_s:Q", title="end-to-end latency (s)"),
+        y=alt.Y("cdf:Q", title="fraction of requests", scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("engine:N", title="engine"),
+        tooltip=["engine", alt.Tooltip("e2e_s:Q", format=".2f"), alt.Tooltip("cdf:Q", format=".3f")],
+    )
+    return lines.properties(width=300, height=220).facet(facet=alt.Facet("panel:N", title=None), columns=3).properties(
+        title="Serving: latency CDF per engine (ok cells; Figs. 7-10)")
+
+
 def save(chart: alt.TopLevelMixin, stem: Path | str) -> list[Path]:
     """Save ``chart`` as <stem>.html (JavaScript inlined), <stem>.svg and <stem>.png."""
     stem = Path(stem)
@@ -58,4 +101,5 @@ def save(chart: alt.TopLevelMixin, stem: Path | str) -> list[Path]:
 
 
 #: figure name (path stem under figures/) -> chart builder
-CHARTS = {"pretrain": pretrain_chart, "finetune": finetune_chart}
+CHARTS = {"pretrain": pretrain_chart, "finetune": finetune_chart,
+          "serve-throughput": serve_throughput_chart, "serve-latency-cdf": serve_latency_cdf_chart}

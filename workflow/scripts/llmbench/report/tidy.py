@@ -16,6 +16,41 @@ COLUMNS = [
     "peak_mem_reserved_gib", "peak_rss_gib", "mfu", "total_params", "trainable_params",
     "attention", "warmup_steps", "measured_steps", "repeats", "git_sha", "record_path",
 ]
+#: Serving cells' columns (empty for training rows): the load, then llmbench.serve.metrics
+#: names (units in the names), then the server's memory and start-up.
+SERVE_LOAD_COLUMNS = ["engine", "load", "mode", "num_requests", "input_len", "output_len",
+                      "rate_per_s", "max_concurrency"]
+SERVE_METRIC_COLUMNS = [
+    "completed", "failed", "duration_s", "request_throughput_per_s", "output_tokens_per_s",
+    "total_tokens_per_s", "output_tokens_total", "output_shortfall_requests",
+    *[f"{s}_{m}" for m in ("ttft_s", "tpot_s", "itl_s", "e2e_latency_s") for s in ("mean", "p50", "p90", "p99")],
+    "server_peak_gpu_mem_gib", "server_peak_rss_gib", "server_ready_s", "client_cpu_per_request_s",
+]
+ALL_COLUMNS = COLUMNS + SERVE_LOAD_COLUMNS + SERVE_METRIC_COLUMNS
+#: Per-request table: the cell's fields, then the request's raw values.
+REQUEST_KEY = ["platform", "model", "engine", "load", "gpus"]
+REQUEST_COLUMNS = REQUEST_KEY + ["index", "scheduled_s", "sent_s", "ttft_s", "tpot_s", "e2e_s",
+                                 "output_tokens", "ok", "error"]
+
+
+def serve_row(record: Record, path: str) -> dict:
+    """Flatten one serving Record. peak_mem_gib is the server's GPU memory in use (its
+    process-tree RSS on a CPU platform)."""
+    c, sv = record.cell, record.serving
+    load = c["load_spec"]
+    gpu = sv.get("server_peak_gpu_mem_gib")
+    out = {k: None for k in ALL_COLUMNS}
+    out.update(
+        stage="serve", platform=c["platform"], model=c["model"], backend=c["engine"], technique=None,
+        gpus=c["gpus"], status=record.status, reason=record.reason, engine=c["engine"], load=c["load"],
+        **{k: load.get(k) for k in ("mode", "num_requests", "input_len", "output_len", "rate_per_s",
+                                    "max_concurrency")},
+        **{k: sv.get(k) for k in SERVE_METRIC_COLUMNS},
+        peak_mem_gib=gpu if gpu is not None else sv.get("server_peak_rss_gib"),
+        peak_mem_kind=("gpu_used" if gpu is not None else "host_rss" if sv.get("server_peak_rss_gib") else None),
+        git_sha=(record.provenance.get("git") or {}).get("sha"), record_path=path,
+    )
+    return out
 
 
 def row(record: Record, path: str) -> dict:
@@ -46,10 +81,29 @@ def row(record: Record, path: str) -> dict:
 
 def build(paths: Iterable[str | Path]) -> pd.DataFrame:
     """The tidy table of the given record files (sorted by their path fields)."""
-    rows = [row(read(p), str(p)) for p in paths]
-    df = pd.DataFrame(rows, columns=COLUMNS)
-    return df.sort_values(["stage", "platform", "model", "backend", "technique", "batch_size", "gpus"],
-                          ignore_index=True)
+    rows = []
+    for p in paths:
+        rec = read(p)
+        rows.append(serve_row(rec, str(p)) if rec.cell.get("stage") == "serve" else row(rec, str(p)))
+    df = pd.DataFrame(rows, columns=ALL_COLUMNS)
+    return df.sort_values(["stage", "platform", "model", "backend", "technique", "load", "batch_size", "gpus"],
+                          ignore_index=True, na_position="first")
+
+
+def build_requests(paths: Iterable[str | Path]) -> pd.DataFrame:
+    """One row per measured request of every serving record (exact latency CDFs)."""
+    frames = []
+    for p in paths:
+        rec = read(p)
+        if rec.cell.get("stage") != "serve" or not rec.requests:
+            continue
+        df = pd.DataFrame(rec.requests)
+        for k in REQUEST_KEY:
+            df[k] = rec.cell[k]
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame({c: pd.Series(dtype="object") for c in REQUEST_COLUMNS})
+    return pd.concat(frames, ignore_index=True).reindex(columns=REQUEST_COLUMNS)
 
 
 def write(df: pd.DataFrame, csv: Path | str, parquet: Path | str) -> None:

@@ -1,0 +1,268 @@
+"""llmbench.serve: dialects, load generator and metrics, against protocol test doubles (no engine)."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from llmbench.serve import dialects as d
+from llmbench.serve.loadgen import (LoadResult, LoadSpec, RequestSample, SSEParser, make_prompts, prompt_text, run,
+                                    schedule)
+from llmbench.serve.metrics import cdf, summarize
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "fixtures"))
+from fake_servers import FakeServer  # noqa: E402
+
+VLLM = d.OpenAICompletions(token_ids=True, ignore_eos=True)
+TRANSFORMERS = d.OpenAICompletions(token_ids=False, ignore_eos=False)
+
+
+def load(srv, dialect, **kw):
+    spec = LoadSpec(**{"num_requests": 20, "input_len": 8, "output_len": 10, **kw})
+    return run(srv.url, dialect, spec, model="fake", vocab_size=1000)
+
+
+# ---- prompts and schedule ----
+
+def test_prompts_distinct_in_range_and_tokenize_back():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    prompts = make_prompts(300, 16, vocab_size=1000, seed=0, offset=3)
+    assert len(prompts) == 300 and all(len(p) == 16 for p in prompts)
+    assert len({p[0] for p in prompts}) == 300  # no two prompts share a prefix
+    flat = np.array(prompts)
+    assert flat.min() >= 3 and flat.max() < 1000
+    tok = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(3, 1000)} | {"<unk>": 0}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    for p in prompts[:20]:
+        assert tok.encode(prompt_text(p)).ids == p
+    assert prompt_text([5, 17]) == "t5 t17"
+
+
+def test_prompts_use_the_whole_range_and_skip_special_ids():
+    ids = set(np.ravel(make_prompts(50, 100, vocab_size=10, seed=1, offset=3)).tolist())
+    assert ids == set(range(3, 10))
+    assert make_prompts(4, 8, 1000, seed=7) == make_prompts(4, 8, 1000, seed=7) != make_prompts(4, 8, 1000, seed=8)
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"mode": "closed"}, "mode"), ({"num_requests": 0}, "num_requests"), ({"output_len": 0}, "output_len"),
+    ({"mode": "poisson"}, "rate_per_s"), ({"rate_per_s": 2.0}, "rate_per_s"),
+    ({"max_concurrency": 0}, "max_concurrency"),
+    ({"warmup_requests": -1}, "warmup_requests"), ({"request_timeout_s": 0}, "request_timeout_s"),
+])
+def test_load_spec_validation_names_the_field(kw, field):
+    with pytest.raises(ValueError, match=field):
+        LoadSpec(**{"output_len": 8, **kw})
+
+
+def test_burst_is_all_at_t0_and_poisson_has_the_asked_rate():
+    assert schedule(LoadSpec(num_requests=5, output_len=1)) == (0.0,) * 5
+    spec = LoadSpec(mode="poisson", num_requests=4000, output_len=1, rate_per_s=50.0, seed=3)
+    at = np.array(schedule(spec))
+    gaps = np.diff(at)
+    assert at[0] == 0.0 and (gaps > 0).all()
+    assert abs((len(at) - 1) / at[-1] / 50.0 - 1) < 0.05  # mean rate; its sd here is about 1.6 %
+    assert abs(gaps.std() / gaps.mean() - 1) < 0.1  # exponential gaps (CV 1), not evenly spaced
+    assert schedule(spec) == tuple(at) != schedule(LoadSpec(mode="poisson", num_requests=4000, output_len=1,
+                                                            rate_per_s=50.0, seed=4))
+
+
+# ---- SSE framing and dialect parsing ----
+
+def test_sse_parser_any_split():
+    stream = (b": keep-alive\n\ndata:{\"a\": 1}\n\nevent: message\r\ndata: {\"b\": 2}\r\n\r\n"
+              b"data: [DONE]\n\ndata: line1\ndata: line2\n\nid: 7\ndata:{\"last\": true}")
+    want = [b'{"a": 1}', b'{"b": 2}', b"[DONE]", b"line1\nline2", b'{"last": true}']
+    for size in (1, 3, 7, len(stream)):
+        parser, got = SSEParser(), []
+        for i in range(0, len(stream), size):
+            got += parser.feed(stream[i:i + size])
+        assert got + parser.close() == want
+
+
+def test_openai_parse_counts_ids_then_logprobs_then_text_events():
+    p = VLLM.parse_event
+    assert p(b"[DONE]") is None and p(b"  ") is None
+    assert p(b'{"choices": [{"index": 0, "text": "", "token_ids": [5, 6, 7], "finish_reason": null}]}').tokens == 3
+    assert p(b'{"choices": [{"text": "ab", "logprobs": {"tokens": ["a", "b"]}}]}').tokens == 2
+    assert p(b'{"choices": [{"text": "a"}]}').tokens == 1
+    end = p(b'{"choices": [{"text": "", "finish_reason": "length"}], "usage": {"completion_tokens": 9}}')
+    assert (end.tokens, end.done, end.usage_output_tokens) == (0, True, 9)
+    usage = p(b'{"id": "x", "choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": 10, "total_tokens": 18}}')
+    assert (usage.tokens, usage.done, usage.usage_output_tokens) == (0, True, 10)
+    err = p(b'{"error": {"message": "boom", "type": "BadRequestError", "code": 400}}')
+    assert err.error == "server error in stream (BadRequestError): boom"
+    assert "no space left" in TRANSFORMERS.parse_event(b'{"error": "no space left"}').error
+
+
+@pytest.mark.parametrize("payload, message", [
+    (b"{not json", "not JSON"), (b"[1, 2]", "not a JSON object"), (b'{"id": "x"}', "neither 'choices' nor 'usage'"),
+    (b'{"choices": [{"index": 0}]}', "'text'"),
+    (b'{"choices": [], "usage": {"completion_tokens": "9"}}', "completion_tokens"),
+])
+def test_openai_malformed_payload_names_the_problem(payload, message):
+    with pytest.raises(d.StreamError, match=message):
+        VLLM.parse_event(payload)
+
+
+def test_tgi_and_lightllm_parse_their_documented_events():
+    tgi = d.TGI()
+    mid = tgi.parse_event(b'{"index":1,"token":{"id":5,"text":" a","logprob":-0.1,"special":false},'
+                          b'"generated_text":null,"details":null}')
+    assert (mid.tokens, mid.done, mid.usage_output_tokens) == (1, False, None)
+    last = tgi.parse_event(b'{"index":4,"token":{"id":2,"text":"","logprob":-0.1,"special":true},"generated_text":"x",'
+                           b'"details":{"finish_reason":"eos_token","generated_tokens":4,"seed":null}}')
+    assert (last.tokens, last.done, last.usage_output_tokens) == (1, True, 4)
+    err = tgi.parse_event(b'{"error":"Incomplete generation","error_type":"incomplete_generation"}')
+    assert err.error == "server error in stream (incomplete_generation): Incomplete generation"
+    with pytest.raises(d.StreamError, match="'token'"):
+        tgi.parse_event(b'{"generated_text": null}')
+    ll = d.LightLLM()
+    tok = b'{"token":{"id":9,"text":" a","logprob":-1.0,"special":false,"count_output_tokens":%d},' \
+          b'"generated_text":null,"finished":%s,"finish_reason":%s,"details":null}'
+    assert ll.parse_event(tok % (1, b"false", b"null")) == d.StreamEvent(tokens=1)
+    assert ll.parse_event(tok % (7, b"true", b'"length"')) == d.StreamEvent(tokens=1, done=True, usage_output_tokens=7)
+    with pytest.raises(d.StreamError, match="'finished'"):
+        ll.parse_event(b'{"token": {"id": 1}}')
+
+
+def test_request_bodies():
+    path, body = VLLM.request([5, 6], "t5 t6", 4, "m")
+    assert path == "/v1/completions" and body == {
+        "model": "m", "prompt": [5, 6], "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True},
+        "temperature": 0, "return_token_ids": True, "ignore_eos": True}
+    _, body = TRANSFORMERS.request([5, 6], "t5 t6", 4, "m")
+    assert body["prompt"] == "t5 t6" and "ignore_eos" not in body and "return_token_ids" not in body  # 422 there
+    assert d.TGI().request([5], "t5", 4, "m") == (
+        "/generate_stream", {"inputs": "t5", "parameters": {"max_new_tokens": 4, "details": True, "do_sample": False}})
+    assert d.LightLLM().request([5], "t5", 4, "m") == (
+        "/generate_stream", {"inputs": "t5", "parameters": {"max_new_tokens": 4, "ignore_eos": True}})
+    assert set(d.DIALECTS) == {"openai", "tgi", "lightllm"}
+
+
+# ---- the load generator against the fake servers ----
+
+@pytest.mark.parametrize("server, dialect, events", [
+    (("openai", {"tokens_per_event": 3}), VLLM, (3, 3, 3, 1)),  # vLLM's multi-token chunks
+    (("openai", {"tokens_per_event": 3}), TRANSFORMERS, (1, 1, 1, 1)),  # text only: usage gives the count
+    (("openai", {"flavour": "transformers"}), TRANSFORMERS, (1,) * 10),
+    (("tgi", {}), d.TGI(), (1,) * 10),
+    (("lightllm", {}), d.LightLLM(), (1,) * 10),
+])
+def test_token_counts_exact(server, dialect, events):
+    with FakeServer(server[0], **server[1]) as srv:
+        res = load(srv, dialect)
+    prompts = make_prompts(20, 8, 1000, seed=0)
+    assert [s.index for s in res.samples] == list(range(20))
+    for s in res.samples:
+        assert s.ok, s.error
+        assert (s.output_tokens, s.event_tokens, len(s.itl_s), s.http_status) == (10, events, len(events) - 1, 200)
+        assert s.input_tokens == 8 and 0 <= s.ttft_s <= s.e2e_s
+    sent = [b.get("prompt", b.get("inputs")) for b in srv.stats.bodies]
+    want = prompts if dialect is VLLM else [prompt_text(p) for p in prompts]
+    assert sorted(map(str, sent)) == sorted(map(str, want))
+
+
+def test_burst_puts_every_request_in_flight_at_once():
+    # The server holds each request until 200 are open together (or 10 s pass, and this fails).
+    with FakeServer("openai", gate_inflight=200) as srv:
+        res = load(srv, VLLM, num_requests=200, output_len=4)
+    assert srv.stats.max_in_flight == 200
+    assert all(s.ok for s in res.samples)
+    assert res.client_cpu_s > 0 and res.client_cpu_per_request_s == res.client_cpu_s / 200
+
+
+def test_max_concurrency_is_respected():
+    with FakeServer("tgi", gate_inflight=5, token_delay_s=0.001) as srv:
+        res = load(srv, d.TGI(), num_requests=30, max_concurrency=5)
+    assert srv.stats.max_in_flight == 5  # the gate makes it reach 5; the semaphore keeps it there
+    assert all(s.ok for s in res.samples) and srv.stats.received == 30
+
+
+def test_warmup_requests_are_sent_first_and_not_counted():
+    with FakeServer("lightllm") as srv:
+        res = load(srv, d.LightLLM(), num_requests=5, warmup_requests=3)
+    assert srv.stats.received == 8 and len(res.samples) == 5 and res.warmup_failed == 0
+    prompts = [prompt_text(p) for p in make_prompts(8, 8, 1000, seed=0)]
+    assert sorted(b["inputs"] for b in srv.stats.bodies[:3]) == sorted(prompts[:3])  # awaited before the load
+    assert sorted(b["inputs"] for b in srv.stats.bodies[3:]) == sorted(prompts[3:])
+
+
+def test_failures_are_recorded_with_reasons_and_the_rest_succeed():
+    # Arrival n: HTTP 500 when n % 4 == 0, malformed event when n % 5 == 0, dropped when n % 7 == 0.
+    with FakeServer("openai", http_500_every=4, malformed_every=5, drop_every=7) as srv:
+        res = load(srv, VLLM, num_requests=28)
+    errors = [s.error for s in res.samples if not s.ok]
+    assert sum(s.ok for s in res.samples) == 14 and len(errors) == 14
+    assert sum(e.startswith("HTTP 500") and "fake overload" in e for e in errors) == 7
+    assert sum("openai: event is not JSON" in e for e in errors) == 4
+    dropped = [e for e in errors if not e.startswith("HTTP 500") and "not JSON" not in e]
+    assert len(dropped) == 3 and all("ClientPayloadError" in e or "ended before" in e for e in dropped), dropped
+    assert all(s.http_status == 500 for s in res.samples if s.error.startswith("HTTP"))
+    assert summarize(res, 10)["failed"] == 14
+
+
+def test_error_event_truncation_timeout_and_refused_connection():
+    with FakeServer("tgi", error_event_every=2) as srv:
+        res = load(srv, d.TGI(), num_requests=6)
+    assert sum("Request failed during generation" in s.error for s in res.samples) == 3
+    with FakeServer("lightllm", truncate_every=3) as srv:
+        res = load(srv, d.LightLLM(), num_requests=6)
+    assert [s.error for s in res.samples if not s.ok] == ["stream ended before the final event (2 tokens received)"] * 2
+    with FakeServer("openai", token_delay_s=1.0) as srv:
+        res = load(srv, VLLM, num_requests=2, request_timeout_s=0.2)
+    assert all(not s.ok and s.error.startswith("timeout after 0.2") for s in res.samples)
+    res = load(srv, VLLM, num_requests=2)  # the server has stopped: nothing listens
+    assert all(not s.ok and s.http_status is None and "Connect" in s.error for s in res.samples)
+
+
+def test_tgi_eos_shortfall_is_reported():
+    with FakeServer("tgi", eos_after=6) as srv:
+        res = load(srv, d.TGI(), num_requests=4)
+    m = summarize(res, output_len=10)
+    assert all(s.ok and s.output_tokens == 6 for s in res.samples)
+    assert (m["output_shortfall_requests"], m["output_tokens_total"], m["output_tokens_expected"]) == (4, 24, 40)
+
+
+def test_load_result_round_trips_through_json():
+    with FakeServer("openai", tokens_per_event=2) as srv:
+        res = load(srv, VLLM, num_requests=3, output_len=5)
+    assert LoadResult.from_dict(json.loads(json.dumps(res.to_dict()))) == res
+    with pytest.raises(ValueError, match="schema_version"):
+        LoadResult.from_dict({**res.to_dict(), "schema_version": 0})
+
+
+# ---- metrics on hand-made samples ----
+
+def sample(i, ttft, e2e, out, itl=(), ok=True):
+    return RequestSample(index=i, input_tokens=100, scheduled_s=0.0, queued_s=0.0, sent_s=0.01 * i, ttft_s=ttft,
+                         e2e_s=e2e, itl_s=itl, event_tokens=(1,) * out, output_tokens=out, ok=ok,
+                         error="" if ok else "HTTP 500: x", http_status=200 if ok else 500)
+
+
+def test_summarize_on_hand_made_samples():
+    samples = (sample(0, 1.0, 5.0, 5, (1.0, 1.0, 1.0, 1.0)), sample(1, 2.0, 4.0, 3, (0.5, 1.5)),
+               sample(2, 3.0, 3.0, 1), sample(3, 4.0, 4.0, 1), sample(4, None, None, 0, ok=False))
+    res = LoadResult(samples=samples, duration_s=10.0, started_at="2026-01-01T00:00:00+00:00", client_cpu_s=0.5,
+                     client_cpu_per_request_s=0.1, send_lag_mean_s=0.02, warmup_failed=0)
+    m = summarize(res, output_len=5)
+    assert (m["num_requests"], m["completed"], m["failed"]) == (5, 4, 1)
+    assert m["request_throughput_per_s"] == pytest.approx(0.4)
+    assert m["output_tokens_per_s"] == pytest.approx(1.0) and m["total_tokens_per_s"] == pytest.approx(41.0)
+    assert (m["mean_ttft_s"], m["p50_ttft_s"], m["p90_ttft_s"], m["p99_ttft_s"]) == pytest.approx((2.5, 2.5, 3.7, 3.97))
+    assert (m["mean_tpot_s"], m["p50_tpot_s"]) == pytest.approx((1.0, 1.0))  # (5-1)/4 and (4-2)/2; 1-token ones out
+    assert (m["mean_itl_s"], m["p50_itl_s"], m["p99_itl_s"]) == pytest.approx((1.0, 1.0, 1.475))
+    assert m["p90_e2e_latency_s"] == pytest.approx(4.7)
+    assert (m["output_shortfall_requests"], m["output_tokens_expected"]) == (3, 20)
+    assert m["mean_send_lag_s"] == pytest.approx(0.02) and m["client_cpu_per_request_s"] == 0.1
+    empty = summarize(LoadResult(samples=samples[4:], duration_s=1.0, started_at="", client_cpu_s=0.0,
+                                 client_cpu_per_request_s=0.0, send_lag_mean_s=0.0, warmup_failed=0), 5)
+    assert empty["completed"] == 0 and empty["p99_ttft_s"] is None and empty["mean_tpot_s"] is None
+
+
+def test_cdf_is_exact():
+    xs, fs = cdf([3.0, 1.0, 2.0, 2.0])
+    assert xs == (1.0, 2.0, 2.0, 3.0) and fs == (0.25, 0.5, 0.75, 1.0)

@@ -1,0 +1,112 @@
+"""A serving cell's lifecycle and statuses, with a PROTOCOL test double as the engine
+(tests/fixtures/fake_servers.py run as its own process): ready probe, port in use, an
+engine that never gets ready, dies before or during the load, answers errors, or sends a
+malformed stream. Each gives a record with a clear status and reason, and no engine
+process outlives its cell. Real engines: tests/e2e/test_workflow.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from llmbench import record
+from llmbench.grid import ServeCell
+from llmbench.models import ModelSpec
+from llmbench.serve import bench, engines
+from llmbench.serve.server import ServerError, free_port, serve
+
+FAKE = str(Path(__file__).resolve().parents[1] / "fixtures" / "fake_servers.py")
+
+
+def fake_engine(knobs: dict | None = None, exit_after: int = 0, argv: list[str] | None = None) -> engines.Engine:
+    """The transformers engine's entry, its command replaced by the fake server."""
+    def command(x: engines.Launch) -> list[str]:
+        return argv or [sys.executable, FAKE, "--dialect", "openai", "--port", str(x.port),
+                        "--knobs", json.dumps({"flavour": "transformers", **(knobs or {})}),
+                        "--exit-after", str(exit_after)]
+    return dataclasses.replace(engines.ENGINES["transformers"], command=command, env=lambda x: {})
+
+
+def run(tmp_path, monkeypatch, engine: engines.Engine, n: int = 20, ready_timeout_s: int = 30):
+    monkeypatch.setitem(engines.ENGINES, "transformers", engine)
+    cell = ServeCell(platform="cpu", model="tiny", engine="transformers", load="b", gpus=1,
+                     load_spec={"mode": "burst", "num_requests": n, "input_len": 8, "output_len": 4,
+                                "warmup_requests": 0, "request_timeout_s": 20},
+                     ready_timeout_s=ready_timeout_s, timeout_s=60)
+    spec = {"cell": cell.to_dict(), "model": ModelSpec.load("tiny").to_dict(), "engine_python": None,
+            "platform": {"accelerator": "cpu", "env": {}, "name": "cpu"}}
+    out = tmp_path / "record.json"
+    rec = bench.run_cell(spec, tmp_path, out, tmp_path / "cell.log", tmp_path / "server.log")
+    assert record.read(out) == rec  # what was returned is what was written
+    return rec
+
+
+def no_orphans() -> bool:
+    return not [p for p in psutil.process_iter(["cmdline"]) if FAKE in (p.info["cmdline"] or [])]
+
+
+def test_a_healthy_engine_gives_an_ok_record(tmp_path, monkeypatch):
+    rec = run(tmp_path, monkeypatch, fake_engine())
+    assert rec.status == "ok", rec.reason
+    assert rec.serving["completed"] == 20 and rec.serving["output_tokens_total"] == 80
+    assert len(rec.requests["ttft_s"]) == 20 and all(rec.requests["ok"])
+    assert rec.serving["server_ready_s"] > 0 and rec.serving["server_peak_rss_gib"] > 0
+    assert rec.provenance["engine_command"][1] == FAKE
+    assert no_orphans()
+
+
+def test_an_engine_that_dies_mid_burst_gives_an_error_record(tmp_path, monkeypatch):
+    rec = run(tmp_path, monkeypatch, fake_engine({"token_delay_s": 0.2}, exit_after=5))
+    assert rec.status == "error"
+    assert "exited during the load" in rec.reason or "requests failed" in rec.reason
+    assert "died on purpose" in rec.log_tail
+    assert no_orphans()
+
+
+def test_errors_from_the_engine_fail_the_cell_but_keep_the_measurements(tmp_path, monkeypatch):
+    rec = run(tmp_path, monkeypatch, fake_engine({"http_500_every": 4}))
+    assert rec.status == "error" and rec.reason.startswith("5 of 20 requests failed; first: HTTP 500")
+    assert rec.serving["completed"] == 15 and rec.requests["ok"].count(False) == 5
+
+
+def test_a_malformed_stream_is_named(tmp_path, monkeypatch):
+    rec = run(tmp_path, monkeypatch, fake_engine({"malformed_every": 1}), n=3)
+    assert rec.status == "error" and "not JSON" in rec.reason
+
+
+def test_an_engine_that_cannot_start_gives_its_root_cause(tmp_path, monkeypatch):
+    argv = [sys.executable, "-c", "import sys; print('OSError: cannot load model from /nowhere'); sys.exit(3)"]
+    rec = run(tmp_path, monkeypatch, fake_engine(argv=argv))
+    assert rec.status == "error" and "exited with code 3 before it was ready" in rec.reason
+    assert "cannot load model from /nowhere" in rec.reason and rec.requests == {}
+
+
+def test_an_engine_out_of_memory_at_start_is_oom(tmp_path, monkeypatch):
+    argv = [sys.executable, "-c", "import sys; print('torch.OutOfMemoryError: CUDA out of memory.'); sys.exit(1)"]
+    assert run(tmp_path, monkeypatch, fake_engine(argv=argv)).status == "oom"
+
+
+def test_an_engine_that_never_gets_ready_is_stopped(tmp_path, monkeypatch):
+    # a process group with a grandchild, neither answering the health probe
+    argv = [sys.executable, "-c", f"import subprocess, sys, time; subprocess.Popen([sys.executable, {FAKE!r}, "
+            "'--dialect', 'tgi', '--port', '1']); time.sleep(600)"]
+    rec = run(tmp_path, monkeypatch, fake_engine(argv=argv), ready_timeout_s=3)
+    assert rec.status == "error" and "not ready after ready_timeout_s=3" in rec.reason
+    assert no_orphans()
+
+
+def test_a_port_in_use_is_refused_before_starting(tmp_path):
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        with pytest.raises(ServerError, match=f"port {port} on 127.0.0.1 is already in use"):
+            with serve([sys.executable, "-c", "pass"], env={}, host="127.0.0.1", port=port, health_path="/health",
+                       log=tmp_path / "s.log", ready_timeout_s=5):
+                pass

@@ -1,0 +1,1 @@
+"""Serving benchmark: HTTP API dialects, the asyncio load generator and its latency/throughput metrics."""

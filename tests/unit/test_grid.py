@@ -129,16 +129,17 @@ def test_platform_file_schema_error_names_key(tmp_path, repo):
 
 def test_shipped_configs_expand(repo):
     default = grid.load(repo / "config" / "config.yaml")
-    train = [c for c in default.cells if c.stage != "serve"]
+    train = [c for c in default.cells if c.stage in ("pretrain", "finetune")]
     assert {c.technique for c in train} >= {"Naive", "Z2", "Z3", "Z2+O", "Z3+O", "R", "Q", "F"}
     assert any(c.mem_cap_gib for c in train)  # the forced-OOM cell
     assert {c.engine for c in default.cells if c.stage == "serve"} == {"vllm", "transformers"}
+    assert {c.bench for c in default.cells if c.stage == "micro"} == {"gemm", "memcpy", "collectives"}
     paper = grid.load(repo / "config" / "paper.yaml")
     assert {c.platform for c in paper.cells} == {"a800", "rtx4090", "rtx3090", "rtx3090-nonvlink"}
-    assert {c.model for c in paper.cells} == {"llama2-7b", "llama2-13b", "llama2-70b"}
+    assert {c.model for c in paper.cells if c.stage != "micro"} == {"llama2-7b", "llama2-13b", "llama2-70b"}
     bs1 = {(c.platform, c.model, c.technique) for c in paper.cells if c.stage == "pretrain" and c.batch_size == 1}
     assert len(bs1) == 4 * 3 * 22  # every method row of Table III, on every platform and model
-    assert {c.gpus for c in paper.cells} == {8}
+    assert {c.gpus for c in paper.cells if c.stage != "micro"} == {8}
     serve = {(c.platform, c.model, c.engine) for c in paper.cells if c.stage == "serve"}
     assert len(serve) == 3 * 3 * 3  # Figs. 6-10: three engines on three platforms, three models
 

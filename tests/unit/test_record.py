@@ -53,15 +53,15 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path):
 def test_version_1_records_read_as_current(tmp_path):
     d = make().to_dict()
     d["schema_version"] = 1
-    for key in ("serving", "requests"):
+    for key in ("summary", "samples"):
         d.pop(key)
     r = Record.from_dict(d)
-    assert r.schema_version == record.SCHEMA_VERSION and r.serving == {} and r.requests == {}
+    assert r.schema_version == record.SCHEMA_VERSION and r.summary == {} and r.samples == {}
 
 
 def test_serving_record_round_trip(tmp_path):
     r = Record(cell={"stage": "serve", "engine": "vllm"}, status="ok",
-               serving={"output_tokens_per_s": 123.4, "ttft_s_p50": 0.5},
-               requests={"ttft_s": [0.1, 0.2], "ok": [True, False]})
+               summary={"output_tokens_per_s": 123.4, "ttft_s_p50": 0.5},
+               samples={"ttft_s": [0.1, 0.2], "ok": [True, False]})
     record.write(r, tmp_path / "record.json")
     assert record.read(tmp_path / "record.json") == r

@@ -54,9 +54,9 @@ def no_orphans() -> bool:
 def test_a_healthy_engine_gives_an_ok_record(tmp_path, monkeypatch):
     rec = run(tmp_path, monkeypatch, fake_engine())
     assert rec.status == "ok", rec.reason
-    assert rec.serving["completed"] == 20 and rec.serving["output_tokens_total"] == 80
-    assert len(rec.requests["ttft_s"]) == 20 and all(rec.requests["ok"])
-    assert rec.serving["server_ready_s"] > 0 and rec.serving["server_peak_rss_gib"] > 0
+    assert rec.summary["completed"] == 20 and rec.summary["output_tokens_total"] == 80
+    assert len(rec.samples["ttft_s"]) == 20 and all(rec.samples["ok"])
+    assert rec.summary["server_ready_s"] > 0 and rec.summary["server_peak_rss_gib"] > 0
     assert rec.provenance["engine_command"][1] == FAKE
     assert no_orphans()
 
@@ -72,7 +72,7 @@ def test_an_engine_that_dies_mid_burst_gives_an_error_record(tmp_path, monkeypat
 def test_errors_from_the_engine_fail_the_cell_but_keep_the_measurements(tmp_path, monkeypatch):
     rec = run(tmp_path, monkeypatch, fake_engine({"http_500_every": 4}))
     assert rec.status == "error" and rec.reason.startswith("5 of 20 requests failed; first: HTTP 500")
-    assert rec.serving["completed"] == 15 and rec.requests["ok"].count(False) == 5
+    assert rec.summary["completed"] == 15 and rec.samples["ok"].count(False) == 5
 
 
 def test_a_malformed_stream_is_named(tmp_path, monkeypatch):
@@ -84,7 +84,7 @@ def test_an_engine_that_cannot_start_gives_its_root_cause(tmp_path, monkeypatch)
     argv = [sys.executable, "-c", "import sys; print('OSError: cannot load model from /nowhere'); sys.exit(3)"]
     rec = run(tmp_path, monkeypatch, fake_engine(argv=argv))
     assert rec.status == "error" and "exited with code 3 before it was ready" in rec.reason
-    assert "cannot load model from /nowhere" in rec.reason and rec.requests == {}
+    assert "cannot load model from /nowhere" in rec.reason and rec.samples == {}
 
 
 def test_an_engine_out_of_memory_at_start_is_oom(tmp_path, monkeypatch):

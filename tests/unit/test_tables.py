@@ -123,7 +123,7 @@ def write_serve_records(tmp_path):
                     "scheduled_s": [0.0] * 3, "sent_s": [0.01] * 3, "output_tokens": [4] * 3,
                     "ok": [True] * 3, "error": [""] * 3} if ok else {}
         r = Record(cell=cell.to_dict(), status="ok" if ok else "oom", reason="" if ok else "CUDA out of memory",
-                   serving=serving, requests=requests)
+                   summary=serving, samples=requests)
         path = tmp_path / cell.record_path("results")
         record.write(r, path)
         paths.append(path)
@@ -138,7 +138,7 @@ def test_serving_rows_requests_table_and_figures(tmp_path):
     vllm = df[df.engine == "vllm"].iloc[0]
     assert (vllm.stage, vllm.load, vllm.output_tokens_per_s, vllm.peak_mem_gib, vllm.peak_mem_kind) == (
         "serve", "burst", 120.0, 1.5, "host_rss")
-    req = tidy.build_requests(paths)
+    req = tidy.build_samples(paths, "serve")
     assert len(req) == 3 and set(req.engine) == {"vllm"} and list(req.e2e_s) == [0.6, 0.4, 0.5]
     table = serving.build(df)
     assert list(table.engine) == ["transformers", "vllm"] and list(table.status) == ["oom", "ok"]
@@ -147,10 +147,19 @@ def test_serving_rows_requests_table_and_figures(tmp_path):
     assert "| transformers | burst (burst, 8 in / 4 out) | 1 | - (oom) |" in md
     assert "vllm" in summary.render(tmp_path / "results" / "runs")
     # the CDF is exact: one step per request, ending at 1
-    chart = figures.serve_latency_cdf_chart(df, req).to_dict()
+    chart = figures.serve_latency_cdf_chart(df, {"requests": req}).to_dict()
     values = next(iter(chart["datasets"].values()))
     assert sorted(v["cdf"] for v in values) == pytest.approx([1 / 3, 2 / 3, 1.0])
     assert [v["e2e_s"] for v in sorted(values, key=lambda v: v["cdf"])] == [0.4, 0.5, 0.6]
     for name in ("serve-throughput", "serve-latency-cdf"):
-        out = figures.save(figures.CHARTS[name](df, req), tmp_path / name)
+        out = figures.save(figures.CHARTS[name](df, {"requests": req}), tmp_path / name)
         assert out[1].read_text().lstrip().startswith("<svg")
+
+
+def test_every_figure_builds_from_a_table_without_its_cells(tmp_path):
+    """A config without pre-training (or serving, or micro) cells still gets every figure."""
+    empty = tidy.build([])
+    tables = {"requests": tidy.build_samples([], "serve"), "micro": tidy.build_samples([], "micro")}
+    for name, chart in figures.CHARTS.items():
+        out = figures.save(chart(empty, tables), tmp_path / name)
+        assert out[1].read_text().lstrip().startswith("<svg"), name

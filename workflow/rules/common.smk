@@ -18,13 +18,17 @@ except ConfigError as exc:
 R = GRID.results_dir
 CELL_DIR = "{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}"
 SERVE_CELL_DIR = "{platform}/{model}/{engine}/{load}-g{gpus}"
+MICRO_CELL_DIR = "{platform}/{bench}/{case}-g{gpus}"
 PAPER_TABLES = ["table3", "table4", "table9"]
-FIGURES = ["pretrain", "finetune", "serve-throughput", "serve-latency-cdf"]
+FIGURES = ["pretrain", "finetune", "serve-throughput", "serve-latency-cdf", "micro-gemm", "micro-memcpy",
+           "micro-collectives"]
+MICRO_TABLES = ["micro-gemm", "micro-memcpy", "micro-collectives", "table12"]
 
 
 wildcard_constraints:
     **lbgrid.WILDCARD_CONSTRAINTS,
     table="|".join(PAPER_TABLES),
+    micro_table="|".join(MICRO_TABLES),
     figure="|".join(FIGURES),
 
 
@@ -35,9 +39,11 @@ def records(stage=None):
 
 def table_targets():
     return (
-        [f"{R}/tables/records.csv", f"{R}/tables/records.parquet", f"{R}/tables/requests.parquet"]
+        [f"{R}/tables/records.csv", f"{R}/tables/records.parquet", f"{R}/tables/requests.parquet",
+         f"{R}/tables/micro.parquet"]
         + [f"{R}/tables/{t}.{ext}" for t in PAPER_TABLES for ext in ("csv", "md")]
         + [f"{R}/tables/serving.{ext}" for ext in ("csv", "md")]
+        + [f"{R}/tables/{t}.{ext}" for t in MICRO_TABLES for ext in ("csv", "md")]
     )
 
 
@@ -88,12 +94,17 @@ def serve_env_file(wildcards):
     return "../../" + lbengines.ENGINES[wildcards.engine].env_file
 
 
-def serve_threads(wildcards):
-    """A serving cell on a CPU platform takes the whole machine: an engine beside another
-    cell would measure their contention. On GPUs: the platform's CPUs per job."""
+def exclusive_threads(wildcards):
+    """A serving or microbenchmark cell on a CPU platform takes the whole machine: beside
+    another cell it would measure their contention. On GPUs: the platform's CPUs per job."""
     if platform_of(wildcards).accelerator == "cpu":
         return min(workflow.cores, os.cpu_count() or 1)
     return cell_threads(wildcards)
+
+
+def micro_runtime_min(wildcards):
+    """Slurm time limit: the cell's timeout and slack."""
+    return cell_of(wildcards).timeout_s // 60 + 10
 
 
 def serve_runtime_min(wildcards):

@@ -8,6 +8,7 @@ rule build_tidy_table:
         csv=f"{R}/tables/records.csv",
         parquet=f"{R}/tables/records.parquet",
         requests=f"{R}/tables/requests.parquet",
+        micro=f"{R}/tables/micro.parquet",
     log:
         f"{R}/logs/report/build_tidy_table.log",
     conda:
@@ -45,10 +46,26 @@ rule build_serving_table:
         "../scripts/build_serving_table.py"
 
 
+rule build_micro_table:
+    input:
+        micro=f"{R}/tables/micro.parquet",
+        reference="config/reference/table12.csv",
+    output:
+        csv=f"{R}/tables/{{micro_table}}.csv",
+        md=f"{R}/tables/{{micro_table}}.md",
+    log:
+        f"{R}/logs/report/build_micro_table-{{micro_table}}.log",
+    conda:
+        "../../envs/report.yaml"
+    script:
+        "../scripts/build_micro_table.py"
+
+
 rule plot_figure:
     input:
         tidy=f"{R}/tables/records.csv",
         requests=f"{R}/tables/requests.parquet",
+        micro=f"{R}/tables/micro.parquet",
     output:
         html=f"{R}/figures/{{figure}}.html",
         svg=f"{R}/figures/{{figure}}.svg",

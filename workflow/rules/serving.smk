@@ -33,13 +33,13 @@ rule run_serving_cell:
         f"{R}/benchmarks/serve/{SERVE_CELL_DIR}.tsv"
     params:
         spec=cell_spec,
-    threads: serve_threads
+    threads: exclusive_threads
     conda:
         serve_env_file
     resources:
         slurm_partition=slurm_resource("partition"),
         gres=slurm_resource("gres"),
-        cpus_per_task=serve_threads,
+        cpus_per_task=exclusive_threads,
         mem_mb=slurm_resource("mem_mb", 4000),
         runtime=serve_runtime_min,
         gpu_slots=lambda wildcards: int(wildcards.gpus),

@@ -1,4 +1,5 @@
-"""Snakemake adapter: every Record -> the tidy table (CSV and Parquet) and the per-request table."""
+"""Snakemake adapter: every Record -> the tidy table (CSV and Parquet) and the
+per-sample tables (serving requests, microbenchmark points)."""
 
 import logging
 
@@ -9,7 +10,8 @@ def main(smk) -> None:
     logging.basicConfig(filename=smk.log[0], level=logging.INFO)
     df = tidy.build(smk.input.records)
     tidy.write(df, smk.output.csv, smk.output.parquet)
-    tidy.build_requests(smk.input.records).to_parquet(smk.output.requests, index=False)
+    tidy.build_samples(smk.input.records, "serve").to_parquet(smk.output.requests, index=False)
+    tidy.build_samples(smk.input.records, "micro").to_parquet(smk.output.micro, index=False)
     logging.info("%d records: %s", len(df), df["status"].value_counts().to_dict())
 
 

@@ -10,7 +10,8 @@ from llmbench.report import figures
 
 def main(smk) -> None:
     logging.basicConfig(filename=smk.log[0], level=logging.INFO)
-    chart = figures.CHARTS[smk.wildcards.figure](pd.read_csv(smk.input.tidy), pd.read_parquet(smk.input.requests))
+    tables = {"requests": pd.read_parquet(smk.input.requests), "micro": pd.read_parquet(smk.input.micro)}
+    chart = figures.CHARTS[smk.wildcards.figure](pd.read_csv(smk.input.tidy), tables)
     figures.save(chart, Path(smk.output.html).with_suffix(""))
 
 

@@ -25,6 +25,9 @@ RECORD_PATTERN = (
 )
 #: Serving cells (stage "serve"): one engine under one load.
 SERVE_RECORD_PATTERN = "runs/serve/{platform}/{model}/{engine}/{load}-g{gpus}/record.json"
+#: Microbenchmark cells (stage "micro"): one benchmark case on one platform.
+MICRO_RECORD_PATTERN = "runs/micro/{platform}/{bench}/{case}-g{gpus}/record.json"
+MICRO_BENCHES = ("gemm", "memcpy", "collectives")
 #: Wildcard regexes for Snakemake (common.smk), one per path field.
 WILDCARD_CONSTRAINTS: dict[str, str] = {
     "stage": "pretrain|finetune",
@@ -36,9 +39,12 @@ WILDCARD_CONSTRAINTS: dict[str, str] = {
     "gpus": "[0-9]+",
     "engine": "[a-z]+",
     "load": "[a-z0-9][a-z0-9-]*",
+    "bench": "|".join(MICRO_BENCHES),
+    "case": "[a-z0-9][a-z0-9-]*",
 }
 TRAIN_KEY = ("stage", "platform", "model", "backend", "technique", "batch_size", "gpus")
 SERVE_KEY = ("stage", "platform", "model", "engine", "load", "gpus")
+MICRO_KEY = ("stage", "platform", "bench", "case", "gpus")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -155,9 +161,69 @@ class ServeCell:
         return cls(**{**data, "engine_args": tuple(data.get("engine_args") or ())})
 
 
-def cell_from_dict(data: dict[str, Any]) -> "Cell | ServeCell":
-    """A training or serving cell from its plain-data form."""
-    return ServeCell.from_dict(data) if data.get("stage") == "serve" else Cell.from_dict(data)
+@dataclass(kw_only=True, slots=True, frozen=True)
+class MicroCell:
+    """One microbenchmark point of the grid: a GEMM curve or shape set, the memcpy sweep,
+    or the collectives over the ranks of a node (with or without P2P)."""
+
+    stage: str = "micro"
+    """Always 'micro'."""
+    platform: str
+    """Platform id."""
+    bench: str
+    """gemm | memcpy | collectives."""
+    case: str
+    """gemm: the curve or shape-set name; memcpy: 'sweep'; collectives: 'p2p' or 'nop2p'."""
+    gpus: int
+    """Processes (GPUs) the benchmark uses: 1, or the ranks of a collective."""
+    params: dict[str, Any]
+    """What is measured: gemm {dtype, shapes: [[m, n, k], ...]}; memcpy {sizes_bytes};
+    collectives {ops, sizes_bytes, p2p}."""
+    warmup: int = 10
+    """Untimed calls before timing each point."""
+    iters: int = 50
+    """Timed calls per point."""
+    timeout_s: int = 1800
+    """Wall-clock limit of the cell."""
+
+    def __post_init__(self) -> None:
+        if self.stage != "micro":
+            raise ConfigError(f"a MicroCell's stage is 'micro', got {self.stage!r}")
+        if self.bench not in MICRO_BENCHES:
+            raise ConfigError(f"bench must be one of {MICRO_BENCHES}, got {self.bench!r}")
+
+    @property
+    def key(self) -> dict[str, Any]:
+        """The fields that name the cell's path."""
+        return {k: getattr(self, k) for k in MICRO_KEY}
+
+    def record_path(self, results_dir: str = "results") -> str:
+        """Where this cell's Record lives."""
+        return f"{results_dir}/" + MICRO_RECORD_PATTERN.format(**self.key)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (JSON-ready)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "MicroCell":
+        """Inverse of to_dict."""
+        return cls(**data)
+
+
+def cell_from_dict(data: dict[str, Any]) -> "Cell | ServeCell | MicroCell":
+    """A training, serving or microbenchmark cell from its plain-data form."""
+    kind = {"serve": ServeCell, "micro": MicroCell}.get(data.get("stage"), Cell)
+    return kind.from_dict(data)
+
+
+def powers_of_two(lo: int, hi: int) -> list[int]:
+    """lo, 2 lo, 4 lo, ... up to hi (inclusive)."""
+    out, v = [], lo
+    while v <= hi:
+        out.append(v)
+        v *= 2
+    return out
 
 
 @dataclass(kw_only=True, slots=True)
@@ -165,17 +231,17 @@ class Grid:
     """A validated config: its cells and the platforms and models they use."""
 
     results_dir: str
-    cells: list[Cell | ServeCell]
+    cells: list[Cell | ServeCell | MicroCell]
     platforms: dict[str, Platform] = field(default_factory=dict)
     models: dict[str, ModelSpec] = field(default_factory=dict)
     engine_python: dict[str, str] = field(default_factory=dict)
     """Interpreter of each serving engine's environment (absent: the workflow's own)."""
 
-    def by_path(self) -> dict[str, Cell | ServeCell]:
+    def by_path(self) -> dict[str, Cell | ServeCell | MicroCell]:
         """Record path -> Cell."""
         return {c.record_path(self.results_dir): c for c in self.cells}
 
-    def find(self, **key: Any) -> Cell | ServeCell:
+    def find(self, **key: Any) -> Cell | ServeCell | MicroCell:
         """The cell whose path fields equal ``key`` (values compared as strings; a serving
         cell's path has no stage field, so it may be left out)."""
         want = {k: str(v) for k, v in key.items() if k in WILDCARD_CONSTRAINTS}
@@ -185,17 +251,15 @@ class Grid:
                 return c
         raise KeyError(f"no cell with {want}")
 
-    def spec(self, cell: Cell | ServeCell) -> dict[str, Any]:
+    def spec(self, cell: Cell | ServeCell | MicroCell) -> dict[str, Any]:
         """The fully resolved cell config a runner gets: cell, platform and model."""
         platform = self.platforms[cell.platform].to_dict()
         # where a job is queued is not part of the experiment: a partition edit must not
         # change the spec (the params rerun trigger) of every cell of the platform
         platform.pop("slurm")
-        spec = {
-            "cell": cell.to_dict(),
-            "platform": platform,
-            "model": self.models[cell.model].to_dict(),
-        }
+        spec = {"cell": cell.to_dict(), "platform": platform}
+        if not isinstance(cell, MicroCell):
+            spec["model"] = self.models[cell.model].to_dict()
         if isinstance(cell, ServeCell):
             spec["engine_python"] = self.engine_python.get(cell.engine)
         return spec
@@ -304,6 +368,7 @@ def expand(config: dict[str, Any], root: Path = REPO_ROOT, source: str = "config
                             seen[path] = cell
                             grid.cells.append(cell)
     _serve_cells(config, grid, root, seen)
+    _micro_cells(config, grid, root, seen)
     grid.engine_python = dict(config["engine_python"])
     return grid
 
@@ -352,6 +417,63 @@ def _serve_cells(config: dict[str, Any], grid: Grid, root: Path, seen: dict[str,
                     if path not in seen:
                         seen[path] = cell
                         grid.cells.append(cell)
+
+
+def _micro_cells(config: dict[str, Any], grid: Grid, root: Path, seen: dict[str, Any]) -> None:
+    """Expand the micro blocks into MicroCells, one per GEMM curve or shape set, one memcpy
+    sweep, and one collectives cell per P2P setting."""
+    only = config.get("only_platforms")
+    for b, block in enumerate(config["micro"]):
+        where = f"micro[{b}]"
+        _check_names(block["platforms"], "platform", f"{where}.platforms", root)
+        if not any(k in block for k in MICRO_BENCHES):
+            raise ConfigError(f"{where}: names no benchmark; give one or more of {', '.join(MICRO_BENCHES)}")
+        for plat_name in block["platforms"]:
+            if only is not None and plat_name not in only:
+                continue
+            platform = grid.platforms.setdefault(plat_name, Platform.load(plat_name, root))
+            common = dict(platform=plat_name, warmup=block["warmup"], iters=block["iters"], timeout_s=block["timeout_s"])
+            cells = []
+            gemm = block.get("gemm")
+            if gemm is not None:
+                for name, c in gemm["curves"].items():
+                    shapes = [[m + c["m_offset"], c["n"], c["k"]] for m in range(c["m_start"], c["m_stop"] + 1, c["m_step"])]
+                    if not shapes:
+                        raise ConfigError(f"{where}.gemm.curves.{name}: m_start {c['m_start']} > m_stop {c['m_stop']}")
+                    cells.append(MicroCell(bench="gemm", case=name, gpus=1, params={"dtype": gemm["dtype"], "shapes": shapes}, **common))
+                for name, shapes in gemm["shapes"].items():
+                    if name in gemm["curves"]:
+                        raise ConfigError(f"{where}.gemm.shapes.{name}: also a curve name; names share one path")
+                    cells.append(MicroCell(bench="gemm", case=name, gpus=1, params={"dtype": gemm["dtype"], "shapes": shapes}, **common))
+            memcpy = block.get("memcpy")
+            if memcpy is not None:
+                if memcpy["min_bytes"] > memcpy["max_bytes"]:
+                    raise ConfigError(f"{where}.memcpy.min_bytes: {memcpy['min_bytes']} > max_bytes {memcpy['max_bytes']}")
+                cells.append(MicroCell(bench="memcpy", case="sweep", gpus=1,
+                                       params={"sizes_bytes": powers_of_two(memcpy["min_bytes"], memcpy["max_bytes"])}, **common))
+            coll = block.get("collectives")
+            if coll is not None:
+                ranks = coll["ranks"] or platform.gpus_per_node
+                if ranks < 2:
+                    raise ConfigError(f"{where}.collectives.ranks: platform {plat_name!r} has {platform.gpus_per_node} "
+                                      "GPU(s) per node; a collective needs at least 2 ranks (set ranks)")
+                if False in coll["p2p"] and platform.accelerator != "cuda":
+                    raise ConfigError(f"{where}.collectives.p2p: false disables NCCL peer-to-peer; platform "
+                                      f"{plat_name!r} runs gloo on its CPU, where it means nothing")
+                if coll["min_bytes"] > coll["max_bytes"]:
+                    raise ConfigError(f"{where}.collectives.min_bytes: {coll['min_bytes']} > max_bytes {coll['max_bytes']}")
+                for p2p in coll["p2p"]:
+                    cells.append(MicroCell(bench="collectives", case="p2p" if p2p else "nop2p", gpus=ranks,
+                                           params={"ops": list(coll["ops"]), "p2p": p2p,
+                                                   "sizes_bytes": powers_of_two(coll["min_bytes"], coll["max_bytes"])},
+                                           **common))
+            for cell in cells:
+                path = cell.record_path(grid.results_dir)
+                if path in seen and seen[path] != cell:
+                    raise ConfigError(f"{where}: cell {path} is defined twice with different settings")
+                if path not in seen:
+                    seen[path] = cell
+                    grid.cells.append(cell)
 
 
 def load(configfile: Path, root: Path = REPO_ROOT) -> Grid:

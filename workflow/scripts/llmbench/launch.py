@@ -167,31 +167,41 @@ def stop_group(proc: subprocess.Popen) -> None:
         _ACTIVE.remove(proc)
 
 
-def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int) -> Outcome:
-    """Run one repeat of a cell under torchrun in its own session; classify how it ended."""
-    cell = Cell.from_dict(spec["cell"])
-    spec_path = workdir / "spec.json"
-    spec_path.write_text(json.dumps(spec, indent=2))
-    out = workdir / f"repeat-{index}.json"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={cell.gpus}", "-m", WORKERS[cell.backend],
-            "--spec", str(spec_path), "--out", str(out)]
-    env = {**os.environ, **spec["platform"]["env"]}
-    env.setdefault("OMP_NUM_THREADS", str(max(1, threads // cell.gpus)))
+def worker_env(platform_env: dict[str, str], threads: int, ranks: int) -> dict[str, str]:
+    """The environment of a worker process: the platform's variables, threads per rank,
+    DeepSpeed's op cache, and PYTHONPATH to the llmbench of this checkout."""
+    env = {**os.environ, **platform_env}
+    env.setdefault("OMP_NUM_THREADS", str(max(1, threads // ranks)))
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
     env["PYTHONUNBUFFERED"] = "1"
     # workers import llmbench from this checkout, installed or not
     pkg_parent = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def torchrun(ranks: int, module: str, spec_path: Path, out: Path) -> list[str]:
+    """The argument list that runs ``module`` on ``ranks`` local processes."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+            "-m", module, "--spec", str(spec_path), "--out", str(out)]
+
+
+def run_worker(argv: list[str], *, env: dict[str, str], log: Path, workdir: Path, out: Path,
+               timeout_s: float, mem_cap_gib: float | None = None, label: str = "run") -> Outcome:
+    """Run a worker in its own process group and classify how it ended.
+
+    Contract: the worker writes ``out`` (JSON) on success; a rank that runs out of memory
+    may write ``<out>.oom.rank<r>`` with the message.
+    """
     with open(log, "a") as fh:
-        fh.write(f"\n=== repeat {index}\n")
+        fh.write(f"\n=== {label}\n")
     proc = start_group(argv, env=env, log=log, cwd=workdir)
     dog = None
-    if cell.mem_cap_gib:
-        dog = _Watchdog(proc, cell.mem_cap_gib * 2**30)
+    if mem_cap_gib:
+        dog = _Watchdog(proc, mem_cap_gib * 2**30)
         dog.start()
     try:
-        rc = proc.wait(timeout=cell.protocol.timeout_s)
+        rc = proc.wait(timeout=timeout_s)
         timed_out = False
     except subprocess.TimeoutExpired:
         kill_group(proc)
@@ -203,7 +213,7 @@ def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int) -
     tail = _tail(log)
     ooms = sorted(workdir.glob(f"{out.name}.oom.rank*"))
     if timed_out:
-        return Outcome(status="timeout", reason=f"repeat {index} ran past timeout_s={cell.protocol.timeout_s}", log_tail=tail)
+        return Outcome(status="timeout", reason=f"{label} ran past timeout_s={timeout_s}", log_tail=tail)
     if dog and dog.fired:
         return Outcome(status="oom", reason=dog.fired, log_tail=tail)
     if ooms:
@@ -214,7 +224,19 @@ def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int) -
         return Outcome(status="oom", reason="out-of-memory error in the log", log_tail=tail)
     if "Signal 9 (SIGKILL)" in tail or rc in (-9, 137):
         return Outcome(status="oom", reason="a rank was killed by SIGKILL (the kernel's OOM killer is the usual sender)", log_tail=tail)
-    return Outcome(status="error", reason=f"repeat {index} exited with code {rc}: {_last_error(log)}", log_tail=tail)
+    return Outcome(status="error", reason=f"{label} exited with code {rc}: {_last_error(log)}", log_tail=tail)
+
+
+def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int) -> Outcome:
+    """Run one repeat of a training cell under torchrun in its own session."""
+    cell = Cell.from_dict(spec["cell"])
+    spec_path = workdir / "spec.json"
+    spec_path.write_text(json.dumps(spec, indent=2))
+    out = workdir / f"repeat-{index}.json"
+    return run_worker(torchrun(cell.gpus, WORKERS[cell.backend], spec_path, out),
+                      env=worker_env(spec["platform"]["env"], threads, cell.gpus), log=log, workdir=workdir,
+                      out=out, timeout_s=cell.protocol.timeout_s, mem_cap_gib=cell.mem_cap_gib,
+                      label=f"repeat {index}")
 
 
 def _max(values: list[Any]) -> float | None:

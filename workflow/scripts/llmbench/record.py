@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-#: 2: serving fields (serving, requests). Version 1 records (training only) are read as 2.
+#: 2: summary and samples (serving, microbenchmarks). Version 1 records (training only) are read as 2.
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 STATUSES = ("ok", "oom", "error", "timeout", "skipped")
@@ -79,13 +79,15 @@ class Record:
     """What was measured."""
     provenance: dict[str, Any] = field(default_factory=dict)
     """Versions, hardware, git sha, resolved config, command, times."""
-    serving: dict[str, Any] = field(default_factory=dict)
-    """Serving cells: the load's summary (llmbench.serve.metrics.summarize: throughput,
-    TTFT/TPOT/ITL/end-to-end percentiles, failures), server memory and start-up time;
-    flat keys with units in their names. Empty for training cells."""
-    requests: dict[str, list] = field(default_factory=dict)
-    """Serving cells: per-request raw values, one list per column (ttft_s, e2e_s,
-    output_tokens, ok, ...), so latency CDFs are exact. Empty for training cells."""
+    summary: dict[str, Any] = field(default_factory=dict)
+    """Flat summary of a non-training cell, units in the key names. Serving: the load's
+    throughput, TTFT/TPOT/ITL/end-to-end percentiles and failures
+    (llmbench.serve.metrics.summarize), server memory and start-up time. Empty for
+    training cells (their numbers are in metrics)."""
+    samples: dict[str, list] = field(default_factory=dict)
+    """Raw values, one list per column, one item per measured thing: serving, one per
+    request (ttft_s, e2e_s, output_tokens, ok, ...) so latency CDFs are exact;
+    microbenchmarks, one per measured point (shape, size, op)."""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -8,10 +8,11 @@ import altair as alt
 import pandas as pd
 
 
-def pretrain_chart(tidy: pd.DataFrame, requests: pd.DataFrame | None = None) -> alt.VConcatChart:
+def pretrain_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.VConcatChart:
     """Throughput and peak memory per technique, coloured by platform, one column per model."""
     df = tidy[(tidy["stage"] == "pretrain") & (tidy["status"] == "ok")].copy()
-    df["cell"] = df["technique"] + " bs" + df["batch_size"].astype(str)
+    # astype(str): with no such cells the columns are empty floats
+    df["cell"] = df["technique"].astype(str) + " bs" + df["batch_size"].astype(str)
     base = alt.Chart(df).encode(
         x=alt.X("cell:N", title="technique, batch size", sort=None),
         color=alt.Color("platform:N", title="platform"),
@@ -29,7 +30,7 @@ def pretrain_chart(tidy: pd.DataFrame, requests: pd.DataFrame | None = None) -> 
     ).properties(title="Pre-training: throughput and peak memory per technique (ok cells)")
 
 
-def finetune_chart(tidy: pd.DataFrame, requests: pd.DataFrame | None = None) -> alt.FacetChart:
+def finetune_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
     """Throughput against peak memory per fine-tuning method (Table IX), one panel per model."""
     df = tidy[(tidy["stage"] == "finetune") & (tidy["status"] == "ok")].copy()
     base = alt.Chart(df).encode(
@@ -46,10 +47,10 @@ def finetune_chart(tidy: pd.DataFrame, requests: pd.DataFrame | None = None) -> 
     ).properties(title="Fine-tuning: throughput against memory per method (ok cells)")
 
 
-def serve_throughput_chart(tidy: pd.DataFrame, requests: pd.DataFrame | None = None) -> alt.FacetChart:
+def serve_throughput_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
     """Fig. 6: output-token throughput per engine, grouped by platform, one panel per model."""
     df = tidy[(tidy["stage"] == "serve") & (tidy["status"] == "ok")].copy()
-    df["cell"] = df["platform"] + " / " + df["load"].astype(str)
+    df["cell"] = df["platform"].astype(str) + " / " + df["load"].astype(str)
     bars = alt.Chart(df).mark_bar().encode(
         x=alt.X("cell:N", title="platform / load", sort=None),
         xOffset="engine:N",
@@ -64,11 +65,11 @@ def serve_throughput_chart(tidy: pd.DataFrame, requests: pd.DataFrame | None = N
         title="Serving: output-token throughput per engine (ok cells; Fig. 6)")
 
 
-def serve_latency_cdf_chart(tidy: pd.DataFrame, requests: pd.DataFrame | None = None) -> alt.FacetChart:
+def serve_latency_cdf_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
     """Figs. 7-10: exact CDF of end-to-end request latency, one line per engine, one panel
     per (platform, model, load): engines on one platform side by side (Figs. 7, 9) and,
     reading across panels, one engine on several platforms (Figs. 8, 10)."""
-    req = requests if requests is not None else pd.DataFrame()
+    req = (tables or {}).get("requests", pd.DataFrame())
     ok_cells = tidy[(tidy["stage"] == "serve") & (tidy["status"] == "ok")][["platform", "model", "engine", "load"]]
     frames = []
     if not req.empty:
@@ -78,7 +79,7 @@ def serve_latency_cdf_chart(tidy: pd.DataFrame, requests: pd.DataFrame | None = 
             frames.append(grp.assign(cdf=[(i + 1) / len(grp) for i in range(len(grp))]))
     df = pd.concat(frames) if frames else pd.DataFrame(columns=["platform", "model", "engine", "load", "e2e_s", "cdf"])
     df = df[["platform", "model", "engine", "load", "e2e_s", "cdf"]].copy()
-    df["panel"] = df["platform"] + " / " + df["model"] + " / " + df["load"].astype(str)
+    df["panel"] = df["platform"].astype(str) + " / " + df["model"].astype(str) + " / " + df["load"].astype(str)
     lines = alt.Chart(df).mark_line(interpolate="step-after").encode(
         x=alt.X("e2e_s:Q", title="end-to-end latency (s)"),
         y=alt.Y("cdf:Q", title="fraction of requests", scale=alt.Scale(domain=[0, 1])),
@@ -87,6 +88,49 @@ def serve_latency_cdf_chart(tidy: pd.DataFrame, requests: pd.DataFrame | None = 
     )
     return lines.properties(width=300, height=220).facet(facet=alt.Facet("panel:N", title=None), columns=3).properties(
         title="Serving: latency CDF per engine (ok cells; Figs. 7-10)")
+
+
+def micro_gemm_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
+    """Fig. 11: GEMM TFLOP/s against M, one line per curve (N, K), one panel per platform."""
+    micro = (tables or {}).get("micro", pd.DataFrame())
+    df = micro[micro["bench"] == "gemm"] if len(micro) else pd.DataFrame(columns=["platform", "case", "m", "tflops"])
+    df = df[[c for c in ("platform", "case", "m", "n", "k", "tflops", "pct_of_peak") if c in df.columns]]
+    lines = alt.Chart(df).mark_line(point=True).encode(
+        x=alt.X("m:Q", title="M"), y=alt.Y("tflops:Q", title="TFLOP/s"), color=alt.Color("case:N", title="case"),
+        tooltip=[c for c in ("case", "m", "n", "k", "tflops", "pct_of_peak") if c in df.columns])
+    return lines.properties(width=360, height=240).facet(column=alt.Column("platform:N", title=None)).properties(
+        title="GEMM throughput against M (Fig. 11)")
+
+
+def micro_memcpy_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
+    """Fig. 12: copy bandwidth against size, one line per direction and host memory kind."""
+    micro = (tables or {}).get("micro", pd.DataFrame())
+    df = micro[micro["bench"] == "memcpy"].copy() if len(micro) else pd.DataFrame(
+        columns=["platform", "direction", "pinned", "bytes", "gb_per_s", "time_s"])
+    df = df[[c for c in ("platform", "direction", "pinned", "bytes", "gb_per_s", "time_s") if c in df.columns]]
+    df["copy"] = df["direction"].astype(str) + " " + df["pinned"].map({True: "pinned", False: "pageable"}).astype(str)
+    lines = alt.Chart(df).mark_line(point=True).encode(
+        x=alt.X("bytes:Q", title="bytes", scale=alt.Scale(type="log", base=2)),
+        y=alt.Y("gb_per_s:Q", title="GB/s"), color=alt.Color("copy:N", title="copy"),
+        tooltip=["copy", "bytes", alt.Tooltip("gb_per_s:Q", format=".2f"), alt.Tooltip("time_s:Q", format=".2e")])
+    return lines.properties(width=360, height=240).facet(column=alt.Column("platform:N", title=None)).properties(
+        title="Memory copies: bandwidth against size (Fig. 12; h2h on a CPU platform is a host copy)")
+
+
+def micro_collectives_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
+    """Figs. 13-15: bus bandwidth against size per collective, with and without P2P."""
+    micro = (tables or {}).get("micro", pd.DataFrame())
+    df = micro[micro["bench"] == "collectives"].copy() if len(micro) else pd.DataFrame(
+        columns=["platform", "case", "op", "bytes", "busbw_gb_per_s", "time_s"])
+    df = df[[c for c in ("platform", "case", "op", "bytes", "busbw_gb_per_s", "time_s") if c in df.columns]]
+    lines = alt.Chart(df).mark_line(point=True).encode(
+        x=alt.X("bytes:Q", title="bytes", scale=alt.Scale(type="log", base=2)),
+        y=alt.Y("busbw_gb_per_s:Q", title="bus bandwidth (GB/s)"), color=alt.Color("op:N", title="collective"),
+        strokeDash=alt.StrokeDash("case:N", title="P2P"),
+        tooltip=["op", "case", "bytes", alt.Tooltip("busbw_gb_per_s:Q", format=".2f"),
+                 alt.Tooltip("time_s:Q", format=".2e")])
+    return lines.properties(width=360, height=240).facet(column=alt.Column("platform:N", title=None)).properties(
+        title="Collectives: bus bandwidth against size (Figs. 13-15)")
 
 
 def save(chart: alt.TopLevelMixin, stem: Path | str) -> list[Path]:
@@ -102,4 +146,6 @@ def save(chart: alt.TopLevelMixin, stem: Path | str) -> list[Path]:
 
 #: figure name (path stem under figures/) -> chart builder
 CHARTS = {"pretrain": pretrain_chart, "finetune": finetune_chart,
-          "serve-throughput": serve_throughput_chart, "serve-latency-cdf": serve_latency_cdf_chart}
+          "serve-throughput": serve_throughput_chart, "serve-latency-cdf": serve_latency_cdf_chart,
+          "micro-gemm": micro_gemm_chart, "micro-memcpy": micro_memcpy_chart,
+          "micro-collectives": micro_collectives_chart}

@@ -18,9 +18,11 @@ def num(v, fmt: str) -> str:
 
 def render(folder: Path) -> str:
     """One line per record: cell, status, tokens/s, peak memory, MFU, reason (training);
-    then the serving records: engine, load, output tokens/s, latency, memory, reason."""
+    then the serving records (engine, load, output tokens/s, latency, memory) and the
+    microbenchmark records (bench, case, points, best GEMM TFLOP/s)."""
     df = tidy.build(sorted(Path(folder).rglob("record.json")))
-    serve, train = df[df["stage"] == "serve"], df[df["stage"] != "serve"]
+    serve, micro = df[df["stage"] == "serve"], df[df["stage"] == "micro"]
+    train = df[~df["stage"].isin(["serve", "micro"])]
     lines = [f"{'platform':<9} {'model':<10} {'technique':<10} {'bs':>4} {'g':>2} {'status':<7} "
              f"{'tok/s':>10} {'±std':>7} {'M GiB':>7} {'alloc':>7} {'MFU':>6}  reason"] if len(train) else []
     for r in train.itertuples():
@@ -39,6 +41,12 @@ def render(folder: Path) -> str:
             f"{num(r.output_tokens_per_s, ',.1f'):>10} {num(r.request_throughput_per_s, '.2f'):>7} "
             f"{num(r.p50_ttft_s, '.3f'):>9} {num(r.p50_e2e_latency_s, '.3f'):>8} {num(r.peak_mem_gib, '.2f'):>7}  "
             f"{str(r.reason or '')[:90]}")
+    if len(micro):
+        lines.append(f"{'platform':<9} {'bench':<12} {'case':<24} {'g':>2} {'status':<7} {'points':>6} "
+                     f"{'best TFLOP/s':>12} {'correct':>7}  reason")
+    for r in micro.itertuples():
+        lines.append(f"{r.platform:<9} {r.bench:<12} {r.case:<24} {r.gpus:>2} {r.status:<7} {num(r.points, '.0f'):>6} "
+                     f"{num(r.best_tflops, '.2f'):>12} {str(r.all_correct):>7}  {str(r.reason or '')[:90]}")
     return "\n".join(lines)
 
 

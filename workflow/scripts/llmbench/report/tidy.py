@@ -26,17 +26,21 @@ SERVE_METRIC_COLUMNS = [
     *[f"{s}_{m}" for m in ("ttft_s", "tpot_s", "itl_s", "e2e_latency_s") for s in ("mean", "p50", "p90", "p99")],
     "server_peak_gpu_mem_gib", "server_peak_rss_gib", "server_ready_s", "client_cpu_per_request_s",
 ]
-ALL_COLUMNS = COLUMNS + SERVE_LOAD_COLUMNS + SERVE_METRIC_COLUMNS
-#: Per-request table: the cell's fields, then the request's raw values.
-REQUEST_KEY = ["platform", "model", "engine", "load", "gpus"]
-REQUEST_COLUMNS = REQUEST_KEY + ["index", "scheduled_s", "sent_s", "ttft_s", "tpot_s", "e2e_s",
-                                 "output_tokens", "ok", "error"]
+#: Microbenchmark cells' columns (empty elsewhere): what ran and its headline numbers.
+MICRO_COLUMNS = ["bench", "case", "points", "all_correct", "best_tflops", "best_pct_of_peak"]
+ALL_COLUMNS = COLUMNS + SERVE_LOAD_COLUMNS + SERVE_METRIC_COLUMNS + MICRO_COLUMNS
+#: Per-sample tables (one row per request, or per microbenchmark point): the cell's path
+#: fields, then the record's samples columns.
+SAMPLE_KEYS = {"serve": ["platform", "model", "engine", "load", "gpus"],
+               "micro": ["platform", "bench", "case", "gpus"]}
+REQUEST_COLUMNS = SAMPLE_KEYS["serve"] + ["index", "scheduled_s", "sent_s", "ttft_s", "tpot_s", "e2e_s",
+                                          "output_tokens", "ok", "error"]
 
 
 def serve_row(record: Record, path: str) -> dict:
     """Flatten one serving Record. peak_mem_gib is the server's GPU memory in use (its
     process-tree RSS on a CPU platform)."""
-    c, sv = record.cell, record.serving
+    c, sv = record.cell, record.summary
     load = c["load_spec"]
     gpu = sv.get("server_peak_gpu_mem_gib")
     out = {k: None for k in ALL_COLUMNS}
@@ -51,6 +55,19 @@ def serve_row(record: Record, path: str) -> dict:
         git_sha=(record.provenance.get("git") or {}).get("sha"), record_path=path,
     )
     return out
+
+
+def micro_row(record: Record, path: str) -> dict:
+    """Flatten one microbenchmark Record (its points are in the per-point table)."""
+    c, sm = record.cell, record.summary
+    out = {k: None for k in ALL_COLUMNS}
+    out.update(stage="micro", platform=c["platform"], gpus=c["gpus"], status=record.status, reason=record.reason,
+               bench=c["bench"], case=c["case"], **{k: sm.get(k) for k in MICRO_COLUMNS[2:]},
+               git_sha=(record.provenance.get("git") or {}).get("sha"), record_path=path)
+    return out
+
+
+ROWS = {"serve": serve_row, "micro": micro_row}
 
 
 def row(record: Record, path: str) -> dict:
@@ -84,26 +101,30 @@ def build(paths: Iterable[str | Path]) -> pd.DataFrame:
     rows = []
     for p in paths:
         rec = read(p)
-        rows.append(serve_row(rec, str(p)) if rec.cell.get("stage") == "serve" else row(rec, str(p)))
+        rows.append(ROWS.get(rec.cell.get("stage"), row)(rec, str(p)))
     df = pd.DataFrame(rows, columns=ALL_COLUMNS)
-    return df.sort_values(["stage", "platform", "model", "backend", "technique", "load", "batch_size", "gpus"],
-                          ignore_index=True, na_position="first")
+    return df.sort_values(["stage", "platform", "model", "backend", "technique", "load", "bench", "case",
+                           "batch_size", "gpus"], ignore_index=True, na_position="first")
 
 
-def build_requests(paths: Iterable[str | Path]) -> pd.DataFrame:
-    """One row per measured request of every serving record (exact latency CDFs)."""
+def build_samples(paths: Iterable[str | Path], stage: str) -> pd.DataFrame:
+    """One row per sample of every record of ``stage``: a request of a serving cell (exact
+    latency CDFs), a measured point of a microbenchmark cell."""
+    key = SAMPLE_KEYS[stage]
     frames = []
     for p in paths:
         rec = read(p)
-        if rec.cell.get("stage") != "serve" or not rec.requests:
+        if rec.cell.get("stage") != stage or not rec.samples:
             continue
-        df = pd.DataFrame(rec.requests)
-        for k in REQUEST_KEY:
+        df = pd.DataFrame(rec.samples)
+        for k in key:
             df[k] = rec.cell[k]
-        frames.append(df)
+        frames.append(df[key + [c for c in df.columns if c not in key]])
     if not frames:
-        return pd.DataFrame({c: pd.Series(dtype="object") for c in REQUEST_COLUMNS})
-    return pd.concat(frames, ignore_index=True).reindex(columns=REQUEST_COLUMNS)
+        cols = REQUEST_COLUMNS if stage == "serve" else key
+        return pd.DataFrame({c: pd.Series(dtype="object") for c in cols})
+    df = pd.concat(frames, ignore_index=True)
+    return df.reindex(columns=REQUEST_COLUMNS) if stage == "serve" else df
 
 
 def write(df: pd.DataFrame, csv: Path | str, parquet: Path | str) -> None:

@@ -151,7 +151,7 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
     }
     record = Record(cell=cell.to_dict(), status=status, reason=reason,
                     log_tail=_tail(server_log) if status != "ok" else "",
-                    serving=serving, requests=requests, provenance=prov)
+                    summary=serving, samples=requests, provenance=prov)
     write(record, record_path)
     with open(log, "a") as fh:
         fh.write(f"status {status} {reason}\n")

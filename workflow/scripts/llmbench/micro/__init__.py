@@ -1,0 +1,1 @@
+"""Microbenchmarks of the paper's Section VII: GEMM, host<->device memcpy, collectives."""

@@ -1,0 +1,15 @@
+"""Snakemake adapter: run one microbenchmark cell and write its Record."""
+
+import logging
+from pathlib import Path
+
+from llmbench.micro.bench import run_cell
+
+
+def main(smk) -> None:
+    record = run_cell(smk.params.spec, Path(smk.output.record), Path(smk.log[0]), threads=smk.threads)
+    logging.getLogger("llmbench").info("%s: %s %s", smk.output.record, record.status, record.reason)
+
+
+if __name__ == "__main__":
+    main(snakemake)  # noqa: F821 - injected by Snakemake

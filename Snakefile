@@ -5,6 +5,7 @@
 #
 # Path grammar (under config["results_dir"], default results/):
 #   runs/{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}/record.json
+#     (stage profile: module-wise profiling; the cell's Chrome traces sit beside its record)
 #   runs/serve/{platform}/{model}/{engine}/{load}-g{gpus}/record.json   serving cells
 #   runs/micro/{platform}/{bench}/{case}-g{gpus}/record.json            microbenchmark cells
 #   logs/<same as runs, .log>            benchmarks/<same as runs, .tsv> (harness overhead)
@@ -16,9 +17,12 @@
 #   tables/serving.{csv,md}              throughput and TTFT/TPOT/ITL/latency percentiles per cell
 #   tables/micro.parquet                 one row per measured microbenchmark point
 #   tables/{micro-gemm,micro-memcpy,micro-collectives,table12}.{csv,md}  Section VII
+#   tables/profile.parquet, tables/{profile-phases,profile-modules,profile-attention}.{csv,md}
+#                                        Tables V-VIII, XIII: module-wise profile of a training step
 #   figures/{pretrain,finetune}.{html,svg,png}  throughput and memory per technique and platform
 #   figures/serve-throughput, serve-latency-cdf  Figs. 6-10: throughput, latency CDFs
 #   figures/micro-gemm, micro-memcpy, micro-collectives  Figs. 11-15
+#   figures/profile-modules              Fig. 5: module shares per phase
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -44,10 +48,12 @@ localrules:
     build_paper_table,
     build_serving_table,
     build_micro_table,
+    build_profile_table,
     plot_figure,
     finetune,
     serve,
     micro,
+    profile,
 
 
 rule all:
@@ -74,6 +80,11 @@ rule serve:
 rule micro:
     input:
         records("micro"),
+
+
+rule profile:
+    input:
+        records("profile"),
 
 
 rule tables:

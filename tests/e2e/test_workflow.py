@@ -24,7 +24,7 @@ OOM_CELL = "results/runs/pretrain/cpu/tiny/deepspeed/Naive/bs64-g1/record.json"
 
 def training_records(workspace):
     return {p: json.loads((workspace / p).read_text()) for p in record_mtimes(workspace)
-            if "/serve/" not in p and "/micro/" not in p}
+            if "/pretrain/" in p or "/finetune/" in p}
 
 
 def test_default_grid_runs_end_to_end(workspace):
@@ -55,9 +55,9 @@ def test_default_grid_runs_end_to_end(workspace):
     assert naive["attention"] == "sdpa[math]"
 
     tidy = pd.read_csv(workspace / "results/tables/records.csv")
-    assert len(tidy) == 31 and (tidy["status"] == "oom").sum() == 1
-    assert (tidy["stage"] == "serve").sum() == 2 and (tidy["stage"] == "micro").sum() == 4
-    assert len(pd.read_parquet(workspace / "results/tables/records.parquet")) == 31
+    assert len(tidy) == 34 and (tidy["status"] == "oom").sum() == 1
+    assert tidy["stage"].value_counts().to_dict() == {"pretrain": 14, "finetune": 11, "micro": 4, "profile": 3, "serve": 2}
+    assert len(pd.read_parquet(workspace / "results/tables/records.parquet")) == 34
     t3 = (workspace / "results/tables/table3.md").read_text()
     for tech in ("Naive", "Z2", "Z2+O", "Z3", "Z3+O", "Q", "R", "F", "R+Q", "F+R+Z3"):
         assert f"| tiny | {tech} |" in t3
@@ -67,7 +67,7 @@ def test_default_grid_runs_end_to_end(workspace):
     row = t4[(t4.technique == "Naive") & (t4.platform == "cpu")].iloc[0]
     assert (row.batch_size, row.tokens_per_s) == (best.batch_size, pytest.approx(best.tokens_per_s_mean))
     for fig in ("pretrain", "finetune", "serve-throughput", "serve-latency-cdf", "micro-gemm", "micro-memcpy",
-                "micro-collectives"):
+                "micro-collectives", "profile-modules"):
         assert "cdn.jsdelivr" not in (workspace / f"results/figures/{fig}.html").read_text()
         assert (workspace / f"results/figures/{fig}.png").stat().st_size > 0
 
@@ -156,6 +156,31 @@ def test_microbenchmarks_measure_correct_points(workspace):
     assert "| Naive | 666,11008,4096 | 0.289 | 66.6 |" in (workspace / "results/tables/table12.md").read_text()
 
 
+def test_profile_cells_break_a_step_down_by_phase_and_module(workspace):
+    """torch.profiler on the tiny model: phases and modules add up, F fuses the attention
+    core, every cell keeps its Chrome trace beside its record."""
+    recs = {r["cell"]["technique"]: (p, r) for p, r in (
+        (p, json.loads(p.read_text())) for p in (workspace / "results/runs/profile").rglob("record.json"))}
+    assert set(recs) == {"Naive", "F", "R"}
+    for tech, (path, r) in recs.items():
+        assert r["status"] == "ok", (tech, r["reason"], r["log_tail"])
+        s, rows = r["summary"], r["samples"]
+        for phase in ("forward", "backward", "optimizer"):
+            shares = [sh for ph, sh in zip(rows["phase"], rows["share"]) if ph == phase]
+            assert sum(shares) == pytest.approx(1.0, abs=1e-6), (tech, phase)
+            assert s[f"{phase}_wall_s"] > 0
+        assert r["metrics"]["tokens_per_s_mean"] > 0
+        traces = list(path.parent.glob("*.json"))
+        assert any(t.name != "record.json" and json.loads(t.read_text()) for t in traces), tech
+    naive_modules = set(recs["Naive"][1]["samples"]["module"])
+    assert {"qkv", "rope", "attn_scores", "softmax", "attn_values", "mlp", "rmsnorm", "lm_head"} <= naive_modules
+    assert "attention_fused" in set(recs["F"][1]["samples"]["module"]) and "softmax" not in set(recs["F"][1]["samples"]["module"])
+    phases = pd.read_csv(workspace / "results/tables/profile-phases.csv")
+    assert set(phases["technique"]) == {"Naive", "F", "R"}
+    att = pd.read_csv(workspace / "results/tables/profile-attention.csv")
+    assert set(att["phase"]) == {"forward", "backward"} and (att["naive_ms"] > 0).all()
+
+
 def test_deleting_one_record_reruns_only_that_cell(workspace):
     before = record_mtimes(workspace)
     victim = "results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs1-g1/record.json"
@@ -183,7 +208,7 @@ def test_changing_one_grid_value_reruns_only_the_cells_it_touches(workspace):
     assert changed == {OOM_CELL, "results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs2-g1/record.json"}
     # nothing measured is lost: the cell that left the grid keeps its record
     assert "results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs4-g1/record.json" in after
-    assert len(pd.read_csv(workspace / "results/tables/records.csv")) == 31
+    assert len(pd.read_csv(workspace / "results/tables/records.csv")) == 34
 
 
 @pytest.mark.parametrize(

@@ -21,14 +21,16 @@ SERVE_CELL_DIR = "{platform}/{model}/{engine}/{load}-g{gpus}"
 MICRO_CELL_DIR = "{platform}/{bench}/{case}-g{gpus}"
 PAPER_TABLES = ["table3", "table4", "table9"]
 FIGURES = ["pretrain", "finetune", "serve-throughput", "serve-latency-cdf", "micro-gemm", "micro-memcpy",
-           "micro-collectives"]
+           "micro-collectives", "profile-modules"]
 MICRO_TABLES = ["micro-gemm", "micro-memcpy", "micro-collectives", "table12"]
+PROFILE_TABLES = ["profile-phases", "profile-modules", "profile-attention"]
 
 
 wildcard_constraints:
     **lbgrid.WILDCARD_CONSTRAINTS,
     table="|".join(PAPER_TABLES),
     micro_table="|".join(MICRO_TABLES),
+    profile_table="|".join(PROFILE_TABLES),
     figure="|".join(FIGURES),
 
 
@@ -40,10 +42,11 @@ def records(stage=None):
 def table_targets():
     return (
         [f"{R}/tables/records.csv", f"{R}/tables/records.parquet", f"{R}/tables/requests.parquet",
-         f"{R}/tables/micro.parquet"]
+         f"{R}/tables/micro.parquet", f"{R}/tables/profile.parquet"]
         + [f"{R}/tables/{t}.{ext}" for t in PAPER_TABLES for ext in ("csv", "md")]
         + [f"{R}/tables/serving.{ext}" for ext in ("csv", "md")]
         + [f"{R}/tables/{t}.{ext}" for t in MICRO_TABLES for ext in ("csv", "md")]
+        + [f"{R}/tables/{t}.{ext}" for t in PROFILE_TABLES for ext in ("csv", "md")]
     )
 
 
@@ -91,7 +94,7 @@ def serve_model_dir(wildcards):
 
 def serve_env_file(wildcards):
     """The engine's environment file (used with --software-deployment-method conda)."""
-    return "../../" + lbengines.ENGINES[wildcards.engine].env_file
+    return f"../../{lbengines.ENGINES[wildcards.engine].env_file}"
 
 
 def exclusive_threads(wildcards):

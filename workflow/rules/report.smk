@@ -9,6 +9,7 @@ rule build_tidy_table:
         parquet=f"{R}/tables/records.parquet",
         requests=f"{R}/tables/requests.parquet",
         micro=f"{R}/tables/micro.parquet",
+        profile=f"{R}/tables/profile.parquet",
     log:
         f"{R}/logs/report/build_tidy_table.log",
     conda:
@@ -61,11 +62,28 @@ rule build_micro_table:
         "../scripts/build_micro_table.py"
 
 
+rule build_profile_table:
+    input:
+        tidy=f"{R}/tables/records.csv",
+        profile=f"{R}/tables/profile.parquet",
+        reference=expand("config/reference/{table}.csv", table=["profile_phases", "profile_modules", "profile_attention"]),
+    output:
+        csv=f"{R}/tables/{{profile_table}}.csv",
+        md=f"{R}/tables/{{profile_table}}.md",
+    log:
+        f"{R}/logs/report/build_profile_table-{{profile_table}}.log",
+    conda:
+        "../../envs/report.yaml"
+    script:
+        "../scripts/build_profile_table.py"
+
+
 rule plot_figure:
     input:
         tidy=f"{R}/tables/records.csv",
         requests=f"{R}/tables/requests.parquet",
         micro=f"{R}/tables/micro.parquet",
+        profile=f"{R}/tables/profile.parquet",
     output:
         html=f"{R}/figures/{{figure}}.html",
         svg=f"{R}/figures/{{figure}}.svg",

@@ -1,5 +1,5 @@
 """Snakemake adapter: every Record -> the tidy table (CSV and Parquet) and the
-per-sample tables (serving requests, microbenchmark points)."""
+per-sample tables (serving requests, microbenchmark points, profile rows)."""
 
 import logging
 
@@ -12,6 +12,7 @@ def main(smk) -> None:
     tidy.write(df, smk.output.csv, smk.output.parquet)
     tidy.build_samples(smk.input.records, "serve").to_parquet(smk.output.requests, index=False)
     tidy.build_samples(smk.input.records, "micro").to_parquet(smk.output.micro, index=False)
+    tidy.build_samples(smk.input.records, "profile").to_parquet(smk.output.profile, index=False)
     logging.info("%d records: %s", len(df), df["status"].value_counts().to_dict())
 
 

@@ -10,7 +10,7 @@ from llmbench.report import figures
 
 def main(smk) -> None:
     logging.basicConfig(filename=smk.log[0], level=logging.INFO)
-    tables = {"requests": pd.read_parquet(smk.input.requests), "micro": pd.read_parquet(smk.input.micro)}
+    tables = {name: pd.read_parquet(smk.input[name]) for name in ("requests", "micro", "profile")}
     chart = figures.CHARTS[smk.wildcards.figure](pd.read_csv(smk.input.tidy), tables)
     figures.save(chart, Path(smk.output.html).with_suffix(""))
 

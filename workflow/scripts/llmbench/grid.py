@@ -30,7 +30,7 @@ MICRO_RECORD_PATTERN = "runs/micro/{platform}/{bench}/{case}-g{gpus}/record.json
 MICRO_BENCHES = ("gemm", "memcpy", "collectives")
 #: Wildcard regexes for Snakemake (common.smk), one per path field.
 WILDCARD_CONSTRAINTS: dict[str, str] = {
-    "stage": "pretrain|finetune",
+    "stage": "pretrain|finetune|profile",
     "platform": "[a-z0-9][a-z0-9-]*",
     "model": "[a-z0-9][a-z0-9.-]*",
     "backend": "[a-z]+",
@@ -274,7 +274,12 @@ def _check_names(values: list[str], kind: str, where: str, root: Path) -> None:
 
 #: Linear layers of a Llama decoder layer (LoRA targets must be among them).
 LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-STAGES = ("pretrain", "finetune")  # training stages; "serve" cells come from serve blocks
+#: Stages whose cells train (their blocks share one schema); "serve" and "micro" have their own.
+STAGES = ("pretrain", "finetune", "profile")
+#: Backends each training stage allows; the first is the default.
+BACKENDS = {"pretrain": ("deepspeed",), "finetune": ("deepspeed",), "profile": ("torch",)}
+#: Technique flags a profile cell supports (plain PyTorch; ZeRO, offload, 4-bit need DeepSpeed).
+PROFILE_FLAGS = ("F", "R")
 
 
 def _techniques(block: dict, where: str, stage: str) -> list[str]:
@@ -285,8 +290,11 @@ def _techniques(block: dict, where: str, stage: str) -> list[str]:
             tech = techniques.parse(text)
         except techniques.TechniqueError as exc:
             raise ConfigError(f"{key}: {exc}") from None
-        if stage == "pretrain" and tech.adapter:
+        if stage in ("pretrain", "profile") and tech.adapter:
             raise ConfigError(f"{key}: {text!r} is a fine-tuning method; put it in a finetune block")
+        if stage == "profile" and set(tech.flags) - set(PROFILE_FLAGS):
+            raise ConfigError(f"{key}: profile cells support the flags {', '.join(PROFILE_FLAGS)} (plain PyTorch); "
+                              f"{text!r} asks for {', '.join(sorted(set(tech.flags) - set(PROFILE_FLAGS)))}")
         if stage == "finetune" and not tech.adapter:
             methods = ", ".join(techniques.ADAPTERS)
             raise ConfigError(f"{key}: {text!r} names no fine-tuning method; start it with one of {methods}")
@@ -332,6 +340,10 @@ def expand(config: dict[str, Any], root: Path = REPO_ROOT, source: str = "config
             _check_names(block["platforms"], "platform", f"{where}.platforms", root)
             _check_names(block["models"], "model", f"{where}.models", root)
             names = _techniques(block, where, stage)
+            backend = block["backend"] or BACKENDS[stage][0]
+            if backend not in BACKENDS[stage]:
+                raise ConfigError(f"{where}.backend: {backend!r} does not run {stage} cells; "
+                                  f"allowed: {', '.join(BACKENDS[stage])}")
             sizes = block["batch_sizes"]
             if isinstance(sizes, dict):
                 canon = {}
@@ -357,7 +369,7 @@ def expand(config: dict[str, Any], root: Path = REPO_ROOT, source: str = "config
                     for bs in (canon[tech] if isinstance(sizes, dict) else sizes):
                         cell = Cell(
                             stage=stage, platform=plat_name, model=model_name,
-                            backend=block["backend"], technique=tech, batch_size=bs, gpus=gpus,
+                            backend=backend, technique=tech, batch_size=bs, gpus=gpus,
                             protocol=protocol, mem_cap_gib=block["mem_cap_gib"],
                             adapter=_adapter(block, where, tech),
                         )

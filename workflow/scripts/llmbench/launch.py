@@ -37,7 +37,8 @@ from .models import MFU_FORMULA, ModelSpec, flops_per_token
 from .protocol import summarize
 from .record import Metrics, Record, write
 
-WORKERS = {"deepspeed": "llmbench.train.deepspeed_worker"}
+#: backend -> worker module (torch: plain PyTorch under torch.profiler, the profile stage)
+WORKERS = {"deepspeed": "llmbench.train.deepspeed_worker", "torch": "llmbench.profile.worker"}
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "DefaultCPUAllocator: can't allocate memory")
 LOG_TAIL_LINES = 40
 
@@ -180,10 +181,10 @@ def worker_env(platform_env: dict[str, str], threads: int, ranks: int) -> dict[s
     return env
 
 
-def torchrun(ranks: int, module: str, spec_path: Path, out: Path) -> list[str]:
+def torchrun(ranks: int, module: str, spec_path: Path, out: Path, *extra: str) -> list[str]:
     """The argument list that runs ``module`` on ``ranks`` local processes."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-            "-m", module, "--spec", str(spec_path), "--out", str(out)]
+            "-m", module, "--spec", str(spec_path), "--out", str(out), *extra]
 
 
 def run_worker(argv: list[str], *, env: dict[str, str], log: Path, workdir: Path, out: Path,
@@ -227,13 +228,16 @@ def run_worker(argv: list[str], *, env: dict[str, str], log: Path, workdir: Path
     return Outcome(status="error", reason=f"{label} exited with code {rc}: {_last_error(log)}", log_tail=tail)
 
 
-def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int) -> Outcome:
-    """Run one repeat of a training cell under torchrun in its own session."""
+def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int,
+               keep_dir: Path | None = None) -> Outcome:
+    """Run one repeat of a training cell under torchrun in its own session. A profile
+    cell's worker writes its Chrome trace into ``keep_dir`` (the record's folder)."""
     cell = Cell.from_dict(spec["cell"])
     spec_path = workdir / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
     out = workdir / f"repeat-{index}.json"
-    return run_worker(torchrun(cell.gpus, WORKERS[cell.backend], spec_path, out),
+    extra = ("--trace-dir", str(keep_dir)) if cell.stage == "profile" and keep_dir else ()
+    return run_worker(torchrun(cell.gpus, WORKERS[cell.backend], spec_path, out, *extra),
                       env=worker_env(spec["platform"]["env"], threads, cell.gpus), log=log, workdir=workdir,
                       out=out, timeout_s=cell.protocol.timeout_s, mem_cap_gib=cell.mem_cap_gib,
                       label=f"repeat {index}")
@@ -244,22 +248,27 @@ def _max(values: list[Any]) -> float | None:
     return max(vals) if vals else None
 
 
-def build_record(spec: dict, outcomes: list[Outcome], started: str, command: list[str]) -> Record:
-    """Aggregate repeat outcomes into the cell's Record."""
-    cell = Cell.from_dict(spec["cell"])
-    results = [o.result for o in outcomes if o.status == "ok"]
-    bad = next((o for o in outcomes if o.status != "ok"), None)
-    prov = {
+def provenance_of(spec: dict, results: list[dict], started: str, command: list[str]) -> dict[str, Any]:
+    """A training or profile cell's provenance: the last ok repeat's versions and devices."""
+    return {
         "git": provenance.git_state(),
         "host": provenance.host(),
         "versions": results[-1]["versions"] if results else provenance.versions(),
         "devices": results[-1]["devices"] if results else None,
-        "ds_config": results[-1]["ds_config"] if results else None,
+        "ds_config": results[-1].get("ds_config") if results else None,
         "spec": spec,
         "command": command,
         "started": started,
         "finished": datetime.now(timezone.utc).isoformat(),
     }
+
+
+def build_record(spec: dict, outcomes: list[Outcome], started: str, command: list[str]) -> Record:
+    """Aggregate repeat outcomes into the cell's Record."""
+    cell = Cell.from_dict(spec["cell"])
+    results = [o.result for o in outcomes if o.status == "ok"]
+    bad = next((o for o in outcomes if o.status != "ok"), None)
+    prov = provenance_of(spec, results, started, command)
     if bad is not None:
         return Record(cell=cell.to_dict(), status=bad.status, reason=bad.reason,
                       log_tail=bad.log_tail, provenance=prov)
@@ -305,14 +314,21 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1) -> Reco
     try:
         with stop_groups_on_signal():
             outcomes = []
+            keep_dir = Path(record_path).parent.absolute()  # workers run in a temporary cwd
+            keep_dir.mkdir(parents=True, exist_ok=True)
             for i in range(cell.protocol.repeats):
-                outcome = run_repeat(spec, workdir, i, log, threads)
+                outcome = run_repeat(spec, workdir, i, log, threads, keep_dir)
                 outcomes.append(outcome)
                 with open(log, "a") as fh:
                     fh.write(f"=== repeat {i}: {outcome.status} {outcome.reason}\n")
                 if outcome.status != "ok":
                     break
-            record = build_record(spec, outcomes, started, command)
+            if cell.stage == "profile":
+                from .profile.results import build_record as build_profile_record
+
+                record = build_profile_record(spec, outcomes, started, command)
+            else:
+                record = build_record(spec, outcomes, started, command)
             write(record, record_path)
             return record
     finally:

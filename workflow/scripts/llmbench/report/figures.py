@@ -133,6 +133,23 @@ def micro_collectives_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] 
         title="Collectives: bus bandwidth against size (Figs. 13-15)")
 
 
+def profile_modules_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
+    """Fig. 5: each module's share of the forward and backward phases, one bar per profile
+    cell (technique, batch size), one panel per phase."""
+    rows = (tables or {}).get("profile", pd.DataFrame())
+    cols = ["platform", "model", "technique", "batch_size", "phase", "module", "share", "time_s"]
+    df = rows[cols].copy() if len(rows) else pd.DataFrame(columns=cols)
+    df = df[df["phase"].isin(["forward", "backward"])]
+    df["cell"] = (df["platform"].astype(str) + " " + df["model"].astype(str) + " " + df["technique"].astype(str)
+                  + " bs" + df["batch_size"].astype(str))
+    bars = alt.Chart(df).mark_bar().encode(
+        y=alt.Y("cell:N", title=None), x=alt.X("share:Q", title="share of the phase", stack="normalize"),
+        color=alt.Color("module:N", title="module"),
+        tooltip=["cell", "phase", "module", alt.Tooltip("share:Q", format=".1%"), alt.Tooltip("time_s:Q", format=".2e")])
+    return bars.properties(width=420, height=160).facet(row=alt.Row("phase:N", title=None)).properties(
+        title="Module-wise time of a training step (Fig. 5, Table VI)")
+
+
 def save(chart: alt.TopLevelMixin, stem: Path | str) -> list[Path]:
     """Save ``chart`` as <stem>.html (JavaScript inlined), <stem>.svg and <stem>.png."""
     stem = Path(stem)
@@ -148,4 +165,4 @@ def save(chart: alt.TopLevelMixin, stem: Path | str) -> list[Path]:
 CHARTS = {"pretrain": pretrain_chart, "finetune": finetune_chart,
           "serve-throughput": serve_throughput_chart, "serve-latency-cdf": serve_latency_cdf_chart,
           "micro-gemm": micro_gemm_chart, "micro-memcpy": micro_memcpy_chart,
-          "micro-collectives": micro_collectives_chart}
+          "micro-collectives": micro_collectives_chart, "profile-modules": profile_modules_chart}

@@ -1,0 +1,310 @@
+"""llmbench.profile: attribution on synthetic ops and events, and the worker on the tiny
+model for real (CPU, torchrun, torch.profiler)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace as NS
+
+import pytest
+
+from llmbench.grid import Cell
+from llmbench.models import ModelSpec
+from llmbench.platforms import Platform
+from llmbench.profile import attribution as attr
+from llmbench.profile import worker
+from llmbench.protocol import Protocol
+
+REPO = Path(__file__).resolve().parents[2]
+CORE, BLOCK = attr.ATTENTION_CORE, attr.ATTENTION_BLOCK
+#: What a step of the tiny model must show per phase with eager (SDPA-math) attention.
+EAGER_KINDS = ("embedding", "qkv", "rope", "attn_scores", "softmax", "attn_values", "output", "mlp",
+               "rmsnorm", "lm_head", "loss")
+
+
+def op(name, start, phase="forward", time=1.0, ranges=(), **kw):
+    return attr.OpRecord(name=name, start_us=start, phase=phase, time_us=time, ranges=tuple(ranges), **kw)
+
+
+def kinds(attributed):
+    return [(a.op.name, a.kind) for a in attributed]
+
+
+# --- classification -------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, gemm", [
+    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_32x5_nn", True),
+    ("nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT", True),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", True),
+    ("cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_nn_align8>", True),
+    ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>", True),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>", False),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>", False),
+    ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", False),
+    ("void (anonymous namespace)::cunn_SoftMaxForward<4, c10::BFloat16, float>", False),
+])
+def test_gemm_kernels_by_name(name, gemm):
+    assert attr.is_gemm_kernel(name) is gemm
+
+
+def test_op_classes():
+    assert all(attr.is_matmul_op(n) for n in ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"))
+    assert not any(attr.is_matmul_op(n) for n in ("aten::add", "aten::mul", "aten::_softmax"))
+    assert attr.is_softmax_op("aten::_safe_softmax") and attr.is_softmax_op("aten::_softmax")
+    assert not attr.is_softmax_op("aten::_log_softmax")
+    fused = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_efficient_attention",
+             "aten::_scaled_dot_product_cudnn_attention", "flash_attn::_flash_attn_forward")
+    assert all(attr.is_fused_attention_op(n) for n in fused)
+    # SDPA's entry point and its math kernel run the unfused parts as separate ops
+    assert not attr.is_fused_attention_op("aten::scaled_dot_product_attention")
+    assert not attr.is_fused_attention_op("aten::_scaled_dot_product_attention_math")
+
+
+def test_modules_take_their_innermost_range_and_attention_splits_at_the_softmax():
+    blk, core = (BLOCK, 1), (CORE, 2)
+    ops = [
+        op("aten::linear", 1, ranges=[blk, (attr.module_range("qkv"), 3)]),
+        op("aten::view", 2, ranges=[blk]),                         # head reshape before the core
+        op("aten::mul", 3, ranges=[blk, (attr.module_range("rope"), 4)]),
+        op("aten::mul", 4, ranges=[blk, core]),                    # q * scale
+        op("aten::matmul", 5, ranges=[blk, core]),                 # QK^T
+        op("aten::bmm", 6, ranges=[blk, core]),
+        op("aten::add_", 7, ranges=[blk, core]),                   # mask
+        op("aten::_safe_softmax", 8, ranges=[blk, core]),
+        op("aten::_softmax", 9, ranges=[blk, core]),
+        op("aten::to", 10, ranges=[blk, core]),
+        op("aten::matmul", 11, ranges=[blk, core]),                # PV
+        op("aten::bmm", 12, ranges=[blk, core]),
+        op("aten::transpose", 13, ranges=[blk, core]),
+        op("aten::reshape", 14, ranges=[blk]),                     # after the core
+        op("aten::linear", 15, ranges=[blk, (attr.module_range("output"), 5)]),
+        op("aten::add", 16),                                       # residual: no module
+        op("aten::_foreach_add_", 17, phase="optimizer"),
+    ]
+    got = [k for _, k in kinds(attr.assign(reversed(ops)))]       # order comes from start_us
+    assert got == ["qkv", "qkv", "rope", "attn_scores", "attn_scores", "attn_scores", "attn_scores",
+                   "softmax", "softmax", "softmax", "attn_values", "attn_values", "attn_values",
+                   "output", "output", None, "optimizer"]
+
+
+def test_a_fused_kernel_makes_its_whole_attention_call_fused_and_only_that_call():
+    ops = [op("aten::transpose", 1, ranges=[(CORE, 1)]),
+           op("aten::scaled_dot_product_attention", 2, ranges=[(CORE, 1)]),
+           op("aten::_scaled_dot_product_flash_attention_for_cpu", 3, ranges=[(CORE, 1)]),
+           op("aten::matmul", 4, ranges=[(CORE, 2)]),
+           op("aten::softmax", 5, ranges=[(CORE, 2)]),
+           op("aten::matmul", 6, ranges=[(CORE, 2)]),
+           # a GPU library op that launched a flash kernel, whatever its name
+           op("mylib::attn", 7, ranges=[(CORE, 3)], attention_kernel=True)]
+    assert [k for _, k in kinds(attr.assign(ops))] == ["attention_fused"] * 3 + [
+        "attn_scores", "softmax", "attn_values", "attention_fused"]
+
+
+def test_backward_ops_map_to_the_forward_op_through_the_sequence_number():
+    mlp, rope, core = (attr.module_range("mlp"), 1), (attr.module_range("rope"), 2), (CORE, 3)
+    fwd = [op("aten::linear", 1, ranges=[mlp], seq=10, thread=1),
+           op("aten::mm", 2, ranges=[mlp], seq=11, thread=1),
+           # seq 12 is shared: an op that makes no node, then the one that does (starts last)
+           op("aten::slice", 3, ranges=[rope], seq=12, thread=1),
+           op("aten::matmul", 4, ranges=[core], seq=12, thread=1),
+           op("aten::add", 5, seq=13, thread=1)]                   # residual, no module
+    bwd = [op("aten::mm", 10, phase="backward", node=(1, 11)),
+           op("aten::t", 11, phase="backward", node=(1, 10)),
+           op("aten::bmm", 12, phase="backward", node=(1, 12)),
+           op("aten::add_", 13, phase="backward", node=(1, 13)),
+           op("aten::mul", 14, phase="backward", node=(2, 11)),    # another thread's numbering
+           op("aten::detach", 15, phase="backward", node=None)]    # AccumulateGrad: no sequence number
+    got = {(a.op.name, a.op.start_us): a.kind for a in attr.assign(fwd + bwd) if a.op.phase == "backward"}
+    assert got == {("aten::mm", 10): "mlp", ("aten::t", 11): "mlp", ("aten::bmm", 12): "attn_scores",
+                   ("aten::add_", 13): None, ("aten::mul", 14): None, ("aten::detach", 15): None}
+
+
+def test_recomputed_forward_ops_in_backward_keep_their_module_and_are_flagged():
+    mlp = (attr.module_range("mlp"), 1)
+    ops = [op("aten::mm", 1, ranges=[mlp], seq=5, thread=1),
+           op("aten::mm", 10, phase="backward", ranges=[(attr.module_range("mlp"), 9)], node=(1, 5), seq=40),
+           op("aten::add", 11, phase="backward", node=(1, 5), seq=41),   # rerun residual add
+           op("aten::mm", 12, phase="backward", node=(1, 5))]             # the gradient itself
+    got = [(a.kind, a.recomputed) for a in attr.assign(ops)]
+    assert got == [("mlp", False), ("mlp", True), (None, True), ("mlp", False)]
+
+
+def test_aggregate_rows_sum_to_the_phase_wall_time_with_other_as_the_remainder():
+    a = attr.assign([
+        op("aten::mm", 1, time=300.0, gemm_us=300.0, ranges=[(attr.module_range("mlp"), 1)], seq=0),
+        op("aten::silu", 2, time=100.0, ranges=[(attr.module_range("mlp"), 1)]),
+        op("aten::add", 3, time=50.0),
+        op("aten::mm", 10, phase="backward", time=800.0, gemm_us=800.0, node=(0, 0)),
+        op("aten::mm", 11, phase="backward", time=200.0, gemm_us=200.0, ranges=[(attr.module_range("mlp"), 2)],
+           seq=9),
+        op("aten::_foreach_add_", 20, phase="optimizer", time=400.0),
+        op("aten::mm", 30, phase=None, time=1e6),                # outside every phase: ignored
+    ])
+    walls = {"forward": 0.001, "backward": 0.0015, "optimizer": 0.0005}   # seconds per step
+    rows, phases = attr.aggregate(a, walls, steps=2)
+    by = {(r["phase"], r["module"]): r for r in rows}
+    assert by[("forward", "mlp")]["time_s"] == pytest.approx(200e-6)        # 400 us over 2 steps
+    assert by[("forward", "mlp")]["gemm_time_s"] == pytest.approx(150e-6)
+    assert by[("forward", "other")]["time_s"] == pytest.approx(0.001 - 200e-6)
+    assert by[("backward", "mlp")]["time_s"] == pytest.approx(500e-6)      # (800 + 200) / 2
+    assert by[("backward", "mlp")]["recompute_s"] == pytest.approx(100e-6)
+    assert by[("optimizer", "optimizer")]["share"] == pytest.approx(0.4)
+    for phase, wall in walls.items():
+        mine = [r for r in rows if r["phase"] == phase]
+        assert mine[-1]["module"] == "other"
+        assert sum(r["time_s"] for r in mine) == pytest.approx(wall, abs=1e-15)
+        assert sum(r["share"] for r in mine) == pytest.approx(1.0, abs=1e-12)
+    assert phases["forward"] == pytest.approx({"wall_s": 0.001, "kernel_s": 225e-6, "gemm_s": 150e-6,
+                                               "attributed_s": 200e-6, "unattributed_kernel_s": 25e-6,
+                                               "recompute_s": 0.0})
+    assert phases["backward"]["gemm_s"] / phases["backward"]["wall_s"] == pytest.approx(500e-6 / 0.0015)
+    assert phases["backward"]["recompute_s"] == pytest.approx(100e-6)
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        attr.aggregate(a, walls, steps=0)
+
+
+def _event(name, start, end, parent=None, *, activity="cpu_op", scope=0, seq=-1, thread=1, fwd_thread=0,
+           kernels=(), self_us=None, annotation=False):
+    e = NS(name=name, time_range=NS(start=start, end=end), cpu_parent=parent, activity_type=activity, scope=scope,
+           sequence_nr=seq, thread=thread, fwd_thread=fwd_thread, kernels=list(kernels), is_async=False,
+           is_user_annotation=annotation, device_type=NS(name="CPU"),
+           self_cpu_time_total=(end - start) if self_us is None else self_us)
+    return e
+
+
+def test_op_records_from_profiler_events():
+    """The shape of torch 2.13's FunctionEvents: ranges are user annotations, the engine's
+    nodes carry sequence_nr and fwd_thread, ops carry their own kernels (GPU)."""
+    ann = dict(activity="user_annotation", scope=7, annotation=True)
+    fwd = _event("llmbench/phase/forward", 0, 100, **ann)
+    mlp = _event("llmbench/module/mlp", 10, 50, fwd, **ann)
+    mm = _event("aten::mm", 20, 30, mlp, seq=7, self_us=9.0,
+                kernels=[NS(name="nvjet_tst_128x64", duration=5.0), NS(name="elementwise", duration=1.0)])
+    bwd = _event("llmbench/phase/backward", 100, 200, **ann)
+    node = _event("autograd::engine::evaluate_function: MmBackward0", 110, 150, bwd, seq=7, fwd_thread=1, thread=2)
+    fn = _event("MmBackward0", 111, 149, node, scope=1, seq=7, fwd_thread=1, thread=2)
+    gmm = _event("aten::mm", 115, 140, fn, thread=2, self_us=20.0, kernels=[NS(name="ampere_gemm", duration=8.0)])
+    kernel = _event("ampere_gemm", 116, 124, activity="kernel")
+    runtime = _event("cudaLaunchKernel", 117, 118, gmm, activity="cuda_runtime")
+    events = [fwd, mlp, mm, bwd, node, fn, gmm, kernel, runtime]
+
+    cpu = {r.start_us: r for r in attr.op_records(events, use_device=False)}
+    assert set(cpu) == {20, 115}                       # ops only: no ranges, nodes, kernels, runtime calls
+    assert (cpu[20].phase, cpu[20].ranges, cpu[20].seq, cpu[20].time_us, cpu[20].gemm_us) == (
+        "forward", (("llmbench/module/mlp", id(mlp)),), 7, 9.0, 9.0)
+    assert (cpu[115].phase, cpu[115].ranges, cpu[115].node, cpu[115].thread) == ("backward", (), (1, 7), 2)
+    gpu = {r.start_us: r for r in attr.op_records(events, use_device=True)}
+    assert (gpu[20].time_us, gpu[20].gemm_us, gpu[115].time_us) == (6.0, 5.0, 8.0)
+    assert [a.kind for a in attr.assign(gpu.values())] == ["mlp", "mlp"]
+
+
+# --- the worker -----------------------------------------------------------------------
+
+def test_only_f_and_r_are_profiled():
+    assert worker.check_technique("F+R").recompute and worker.check_technique("Naive").flags == ()
+    for name in ("Z3", "F+Z2", "R+Z3+O", "Q"):
+        with pytest.raises(worker.UnsupportedTechnique, match=r"profile cells support the flags F and R \(plain PyTorch\); "
+                           r"ZeRO, offload and 4-bit are profiled through DeepSpeed in a later version"):
+            worker.check_technique(name)
+    with pytest.raises(worker.UnsupportedTechnique, match="fine-tuning method L"):
+        worker.check_technique("L")
+
+
+def spec_for(technique: str) -> dict:
+    cell = Cell(stage="profile", platform="cpu", model="tiny", backend="torch", technique=technique, batch_size=1,
+                gpus=1, protocol=Protocol(warmup_steps=1, measured_steps=2, repeats=1, seq_len=64, timeout_s=300))
+    platform = Platform.load("cpu").to_dict()
+    platform.pop("slurm")
+    return {"cell": cell.to_dict(), "platform": platform, "model": ModelSpec.load("tiny").to_dict()}
+
+
+def test_a_zero_technique_is_rejected_before_anything_runs(tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(spec_for("Z3")))
+    with pytest.raises(worker.UnsupportedTechnique, match="technique 'Z3' asks for Z3: profile cells support the flags F and R"):
+        worker.main(["--spec", str(spec), "--out", str(tmp_path / "out.json")])
+    assert list(tmp_path.iterdir()) == [spec]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The worker under torchrun on the tiny model, without (Naive) and with F+R; both at once."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "workflow" / "scripts"), "OMP_NUM_THREADS": "1"}
+    procs, outs = {}, {}
+    for tech in ("Naive", "F+R"):
+        d = tmp_path_factory.mktemp(tech.replace("+", "_"))
+        (d / "spec.json").write_text(json.dumps(spec_for(tech)))
+        outs[tech] = d / "repeat-0.json"
+        procs[tech] = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+             "-m", "llmbench.profile.worker", "--spec", str(d / "spec.json"), "--out", str(outs[tech]),
+             "--trace-dir", str(d / "traces")],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    results = {}
+    for tech, p in procs.items():
+        log, _ = p.communicate(timeout=240)
+        assert p.returncode == 0, log[-3000:]
+        results[tech] = json.loads(outs[tech].read_text())
+    return results
+
+
+def rows_of(result, phase):
+    return {r["module"]: r for r in result["rows"] if r["phase"] == phase}
+
+
+def test_worker_eager_step_breaks_down_into_every_module(runs):
+    res = runs["Naive"]
+    assert res["attention"] == "sdpa[math]" and res["technique"] == "Naive"
+    for phase in ("forward", "backward"):
+        rows = rows_of(res, phase)
+        missing = [k for k in EAGER_KINDS if not (k in rows and rows[k]["time_s"] > 0)]
+        assert not missing, f"{phase}: no time for {missing}"
+        assert "attention_fused" not in rows
+        assert 0 < rows["mlp"]["gemm_time_s"] <= rows["mlp"]["time_s"]
+        assert rows["rmsnorm"]["gemm_time_s"] == 0.0
+    assert res["phases"]["backward"]["recompute_s"] == 0.0
+    assert set(rows_of(res, "optimizer")) == {"optimizer", "other"}
+
+
+def test_worker_phases_add_up(runs):
+    for res in runs.values():
+        for phase, totals in res["phases"].items():
+            rows = [r for r in res["rows"] if r["phase"] == phase]
+            assert sum(r["share"] for r in rows) == pytest.approx(1.0, abs=1e-6)
+            assert sum(r["time_s"] for r in rows) == pytest.approx(totals["wall_s"], rel=1e-9)
+            assert 0 < totals["gemm_s"] <= totals["kernel_s"] or phase == "optimizer"
+            assert 0 < totals["kernel_s"] <= totals["wall_s"]
+        assert sum(t["wall_s"] for t in res["phases"].values()) == pytest.approx(res["step_time_s"], rel=1e-9)
+        assert abs(res["unaccounted_s"]) < 1e-9
+        assert res["unprofiled_step_time_s"] > 0 and res["tokens_per_s"] == pytest.approx(
+            64 / res["unprofiled_step_time_s"])
+        trace = json.loads(open(res["trace"]).read())
+        names = {e.get("name") for e in trace["traceEvents"]}
+        assert {"llmbench/phase/forward", "llmbench/module/mlp", "aten::mm"} <= names
+        assert res["method"] == attr.METHOD and res["versions"]["torch"]
+
+
+def test_worker_flash_attention_is_one_fused_kind(runs):
+    res = runs["F+R"]
+    assert res["attention"] == "sdpa[default]"
+    for phase in ("forward", "backward"):
+        rows = rows_of(res, phase)
+        assert rows["attention_fused"]["time_s"] > 0
+        assert not set(attr.EAGER_ATTENTION) & set(rows)
+
+
+def test_worker_recomputation_reruns_the_forward_inside_backward(runs):
+    """R: the decoder layers' forward ops reappear inside the backward phase (their module
+    ranges open again inside autograd nodes), flagged as recompute_s; embedding, lm_head and
+    loss sit outside the checkpointed layers and are not rerun."""
+    res = runs["F+R"]
+    back = rows_of(res, "backward")
+    for kind in ("qkv", "rope", "attention_fused", "mlp", "rmsnorm"):
+        assert 0 < back[kind]["recompute_s"] < back[kind]["time_s"], kind
+    for kind in ("embedding", "lm_head", "loss"):
+        assert back[kind]["recompute_s"] == 0.0
+    in_modules = sum(r["recompute_s"] for r in back.values() if r["module"] != "other")
+    assert res["phases"]["backward"]["recompute_s"] >= in_modules - 1e-12
+    assert all(r["recompute_s"] == 0.0 for r in res["rows"] if r["phase"] == "forward")

@@ -1,0 +1,79 @@
+"""Profile cells in the grid, their records and tables (fixture records; the worker itself
+is tested in test_profile.py)."""
+
+import pytest
+
+from llmbench import grid, record
+from llmbench.config import ConfigError
+from llmbench.launch import Outcome
+from llmbench.profile.results import build_record
+from llmbench.report import figures, profile, tidy
+
+MODULES = {"forward": {"qkv": 0.02, "attn_scores": 0.01, "softmax": 0.004, "attn_values": 0.006, "mlp": 0.05, "other": 0.01},
+           "backward": {"qkv": 0.04, "attn_scores": 0.02, "softmax": 0.008, "attn_values": 0.012, "mlp": 0.1, "other": 0.02},
+           "optimizer": {"other": 0.05}}
+
+
+def worker_result(flash: bool, scale: float = 1.0) -> dict:
+    rows = []
+    for phase, mods in MODULES.items():
+        mods = dict(mods)
+        if flash and phase != "optimizer":
+            fused = sum(mods.pop(k) for k in ("attn_scores", "softmax", "attn_values")) / 2
+            mods["attention_fused"] = fused
+        total = sum(mods.values())
+        rows += [{"phase": phase, "module": m, "time_s": t * scale, "share": t / total, "gemm_time_s": 0.0} for m, t in mods.items()]
+    walls = {p: sum(r["time_s"] for r in rows if r["phase"] == p) for p in MODULES}
+    return {"rows": rows, "phases": {p: {"wall_s": w, "kernel_s": 0.9 * w, "gemm_s": 0.5 * w} for p, w in walls.items()},
+            "step_time_s": sum(walls.values()), "unprofiled_step_time_s": 0.9 * sum(walls.values()),
+            "tokens_per_s": 700.0, "attention": "sdpa[default]" if flash else "sdpa[math]", "trace": "/x/trace.json",
+            "unaccounted_s": 0.0, "method": "hooks", "versions": {}, "devices": {}}
+
+
+def write(tmp_path, technique, bs, result):
+    g = grid.expand({"protocol": {"repeats": 2}, "profile": [
+        {"platforms": ["cpu"], "models": ["llama2-7b"], "techniques": [technique], "batch_sizes": [bs]}]})
+    cell = g.cells[0]
+    rec = build_record(g.spec(cell), [Outcome(status="ok", result=result)] * 2, "t0", ["x"])
+    path = tmp_path / cell.record_path("results")
+    record.write(rec, path)
+    return path, rec
+
+
+def test_profile_cells_use_the_torch_backend_and_only_f_and_r():
+    g = grid.expand({"protocol": {}, "profile": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["F+R"],
+                                                  "batch_sizes": [2]}]})
+    assert g.cells[0].backend == "torch" and g.cells[0].record_path() == "results/runs/profile/cpu/tiny/torch/F+R/bs2-g1/record.json"
+    with pytest.raises(ConfigError, match=r"profile\[0\]\.techniques\[0\]: profile cells support the flags F, R .* asks for Z3"):
+        grid.expand({"protocol": {}, "profile": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Z3"], "batch_sizes": [2]}]})
+    with pytest.raises(ConfigError, match=r"pretrain\[0\]\.backend: 'torch' does not run pretrain cells; allowed: deepspeed"):
+        grid.expand({"protocol": {}, "pretrain": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive"],
+                                                   "batch_sizes": [1], "backend": "torch"}]})
+
+
+def test_profile_tables_beside_the_paper(tmp_path):
+    paths = [write(tmp_path, "Naive", 2, worker_result(False))[0], write(tmp_path, "F", 2, worker_result(True))[0]]
+    _, rec = write(tmp_path, "R", 32, worker_result(False, scale=10))
+    df = tidy.build(paths)
+    rows = tidy.build_samples(paths, "profile")
+    assert set(rows["technique"]) == {"Naive", "F"} and len(rows) == 2 * 13 - 2 * 3 + 2 * 1
+    assert rec.summary["forward_wall_s"] == pytest.approx(0.1 * 10) and rec.metrics.tokens_per_s_runs == (700.0, 700.0)
+
+    phases, md = profile.phases(df)
+    naive_fwd = phases[(phases.technique == "Naive") & (phases.phase == "forward")].iloc[0]
+    assert naive_fwd.wall_ms == pytest.approx(100.0) and naive_fwd.paper_wall_ms == pytest.approx(75.0)
+    assert naive_fwd.gemm_share_pct == pytest.approx(50.0) and naive_fwd.paper_gemm_share_pct == pytest.approx(66.4)
+    assert phases[phases.technique == "Naive"]["share_pct"].sum() == pytest.approx(100.0)
+    assert "| cpu | llama2-7b | Naive | 2 | forward | 100.00 |" in md
+
+    mods, md = profile.modules(df, rows)
+    mlp = mods[(mods.technique == "Naive") & (mods.phase == "backward") & (mods.module == "mlp")].iloc[0]
+    assert mlp.time_ms == pytest.approx(100.0) and mlp.paper_time_ms == pytest.approx(88.70)
+
+    att, md = profile.attention(df, rows)
+    fwd = att[att.phase == "forward"].iloc[0]
+    assert (fwd.base, fwd.naive_ms, fwd.flash_ms) == ("Naive", pytest.approx(20.0), pytest.approx(10.0))
+    assert fwd.improvement_pct == pytest.approx(50.0) and "| paper: a800 | llama2-7b | Naive | 2 | forward | 1.06 | 0.69 | 34.9 |" in md
+
+    out = figures.save(figures.CHARTS["profile-modules"](df, {"profile": rows}), tmp_path / "fig5")
+    assert out[1].read_text().lstrip().startswith("<svg")

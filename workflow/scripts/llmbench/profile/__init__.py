@@ -1,0 +1,1 @@
+"""Module-wise profiling of one training step (paper Section IV-B/C, Tables V-VIII, XIII)."""

@@ -1,0 +1,65 @@
+"""A profile cell's repeats -> its Record: the module-wise rows (mean over repeats) as
+samples, the phase times as summary, throughput without the profiler as metrics."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from statistics import fmean
+
+from ..grid import Cell
+from ..launch import Outcome, provenance_of
+from ..protocol import summarize
+from ..record import Metrics, Record
+
+PHASES = ("forward", "backward", "optimizer")
+#: Per (phase, module) values of a worker's rows; recompute_s: the part of a backward row
+#: that reruns forward work under R (Fig. 5 compares backward without it).
+VALUES = ("time_s", "share", "gemm_time_s", "recompute_s")
+
+
+def mean_rows(results: list[dict]) -> dict[str, list]:
+    """Rows (phase, module) averaged over repeats, as columns."""
+    acc: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for res in results:
+        for r in res["rows"]:
+            for k in VALUES:
+                if r.get(k) is not None:
+                    acc[(r["phase"], r["module"])][k].append(r[k])
+    cols: dict[str, list] = {"phase": [], "module": [], **{k: [] for k in VALUES}}
+    for (phase, module), vals in acc.items():
+        cols["phase"].append(phase)
+        cols["module"].append(module)
+        for k in VALUES:
+            cols[k].append(fmean(vals[k]) if vals[k] else None)
+    return cols
+
+
+def build_record(spec: dict, outcomes: list[Outcome], started: str, command: list[str]) -> Record:
+    """Aggregate a profile cell's repeat outcomes into its Record."""
+    cell = Cell.from_dict(spec["cell"])
+    results = [o.result for o in outcomes if o.status == "ok"]
+    prov = provenance_of(spec, results, started, command)
+    bad = next((o for o in outcomes if o.status != "ok"), None)
+    if bad is not None:
+        return Record(cell=cell.to_dict(), status=bad.status, reason=bad.reason, log_tail=bad.log_tail,
+                      provenance=prov)
+    tps = summarize([r["tokens_per_s"] for r in results])
+    step = summarize([r["unprofiled_step_time_s"] for r in results])
+    summary = {
+        "profiled_step_time_s": fmean(r["step_time_s"] for r in results),
+        "unprofiled_step_time_s": step.mean,
+        "unaccounted_s": fmean(r.get("unaccounted_s") or 0.0 for r in results),
+        # file names: the traces sit beside the record (paths would tie it to one machine)
+        "traces": [Path(r["trace"]).name for r in results if r.get("trace")],
+        "method": results[-1].get("method"),
+    }
+    for phase in PHASES:
+        for k in (results[-1]["phases"].get(phase) or {}):
+            summary[f"{phase}_{k}"] = fmean((r["phases"].get(phase) or {}).get(k) or 0.0 for r in results)
+    metrics = Metrics(tokens_per_s_mean=tps.mean, tokens_per_s_std=tps.std, tokens_per_s_runs=tps.values,
+                      step_time_s_mean=step.mean, step_time_s_runs=step.values,
+                      attention=results[-1].get("attention"),
+                      global_batch_tokens=cell.batch_size * cell.protocol.seq_len * cell.gpus)
+    return Record(cell=cell.to_dict(), status="ok", metrics=metrics, summary=summary,
+                  samples=mean_rows(results), provenance=prov)

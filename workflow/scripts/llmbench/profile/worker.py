@@ -1,0 +1,285 @@
+"""Profile worker: the module-wise breakdown of one training step, run by torchrun.
+
+    torchrun ... -m llmbench.profile.worker --spec spec.json --out repeat.json [--trace-dir DIR]
+
+Contract with llmbench.launch (as llmbench.train.deepspeed_worker): rank 0 writes ``--out``
+(JSON) on success; on an out-of-memory error it writes ``<out>.oom.rank<r>`` with the
+message and exits with code OOM_EXIT. It also writes the Chrome trace of the profiled steps
+into ``--trace-dir`` (default: the folder of ``--out``).
+
+One process, plain PyTorch: the random-initialised Llama in bf16 (weights, gradients and
+AdamW state all bf16: no fp32 master copy, unlike DeepSpeed's bf16 mode), AdamW (fused on
+CUDA, foreach on CPU) with gradient clipping at 1.0 as the DeepSpeed runs have, the
+technique flags F (attention kernel, llmbench.train.build.attention_choice) and R
+(non-reentrant gradient checkpointing of every decoder layer). ``protocol.warmup_steps``
+plain steps (the later half of them give the unprofiled step time), then
+``protocol.measured_steps`` steps under torch.profiler (paper Section IV-B: ten steps).
+The host clock is read at the step's start and at the end of each phase (after a device
+synchronize), so the phases partition the step and unaccounted_s is 0 up to rounding.
+
+Result keys: rows [{phase, module, time_s, share, gemm_time_s, recompute_s}], phases
+{forward|backward|optimizer: {wall_s, kernel_s, gemm_s, attributed_s,
+unattributed_kernel_s, recompute_s}}, step_time_s, unaccounted_s, unprofiled_step_time_s,
+tokens_per_s, attention, trace, method, and context (technique, batch, steps, loss,
+versions, devices). Attribution: llmbench.profile.attribution.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from .. import techniques
+from ..grid import PROFILE_FLAGS
+from ..train.deepspeed_worker import OOM_EXIT, _is_oom  # one OOM contract for every worker
+from . import attribution as attr
+
+SCHEMA_VERSION = 1
+#: The flags plain PyTorch runs (llmbench.grid.PROFILE_FLAGS rejects the rest at config time).
+SUPPORTED_FLAGS = PROFILE_FLAGS  # the grid rejects the others before any job; this guards direct runs
+UNSUPPORTED = ("profile cells support the flags F and R (plain PyTorch); ZeRO, offload and 4-bit "
+               "are profiled through DeepSpeed in a later version")
+#: Decoder submodules by attribute name -> module kind (Table VI rows).
+KIND_BY_NAME = {"embed_tokens": "embedding", "q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv",
+                "o_proj": "output", "mlp": "mlp", "lm_head": "lm_head", "rotary_emb": "rope"}
+
+
+class UnsupportedTechnique(ValueError):
+    """A technique the profile worker does not run (only F and R are plain PyTorch)."""
+
+
+def check_technique(name: str) -> techniques.Technique:
+    """The parsed technique, or UnsupportedTechnique naming it (ZeRO, offload, 4-bit, adapters)."""
+    tech = techniques.parse(name)
+    extra = [f for f in tech.flags if f not in SUPPORTED_FLAGS]
+    if extra or tech.adapter:
+        asks = ", ".join(extra) if extra else f"the fine-tuning method {tech.adapter_token}"
+        raise UnsupportedTechnique(f"technique {name!r} asks for {asks}: {UNSUPPORTED}")
+    return tech
+
+
+def _ranged(fn: Callable, name: str) -> Callable:
+    """``fn`` run inside a record_function range ``name``."""
+    from torch.profiler import record_function
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with record_function(name):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+class _RangedAttention:
+    """Stands in for transformers' ALL_ATTENTION_FUNCTIONS in modeling_llama: the attention
+    function it hands out (eager, SDPA or flash-attn) runs inside the core range."""
+
+    def __init__(self, interface: Any) -> None:
+        self._interface = interface
+
+    def get_interface(self, attn_implementation: str, default: Callable) -> Callable:
+        return _ranged(self._interface.get_interface(attn_implementation, default), attr.ATTENTION_CORE)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._interface, name)
+
+
+def module_range_name(qualified: str, module: Any) -> str | None:
+    """The llmbench range a module's forward opens (None: not instrumented)."""
+    leaf = qualified.rsplit(".", 1)[-1]
+    cls = type(module).__name__
+    if cls.endswith("RMSNorm"):
+        return attr.module_range("rmsnorm")
+    if cls.endswith("Attention") and leaf == "self_attn":
+        return attr.ATTENTION_BLOCK
+    kind = KIND_BY_NAME.get(leaf)
+    return attr.module_range(kind) if kind else None
+
+
+@contextlib.contextmanager
+def instrument(model: Any) -> Iterator[None]:
+    """Open the llmbench ranges around the model's modules and functions while inside.
+
+    Modules: forward pre-hook enters a record_function, forward hook (always_call, so an
+    exception such as checkpointing's early stop still closes it) exits it. Functions:
+    modeling_llama's apply_rotary_pos_emb and ALL_ATTENTION_FUNCTIONS (looked up from the
+    module's globals at call time) are replaced, and the model's loss function wrapped;
+    all are restored on exit.
+    """
+    import transformers.models.llama.modeling_llama as llama
+    from torch.profiler import record_function
+
+    open_ranges: dict[int, list] = defaultdict(list)
+
+    def pre_hook(name: str):
+        def hook(module, args):
+            rf = record_function(name)
+            rf.__enter__()
+            open_ranges[id(module)].append(rf)
+        return hook
+
+    def post_hook(module, args, output):
+        stack = open_ranges.get(id(module))
+        if stack:
+            stack.pop().__exit__(None, None, None)
+
+    handles = []
+    for qualified, module in model.named_modules():
+        name = module_range_name(qualified, module)
+        if name is not None:
+            handles.append(module.register_forward_pre_hook(pre_hook(name)))
+            handles.append(module.register_forward_hook(post_hook, always_call=True))
+    rope, interface, loss = llama.apply_rotary_pos_emb, llama.ALL_ATTENTION_FUNCTIONS, model.loss_function
+    llama.apply_rotary_pos_emb = _ranged(rope, attr.module_range("rope"))
+    llama.ALL_ATTENTION_FUNCTIONS = _RangedAttention(interface)
+    model.loss_function = _ranged(loss, attr.module_range("loss"))
+    try:
+        yield
+    finally:
+        llama.apply_rotary_pos_emb, llama.ALL_ATTENTION_FUNCTIONS, model.loss_function = rope, interface, loss
+        for h in handles:
+            h.remove()
+
+
+def run(spec: dict, out: Path, trace_dir: Path) -> dict:
+    """Build the model, run warm-up and profiled steps, attribute, write the result (rank 0)."""
+    from ..grid import Cell
+    from ..models import ModelSpec
+
+    cell = Cell.from_dict(spec["cell"])
+    tech = check_technique(cell.technique)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != 1 or cell.gpus != 1:
+        raise ValueError(f"profile cells run as one process on one device (gpus: 1); got gpus {cell.gpus}, "
+                         f"world size {world}")
+    proto = cell.protocol
+    if proto.warmup_steps < 1:
+        raise ValueError("profile cells need protocol.warmup_steps >= 1: the unprofiled step time is "
+                         "measured on the warm-up steps")
+    accelerator = spec["platform"]["accelerator"]
+    model_spec = ModelSpec(**spec["model"])
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from .. import provenance
+    from ..train import build
+
+    cuda = accelerator == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        device = torch.device("cuda", torch.cuda.current_device())
+        sync: Callable[[], None] = torch.cuda.synchronize
+    else:
+        device = torch.device("cpu")
+        sync = lambda: None  # noqa: E731 - CPU ops are synchronous
+    torch.manual_seed(proto.seed)
+    attn_impl, attn_ctx, attn_label = build.attention_choice(tech, accelerator)
+    model = build.build_llama(model_spec, attn_impl, torch.bfloat16, device)
+    if tech.recompute:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    # the DeepSpeed runs' optimizer settings (train.deepspeed_worker.ds_config)
+    opt = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0,
+                            **({"fused": True} if cuda else {"foreach": True}))
+    gen = torch.Generator(device="cpu").manual_seed(proto.seed + 1000)
+    ids = torch.randint(0, model_spec.vocab_size, (cell.batch_size, proto.seq_len), generator=gen).to(device)
+    losses = []
+
+    def step() -> list[float]:
+        """One step; the host clock at its start and at the end of each phase."""
+        marks = [time.perf_counter()]
+        with record_function(attr.phase_range("forward")):
+            with attn_ctx():
+                loss = model(input_ids=ids, labels=ids).loss
+            sync()
+        marks.append(time.perf_counter())
+        with record_function(attr.phase_range("backward")):
+            with attn_ctx():  # R recomputes the forward here: it must pick the same kernel
+                loss.backward()
+            sync()
+        marks.append(time.perf_counter())
+        with record_function(attr.phase_range("optimizer")):
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sync()
+        marks.append(time.perf_counter())
+        losses.append(loss.detach())
+        return marks
+
+    sync()
+    warm = [step() for _ in range(proto.warmup_steps)]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with instrument(model), profile(activities=activities) as prof:
+        measured = [step() for _ in range(proto.measured_steps)]
+
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    trace = trace_dir / f"{out.stem}.trace.json"
+    prof.export_chrome_trace(str(trace))
+    ops = attr.op_records(prof.events(), use_device=cuda)
+    walls = {p: statistics.fmean(m[i + 1] - m[i] for m in measured) for i, p in enumerate(attr.PHASES)}
+    rows, phases = attr.aggregate(attr.assign(ops), walls, proto.measured_steps)
+
+    step_time = statistics.fmean(m[-1] - m[0] for m in measured)
+    # the first warm-up steps pay allocation and kernel selection: the later half counts
+    unprofiled = statistics.fmean([m[-1] - m[0] for m in warm][len(warm) // 2:])
+    tokens = cell.batch_size * proto.seq_len
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "rows": rows,
+        "phases": phases,
+        "step_time_s": step_time,
+        "unaccounted_s": step_time - sum(walls.values()),
+        "unprofiled_step_time_s": unprofiled,
+        "tokens_per_s": tokens / unprofiled,
+        "global_batch_tokens": tokens,
+        "attention": attn_label,
+        "technique": tech.name,
+        "recompute": tech.recompute,
+        "world_size": 1,
+        "warmup_steps": proto.warmup_steps,
+        "profiled_steps": proto.measured_steps,
+        "loss_last": float(losses[-1].float().item()),
+        "trace": str(trace),
+        "method": attr.METHOD,
+        "versions": provenance.versions(),
+        "devices": provenance.devices(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point (one rank)."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spec", required=True, type=Path, help="resolved cell spec (JSON)")
+    ap.add_argument("--out", required=True, type=Path, help="where rank 0 writes the result")
+    ap.add_argument("--trace-dir", type=Path, default=None, help="folder for the Chrome trace (default: --out's)")
+    args = ap.parse_args(argv)
+    spec = json.loads(args.spec.read_text())
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        result = run(spec, args.out, args.trace_dir or args.out.parent)
+    except BaseException as exc:  # noqa: BLE001 - classify, then re-raise or exit
+        if _is_oom(exc):
+            Path(f"{args.out}.oom.rank{rank}").write_text(f"{type(exc).__name__}: {exc}"[:2000])
+            traceback.print_exc()
+            return OOM_EXIT
+        raise
+    if rank == 0:
+        args.out.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

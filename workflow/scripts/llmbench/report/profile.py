@@ -1,0 +1,131 @@
+"""Module-wise profiling tables (paper Section IV-B/C) from the tidy table (phase times of
+each profile cell) and the per-row table tables/profile.parquet (module times):
+
+  profile-phases     Tables V, VII and XIII: forward / backward / optimizer wall time, share
+                     of the step, compute-kernel time, GEMM share; the paper's beside
+  profile-modules    Table VI and Fig. 5: time per module kind and phase; the paper's beside
+  profile-attention  Table VIII: attention time without and with F (same platform, model,
+                     batch size, R), and the improvement; the paper's beside
+
+The paper's values are matched by model, method and batch size (they are A800 numbers;
+the platform column says which platform ours ran on).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from . import reference
+
+CELL = ["platform", "model", "technique", "batch_size", "gpus"]
+PHASES = ("forward", "backward", "optimizer")
+#: Module kinds of eager attention, and the fused kernel that replaces them with F.
+ATTENTION_PARTS = ("attn_scores", "softmax", "attn_values")
+ATTENTION_FUSED = "attention_fused"
+TITLES = {
+    "profile-phases": "Tables V, VII, XIII: one training step by phase (ours beside the paper's A800 values)",
+    "profile-modules": "Table VI, Fig. 5: time per module and phase (ours beside the paper's A800 values)",
+    "profile-attention": "Table VIII: attention time without and with FlashAttention (F)",
+}
+
+
+def _fmt(v, spec: str) -> str:
+    return "" if v is None or (isinstance(v, float) and v != v) else format(v, spec)
+
+
+def _md(title: str, head: list[str], rows: list[list[str]], note: str) -> str:
+    lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows] + ["", note, ""])
+
+
+def _paper(table: str, root: Path | None) -> pd.DataFrame:
+    return reference.load(table, **({"root": root} if root else {}))
+
+
+def phases(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | None = None) -> tuple[pd.DataFrame, str]:
+    """One row per (profile cell, phase), the paper's Table V/VII/XIII values beside."""
+    cells = tidy[(tidy["stage"] == "profile") & (tidy["status"] == "ok")]
+    out = []
+    for c in cells.itertuples():
+        step = sum(getattr(c, f"{p}_wall_s") or 0.0 for p in PHASES)
+        for p in PHASES:
+            wall, kernel, gemm = (getattr(c, f"{p}_{k}_s") for k in ("wall", "kernel", "gemm"))
+            out.append({**{k: getattr(c, k) for k in CELL}, "attention": c.attention, "phase": p,
+                        "wall_ms": wall * 1e3, "share_pct": 100 * wall / step if step else None,
+                        "kernel_ms": None if kernel is None else kernel * 1e3,
+                        "gemm_share_pct": None if gemm is None or not wall else 100 * gemm / wall})
+    ours = pd.DataFrame(out, columns=CELL + ["attention", "phase", "wall_ms", "share_pct", "kernel_ms", "gemm_share_pct"])
+    paper = _paper("profile_phases", root).rename(columns={
+        "wall_ms": "paper_wall_ms", "share_pct": "paper_share_pct", "kernel_ms": "paper_kernel_ms",
+        "gemm_share_pct": "paper_gemm_share_pct", "platform": "paper_platform", "table": "paper_table"})
+    table = ours.merge(paper.drop(columns=["method", "note"]), on=["model", "technique", "batch_size", "phase"], how="left")
+    rows = [[r.platform, r.model, r.technique, _fmt(r.batch_size, ".0f"), r.phase, _fmt(r.wall_ms, ".2f"), _fmt(r.share_pct, ".1f"),
+             _fmt(r.kernel_ms, ".2f"), _fmt(r.gemm_share_pct, ".1f"), _fmt(r.paper_wall_ms, ".1f"),
+             _fmt(r.paper_share_pct, ".1f"), _fmt(r.paper_kernel_ms, ".1f"), _fmt(r.paper_gemm_share_pct, ".1f")]
+            for r in table.itertuples()]
+    md = _md(TITLES["profile-phases"], ["Platform", "Model", "Method", "BS", "Phase", "ms", "% of step", "kernel ms",
+                                        "GEMM %", "paper ms", "paper %", "paper kernel ms", "paper GEMM %"], rows,
+             "Phase wall time: host clock with a device synchronize at each phase boundary, mean over the "
+             "profiled steps. Kernel: GPU kernel time (CPU: self time of the operators). GEMM %: matmul time "
+             "as a share of the phase (the paper's Table XIII). Paper: A800, 8 GPUs (its backward includes "
+             "non-overlapped communication); ours: one process, plain PyTorch AdamW.")
+    return table, md
+
+
+def modules(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) -> tuple[pd.DataFrame, str]:
+    """One row per (profile cell, phase, module), the paper's Table VI beside."""
+    ok = tidy[(tidy["stage"] == "profile") & (tidy["status"] == "ok")][CELL]
+    df = points.merge(ok, on=CELL) if len(points) else pd.DataFrame(columns=CELL + ["phase", "module", "time_s", "share"])
+    df = df.assign(time_ms=df["time_s"] * 1e3, share_pct=df["share"] * 100)
+    paper = _paper("profile_modules", root).rename(columns={
+        "time_ms": "paper_time_ms", "share_pct": "paper_share_pct", "platform": "paper_platform"})
+    table = df.merge(paper[["model", "technique", "batch_size", "phase", "module", "paper_time_ms", "paper_share_pct"]],
+                     on=["model", "technique", "batch_size", "phase", "module"], how="left")
+    table = table[CELL + ["phase", "module", "time_ms", "share_pct", "paper_time_ms", "paper_share_pct"]]
+    rows = [[r.platform, r.model, r.technique, str(r.batch_size), r.phase, r.module, _fmt(r.time_ms, ".3f"),
+             _fmt(r.share_pct, ".1f"), _fmt(r.paper_time_ms, ".3f"), _fmt(r.paper_share_pct, ".1f")]
+            for r in table.sort_values(CELL + ["phase", "time_ms"], ascending=[True] * 6 + [False]).itertuples()]
+    md = _md(TITLES["profile-modules"], ["Platform", "Model", "Method", "BS", "Phase", "Module", "ms", "% of phase",
+                                         "paper ms", "paper %"], rows,
+             "Per step, decoder modules summed over all layers. 'other' is the phase's wall time not inside "
+             "any module range (Python, launch gaps, residual adds), so each phase's shares add up to 100%. "
+             "attn_scores/attn_values are the paper's Bmm0/Bmm1; lm_head its 'Linear'. Attribution: "
+             "llmbench/profile/attribution.py.")
+    return table, md
+
+
+def attention(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) -> tuple[pd.DataFrame, str]:
+    """Attention time of cells without F beside their F twins (same platform, model, BS, R)."""
+    ok = tidy[(tidy["stage"] == "profile") & (tidy["status"] == "ok")][CELL]
+    df = points.merge(ok, on=CELL) if len(points) else pd.DataFrame(columns=CELL + ["phase", "module", "time_s"])
+    att = df[df["module"].isin(ATTENTION_PARTS + (ATTENTION_FUSED,))]
+    att = att.groupby(CELL + ["phase"], as_index=False)["time_s"].sum()
+    att["flash"] = att["technique"].str.split("+").apply(lambda fl: "F" in fl)
+    att["base"] = att["technique"].str.split("+").apply(lambda fl: "+".join(f for f in fl if f != "F") or "Naive")
+    key = ["platform", "model", "base", "batch_size", "gpus", "phase"]
+    pairs = att[~att["flash"]].merge(att[att["flash"]], on=key, suffixes=("_naive", "_flash"))
+    pairs = pairs.assign(naive_ms=pairs["time_s_naive"] * 1e3, flash_ms=pairs["time_s_flash"] * 1e3)
+    pairs["improvement_pct"] = 100 * (pairs["naive_ms"] - pairs["flash_ms"]) / pairs["naive_ms"]
+    table = pairs[key + ["naive_ms", "flash_ms", "improvement_pct"]]
+    paper = _paper("profile_attention", root)
+    rows = [[r.platform, r.model, r.base, str(r.batch_size), r.phase, _fmt(r.naive_ms, ".3f"), _fmt(r.flash_ms, ".3f"),
+             _fmt(r.improvement_pct, ".1f")] for r in table.itertuples()]
+    rows += [[f"paper: {r.platform}", r.model, "Naive", str(r.batch_size), r.phase, _fmt(r.naive_ms, ".2f"),
+              _fmt(r.flash_ms, ".2f"), _fmt(r.improvement_pct, ".1f")] for r in paper.itertuples()]
+    md = _md(TITLES["profile-attention"], ["Platform", "Model", "Method without F", "BS", "Phase", "naive ms",
+                                           "with F ms", "improvement %"], rows,
+             "Ours: the attention core (QK^T, softmax, PV; with F the fused kernel) summed over all layers, per "
+             "step. The paper's rows (last) are one decoder layer's attention module on A800.")
+    return table, md
+
+
+BUILDERS = {"profile-phases": phases, "profile-modules": modules, "profile-attention": attention}
+
+
+def write(table: pd.DataFrame, md: str, csv_path: Path | str, md_path: Path | str) -> None:
+    """Write one profile table as CSV and Markdown."""
+    Path(csv_path).parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(csv_path, index=False)
+    Path(md_path).write_text(md)

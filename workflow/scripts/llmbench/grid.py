@@ -12,7 +12,7 @@ import copy
 import itertools
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from . import techniques
 from .config import REPO_ROOT, ConfigError, available, load_yaml, validate
@@ -47,9 +47,33 @@ SERVE_KEY = ("stage", "platform", "model", "engine", "load", "gpus")
 MICRO_KEY = ("stage", "platform", "bench", "case", "gpus")
 
 
+class _Addressed:
+    """The path of a cell's record: a pure function of the fields its PATTERN names."""
+
+    __slots__ = ()
+    KEY: ClassVar[tuple[str, ...]]
+    PATTERN: ClassVar[str]
+
+    @property
+    def key(self) -> dict[str, Any]:
+        """The fields that name the cell's path."""
+        return {k: getattr(self, k) for k in self.KEY}
+
+    def record_path(self, results_dir: str = "results") -> str:
+        """Where this cell's Record lives."""
+        return f"{results_dir}/" + self.PATTERN.format(**self.key)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (JSON-ready)."""
+        return asdict(self)
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
-class Cell:
+class Cell(_Addressed):
     """One point of the grid: everything a runner needs to produce one Record."""
+
+    KEY: ClassVar[tuple[str, ...]] = TRAIN_KEY
+    PATTERN: ClassVar[str] = RECORD_PATTERN
 
     stage: str
     """Pipeline stage ('pretrain')."""
@@ -81,19 +105,6 @@ class Cell:
         if techniques.canonical(self.technique) != self.technique:
             raise ConfigError(f"technique {self.technique!r} is not canonical")
 
-    @property
-    def key(self) -> dict[str, Any]:
-        """The fields that name the cell's path."""
-        return {k: getattr(self, k) for k in TRAIN_KEY}
-
-    def record_path(self, results_dir: str = "results") -> str:
-        """Where this cell's Record lives."""
-        return f"{results_dir}/" + RECORD_PATTERN.format(**self.key)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-data form (JSON-ready)."""
-        return asdict(self)
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Cell":
         """Inverse of to_dict."""
@@ -101,8 +112,11 @@ class Cell:
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
-class ServeCell:
+class ServeCell(_Addressed):
     """One serving point of the grid: one engine on one model under one load."""
+
+    KEY: ClassVar[tuple[str, ...]] = SERVE_KEY
+    PATTERN: ClassVar[str] = SERVE_RECORD_PATTERN
 
     stage: str = "serve"
     """Always 'serve'."""
@@ -138,18 +152,9 @@ class ServeCell:
             raise ConfigError(f"gpus must be >= 1, got {self.gpus}")
 
     @property
-    def key(self) -> dict[str, Any]:
-        """The fields that name the cell's path."""
-        return {k: getattr(self, k) for k in SERVE_KEY}
-
-    @property
     def max_model_len(self) -> int:
         """Longest sequence a request needs: prompt plus output."""
         return int(self.load_spec["input_len"]) + int(self.load_spec["output_len"])
-
-    def record_path(self, results_dir: str = "results") -> str:
-        """Where this cell's Record lives."""
-        return f"{results_dir}/" + SERVE_RECORD_PATTERN.format(**self.key)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (JSON-ready)."""
@@ -162,9 +167,12 @@ class ServeCell:
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
-class MicroCell:
+class MicroCell(_Addressed):
     """One microbenchmark point of the grid: a GEMM curve or shape set, the memcpy sweep,
     or the collectives over the ranks of a node (with or without P2P)."""
+
+    KEY: ClassVar[tuple[str, ...]] = MICRO_KEY
+    PATTERN: ClassVar[str] = MICRO_RECORD_PATTERN
 
     stage: str = "micro"
     """Always 'micro'."""
@@ -191,19 +199,6 @@ class MicroCell:
             raise ConfigError(f"a MicroCell's stage is 'micro', got {self.stage!r}")
         if self.bench not in MICRO_BENCHES:
             raise ConfigError(f"bench must be one of {MICRO_BENCHES}, got {self.bench!r}")
-
-    @property
-    def key(self) -> dict[str, Any]:
-        """The fields that name the cell's path."""
-        return {k: getattr(self, k) for k in MICRO_KEY}
-
-    def record_path(self, results_dir: str = "results") -> str:
-        """Where this cell's Record lives."""
-        return f"{results_dir}/" + MICRO_RECORD_PATTERN.format(**self.key)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-data form (JSON-ready)."""
-        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "MicroCell":

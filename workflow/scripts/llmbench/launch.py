@@ -53,7 +53,8 @@ class Outcome:
     log_tail: str = ""
 
 
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines of a log (empty if it cannot be read)."""
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -63,7 +64,7 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 def _last_error(path: Path) -> str:
     """The last line of a log that names an exception (the root cause, usually)."""
     pattern = re.compile(r"^\s*(\w+\.)*\w*(Error|Exception|Interrupt)\b.*")
-    lines = [re.sub(r"^\[rank\d+\]:\s*", "", ln).strip() for ln in _tail(path, 400).splitlines()]
+    lines = [re.sub(r"^\[rank\d+\]:\s*", "", ln).strip() for ln in tail(path, 400).splitlines()]
     lines = [ln for ln in lines if pattern.match(ln)]
     lines = [ln for ln in lines if "ChildFailedError" not in ln]
     return lines[-1][:500] if lines else "no exception in the log"
@@ -211,21 +212,21 @@ def run_worker(argv: list[str], *, env: dict[str, str], log: Path, workdir: Path
         if dog:
             dog.stop()
         stop_group(proc)  # no orphan rank survives its torchrun
-    tail = _tail(log)
+    log_tail_text = tail(log)
     ooms = sorted(workdir.glob(f"{out.name}.oom.rank*"))
     if timed_out:
-        return Outcome(status="timeout", reason=f"{label} ran past timeout_s={timeout_s}", log_tail=tail)
+        return Outcome(status="timeout", reason=f"{label} ran past timeout_s={timeout_s}", log_tail=log_tail_text)
     if dog and dog.fired:
-        return Outcome(status="oom", reason=dog.fired, log_tail=tail)
+        return Outcome(status="oom", reason=dog.fired, log_tail=log_tail_text)
     if ooms:
-        return Outcome(status="oom", reason=ooms[0].read_text(), log_tail=tail)
+        return Outcome(status="oom", reason=ooms[0].read_text(), log_tail=log_tail_text)
     if rc == 0 and out.exists():
         return Outcome(status="ok", result=json.loads(out.read_text()))
-    if any(m in tail for m in OOM_MARKERS):
-        return Outcome(status="oom", reason="out-of-memory error in the log", log_tail=tail)
-    if "Signal 9 (SIGKILL)" in tail or rc in (-9, 137):
-        return Outcome(status="oom", reason="a rank was killed by SIGKILL (the kernel's OOM killer is the usual sender)", log_tail=tail)
-    return Outcome(status="error", reason=f"{label} exited with code {rc}: {_last_error(log)}", log_tail=tail)
+    if any(m in log_tail_text for m in OOM_MARKERS):
+        return Outcome(status="oom", reason="out-of-memory error in the log", log_tail=log_tail_text)
+    if "Signal 9 (SIGKILL)" in log_tail_text or rc in (-9, 137):
+        return Outcome(status="oom", reason="a rank was killed by SIGKILL (the kernel's OOM killer is the usual sender)", log_tail=log_tail_text)
+    return Outcome(status="error", reason=f"{label} exited with code {rc}: {_last_error(log)}", log_tail=log_tail_text)
 
 
 def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int,

@@ -12,6 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from . import reference
+from .markdown import fmt
+from .markdown import table as md_table
 
 KEY = ["platform", "bench", "case", "gpus"]
 TITLES = {
@@ -20,16 +22,6 @@ TITLES = {
     "micro-collectives": "Collectives (Figs. 13-15): latency at the smallest size, bus bandwidth at the largest",
     "table12": "Table XII: the first MLP GEMM of a llama2-7b step, ours beside the paper's (A800)",
 }
-
-
-def _fmt(v, spec: str) -> str:
-    return "" if v is None or (isinstance(v, float) and v != v) else format(v, spec)
-
-
-def _md(title: str, head: list[str], rows: list[list[str]], note: str) -> str:
-    lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines + ["", note, ""])
 
 
 def points(micro: pd.DataFrame, bench: str) -> pd.DataFrame:
@@ -44,10 +36,10 @@ def gemm(micro: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     rows = []
     for (plat, case), g in df.groupby(["platform", "case"], sort=True) if len(df) else []:
         best = g.loc[g["tflops"].idxmax()]
-        rows.append([plat, case, str(len(g)), f"{int(best.m)}x{int(best.n)}x{int(best.k)}", _fmt(best.tflops, ".2f"),
-                     _fmt(best.get("pct_of_peak"), ".1f"), _fmt(g["tflops"].median(), ".2f"),
+        rows.append([plat, case, str(len(g)), f"{int(best.m)}x{int(best.n)}x{int(best.k)}", fmt(best.tflops, ".2f"),
+                     fmt(best.get("pct_of_peak"), ".1f"), fmt(g["tflops"].median(), ".2f"),
                      "yes" if g["correct"].astype(bool).all() else "NO"])
-    md = _md(TITLES["micro-gemm"], ["Platform", "Case", "Points", "Best M x N x K", "Best TFLOP/s", "% of peak",
+    md = md_table(TITLES["micro-gemm"], ["Platform", "Case", "Points", "Best M x N x K", "Best TFLOP/s", "% of peak",
                                     "Median TFLOP/s", "Correct"], rows,
              "TFLOP/s = 2·M·N·K / median time of `torch.matmul` (bf16 unless the case says otherwise); "
              "% of the platform's datasheet dense peak. 'Correct': each shape checked against float64.")
@@ -61,10 +53,10 @@ def memcpy(micro: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     if len(df):
         for (plat, direction, pinned), g in df.groupby(["platform", "direction", "pinned"], sort=True):
             small, large = g.loc[g["bytes"].idxmin()], g.loc[g["bytes"].idxmax()]
-            rows.append([plat, direction, "pinned" if pinned else "pageable", _fmt(small.bytes, ".0f"),
-                         _fmt(small.time_s * 1e6, ".1f"), _fmt(large.bytes, ".0f"), _fmt(large.gb_per_s, ".2f"),
+            rows.append([plat, direction, "pinned" if pinned else "pageable", fmt(small.bytes, ".0f"),
+                         fmt(small.time_s * 1e6, ".1f"), fmt(large.bytes, ".0f"), fmt(large.gb_per_s, ".2f"),
                          str(g["label"].iloc[0]) if "label" in g else ""])
-    md = _md(TITLES["micro-memcpy"], ["Platform", "Direction", "Host memory", "Smallest B", "Latency µs",
+    md = md_table(TITLES["micro-memcpy"], ["Platform", "Direction", "Host memory", "Smallest B", "Latency µs",
                                       "Largest B", "GB/s", "What"], rows,
              "GB/s = 1e9 bytes per second (decimal), median over iterations. On a CPU platform there is no "
              "device: the rows are host-memory copies, NOT host<->device transfers.")
@@ -78,10 +70,10 @@ def collectives(micro: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     if len(df):
         for (plat, case, op), g in df.groupby(["platform", "case", "op"], sort=True):
             small, large = g.loc[g["bytes"].idxmin()], g.loc[g["bytes"].idxmax()]
-            rows.append([plat, case, op, _fmt(large.world_size, ".0f"), _fmt(small.time_s * 1e6, ".1f"),
-                         _fmt(large.bytes, ".0f"), _fmt(large.algbw_gb_per_s, ".2f"), _fmt(large.busbw_gb_per_s, ".2f"),
+            rows.append([plat, case, op, fmt(large.world_size, ".0f"), fmt(small.time_s * 1e6, ".1f"),
+                         fmt(large.bytes, ".0f"), fmt(large.algbw_gb_per_s, ".2f"), fmt(large.busbw_gb_per_s, ".2f"),
                          "yes" if g["correct"].astype(bool).all() else "NO"])
-    md = _md(TITLES["micro-collectives"], ["Platform", "P2P", "Op", "Ranks", "Latency µs (smallest)", "Largest B",
+    md = md_table(TITLES["micro-collectives"], ["Platform", "P2P", "Op", "Ranks", "Latency µs (smallest)", "Largest B",
                                            "algbw GB/s", "busbw GB/s", "Correct"], rows,
              "nccl-tests' definitions: algbw = bytes / time (time: median over iterations of the slowest rank); "
              "busbw = algbw x 2(n-1)/n (AllReduce), x (n-1)/n (AllGather, ReduceScatter), x 1 (Reduce, "
@@ -103,10 +95,10 @@ def table12(micro: pd.DataFrame, root: Path | None = None) -> tuple[pd.DataFrame
             out.append({**r._asdict(), "platform": h.platform, "ours_time_ms": h.time_s * 1e3,
                         "ours_pct_of_peak": getattr(h, "pct_of_peak", None), "ours_tflops": h.tflops})
     table = pd.DataFrame(out).drop(columns=["Index"])
-    rows = [[str(r.method), f"{r.m},{r.n},{r.k}", _fmt(r.time_ms, ".3f"), _fmt(r.peak_pct, ".1f"),
-             str(r.platform or ""), _fmt(r.ours_time_ms, ".3f"), _fmt(r.ours_pct_of_peak, ".1f"),
-             _fmt(r.ours_tflops, ".2f")] for r in table.itertuples()]
-    md = _md(TITLES["table12"], ["Method", "Shape (M,N,K)", "paper A800 ms", "paper peak %", "ours: platform",
+    rows = [[str(r.method), f"{r.m},{r.n},{r.k}", fmt(r.time_ms, ".3f"), fmt(r.peak_pct, ".1f"),
+             str(r.platform or ""), fmt(r.ours_time_ms, ".3f"), fmt(r.ours_pct_of_peak, ".1f"),
+             fmt(r.ours_tflops, ".2f")] for r in table.itertuples()]
+    md = md_table(TITLES["table12"], ["Method", "Shape (M,N,K)", "paper A800 ms", "paper peak %", "ours: platform",
                                  "ours ms", "ours % of peak", "ours TFLOP/s"], rows,
              "Ours: median of the timed calls (the paper: mean of 320 measurements); peak: each platform's "
              "datasheet dense bf16 peak (config/platforms). Empty: that shape was not measured.")

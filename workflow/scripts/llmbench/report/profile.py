@@ -18,6 +18,8 @@ from pathlib import Path
 import pandas as pd
 
 from . import reference
+from .markdown import fmt
+from .markdown import table as md_table
 
 CELL = ["platform", "model", "technique", "batch_size", "gpus"]
 PHASES = ("forward", "backward", "optimizer")
@@ -29,15 +31,6 @@ TITLES = {
     "profile-modules": "Table VI, Fig. 5: time per module and phase (ours beside the paper's A800 values)",
     "profile-attention": "Table VIII: attention time without and with FlashAttention (F)",
 }
-
-
-def _fmt(v, spec: str) -> str:
-    return "" if v is None or (isinstance(v, float) and v != v) else format(v, spec)
-
-
-def _md(title: str, head: list[str], rows: list[list[str]], note: str) -> str:
-    lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows] + ["", note, ""])
 
 
 def _paper(table: str, root: Path | None) -> pd.DataFrame:
@@ -61,11 +54,11 @@ def phases(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | 
         "wall_ms": "paper_wall_ms", "share_pct": "paper_share_pct", "kernel_ms": "paper_kernel_ms",
         "gemm_share_pct": "paper_gemm_share_pct", "platform": "paper_platform", "table": "paper_table"})
     table = ours.merge(paper.drop(columns=["method", "note"]), on=["model", "technique", "batch_size", "phase"], how="left")
-    rows = [[r.platform, r.model, r.technique, _fmt(r.batch_size, ".0f"), r.phase, _fmt(r.wall_ms, ".2f"), _fmt(r.share_pct, ".1f"),
-             _fmt(r.kernel_ms, ".2f"), _fmt(r.gemm_share_pct, ".1f"), _fmt(r.paper_wall_ms, ".1f"),
-             _fmt(r.paper_share_pct, ".1f"), _fmt(r.paper_kernel_ms, ".1f"), _fmt(r.paper_gemm_share_pct, ".1f")]
+    rows = [[r.platform, r.model, r.technique, fmt(r.batch_size, ".0f"), r.phase, fmt(r.wall_ms, ".2f"), fmt(r.share_pct, ".1f"),
+             fmt(r.kernel_ms, ".2f"), fmt(r.gemm_share_pct, ".1f"), fmt(r.paper_wall_ms, ".1f"),
+             fmt(r.paper_share_pct, ".1f"), fmt(r.paper_kernel_ms, ".1f"), fmt(r.paper_gemm_share_pct, ".1f")]
             for r in table.itertuples()]
-    md = _md(TITLES["profile-phases"], ["Platform", "Model", "Method", "BS", "Phase", "ms", "% of step", "kernel ms",
+    md = md_table(TITLES["profile-phases"], ["Platform", "Model", "Method", "BS", "Phase", "ms", "% of step", "kernel ms",
                                         "GEMM %", "paper ms", "paper %", "paper kernel ms", "paper GEMM %"], rows,
              "Phase wall time: host clock with a device synchronize at each phase boundary, mean over the "
              "profiled steps. Kernel: GPU kernel time (CPU: self time of the operators). GEMM %: matmul time "
@@ -84,10 +77,10 @@ def modules(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) 
     table = df.merge(paper[["model", "technique", "batch_size", "phase", "module", "paper_time_ms", "paper_share_pct"]],
                      on=["model", "technique", "batch_size", "phase", "module"], how="left")
     table = table[CELL + ["phase", "module", "time_ms", "share_pct", "paper_time_ms", "paper_share_pct"]]
-    rows = [[r.platform, r.model, r.technique, str(r.batch_size), r.phase, r.module, _fmt(r.time_ms, ".3f"),
-             _fmt(r.share_pct, ".1f"), _fmt(r.paper_time_ms, ".3f"), _fmt(r.paper_share_pct, ".1f")]
+    rows = [[r.platform, r.model, r.technique, str(r.batch_size), r.phase, r.module, fmt(r.time_ms, ".3f"),
+             fmt(r.share_pct, ".1f"), fmt(r.paper_time_ms, ".3f"), fmt(r.paper_share_pct, ".1f")]
             for r in table.sort_values(CELL + ["phase", "time_ms"], ascending=[True] * 6 + [False]).itertuples()]
-    md = _md(TITLES["profile-modules"], ["Platform", "Model", "Method", "BS", "Phase", "Module", "ms", "% of phase",
+    md = md_table(TITLES["profile-modules"], ["Platform", "Model", "Method", "BS", "Phase", "Module", "ms", "% of phase",
                                          "paper ms", "paper %"], rows,
              "Per step, decoder modules summed over all layers. 'other' is the phase's wall time not inside "
              "any module range (Python, launch gaps, residual adds), so each phase's shares add up to 100%. "
@@ -110,11 +103,11 @@ def attention(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None
     pairs["improvement_pct"] = 100 * (pairs["naive_ms"] - pairs["flash_ms"]) / pairs["naive_ms"]
     table = pairs[key + ["naive_ms", "flash_ms", "improvement_pct"]]
     paper = _paper("profile_attention", root)
-    rows = [[r.platform, r.model, r.base, str(r.batch_size), r.phase, _fmt(r.naive_ms, ".3f"), _fmt(r.flash_ms, ".3f"),
-             _fmt(r.improvement_pct, ".1f")] for r in table.itertuples()]
-    rows += [[f"paper: {r.platform}", r.model, "Naive", str(r.batch_size), r.phase, _fmt(r.naive_ms, ".2f"),
-              _fmt(r.flash_ms, ".2f"), _fmt(r.improvement_pct, ".1f")] for r in paper.itertuples()]
-    md = _md(TITLES["profile-attention"], ["Platform", "Model", "Method without F", "BS", "Phase", "naive ms",
+    rows = [[r.platform, r.model, r.base, str(r.batch_size), r.phase, fmt(r.naive_ms, ".3f"), fmt(r.flash_ms, ".3f"),
+             fmt(r.improvement_pct, ".1f")] for r in table.itertuples()]
+    rows += [[f"paper: {r.platform}", r.model, "Naive", str(r.batch_size), r.phase, fmt(r.naive_ms, ".2f"),
+              fmt(r.flash_ms, ".2f"), fmt(r.improvement_pct, ".1f")] for r in paper.itertuples()]
+    md = md_table(TITLES["profile-attention"], ["Platform", "Model", "Method without F", "BS", "Phase", "naive ms",
                                            "with F ms", "improvement %"], rows,
              "Ours: the attention core (QK^T, softmax, PV; with F the fused kernel) summed over all layers, per "
              "step. The paper's rows (last) are one decoder layer's attention module on A800.")

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from .markdown import fmt
+
 KEY = ["platform", "model", "engine", "load", "gpus"]
 COLUMNS = KEY + [
     "status", "mode", "num_requests", "input_len", "output_len", "completed", "failed",
@@ -36,10 +38,6 @@ def build(tidy: pd.DataFrame) -> pd.DataFrame:
     return df.reindex(columns=COLUMNS).sort_values(KEY, ignore_index=True)
 
 
-def _fmt(v, spec: str) -> str:
-    return "" if v is None or pd.isna(v) else format(v, spec)
-
-
 def markdown(table: pd.DataFrame) -> str:
     """One row per serving cell; latencies in seconds, throughput per second."""
     head = ["Platform", "Model", "Engine", "Load", "GPUs", "Status", "Requests (failed)", "req/s", "out tok/s",
@@ -50,14 +48,14 @@ def markdown(table: pd.DataFrame) -> str:
     for r in table.itertuples():
         def pct(m: str, spec: str = ".3f") -> str:
             vals = [getattr(r, f"{s}_{m}") for s in ("p50", "p90", "p99")]
-            return "" if all(v is None or pd.isna(v) for v in vals) else " / ".join(_fmt(v, spec) for v in vals)
+            return "" if all(v is None or pd.isna(v) for v in vals) else " / ".join(fmt(v, spec) for v in vals)
         mem = r.server_peak_gpu_mem_gib if not pd.isna(r.server_peak_gpu_mem_gib) else r.server_peak_rss_gib
         status = r.status if r.status != "oom" else "- (oom)"
         lines.append("| " + " | ".join([
-            r.platform, r.model, r.engine, f"{r.load} ({r.mode}, {_fmt(r.input_len, '.0f')} in / {_fmt(r.output_len, '.0f')} out)",
-            str(r.gpus), status, f"{_fmt(r.num_requests, '.0f')} ({_fmt(r.failed, '.0f')})",
-            _fmt(r.request_throughput_per_s, ".2f"), _fmt(r.output_tokens_per_s, ".1f"),
-            pct("ttft_s"), pct("tpot_s", ".4f"), pct("itl_s", ".4f"), pct("e2e_latency_s"), _fmt(mem, ".2f"),
+            r.platform, r.model, r.engine, f"{r.load} ({r.mode}, {fmt(r.input_len, '.0f')} in / {fmt(r.output_len, '.0f')} out)",
+            str(r.gpus), status, f"{fmt(r.num_requests, '.0f')} ({fmt(r.failed, '.0f')})",
+            fmt(r.request_throughput_per_s, ".2f"), fmt(r.output_tokens_per_s, ".1f"),
+            pct("ttft_s"), pct("tpot_s", ".4f"), pct("itl_s", ".4f"), pct("e2e_latency_s"), fmt(mem, ".2f"),
         ]) + " |")
     lines += ["", NOTES, ""]
     return "\n".join(lines)

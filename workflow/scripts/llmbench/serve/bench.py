@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .. import provenance
 from ..grid import ServeCell
-from ..launch import stop_groups_on_signal
+from ..launch import stop_groups_on_signal, tail
 from ..models import ModelSpec
 from ..record import Record, write
 from . import metrics
@@ -29,14 +29,6 @@ from .model_dir import TOKEN_OFFSET
 from .server import ServerError, free_port, last_error, log_says_oom, serve
 
 HOST = "127.0.0.1"
-LOG_TAIL_LINES = 40
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def _interpreter(spec: dict) -> str:
@@ -150,7 +142,7 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
         "finished": datetime.now(timezone.utc).isoformat(),
     }
     record = Record(cell=cell.to_dict(), status=status, reason=reason,
-                    log_tail=_tail(server_log) if status != "ok" else "",
+                    log_tail=tail(server_log) if status != "ok" else "",
                     summary=serving, samples=requests, provenance=prov)
     write(record, record_path)
     with open(log, "a") as fh:

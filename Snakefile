@@ -15,6 +15,7 @@
 #   tables/requests.parquet              one row per measured request of every serving cell
 #   tables/{table3,table4,table9}.{csv,md}  the paper's layouts, ours beside the published values
 #   tables/serving.{csv,md}              throughput and TTFT/TPOT/ITL/latency percentiles per cell
+#   tables/scaling.{csv,md}              Fig. 4: tokens/s and efficiency per GPU count
 #   tables/micro.parquet                 one row per measured microbenchmark point
 #   tables/{micro-gemm,micro-memcpy,micro-collectives,table12}.{csv,md}  Section VII
 #   tables/profile.parquet, tables/{profile-phases,profile-modules,profile-attention}.{csv,md}
@@ -23,6 +24,7 @@
 #   figures/serve-throughput, serve-latency-cdf  Figs. 6-10: throughput, latency CDFs
 #   figures/micro-gemm, micro-memcpy, micro-collectives  Figs. 11-15
 #   figures/profile-modules              Fig. 5: module shares per phase
+#   figures/scaling                      Fig. 4: tokens/s against GPUs, with the linear ideal
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -49,6 +51,7 @@ localrules:
     build_serving_table,
     build_micro_table,
     build_profile_table,
+    build_scaling_table,
     plot_figure,
     finetune,
     serve,

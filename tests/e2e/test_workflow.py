@@ -31,7 +31,7 @@ def test_default_grid_runs_end_to_end(workspace):
     res = snakemake(workspace, "--cores", "2")
     assert res.returncode == 0, res.stderr[-4000:]
     records = training_records(workspace)
-    assert len(records) == 25
+    assert len(records) == 27
     for path, rec in records.items():
         if path == OOM_CELL:
             assert rec["status"] == "oom", rec["reason"]
@@ -40,7 +40,7 @@ def test_default_grid_runs_end_to_end(workspace):
         assert rec["status"] == "ok", (path, rec["reason"], rec["log_tail"])
         m = rec["metrics"]
         assert m["tokens_per_s_mean"] > 0 and math.isfinite(m["tokens_per_s_mean"])
-        assert len(m["tokens_per_s_runs"]) == 2  # two repeats, each its own process
+        assert len(m["tokens_per_s_runs"]) == rec["cell"]["protocol"]["repeats"]  # each its own process
         assert m["peak_rss_gib"] > 0
         assert rec["provenance"]["versions"]["deepspeed"] and rec["provenance"]["spec"]["cell"]
     pre = [r for r in records.values() if r["cell"]["stage"] == "pretrain"]
@@ -55,9 +55,13 @@ def test_default_grid_runs_end_to_end(workspace):
     assert naive["attention"] == "sdpa[math]"
 
     tidy = pd.read_csv(workspace / "results/tables/records.csv")
-    assert len(tidy) == 34 and (tidy["status"] == "oom").sum() == 1
-    assert tidy["stage"].value_counts().to_dict() == {"pretrain": 14, "finetune": 11, "micro": 4, "profile": 3, "serve": 2}
-    assert len(pd.read_parquet(workspace / "results/tables/records.parquet")) == 34
+    assert len(tidy) == 36 and (tidy["status"] == "oom").sum() == 1
+    assert tidy["stage"].value_counts().to_dict() == {"pretrain": 16, "finetune": 11, "micro": 4, "profile": 3, "serve": 2}
+    assert len(pd.read_parquet(workspace / "results/tables/records.parquet")) == 36
+    # Fig. 4: the 4-bit cell on 1 and 2 gloo processes, efficiency against linear scaling
+    scaling = pd.read_csv(workspace / "results/tables/scaling.csv")
+    assert list(scaling["gpus"]) == [1, 2] and set(scaling["technique"]) == {"Q"}
+    assert scaling["efficiency_pct"].iloc[0] == pytest.approx(100.0) and scaling["efficiency_pct"].iloc[1] > 0
     t3 = (workspace / "results/tables/table3.md").read_text()
     for tech in ("Naive", "Z2", "Z2+O", "Z3", "Z3+O", "Q", "R", "F", "R+Q", "F+R+Z3"):
         assert f"| tiny | {tech} |" in t3
@@ -67,7 +71,7 @@ def test_default_grid_runs_end_to_end(workspace):
     row = t4[(t4.technique == "Naive") & (t4.platform == "cpu")].iloc[0]
     assert (row.batch_size, row.tokens_per_s) == (best.batch_size, pytest.approx(best.tokens_per_s_mean))
     for fig in ("pretrain", "finetune", "serve-throughput", "serve-latency-cdf", "micro-gemm", "micro-memcpy",
-                "micro-collectives", "profile-modules"):
+                "micro-collectives", "profile-modules", "scaling"):
         assert "cdn.jsdelivr" not in (workspace / f"results/figures/{fig}.html").read_text()
         assert (workspace / f"results/figures/{fig}.png").stat().st_size > 0
 
@@ -208,7 +212,7 @@ def test_changing_one_grid_value_reruns_only_the_cells_it_touches(workspace):
     assert changed == {OOM_CELL, "results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs2-g1/record.json"}
     # nothing measured is lost: the cell that left the grid keeps its record
     assert "results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs4-g1/record.json" in after
-    assert len(pd.read_csv(workspace / "results/tables/records.csv")) == 34
+    assert len(pd.read_csv(workspace / "results/tables/records.csv")) == 36
 
 
 @pytest.mark.parametrize(

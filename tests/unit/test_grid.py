@@ -139,7 +139,7 @@ def test_shipped_configs_expand(repo):
     assert {c.model for c in paper.cells if c.stage != "micro"} == {"llama2-7b", "llama2-13b", "llama2-70b"}
     bs1 = {(c.platform, c.model, c.technique) for c in paper.cells if c.stage == "pretrain" and c.batch_size == 1}
     assert len(bs1) == 4 * 3 * 22  # every method row of Table III, on every platform and model
-    assert {c.gpus for c in paper.cells if c.stage not in ("micro", "profile")} == {8}
+    assert {c.gpus for c in paper.cells if c.stage not in ("micro", "profile")} == {1, 2, 4, 8}  # Fig. 4: 1..8
     serve = {(c.platform, c.model, c.engine) for c in paper.cells if c.stage == "serve"}
     assert len(serve) == 3 * 3 * 3  # Figs. 6-10: three engines on three platforms, three models
 
@@ -240,3 +240,13 @@ def test_spec_leaves_out_where_jobs_are_queued():
     g = grid.expand(cfg(platforms=["a800"]))
     spec = g.spec(g.cells[0])
     assert "slurm" not in spec["platform"] and spec["platform"]["peak_bf16_tflops"] == 312
+
+
+def test_gpu_count_axis():
+    g = grid.expand(cfg(techniques=["Q"], batch_sizes=[2], gpus=[1, 2]))
+    assert [(c.technique, c.gpus) for c in g.cells] == [("Q", 1), ("Q", 2)]
+    assert g.cells[1].record_path() == "results/runs/pretrain/cpu/tiny/deepspeed/Q/bs2-g2/record.json"
+    with pytest.raises(ConfigError, match=r"pretrain\[0\]\.gpus\[1\]: 16 GPUs, but platform 'a800' has 8 per node"):
+        grid.expand(cfg(platforms=["a800"], gpus=[8, 16]))
+    with pytest.raises(ConfigError, match=r"pretrain\[0\]\.gpus"):
+        grid.expand(cfg(gpus=[0]))

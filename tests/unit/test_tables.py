@@ -163,3 +163,17 @@ def test_every_figure_builds_from_a_table_without_its_cells(tmp_path):
     for name, chart in figures.CHARTS.items():
         out = figures.save(chart(empty, tables), tmp_path / name)
         assert out[1].read_text().lstrip().startswith("<svg"), name
+
+
+def test_every_table_builds_without_its_cells(tmp_path):
+    """A config without serving, micro or profile cells still gets every table (empty)."""
+    from llmbench.report import micro, profile, scaling, serving
+
+    empty = tidy.build([])
+    assert serving.build(empty).empty and scaling.build(empty).empty
+    for name, builder in micro.BUILDERS.items():
+        table, md = builder(tidy.build_samples([], "micro"))
+        assert md.startswith("### "), name
+    for name, builder in profile.BUILDERS.items():
+        table, md = builder(empty, tidy.build_samples([], "profile"))
+        assert md.startswith("### ") and table.empty, name

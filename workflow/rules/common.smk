@@ -21,7 +21,7 @@ SERVE_CELL_DIR = "{platform}/{model}/{engine}/{load}-g{gpus}"
 MICRO_CELL_DIR = "{platform}/{bench}/{case}-g{gpus}"
 PAPER_TABLES = ["table3", "table4", "table9"]
 FIGURES = ["pretrain", "finetune", "serve-throughput", "serve-latency-cdf", "micro-gemm", "micro-memcpy",
-           "micro-collectives", "profile-modules"]
+           "micro-collectives", "profile-modules", "scaling"]
 MICRO_TABLES = ["micro-gemm", "micro-memcpy", "micro-collectives", "table12"]
 PROFILE_TABLES = ["profile-phases", "profile-modules", "profile-attention"]
 
@@ -44,7 +44,7 @@ def table_targets():
         [f"{R}/tables/records.csv", f"{R}/tables/records.parquet", f"{R}/tables/requests.parquet",
          f"{R}/tables/micro.parquet", f"{R}/tables/profile.parquet"]
         + [f"{R}/tables/{t}.{ext}" for t in PAPER_TABLES for ext in ("csv", "md")]
-        + [f"{R}/tables/serving.{ext}" for ext in ("csv", "md")]
+        + [f"{R}/tables/{t}.{ext}" for t in ("serving", "scaling") for ext in ("csv", "md")]
         + [f"{R}/tables/{t}.{ext}" for t in MICRO_TABLES for ext in ("csv", "md")]
         + [f"{R}/tables/{t}.{ext}" for t in PROFILE_TABLES for ext in ("csv", "md")]
     )

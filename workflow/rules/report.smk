@@ -47,6 +47,21 @@ rule build_serving_table:
         "../scripts/build_serving_table.py"
 
 
+rule build_scaling_table:
+    input:
+        tidy=f"{R}/tables/records.csv",
+        reference="config/reference/fig4.csv",
+    output:
+        csv=f"{R}/tables/scaling.csv",
+        md=f"{R}/tables/scaling.md",
+    log:
+        f"{R}/logs/report/build_scaling_table.log",
+    conda:
+        "../../envs/report.yaml"
+    script:
+        "../scripts/build_scaling_table.py"
+
+
 rule build_micro_table:
     input:
         micro=f"{R}/tables/micro.parquet",

@@ -297,6 +297,18 @@ def _techniques(block: dict, where: str, stage: str) -> list[str]:
     return names
 
 
+def _gpu_counts(value: int | list[int] | None, platform: Platform, where: str) -> list[int]:
+    """The GPU-count axis of a training block: a count, a list of counts (Fig. 4's scaling),
+    or null for all GPUs of the node. On a GPU platform no count may exceed the node."""
+    counts = value if isinstance(value, list) else [value or platform.gpus_per_node]
+    for i, n in enumerate(counts):
+        if platform.accelerator == "cuda" and n > platform.gpus_per_node:
+            at = f"{where}[{i}]" if isinstance(value, list) else where
+            raise ConfigError(f"{at}: {n} GPUs, but platform {platform.name!r} has {platform.gpus_per_node} per node "
+                              "(cells run on one node)")
+    return counts
+
+
 def _adapter(block: dict, where: str, tech: str) -> dict[str, Any] | None:
     kind = techniques.parse(tech).adapter
     if kind is None:
@@ -355,8 +367,8 @@ def expand(config: dict[str, Any], root: Path = REPO_ROOT, source: str = "config
                 if only is not None and plat_name not in only:
                     continue
                 platform = grid.platforms.setdefault(plat_name, Platform.load(plat_name, root))
-                gpus = block["gpus"] or platform.gpus_per_node
-                for model_name, tech in itertools.product(block["models"], names):
+                gpu_counts = _gpu_counts(block["gpus"], platform, f"{where}.gpus")
+                for model_name, tech, gpus in itertools.product(block["models"], names, gpu_counts):
                     if techniques.parse(tech).quant4 and not platform.supports_4bit:
                         raise ConfigError(f"{where}: technique {tech!r} needs bitsandbytes 4-bit, which "
                                           f"platform {plat_name!r} does not support (supports_4bit: false)")

@@ -150,6 +150,30 @@ def profile_modules_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | 
         title="Module-wise time of a training step (Fig. 5, Table VI)")
 
 
+def scaling_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.Chart | alt.FacetChart:
+    """Fig. 4: tokens/s against GPUs per training cell run on several counts, with the
+    linear ideal from the fewest GPUs dashed."""
+    from . import scaling
+
+    df = scaling.build(tidy)
+    df["cell"] = df["technique"].astype(str) + " bs" + df["batch_size"].astype(str) + " " + df["stage"].astype(str)
+    long = pd.concat([df.assign(series="measured", value=df["tokens_per_s"]),
+                      df.assign(series="linear", value=df["ideal_tokens_per_s"])])
+    lines = alt.Chart(long).mark_line(point=True).encode(
+        x=alt.X("gpus:Q", title="GPUs"), y=alt.Y("value:Q", title="tokens/s (all GPUs)"),
+        color=alt.Color("cell:N", title="cell"), strokeDash=alt.StrokeDash("series:N", title=None),
+        tooltip=["cell", "gpus", "series", alt.Tooltip("value:Q", format=",.1f"),
+                 alt.Tooltip("efficiency_pct:Q", format=".1f")])
+    title = "Data-parallel scaling (Fig. 4)"
+    if long.empty:  # an empty facet (or untyped columns) renders to a zero-size SVG: an empty panel
+        empty = pd.DataFrame({"gpus": pd.Series(dtype=float), "value": pd.Series(dtype=float)})
+        return alt.Chart(empty).mark_line().encode(x=alt.X("gpus:Q", title="GPUs"), y=alt.Y("value:Q", title="tokens/s")
+                                                   ).properties(width=320, height=240,
+                                                                title=f"{title}: no cell ran on several GPU counts")
+    return lines.properties(width=320, height=240).facet(column=alt.Column("platform:N", title=None)).properties(
+        title=title)
+
+
 def save(chart: alt.TopLevelMixin, stem: Path | str) -> list[Path]:
     """Save ``chart`` as <stem>.html (JavaScript inlined), <stem>.svg and <stem>.png."""
     stem = Path(stem)
@@ -165,4 +189,5 @@ def save(chart: alt.TopLevelMixin, stem: Path | str) -> list[Path]:
 CHARTS = {"pretrain": pretrain_chart, "finetune": finetune_chart,
           "serve-throughput": serve_throughput_chart, "serve-latency-cdf": serve_latency_cdf_chart,
           "micro-gemm": micro_gemm_chart, "micro-memcpy": micro_memcpy_chart,
-          "micro-collectives": micro_collectives_chart, "profile-modules": profile_modules_chart}
+          "micro-collectives": micro_collectives_chart, "profile-modules": profile_modules_chart,
+          "scaling": scaling_chart}

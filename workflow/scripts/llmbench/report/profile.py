@@ -93,11 +93,14 @@ def attention(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None
     """Attention time of cells without F beside their F twins (same platform, model, BS, R)."""
     ok = tidy[(tidy["stage"] == "profile") & (tidy["status"] == "ok")][CELL]
     df = points.merge(ok, on=CELL) if len(points) else pd.DataFrame(columns=CELL + ["phase", "module", "time_s"])
-    att = df[df["module"].isin(ATTENTION_PARTS + (ATTENTION_FUSED,))]
-    att = att.groupby(CELL + ["phase"], as_index=False)["time_s"].sum()
-    att["flash"] = att["technique"].str.split("+").apply(lambda fl: "F" in fl)
-    att["base"] = att["technique"].str.split("+").apply(lambda fl: "+".join(f for f in fl if f != "F") or "Naive")
     key = ["platform", "model", "base", "batch_size", "gpus", "phase"]
+    att = df[df["module"].isin(ATTENTION_PARTS + (ATTENTION_FUSED,))]
+    if att.empty:
+        att = pd.DataFrame(columns=CELL + ["phase", "time_s"])
+    att = att.groupby(CELL + ["phase"], as_index=False)["time_s"].sum()
+    flags = att["technique"].astype(str).str.split("+")
+    att["flash"] = flags.apply(lambda fl: "F" in fl).astype(bool)
+    att["base"] = flags.apply(lambda fl: "+".join(f for f in fl if f != "F") or "Naive").astype(str)
     pairs = att[~att["flash"]].merge(att[att["flash"]], on=key, suffixes=("_naive", "_flash"))
     pairs = pairs.assign(naive_ms=pairs["time_s_naive"] * 1e3, flash_ms=pairs["time_s_flash"] * 1e3)
     pairs["improvement_pct"] = 100 * (pairs["naive_ms"] - pairs["flash_ms"]) / pairs["naive_ms"]

@@ -1,0 +1,58 @@
+"""GPU scaling (paper Fig. 4): the same training cell on 1, 2, 4, 8 GPUs of a node.
+
+Scaling efficiency at n GPUs = tokens/s(n) / (n / n0 x tokens/s(n0)), n0 the smallest
+count run: 1.0 is linear scaling (the paper's slope). The paper prints two efficiencies
+(RTX4090 90.8%, RTX3090 85.9%, llama2-7b, Q, batch 2, 8 GPUs); they stand beside ours.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from . import reference
+from .markdown import fmt, table
+
+KEY = ["stage", "platform", "model", "backend", "technique", "batch_size"]
+COLUMNS = KEY + ["gpus", "tokens_per_s", "ideal_tokens_per_s", "efficiency_pct", "paper_efficiency_pct"]
+
+
+def build(tidy: pd.DataFrame, root: Path | None = None) -> pd.DataFrame:
+    """One row per GPU count of every training cell run on two or more counts."""
+    ok = tidy[tidy["stage"].isin(["pretrain", "finetune"]) & (tidy["status"] == "ok")]
+    out = []
+    for key, grp in ok.groupby(KEY, sort=True):
+        if grp["gpus"].nunique() < 2:
+            continue
+        grp = grp.sort_values("gpus")
+        n0, t0 = grp["gpus"].iloc[0], grp["tokens_per_s_mean"].iloc[0]
+        for r in grp.itertuples():
+            ideal = t0 * r.gpus / n0
+            out.append({**dict(zip(KEY, key)), "gpus": r.gpus, "tokens_per_s": r.tokens_per_s_mean,
+                        "ideal_tokens_per_s": ideal, "efficiency_pct": 100 * r.tokens_per_s_mean / ideal})
+    df = pd.DataFrame(out, columns=COLUMNS[:-1])
+    paper = reference.load("fig4", **({"root": root} if root else {}))
+    paper = paper.rename(columns={"efficiency_pct": "paper_efficiency_pct"})
+    df = df.merge(paper[["model", "technique", "platform", "batch_size", "gpus", "paper_efficiency_pct"]],
+                  on=["model", "technique", "platform", "batch_size", "gpus"], how="left")
+    return df[COLUMNS]
+
+
+def markdown(df: pd.DataFrame) -> str:
+    """Tokens/s, the linear ideal and the efficiency per GPU count."""
+    rows = [[r.platform, r.model, r.stage, r.technique, str(r.batch_size), str(r.gpus), fmt(r.tokens_per_s, ",.1f"),
+             fmt(r.ideal_tokens_per_s, ",.1f"), fmt(r.efficiency_pct, ".1f"), fmt(r.paper_efficiency_pct, ".1f")]
+            for r in df.itertuples()]
+    return table("Fig. 4: data-parallel scaling (tokens/s of all GPUs against the linear ideal)",
+                 ["Platform", "Model", "Stage", "Method", "BS", "GPUs", "tok/s", "linear tok/s", "efficiency %",
+                  "paper efficiency %"], rows,
+                 "Efficiency = tokens/s at n GPUs / (n / n0 x tokens/s at n0), n0 the fewest GPUs run; batch size "
+                 "is per GPU. On a CPU platform the 'GPUs' are gloo processes sharing the host's cores.")
+
+
+def write(df: pd.DataFrame, csv: Path | str, md: Path | str) -> None:
+    """Write the scaling table as CSV and Markdown."""
+    Path(csv).parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(csv, index=False)
+    Path(md).write_text(markdown(df))

@@ -27,7 +27,7 @@ def render(folder: Path) -> str:
              f"{'tok/s':>10} {'±std':>7} {'M GiB':>7} {'alloc':>7} {'MFU':>6}  reason"] if len(train) else []
     for r in train.itertuples():
         lines.append(
-            f"{r.platform:<9} {r.model:<10} {r.technique:<10} {r.batch_size:>4} {r.gpus:>2} {r.status:<7} "
+            f"{r.platform:<9} {r.model:<10} {r.technique:<10} {num(r.batch_size, '.0f'):>4} {r.gpus:>2} {r.status:<7} "
             f"{num(r.tokens_per_s_mean, ',.1f'):>10} {num(r.tokens_per_s_std, '.1f'):>7} "
             f"{num(r.peak_mem_gib, '.2f'):>7} {num(r.peak_mem_allocated_gib, '.2f'):>7} "
             f"{num(r.mfu * 100 if r.mfu == r.mfu and r.mfu is not None else None, '.1f'):>6}  {str(r.reason or '')[:90]}"

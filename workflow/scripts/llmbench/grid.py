@@ -212,15 +212,6 @@ def cell_from_dict(data: dict[str, Any]) -> "Cell | ServeCell | MicroCell":
     return kind.from_dict(data)
 
 
-def powers_of_two(lo: int, hi: int) -> list[int]:
-    """lo, 2 lo, 4 lo, ... up to hi (inclusive)."""
-    out, v = [], lo
-    while v <= hi:
-        out.append(v)
-        v *= 2
-    return out
-
-
 @dataclass(kw_only=True, slots=True)
 class Grid:
     """A validated config: its cells and the platforms and models they use."""
@@ -441,6 +432,8 @@ def _serve_cells(config: dict[str, Any], grid: Grid, root: Path, seen: dict[str,
 def _micro_cells(config: dict[str, Any], grid: Grid, root: Path, seen: dict[str, Any]) -> None:
     """Expand the micro blocks into MicroCells, one per GEMM curve or shape set, one memcpy
     sweep, and one collectives cell per P2P setting."""
+    from .micro import shapes as shapes_of  # torch-free
+
     only = config.get("only_platforms")
     for b, block in enumerate(config["micro"]):
         where = f"micro[{b}]"
@@ -456,9 +449,9 @@ def _micro_cells(config: dict[str, Any], grid: Grid, root: Path, seen: dict[str,
             gemm = block.get("gemm")
             if gemm is not None:
                 for name, c in gemm["curves"].items():
-                    shapes = [[m + c["m_offset"], c["n"], c["k"]] for m in range(c["m_start"], c["m_stop"] + 1, c["m_step"])]
-                    if not shapes:
+                    if c["m_start"] > c["m_stop"]:
                         raise ConfigError(f"{where}.gemm.curves.{name}: m_start {c['m_start']} > m_stop {c['m_stop']}")
+                    shapes = [list(s) for s in shapes_of.sweep(**c)]
                     cells.append(MicroCell(bench="gemm", case=name, gpus=1, params={"dtype": gemm["dtype"], "shapes": shapes}, **common))
                 for name, shapes in gemm["shapes"].items():
                     if name in gemm["curves"]:
@@ -469,7 +462,7 @@ def _micro_cells(config: dict[str, Any], grid: Grid, root: Path, seen: dict[str,
                 if memcpy["min_bytes"] > memcpy["max_bytes"]:
                     raise ConfigError(f"{where}.memcpy.min_bytes: {memcpy['min_bytes']} > max_bytes {memcpy['max_bytes']}")
                 cells.append(MicroCell(bench="memcpy", case="sweep", gpus=1,
-                                       params={"sizes_bytes": powers_of_two(memcpy["min_bytes"], memcpy["max_bytes"])}, **common))
+                                       params={"sizes_bytes": shapes_of.sizes(memcpy["min_bytes"], memcpy["max_bytes"])}, **common))
             coll = block.get("collectives")
             if coll is not None:
                 ranks = coll["ranks"] or platform.gpus_per_node
@@ -484,7 +477,7 @@ def _micro_cells(config: dict[str, Any], grid: Grid, root: Path, seen: dict[str,
                 for p2p in coll["p2p"]:
                     cells.append(MicroCell(bench="collectives", case="p2p" if p2p else "nop2p", gpus=ranks,
                                            params={"ops": list(coll["ops"]), "p2p": p2p,
-                                                   "sizes_bytes": powers_of_two(coll["min_bytes"], coll["max_bytes"])},
+                                                   "sizes_bytes": shapes_of.sizes(coll["min_bytes"], coll["max_bytes"])},
                                            **common))
             for cell in cells:
                 path = cell.record_path(grid.results_dir)

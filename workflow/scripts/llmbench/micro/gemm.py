@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from .shapes import sweep  # noqa: F401 - the GEMM shapes of a curve live there (torch-free)
 from .timing import device_of, summary, time_fn
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -34,20 +35,6 @@ TABLE12_SHAPES = {"naive": (666, 11008, 4096), "recomputation": (10624, 11008, 4
 
 _CHECK_ROWS = 128
 _CHECK_COLS = 128
-
-
-def sweep(
-    n: int, k: int, m_start: int, m_stop: int, m_step: int, m_offset: int = 0
-) -> list[tuple[int, int, int]]:
-    """Shapes (m, n, k) with m from m_start+m_offset to m_stop+m_offset inclusive, step m_step."""
-    for name, value in (("n", n), ("k", k), ("m_start", m_start), ("m_step", m_step)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    if m_stop < m_start:
-        raise ValueError(f"m_stop ({m_stop}) must be >= m_start ({m_start})")
-    if m_start + m_offset < 1:
-        raise ValueError(f"m_start + m_offset must be >= 1, got {m_start + m_offset}")
-    return [(m, n, k) for m in range(m_start + m_offset, m_stop + m_offset + 1, m_step)]
 
 
 def alignment(dtype: str) -> int:

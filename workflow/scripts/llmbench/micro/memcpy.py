@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from .shapes import sizes  # noqa: F401 - powers of two, torch-free (the grid uses them too)
 from .timing import device_of, summary, time_fn
 
 HOST_COPY_LABEL = "host memory copy (no accelerator): NOT a host<->device transfer"
@@ -21,20 +22,6 @@ _LABELS = {
     # Counted once, like the others; the memory itself moves 2x (one read, one write).
     ("d2d", False): "device->device copy in one GPU's memory (DRAM traffic is 2x bytes)",
 }
-
-
-def sizes(min_bytes: int, max_bytes: int) -> list[int]:
-    """Powers of two from the first >= min_bytes up to the last <= max_bytes."""
-    if min_bytes < 1:
-        raise ValueError(f"min_bytes must be >= 1, got {min_bytes}")
-    if max_bytes < min_bytes:
-        raise ValueError(f"max_bytes ({max_bytes}) must be >= min_bytes ({min_bytes})")
-    size = 1 << (min_bytes - 1).bit_length()
-    out = []
-    while size <= max_bytes:
-        out.append(size)
-        size <<= 1
-    return out
 
 
 def run(sizes_bytes: list[int], *, accelerator: str, warmup: int, iters: int) -> list[dict]:

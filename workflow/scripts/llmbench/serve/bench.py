@@ -12,6 +12,7 @@ The engine's whole process group is stopped in every case (llmbench.serve.server
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,8 +45,6 @@ def _gpu_ids(cell: ServeCell, accelerator: str) -> list[int] | None:
     """The GPUs the engine sees (CUDA_VISIBLE_DEVICES where a scheduler set it)."""
     if accelerator != "cuda":
         return None
-    import os
-
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible:
         return [int(x) for x in visible.split(",")[: cell.gpus] if x.strip().isdigit()]

@@ -110,3 +110,16 @@ def test_a_port_in_use_is_refused_before_starting(tmp_path):
             with serve([sys.executable, "-c", "pass"], env={}, host="127.0.0.1", port=port, health_path="/health",
                        log=tmp_path / "s.log", ready_timeout_s=5):
                 pass
+
+
+def test_the_engine_sizes_its_own_thread_pools(tmp_path, monkeypatch):
+    """Snakemake's OMP_NUM_THREADS (the job's threads) must not reach the engine: vLLM's CPU
+    backend pins its OpenMP threads itself and ran 4x slower with it."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    port = free_port()
+    argv = ["sh", "-c", f'echo "OMP=[$OMP_NUM_THREADS]"; exec {sys.executable} {FAKE} --dialect openai --port {port}']
+    with serve(argv, env={}, host="127.0.0.1", port=port, health_path="/health",
+               log=tmp_path / "s.log", ready_timeout_s=30):
+        pass
+    assert "OMP=[]" in (tmp_path / "s.log").read_text()
+    assert no_orphans()

@@ -72,7 +72,15 @@ def platform_of(wildcards):
 
 
 def cell_threads(wildcards):
-    return platform_of(wildcards).slurm.get("cpus_per_task", 1)
+    """CPUs a training cell holds. A GPU platform's cpus_per_task is the job's share of the
+    node, split among its ranks; on a CPU platform each rank *is* a process that computes,
+    so a cell of n ranks holds n x cpus_per_task (else two cells share cores and a 2-rank
+    cell measures contention, not scaling). Snakemake caps it at --cores."""
+    platform = platform_of(wildcards)
+    per_task = platform.slurm.get("cpus_per_task", 1)
+    if platform.accelerator == "cpu":
+        return per_task * int(getattr(wildcards, "gpus", 1))
+    return per_task
 
 
 def cell_runtime_min(wildcards):

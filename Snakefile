@@ -35,6 +35,7 @@ configfile: "config/config.yaml"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/training.smk"
+include: "workflow/rules/search.smk"
 include: "workflow/rules/serving.smk"
 include: "workflow/rules/micro.smk"
 include: "workflow/rules/report.smk"
@@ -52,6 +53,7 @@ localrules:
     build_micro_table,
     build_profile_table,
     build_scaling_table,
+    build_search_table,
     plot_figure,
     finetune,
     serve,
@@ -68,11 +70,13 @@ rule all:
 rule pretrain:
     input:
         records("pretrain"),
+        lambda wildcards: searched_records("pretrain"),
 
 
 rule finetune:
     input:
         records("finetune"),
+        lambda wildcards: searched_records("finetune"),
 
 
 rule serve:

@@ -24,14 +24,14 @@ OOM_CELL = "results/runs/pretrain/cpu/tiny/deepspeed/Naive/bs64-g1/record.json"
 
 def training_records(workspace):
     return {p: json.loads((workspace / p).read_text()) for p in record_mtimes(workspace)
-            if "/pretrain/" in p or "/finetune/" in p}
+            if ("/pretrain/" in p or "/finetune/" in p) and "/runs/search/" not in p}
 
 
 def test_default_grid_runs_end_to_end(workspace):
     res = snakemake(workspace, "--cores", "2")
     assert res.returncode == 0, res.stderr[-4000:]
     records = training_records(workspace)
-    assert len(records) == 27
+    assert len(records) == 28  # 27 listed + the batch the search found
     for path, rec in records.items():
         if path == OOM_CELL:
             assert rec["status"] == "oom", rec["reason"]
@@ -55,9 +55,9 @@ def test_default_grid_runs_end_to_end(workspace):
     assert naive["attention"] == "sdpa[math]"
 
     tidy = pd.read_csv(workspace / "results/tables/records.csv")
-    assert len(tidy) == 36 and (tidy["status"] == "oom").sum() == 1
-    assert tidy["stage"].value_counts().to_dict() == {"pretrain": 16, "finetune": 11, "micro": 4, "profile": 3, "serve": 2}
-    assert len(pd.read_parquet(workspace / "results/tables/records.parquet")) == 36
+    assert len(tidy) == 37 and (tidy["status"] == "oom").sum() == 1
+    assert tidy["stage"].value_counts().to_dict() == {"pretrain": 17, "finetune": 11, "micro": 4, "profile": 3, "serve": 2}
+    assert len(pd.read_parquet(workspace / "results/tables/records.parquet")) == 37
     # Fig. 4: the 4-bit cell on 1 and 2 gloo processes, efficiency against linear scaling
     scaling = pd.read_csv(workspace / "results/tables/scaling.csv")
     assert list(scaling["gpus"]) == [1, 2] and set(scaling["technique"]) == {"Q"}
@@ -74,6 +74,29 @@ def test_default_grid_runs_end_to_end(workspace):
                 "micro-collectives", "profile-modules", "scaling"):
         assert "cdn.jsdelivr" not in (workspace / f"results/figures/{fig}.html").read_text()
         assert (workspace / f"results/figures/{fig}.png").stat().st_size > 0
+
+
+def test_max_batch_search_finds_the_largest_batch_under_a_real_memory_cap(workspace):
+    """Naive under a 2 GiB host-RSS cap: the probes really run out of memory above some
+    batch; the search stays within its bound, and the largest batch that fit is measured."""
+    folder = workspace / "results/runs/search/pretrain/cpu/tiny/deepspeed/Naive-g1"
+    s = json.loads((folder / "search.json").read_text())
+    assert s["status"] == "ok" and s["n_probes"] <= s["bound"] == 8
+    largest, probes = s["largest_ok"], {p["batch_size"]: p["status"] for p in s["probes"]}
+    assert largest >= 2 and probes[largest] == "ok" and probes.get(largest + 1) == "oom"
+    assert all(st == ("ok" if b <= largest else "oom") for b, st in probes.items())  # monotone, as assumed
+    for b, st in probes.items():
+        rec = json.loads((folder / f"bs{b}/record.json").read_text())
+        assert rec["status"] == st and rec["cell"]["protocol"]["repeats"] == 1
+        if st == "oom":
+            assert "mem_cap_gib=2" in rec["reason"]
+    measured = json.loads((workspace / f"results/runs/pretrain/cpu/tiny/deepspeed/Naive/bs{largest}-g1/record.json").read_text())
+    assert measured["status"] == "ok" and measured["cell"]["protocol"]["measured_steps"] == 5
+    frontier = json.loads((workspace / "results/frontier/pretrain/cpu/tiny/deepspeed/Naive-g1.json").read_text())
+    assert frontier["largest_ok"] == largest and frontier["smallest_oom"] == largest + 1
+    table = pd.read_csv(workspace / "results/tables/search.csv")
+    row = table[table.technique == "Naive"].iloc[0]
+    assert row.largest_ok == largest and row.within_bound and row.measured_status == "ok" and row.search_gpu_s > 0
 
 
 def test_fine_tuning_cells_train_adapters_only(workspace):
@@ -214,7 +237,7 @@ def test_changing_one_grid_value_reruns_only_the_cells_it_touches(workspace):
     assert changed == {OOM_CELL, "results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs2-g1/record.json"}
     # nothing measured is lost: the cell that left the grid keeps its record
     assert "results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs4-g1/record.json" in after
-    assert len(pd.read_csv(workspace / "results/tables/records.csv")) == 36
+    assert len(pd.read_csv(workspace / "results/tables/records.csv")) == 37
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
 import copy
+from dataclasses import asdict
 import shutil
 
 import pytest
@@ -250,3 +251,40 @@ def test_gpu_count_axis():
         grid.expand(cfg(platforms=["a800"], gpus=[8, 16]))
     with pytest.raises(ConfigError, match=r"pretrain\[0\]\.gpus"):
         grid.expand(cfg(gpus=[0]))
+
+
+def test_max_batch_search_expands_per_technique_and_finds_its_measured_cell():
+    g = grid.expand(cfg(max_batch={"max": 64}, mem_cap_gib=2.0))
+    assert len(g.cells) == 6 and len(g.searches) == 3  # the listed sizes still run
+    s = g.find_search(stage="pretrain", platform="cpu", model="tiny", backend="deepspeed", technique="Q", gpus="1")
+    assert s.record_path() == "results/runs/search/pretrain/cpu/tiny/deepspeed/Q-g1"
+    assert s.frontier_path() == "results/frontier/pretrain/cpu/tiny/deepspeed/Q-g1.json"
+    assert s.probe_protocol.repeats == 1 and s.probe_protocol.seq_len == 16 and s.probe_protocol.measured_steps == 2
+    # a batch the search found is an ordinary cell with the block's full protocol and cap
+    cell = g.find(stage="pretrain", platform="cpu", model="tiny", backend="deepspeed", technique="Q",
+                  batch_size="37", gpus="1")
+    assert cell.batch_size == 37 and cell.protocol == g.cells[0].protocol and cell.mem_cap_gib == 2.0
+    assert g.spec(s)["search"] == {"start": 1, "max": 64, "probe_protocol": asdict(s.probe_protocol)}
+    with pytest.raises(KeyError):
+        g.find(stage="pretrain", platform="cpu", model="tiny", backend="deepspeed", technique="R", batch_size="37",
+               gpus="1")
+
+
+def test_search_only_block_and_its_errors():
+    c = cfg(max_batch={"start": 2})
+    del c["pretrain"][0]["batch_sizes"]
+    g = grid.expand(c)
+    assert g.cells == [] and [s.start for s in g.searches] == [2, 2, 2]
+    del c["pretrain"][0]["max_batch"]
+    with pytest.raises(ConfigError, match=r"pretrain\[0\]: give batch_sizes, max_batch"):
+        grid.expand(c)
+    with pytest.raises(ConfigError, match=r"pretrain\[0\].max_batch.start: 9 is above max_batch.max 4"):
+        grid.expand(cfg(max_batch={"start": 9, "max": 4}))
+    with pytest.raises(ConfigError, match=r"pretrain\[0\].max_batch.max: 0 is less than the minimum of 1"):
+        grid.expand(cfg(max_batch={"max": 0}))
+    with pytest.raises(ConfigError, match=r"pretrain\[0\].batch_sizes\[0\]: -1 is less than the minimum of 1"):
+        grid.expand(cfg(batch_sizes=[-1]))
+    bad = copy.deepcopy(BASE)
+    bad["profile"] = [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["R"], "max_batch": {}}]
+    with pytest.raises(ConfigError, match=r"profile\[0\].max_batch: the search runs pretrain and finetune cells"):
+        grid.expand(bad)

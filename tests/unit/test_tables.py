@@ -167,10 +167,11 @@ def test_every_figure_builds_from_a_table_without_its_cells(tmp_path):
 
 def test_every_table_builds_without_its_cells(tmp_path):
     """A config without serving, micro or profile cells still gets every table (empty)."""
-    from llmbench.report import micro, profile, scaling, serving
+    from llmbench.report import micro, profile, scaling, search, serving
 
     empty = tidy.build([])
     assert serving.build(empty).empty and scaling.build(empty).empty
+    assert search.build([], []).empty and search.markdown(search.build([], [])).startswith("### ")
     for name, builder in micro.BUILDERS.items():
         table, md = builder(tidy.build_samples([], "micro"))
         assert md.startswith("### "), name

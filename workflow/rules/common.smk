@@ -7,6 +7,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "scripts"))
 
 from llmbench import grid as lbgrid  # noqa: E402
+from llmbench import search as lbsearch  # noqa: E402
 from llmbench.serve import engines as lbengines  # noqa: E402
 from llmbench.config import ConfigError  # noqa: E402
 
@@ -19,6 +20,7 @@ R = GRID.results_dir
 CELL_DIR = "{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}"
 SERVE_CELL_DIR = "{platform}/{model}/{engine}/{load}-g{gpus}"
 MICRO_CELL_DIR = "{platform}/{bench}/{case}-g{gpus}"
+SEARCH_DIR = "{stage}/{platform}/{model}/{backend}/{technique}-g{gpus}"
 PAPER_TABLES = ["table3", "table4", "table9"]
 FIGURES = ["pretrain", "finetune", "serve-throughput", "serve-latency-cdf", "micro-gemm", "micro-memcpy",
            "micro-collectives", "profile-modules", "scaling"]
@@ -39,12 +41,29 @@ def records(stage=None):
     return [c.record_path(R) for c in GRID.cells if stage in (None, c.stage)]
 
 
+def searched_records(stage=None):
+    """The cells the max-batch searches measure, at the batch each found (known once the
+    search has run: Snakemake re-evaluates this after the checkpoint)."""
+    out = []
+    for s in GRID.searches:
+        if stage in (None, s.stage):
+            folder = checkpoints.search_max_batch.get(**s.key).output.dir
+            largest = lbsearch.read_summary(folder)["largest_ok"]
+            if largest:
+                out.append(s.measured(largest).record_path(R))
+    return out
+
+
+def search_folders():
+    return [s.record_path(R) for s in GRID.searches]
+
+
 def table_targets():
     return (
         [f"{R}/tables/records.csv", f"{R}/tables/records.parquet", f"{R}/tables/requests.parquet",
          f"{R}/tables/micro.parquet", f"{R}/tables/profile.parquet"]
         + [f"{R}/tables/{t}.{ext}" for t in PAPER_TABLES for ext in ("csv", "md")]
-        + [f"{R}/tables/{t}.{ext}" for t in ("serving", "scaling") for ext in ("csv", "md")]
+        + [f"{R}/tables/{t}.{ext}" for t in ("serving", "scaling", "search") for ext in ("csv", "md")]
         + [f"{R}/tables/{t}.{ext}" for t in MICRO_TABLES for ext in ("csv", "md")]
         + [f"{R}/tables/{t}.{ext}" for t in PROFILE_TABLES for ext in ("csv", "md")]
     )
@@ -111,6 +130,26 @@ def exclusive_threads(wildcards):
     if platform_of(wildcards).accelerator == "cpu":
         return min(workflow.cores, os.cpu_count() or 1)
     return cell_threads(wildcards)
+
+
+def search_of(wildcards):
+    return GRID.find_search(**dict(wildcards.items()))
+
+
+def search_spec(wildcards):
+    """The search's resolved config (its measured cell's spec, bounds and probe protocol)."""
+    return GRID.spec(search_of(wildcards))
+
+
+def search_frontier(wildcards):
+    """The search's OOM frontier file (not an output: a rerun search must not delete it)."""
+    return search_of(wildcards).frontier_path(R)
+
+
+def search_runtime_min(wildcards):
+    """Slurm time limit: every probe may use its full timeout, plus start-up slack."""
+    s = search_of(wildcards)
+    return lbsearch.bound(s.max) * (s.probe_protocol.timeout_s // 60 + 1) + 10
 
 
 def micro_runtime_min(wildcards):

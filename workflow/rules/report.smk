@@ -4,6 +4,7 @@
 rule build_tidy_table:
     input:
         records=records(),
+        measured=lambda wildcards: searched_records(),
     output:
         csv=f"{R}/tables/records.csv",
         parquet=f"{R}/tables/records.parquet",
@@ -16,6 +17,21 @@ rule build_tidy_table:
         "../../envs/report.yaml"
     script:
         "../scripts/build_tidy_table.py"
+
+
+rule build_search_table:
+    input:
+        searches=search_folders(),
+        measured=lambda wildcards: searched_records(),
+    output:
+        csv=f"{R}/tables/search.csv",
+        md=f"{R}/tables/search.md",
+    log:
+        f"{R}/logs/report/build_search_table.log",
+    conda:
+        "../../envs/report.yaml"
+    script:
+        "../scripts/build_search_table.py"
 
 
 rule build_paper_table:

@@ -8,11 +8,12 @@ from llmbench.report import tidy
 
 def main(smk) -> None:
     logging.basicConfig(filename=smk.log[0], level=logging.INFO)
-    df = tidy.build(smk.input.records)
+    records = [*smk.input.records, *smk.input.measured]  # measured: the cells max-batch searches found
+    df = tidy.build(records)
     tidy.write(df, smk.output.csv, smk.output.parquet)
-    tidy.build_samples(smk.input.records, "serve").to_parquet(smk.output.requests, index=False)
-    tidy.build_samples(smk.input.records, "micro").to_parquet(smk.output.micro, index=False)
-    tidy.build_samples(smk.input.records, "profile").to_parquet(smk.output.profile, index=False)
+    tidy.build_samples(records, "serve").to_parquet(smk.output.requests, index=False)
+    tidy.build_samples(records, "micro").to_parquet(smk.output.micro, index=False)
+    tidy.build_samples(records, "profile").to_parquet(smk.output.profile, index=False)
     logging.info("%d records: %s", len(df), df["status"].value_counts().to_dict())
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -23,6 +23,12 @@ from .protocol import Protocol
 RECORD_PATTERN = (
     "runs/{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}/record.json"
 )
+#: a max-batch search's folder: its probes' records (bs<N>/record.json) and search.json
+SEARCH_PATTERN = (
+    "runs/search/{stage}/{platform}/{model}/{backend}/{technique}-g{gpus}"
+)
+#: what a search learnt about a cell's memory, kept across reruns of the search
+FRONTIER_PATTERN = "frontier/{stage}/{platform}/{model}/{backend}/{technique}-g{gpus}.json"
 #: Serving cells (stage "serve"): one engine under one load.
 SERVE_RECORD_PATTERN = "runs/serve/{platform}/{model}/{engine}/{load}-g{gpus}/record.json"
 #: Microbenchmark cells (stage "micro"): one benchmark case on one platform.
@@ -45,6 +51,7 @@ WILDCARD_CONSTRAINTS: dict[str, str] = {
 TRAIN_KEY = ("stage", "platform", "model", "backend", "technique", "batch_size", "gpus")
 SERVE_KEY = ("stage", "platform", "model", "engine", "load", "gpus")
 MICRO_KEY = ("stage", "platform", "bench", "case", "gpus")
+SEARCH_KEY = ("stage", "platform", "model", "backend", "technique", "gpus")
 
 
 class _Addressed:
@@ -206,6 +213,41 @@ class MicroCell(_Addressed):
         return cls(**data)
 
 
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Search(_Addressed):
+    """A max-batch search (llmbench.search): the largest batch of ``cell`` that fits, found
+    by probes (short-protocol runs of the cell, each recorded in the search's folder),
+    then measured as ``cell`` at that batch size. Its path names a folder, not a record."""
+
+    KEY: ClassVar[tuple[str, ...]] = SEARCH_KEY
+    PATTERN: ClassVar[str] = SEARCH_PATTERN
+
+    cell: Cell
+    """The measured cell; its batch_size is the search's start."""
+    start: int = 1
+    """First batch probed."""
+    max: int = 1024
+    """Largest batch probed (the search space is 1..max)."""
+    probe_protocol: Protocol
+    """A probe's protocol: one repeat of a few steps, the cell's seq_len, timeout and seed."""
+
+    def __getattr__(self, name: str) -> Any:  # the path fields are the cell's
+        if name in SEARCH_KEY:
+            return getattr(self.cell, name)
+        raise AttributeError(name)
+
+    def frontier_path(self, results_dir: str = "results") -> str:
+        """The OOM frontier file later searches of this cell read (llmbench.search)."""
+        return f"{results_dir}/" + FRONTIER_PATTERN.format(**self.key)
+
+    def measured(self, batch_size: int) -> Cell:
+        """The cell measured at the batch the search found."""
+        return replace(self.cell, batch_size=int(batch_size))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"start": self.start, "max": self.max, "probe_protocol": asdict(self.probe_protocol)}
+
+
 def cell_from_dict(data: dict[str, Any]) -> "Cell | ServeCell | MicroCell":
     """A training, serving or microbenchmark cell from its plain-data form."""
     kind = {"serve": ServeCell, "micro": MicroCell}.get(data.get("stage"), Cell)
@@ -222,6 +264,8 @@ class Grid:
     models: dict[str, ModelSpec] = field(default_factory=dict)
     engine_python: dict[str, str] = field(default_factory=dict)
     """Interpreter of each serving engine's environment (absent: the workflow's own)."""
+    searches: list[Search] = field(default_factory=list)
+    """Max-batch searches; the cells they measure are known only once they ran."""
 
     def by_path(self) -> dict[str, Cell | ServeCell | MicroCell]:
         """Record path -> Cell."""
@@ -235,10 +279,24 @@ class Grid:
             have = {k: str(v) for k, v in c.key.items()}
             if set(have) - set(want) <= {"stage"} and all(have.get(k) == v for k, v in want.items()):
                 return c
+        if "batch_size" in want:  # the cell a search measures at the batch it found
+            search = self.find_search(**want)
+            return search.measured(int(want["batch_size"]))
         raise KeyError(f"no cell with {want}")
 
-    def spec(self, cell: Cell | ServeCell | MicroCell) -> dict[str, Any]:
-        """The fully resolved cell config a runner gets: cell, platform and model."""
+    def find_search(self, **key: Any) -> Search:
+        """The search whose path fields equal ``key`` (other keys ignored)."""
+        want = {k: str(v) for k, v in key.items() if k in SEARCH_KEY}
+        for s in self.searches:
+            if {k: str(v) for k, v in s.key.items()} == want:
+                return s
+        raise KeyError(f"no max-batch search with {want}")
+
+    def spec(self, cell: Cell | ServeCell | MicroCell | Search) -> dict[str, Any]:
+        """The fully resolved cell config a runner gets: cell, platform and model (a search:
+        its measured cell's, plus its bounds and probe protocol)."""
+        if isinstance(cell, Search):
+            return {**self.spec(cell.cell), "search": cell.to_dict()}
         platform = self.platforms[cell.platform].to_dict()
         # where a job is queued is not part of the experiment: a partition edit must not
         # change the spec (the params rerun trigger) of every cell of the platform
@@ -263,6 +321,8 @@ LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
 #: Stages whose cells train (their blocks share one schema); "serve" and "micro" have their own.
 STAGES = ("pretrain", "finetune", "profile")
 #: Backends each training stage allows; the first is the default.
+#: stages whose blocks may search their largest batch (max_batch)
+SEARCH_STAGES = ("pretrain", "finetune")
 BACKENDS = {"pretrain": ("deepspeed",), "finetune": ("deepspeed",), "profile": ("torch",)}
 #: Technique flags a profile cell supports (plain PyTorch; ZeRO, offload, 4-bit need DeepSpeed).
 PROFILE_FLAGS = ("F", "R")
@@ -342,7 +402,12 @@ def expand(config: dict[str, Any], root: Path = REPO_ROOT, source: str = "config
             if backend not in BACKENDS[stage]:
                 raise ConfigError(f"{where}.backend: {backend!r} does not run {stage} cells; "
                                   f"allowed: {', '.join(BACKENDS[stage])}")
-            sizes = block["batch_sizes"]
+            sizes, search = block["batch_sizes"], block["max_batch"]
+            if sizes is None and search is None:
+                raise ConfigError(f"{where}: give batch_sizes, max_batch (the search for the largest batch), or both")
+            if search is not None and stage not in SEARCH_STAGES:
+                raise ConfigError(f"{where}.max_batch: the search runs {' and '.join(SEARCH_STAGES)} cells, "
+                                  f"not {stage} cells")
             if isinstance(sizes, dict):
                 canon = {}
                 for text, lst in sizes.items():
@@ -364,7 +429,12 @@ def expand(config: dict[str, Any], root: Path = REPO_ROOT, source: str = "config
                         raise ConfigError(f"{where}: technique {tech!r} needs bitsandbytes 4-bit, which "
                                           f"platform {plat_name!r} does not support (supports_4bit: false)")
                     grid.models.setdefault(model_name, ModelSpec.load(model_name, root))
-                    for bs in (canon[tech] if isinstance(sizes, dict) else sizes):
+                    if search is not None:
+                        _add_search(grid, where, search, Cell(
+                            stage=stage, platform=plat_name, model=model_name, backend=backend, technique=tech,
+                            batch_size=search["start"], gpus=gpus, protocol=protocol,
+                            mem_cap_gib=block["mem_cap_gib"], adapter=_adapter(block, where, tech)))
+                    for bs in (canon[tech] if isinstance(sizes, dict) else sizes or []):
                         cell = Cell(
                             stage=stage, platform=plat_name, model=model_name,
                             backend=backend, technique=tech, batch_size=bs, gpus=gpus,
@@ -381,6 +451,21 @@ def expand(config: dict[str, Any], root: Path = REPO_ROOT, source: str = "config
     _micro_cells(config, grid, root, seen)
     grid.engine_python = dict(config["engine_python"])
     return grid
+
+
+def _add_search(grid: Grid, where: str, search: dict[str, Any], cell: Cell) -> None:
+    """Add a max-batch search of ``cell`` (one per path; two blocks must agree on it)."""
+    if search["start"] > search["max"]:
+        raise ConfigError(f"{where}.max_batch.start: {search['start']} is above max_batch.max {search['max']}")
+    probe = replace(cell.protocol, repeats=1, **search["probe"])
+    new = Search(cell=cell, start=search["start"], max=search["max"], probe_protocol=probe)
+    for old in grid.searches:
+        if old.key == new.key:
+            if old != new:
+                raise ConfigError(f"{where}.max_batch: the search {new.record_path(grid.results_dir)} is defined "
+                                  "twice with different settings")
+            return
+    grid.searches.append(new)
 
 
 def _serve_cells(config: dict[str, Any], grid: Grid, root: Path, seen: dict[str, Any]) -> None:

@@ -1,0 +1,144 @@
+"""The max-batch search: exact, within its probe bound, frontier read and written."""
+
+import json
+import random
+
+import pytest
+
+from llmbench import search
+from llmbench.search import Frontier, Probe, State, bound, next_probe
+
+
+def simulate(largest: int, max_batch: int, capacity=None, base=1.0, per_sample=0.1, noise=0.0, start=1, seed=0):
+    """Run the search against an oracle: batch b fits iff b <= largest; memory is linear."""
+    rng = random.Random(seed)
+    state = State(start=start, max_batch=max_batch, capacity_gib=capacity)
+    while (nxt := next_probe(state)) is not None:
+        bs, why = nxt
+        ok = bs <= largest
+        peak = base + per_sample * bs + rng.uniform(-noise, noise) if ok else None
+        state.probes.append(Probe(batch_size=bs, status="ok" if ok else "oom", peak_gib=peak, chosen_by=why))
+        assert len(state.probes) <= bound(max_batch), state.probes
+    return state
+
+
+@pytest.mark.parametrize("max_batch", [1, 2, 7, 64, 100, 1024])
+def test_doubling_and_bisection_is_exact_within_the_bound(max_batch):
+    for largest in range(0, max_batch + 1):
+        state = simulate(largest, max_batch)
+        assert state.lo == largest and len(state.probes) <= bound(max_batch)
+        assert len({p.batch_size for p in state.probes}) == len(state.probes)  # no batch probed twice
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.05, 0.5])
+def test_a_memory_model_never_breaks_the_bound_and_helps_when_right(noise):
+    """The capacity says where the line crosses; a true line finds it in a handful of probes,
+    a wrong one (noise, or a capacity that disagrees with the oracle) still ends exact."""
+    max_batch, probes = 1024, {}
+    for largest in range(1, max_batch + 1, 7):
+        cap = 1.0 + 0.1 * largest + 0.05  # the model's truth: largest is the last batch under the cap
+        state = simulate(largest, max_batch, capacity=cap, noise=noise, seed=largest)
+        assert state.lo == largest and len(state.probes) <= bound(max_batch)
+        probes[largest] = len(state.probes)
+        wrong = simulate(largest, max_batch, capacity=cap * 3, noise=noise, seed=largest)  # model far off
+        assert wrong.lo == largest and len(wrong.probes) <= bound(max_batch)
+    if noise == 0.0:
+        # start, 2x, the model's first OOM and its largest fit; above max/2 the bound
+        # leaves no room for the model's guesses and bisection does the work
+        assert max(n for largest, n in probes.items() if largest < max_batch // 2) <= 4
+
+
+def test_nothing_fits_and_everything_fits():
+    assert simulate(0, 64).lo == 0 and len(simulate(0, 64).probes) == 1
+    state = simulate(64, 64)
+    assert state.lo == 64 and state.hi == 65
+
+
+def test_a_probe_that_neither_fits_nor_ooms_stops_the_search():
+    state = State(start=1, max_batch=64)
+    state.probes.append(Probe(batch_size=1, status="ok"))
+    state.probes.append(Probe(batch_size=2, status="timeout"))
+    assert next_probe(state) is None
+    s = search.summary(state, {"gpus": 2}, "f.json", False)
+    assert s["status"] == "timeout" and s["largest_ok"] == 1
+
+
+def spec(**cell):
+    return {"cell": {"technique": "Naive", "batch_size": 4, "mem_cap_gib": 2.0,
+                     "protocol": {"seq_len": 350, "warmup_steps": 2, "measured_steps": 5, "repeats": 2, "timeout_s": 60},
+                     **cell},
+            "platform": {"name": "cpu", "accelerator": "cpu"}, "model": {"hidden_size": 64}}
+
+
+def test_fingerprint_ignores_batch_and_step_counts_not_what_decides_memory():
+    fp = search.fingerprint(spec())
+    assert search.fingerprint(spec(batch_size=64)) == fp
+    assert search.fingerprint(spec(protocol={"seq_len": 350, "warmup_steps": 1, "measured_steps": 2, "repeats": 1,
+                                             "timeout_s": 9})) == fp
+    assert search.fingerprint(spec(protocol={"seq_len": 512})) != fp
+    assert search.fingerprint(spec(mem_cap_gib=3.0)) != fp
+
+
+def test_frontier_round_trip_and_a_changed_cell_starts_afresh(tmp_path):
+    path = tmp_path / "frontier.json"
+    f = Frontier.load(path, "abc")
+    f.add(Probe(batch_size=8, status="ok", peak_gib=1.2))
+    f.add(Probe(batch_size=16, status="oom", reason="killed"))
+    f.add(Probe(batch_size=32, status="oom", source="frontier"))  # not run: not news
+    f.save()
+    g = Frontier.load(path, "abc")
+    assert set(g.probes) == {8, 16} and g.known_oom(15) is None and g.known_oom(40)[0] == 16
+    assert json.loads(path.read_text())["largest_ok"] == 8
+    assert Frontier.load(path, "other").probes == {}
+
+
+def test_run_records_every_probe_and_a_rerun_skips_known_ooms(tmp_path, monkeypatch, repo):
+    """search.run with the launcher replaced by an oracle (fits iff batch <= 11; the real
+    launcher runs in the e2e test): every probe leaves a record; a second search of the
+    same cell answers the batches at or above a known OOM from the frontier file without
+    running them; reprobe runs them again; another memory cap starts a fresh frontier."""
+    from llmbench import grid, launch
+    from llmbench.record import Metrics, Record, read, write
+
+    ran = []
+
+    def fake_run_cell(spec, record_path, log, threads=1):
+        bs = spec["cell"]["batch_size"]
+        ran.append(bs)
+        assert spec["cell"]["protocol"]["repeats"] == 1 and "search" not in spec
+        rec = (Record(cell=spec["cell"], status="ok", metrics=Metrics(peak_rss_gib=0.5 + 0.12 * bs))
+               if bs <= 11 else Record(cell=spec["cell"], status="oom", reason="over the cap"))
+        write(rec, record_path)
+        return rec
+
+    monkeypatch.setattr(launch, "run_cell", fake_run_cell)
+    base = {"protocol": {"warmup_steps": 1, "measured_steps": 2, "repeats": 2, "seq_len": 16, "timeout_s": 60},
+            "pretrain": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive"],
+                          "max_batch": {"max": 32}, "mem_cap_gib": 2.0}]}
+    g = grid.expand(base, repo)
+    s = g.searches[0]
+    frontier = tmp_path / s.frontier_path()
+    first = search.run(g.spec(s), tmp_path / "a", frontier, tmp_path / "a.log")
+    assert first["largest_ok"] == 11 and first["smallest_oom"] == 12 and first["n_probes"] <= first["bound"] == 8
+    assert sorted(ran) == sorted(p["batch_size"] for p in first["probes"])
+    for p in first["probes"]:
+        assert read(tmp_path / "a" / f"bs{p['batch_size']}" / "record.json").status == p["status"]
+    assert json.loads((tmp_path / "a" / "search.json").read_text())["largest_ok"] == 11
+
+    ran.clear()
+    second = search.run(g.spec(s), tmp_path / "b", frontier, tmp_path / "b.log")
+    skipped = [p for p in second["probes"] if p["source"] == "frontier"]
+    assert second["largest_ok"] == 11 and skipped and all(p["status"] == "oom" for p in skipped)
+    assert not set(ran) & {p["batch_size"] for p in skipped}  # known OOMs were not run
+    rec = read(tmp_path / "b" / f"bs{skipped[0]['batch_size']}" / "record.json")
+    assert rec.status == "oom" and "known out of memory" in rec.reason and "reprobe" in rec.reason
+
+    ran.clear()
+    third = search.run(g.spec(s), tmp_path / "c", frontier, tmp_path / "c.log", reprobe=True)
+    assert all(p["source"] == "run" for p in third["probes"]) and len(ran) == third["n_probes"]
+
+    base["pretrain"][0]["mem_cap_gib"] = 3.0
+    g2 = grid.expand(base, repo)
+    ran.clear()
+    fourth = search.run(g2.spec(g2.searches[0]), tmp_path / "d", frontier, tmp_path / "d.log")
+    assert all(p["source"] == "run" for p in fourth["probes"])

@@ -1,0 +1,76 @@
+"""The max-batch search table (Table IV's batch sizes): per searched cell, what each probe
+showed, the largest batch that fits, the probes against the bound, and the time the search
+spent beside the time of the cell measured at that batch."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+from ..grid import SEARCH_KEY
+from ..record import read
+from .markdown import fmt, table
+
+COLUMNS = list(SEARCH_KEY) + [
+    "status", "reason", "largest_ok", "smallest_oom", "max_batch", "capacity_gib", "probes", "n_probes", "n_run",
+    "bound", "within_bound", "search_wall_s", "search_gpu_s", "measured_status", "measured_tokens_per_s",
+    "measured_wall_s", "measured_gpu_s",
+]
+MARK = {"ok": "ok", "oom": "oom"}
+
+
+def _wall_s(prov: dict) -> float | None:
+    try:
+        return (datetime.fromisoformat(prov["finished"]) - datetime.fromisoformat(prov["started"])).total_seconds()
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def build(folders: Iterable[str | Path], measured: Iterable[str | Path]) -> pd.DataFrame:
+    """One row per search (its folder's search.json) joined with the record it measured."""
+    by_key = {}
+    for p in measured:
+        rec = read(p)
+        by_key[tuple(str(rec.cell[k]) for k in SEARCH_KEY)] = rec
+    rows = []
+    for folder in folders:
+        s = json.loads((Path(folder) / "search.json").read_text())
+        rec = by_key.get(tuple(str(s[k]) for k in SEARCH_KEY))
+        wall = _wall_s(rec.provenance) if rec is not None else None
+        probes = " ".join(f"{p['batch_size']}:{p['status']}{'*' if p['source'] == 'frontier' else ''}"
+                          for p in s["probes"])
+        rows.append({
+            **{k: s[k] for k in SEARCH_KEY}, "status": s["status"], "reason": s["reason"],
+            "largest_ok": s["largest_ok"], "smallest_oom": s["smallest_oom"], "max_batch": s["max_batch"],
+            "capacity_gib": s["capacity_gib"], "probes": probes, "n_probes": s["n_probes"], "n_run": s["n_run"],
+            "bound": s["bound"], "within_bound": s["n_probes"] <= s["bound"],
+            "search_wall_s": s["search_wall_s"], "search_gpu_s": s["search_gpu_s"],
+            "measured_status": rec.status if rec is not None else None,
+            "measured_tokens_per_s": rec.metrics.tokens_per_s_mean if rec is not None else None,
+            "measured_wall_s": wall, "measured_gpu_s": wall * s["gpus"] if wall is not None else None,
+        })
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def markdown(df: pd.DataFrame) -> str:
+    rows = [[r.platform, r.model, r.stage, r.backend, r.technique, str(r.gpus), r.status,
+             "-" if pd.isna(r.largest_ok) else str(int(r.largest_ok)), r.probes, f"{r.n_probes} / {r.bound}",
+             fmt(r.search_gpu_s, ",.1f"), r.measured_status or "", fmt(r.measured_tokens_per_s, ",.1f"),
+             fmt(r.measured_gpu_s, ",.1f")] for r in df.itertuples()]
+    return table("Max-batch search (Table IV's batch sizes)",
+                 ["Platform", "Model", "Stage", "Backend", "Method", "GPUs", "Search", "Largest BS", "Probes (BS:outcome)",
+                  "Probes / bound", "Search GPU·s", "Measured", "Measured tok/s", "Measured GPU·s"], rows,
+                 "Probes in the order run; '*': answered by the OOM frontier file without running. Bound: "
+                 "floor(log2(max)) + 3. GPU·s: wall seconds x GPUs (on a CPU platform, x processes). The measured "
+                 "cell is the full protocol at the largest batch; '-': no batch fits.")
+
+
+def write(df: pd.DataFrame, csv: Path | str, md: Path | str) -> None:
+    """Write the search table as CSV and Markdown."""
+    Path(csv).parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(csv, index=False)
+    Path(md).write_text(markdown(df))

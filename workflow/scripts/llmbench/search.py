@@ -1,0 +1,304 @@
+"""The max-batch search (Table IV): the largest per-GPU batch of a cell that fits in memory.
+
+Per (stage, platform, model, backend, technique, gpus) the search probes batch sizes, each
+probe a real cell run with a short protocol and recorded like any other (its record under
+``runs/search/.../bs<N>/record.json``), and keeps the OOM frontier in a file that later runs
+read. The workflow then measures the largest batch that fits with the full protocol.
+
+How the next batch is chosen (``next_probe``), with ``lo`` the largest batch known to fit
+(0 before any) and ``hi`` the smallest known to run out of memory (``max + 1`` before any):
+
+1. doubling from ``start`` while nothing has run out of memory, then bisection of
+   (lo, hi): the classic search, exact, no model needed;
+2. steered by a linear memory model where the capacity is known (the cell's host-RSS cap
+   on CPU, the GPU's memory on a GPU): after two batches fit, ``peak(b) = a + s*b`` fitted
+   to the fitting probes predicts the largest batch ``p``; the search probes ``p + 1``
+   (expecting an OOM: that cuts the bracket most) and then ``p``, so a right model ends
+   the search in four probes (start, 2x, p + 1, p). A model that misses once is
+   dropped and the search goes on with (1);
+3. never more than ``floor(log2(max)) + 3`` probes (``bound``): a probe is accepted only
+   if plain bisection could still finish within the probes left whatever its outcome;
+   otherwise the midpoint of (lo, hi) is probed, which always keeps that promise.
+
+Memory is assumed monotone in the batch size: if b fits, every smaller batch fits; if b
+runs out of memory, every larger one does. A probe that ends neither ok nor oom (timeout,
+error) stops the search; the summary says so.
+
+The frontier file (``frontier/<stage>/<platform>/<model>/<backend>/<technique>-g<gpus>.json``
+under the results folder; not a Snakemake output, so rerunning a search never deletes it)
+holds every probe's outcome together with a fingerprint of what decides memory (the cell's
+spec without its batch size and step counts). A later search of the same fingerprint
+records a batch at or above a known OOM as ``oom`` without running it; ``reprobe``
+(``snakemake --config reprobe=true``) ignores the file and runs every probe again.
+A changed fingerprint (other sequence length, memory cap, library-independent settings of
+the cell) starts a fresh frontier.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+#: a probe's outcomes that bound the search (anything else stops it)
+BOUNDING = ("ok", "oom")
+#: model-chosen probes that may miss before the model is dropped
+MODEL_MISSES = 1
+#: fitting batch sizes the memory model needs. Two leave the search one probe of slack
+#: under its bound; a third would use it up. (On the tiny CPU model a line through 1 and 2
+#: underestimated the slope by 35%: the allocator's fixed costs dominate there; GPU
+#: reserved memory is closer to linear.)
+MODEL_POINTS = 2
+
+
+def bound(max_batch: int) -> int:
+    """Most probes the search makes for a search space of 1..max_batch."""
+    return int(math.floor(math.log2(max_batch))) + 3
+
+
+@dataclass(kw_only=True, slots=True)
+class Probe:
+    """One probed batch size and what it showed."""
+
+    batch_size: int
+    status: str
+    """ok | oom | timeout | error (a probe's record status)."""
+    peak_gib: float | None = None
+    """Peak memory per rank of the probe (the metric the capacity is compared with)."""
+    wall_s: float = 0.0
+    """Wall-clock seconds the probe took (0 for one answered from the frontier)."""
+    source: str = "run"
+    """run: the probe ran; frontier: answered by a known OOM without running."""
+    chosen_by: str = "doubling"
+    """doubling | bisection | model | safeguard: why this batch was probed."""
+    reason: str = ""
+
+
+@dataclass(kw_only=True, slots=True)
+class State:
+    """What the search knows: its probes, in order."""
+
+    start: int
+    max_batch: int
+    capacity_gib: float | None = None
+    probes: list[Probe] = field(default_factory=list)
+
+    @property
+    def lo(self) -> int:
+        return max((p.batch_size for p in self.probes if p.status == "ok"), default=0)
+
+    @property
+    def hi(self) -> int:
+        return min((p.batch_size for p in self.probes if p.status == "oom"), default=self.max_batch + 1)
+
+    @property
+    def done(self) -> bool:
+        stopped = any(p.status not in BOUNDING for p in self.probes)
+        return stopped or self.hi - self.lo <= 1
+
+    def model_misses(self) -> int:
+        """Model-chosen probes whose outcome the model did not predict."""
+        misses = 0
+        for i, p in enumerate(self.probes):
+            if p.chosen_by != "model":
+                continue
+            pred = predict(self.probes[:i], self.capacity_gib)
+            if pred is None or (p.status == "ok") != (p.batch_size <= pred):
+                misses += 1
+        return misses
+
+
+def predict(probes: list[Probe], capacity_gib: float | None) -> int | None:
+    """The largest batch a least-squares line through the fitting probes' peak memory
+    keeps under the capacity (None without a capacity or MODEL_POINTS fitting batches)."""
+    pts = [(p.batch_size, p.peak_gib) for p in probes if p.status == "ok" and p.peak_gib is not None]
+    if capacity_gib is None or len({b for b, _ in pts}) < MODEL_POINTS:
+        return None
+    n = len(pts)
+    mb, mp = sum(b for b, _ in pts) / n, sum(m for _, m in pts) / n
+    sxx = sum((b - mb) ** 2 for b, _ in pts)
+    slope = sum((b - mb) * (m - mp) for b, m in pts) / sxx
+    if slope <= 0:
+        return None
+    return int(math.floor((capacity_gib - (mp - slope * mb)) / slope))
+
+
+def _keeps_bound(c: int, lo: int, hi: int, left: int) -> bool:
+    """After probing c (whatever it shows), can bisection finish in ``left - 1`` probes?"""
+    if not lo < c < hi:
+        return False
+    worst = max(c - lo, hi - c)
+    return math.ceil(math.log2(worst)) <= left - 1 if worst > 1 else left >= 1
+
+
+def next_probe(state: State) -> tuple[int, str] | None:
+    """The next batch to probe and why, or None when the search is over."""
+    if state.done:
+        return None
+    lo, hi = state.lo, state.hi
+    left = bound(state.max_batch) - len(state.probes)
+    if not state.probes:
+        return state.start, "doubling"
+    candidates: list[tuple[int, str]] = []
+    if state.model_misses() < MODEL_MISSES:
+        pred = predict(state.probes, state.capacity_gib)
+        if pred is not None:
+            p = min(max(pred, lo), hi - 1)  # the model's largest fitting batch, inside what is known
+            if p + 1 < hi:
+                candidates.append((p + 1, "model"))  # its OOM side first: that cuts the bracket most
+            elif p > lo:
+                candidates.append((p, "model"))  # then its fitting side
+    if hi > state.max_batch and not any(p.status == "oom" for p in state.probes):
+        candidates.append((min(2 * lo, state.max_batch), "doubling"))
+    candidates.append(((lo + hi) // 2, "bisection"))
+    for c, why in candidates:
+        if c in {p.batch_size for p in state.probes}:
+            continue
+        if _keeps_bound(c, lo, hi, left):
+            return c, why
+    return (lo + hi) // 2, "safeguard"
+
+
+def fingerprint(spec: dict[str, Any]) -> str:
+    """A hash of what decides a cell's memory: its spec without batch size and step counts."""
+    cell = dict(spec["cell"])
+    cell.pop("batch_size", None)
+    proto = dict(cell.pop("protocol", {}))
+    for k in ("warmup_steps", "measured_steps", "repeats", "timeout_s"):
+        proto.pop(k, None)
+    data = {**spec, "cell": {**cell, "protocol": proto}}
+    data.pop("search", None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(kw_only=True, slots=True)
+class Frontier:
+    """Known outcomes of one search group's batch sizes (the file later runs read)."""
+
+    path: Path
+    fingerprint: str
+    probes: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path | str, fp: str) -> "Frontier":
+        """The file's outcomes if its fingerprint matches, else an empty frontier."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return cls(path=path, fingerprint=fp)
+        if data.get("fingerprint") != fp:
+            return cls(path=path, fingerprint=fp)
+        return cls(path=path, fingerprint=fp, probes={int(b): v for b, v in data.get("probes", {}).items()})
+
+    def known_oom(self, batch_size: int) -> tuple[int, dict[str, Any]] | None:
+        """The smallest batch at or below ``batch_size`` known to run out of memory."""
+        ooms = sorted(b for b, v in self.probes.items() if v["status"] == "oom" and b <= batch_size)
+        return (ooms[0], self.probes[ooms[0]]) if ooms else None
+
+    def add(self, probe: Probe) -> None:
+        if probe.status in BOUNDING and probe.source == "run":
+            self.probes[probe.batch_size] = {"status": probe.status, "peak_gib": probe.peak_gib,
+                                             "at": datetime.now(timezone.utc).isoformat(), "reason": probe.reason}
+
+    def save(self) -> None:
+        from .record import write_json_atomic
+
+        ok = [b for b, v in self.probes.items() if v["status"] == "ok"]
+        oom = [b for b, v in self.probes.items() if v["status"] == "oom"]
+        write_json_atomic(self.path, {
+            "fingerprint": self.fingerprint, "largest_ok": max(ok, default=None), "smallest_oom": min(oom, default=None),
+            "probes": {str(b): v for b, v in sorted(self.probes.items())},
+        })
+
+
+def summary(state: State, group: dict[str, Any], frontier_path: Path | str, reprobe: bool) -> dict[str, Any]:
+    """The search's result: the largest batch that fits and how it was found."""
+    stopped = next((p for p in state.probes if p.status not in BOUNDING), None)
+    ran = [p for p in state.probes if p.source == "run"]
+    wall = sum(p.wall_s for p in ran)
+    return {
+        **group,
+        "status": "ok" if stopped is None else stopped.status,
+        "reason": "" if stopped is None else f"probe at batch {stopped.batch_size}: {stopped.reason}",
+        "largest_ok": state.lo or None,
+        "smallest_oom": state.hi if state.hi <= state.max_batch else None,
+        "start": state.start, "max_batch": state.max_batch, "capacity_gib": state.capacity_gib,
+        "probes": [asdict(p) for p in state.probes],
+        "n_probes": len(state.probes), "n_run": len(ran), "bound": bound(state.max_batch),
+        "search_wall_s": wall, "search_gpu_s": wall * group["gpus"],
+        "frontier": str(frontier_path), "reprobe": reprobe,
+    }
+
+
+def capacity_and_metric(spec: dict[str, Any]) -> tuple[float | None, str]:
+    """What a probe's peak memory is compared with: the cell's host-RSS cap (peak RSS) if it
+    has one, else the GPU's memory (peak reserved); None on a CPU without a cap."""
+    cap = spec["cell"].get("mem_cap_gib")
+    if cap is not None:
+        return float(cap), "peak_rss_gib"
+    if spec["platform"]["accelerator"] == "cuda":
+        return spec["platform"].get("gpu_memory_gib"), "peak_mem_reserved_gib"
+    return None, "peak_rss_gib"
+
+
+def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, log: Path | str,
+        threads: int = 1, reprobe: bool = False) -> dict[str, Any]:
+    """Run a search (every probe a recorded cell under ``out_dir``) and write its summary
+    (``out_dir/search.json``); returns it."""
+    from .grid import Cell
+    from .launch import build_record, Outcome, run_cell
+    from .record import write, write_json_atomic
+
+    out_dir, log = Path(out_dir), Path(log)
+    search = spec["search"]
+    template = Cell.from_dict(spec["cell"])
+    capacity, metric = capacity_and_metric(spec)
+    frontier = Frontier(path=Path(frontier_path), fingerprint=fingerprint(spec)) if reprobe else \
+        Frontier.load(frontier_path, fingerprint(spec))
+    state = State(start=search["start"], max_batch=search["max"], capacity_gib=capacity)
+    group = {k: v for k, v in template.key.items() if k != "batch_size"}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as fh:
+        fh.write(f"search {group}: start {state.start}, max {state.max_batch}, bound {bound(state.max_batch)} probes, "
+                 f"capacity {capacity} GiB ({metric})\n")
+    while (nxt := next_probe(state)) is not None:
+        bs, why = nxt
+        probe_spec = {**spec, "cell": {**spec["cell"], "batch_size": bs, "protocol": search["probe_protocol"]}}
+        probe_spec.pop("search")
+        record_path = out_dir / f"bs{bs}" / "record.json"
+        known = frontier.known_oom(bs)
+        t0 = time.monotonic()
+        if known is not None:
+            b, v = known
+            reason = (f"known out of memory: batch {b} ran out of memory at {v['at']} (frontier {frontier_path}); "
+                      "not run again (reprobe: snakemake --configfile <grid> --config reprobe=true -R search_max_batch)")
+            record = build_record(probe_spec, [Outcome(status="oom", reason=reason)], datetime.now(timezone.utc).isoformat(),
+                                  ["llmbench.search (frontier)"])
+            write(record, record_path)
+            source = "frontier"
+        else:
+            record = run_cell(probe_spec, record_path, out_dir / f"bs{bs}" / "probe.log", threads=threads)
+            source = "run"
+        peak = getattr(record.metrics, metric) if record.status == "ok" else None
+        probe = Probe(batch_size=bs, status=record.status, peak_gib=peak, wall_s=time.monotonic() - t0,
+                      source=source, chosen_by=why, reason=record.reason)
+        state.probes.append(probe)
+        frontier.add(probe)
+        frontier.save()
+        with open(log, "a") as fh:
+            fh.write(f"probe {len(state.probes)}: batch {bs} ({why}) -> {probe.status} "
+                     f"{'' if peak is None else f'{peak:.3f} GiB '}({source}, {probe.wall_s:.1f} s) {probe.reason}\n")
+    result = summary(state, group, frontier_path, reprobe)
+    write_json_atomic(out_dir / "search.json", result)
+    return result
+
+
+def read_summary(out_dir: Path | str) -> dict[str, Any]:
+    """A finished search's summary."""
+    return json.loads((Path(out_dir) / "search.json").read_text())

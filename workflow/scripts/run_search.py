@@ -1,0 +1,17 @@
+"""Snakemake adapter: one max-batch search (its probes, the frontier file, search.json)."""
+
+import logging
+from pathlib import Path
+
+from llmbench import search
+
+
+def main(smk) -> None:
+    result = search.run(smk.params.spec, Path(smk.output.dir), smk.params.frontier, Path(smk.log[0]),
+                        threads=smk.threads, reprobe=bool(smk.config.get("reprobe", False)))
+    logging.getLogger("llmbench").info("%s: largest batch %s in %d probes", smk.output.dir, result["largest_ok"],
+                                       result["n_probes"])
+
+
+if __name__ == "__main__":
+    main(snakemake)  # noqa: F821 - injected by Snakemake

@@ -55,9 +55,9 @@ def test_default_grid_runs_end_to_end(workspace):
     assert naive["attention"] == "sdpa[math]"
 
     tidy = pd.read_csv(workspace / "results/tables/records.csv")
-    assert len(tidy) == 37 and (tidy["status"] == "oom").sum() == 1
-    assert tidy["stage"].value_counts().to_dict() == {"pretrain": 17, "finetune": 11, "micro": 4, "profile": 3, "serve": 2}
-    assert len(pd.read_parquet(workspace / "results/tables/records.parquet")) == 37
+    assert len(tidy) == 40 and (tidy["status"] == "oom").sum() == 1
+    assert tidy["stage"].value_counts().to_dict() == {"pretrain": 17, "finetune": 11, "micro": 4, "profile": 6, "serve": 2}
+    assert len(pd.read_parquet(workspace / "results/tables/records.parquet")) == 40
     # Fig. 4: the 4-bit cell on 1 and 2 gloo processes, efficiency against linear scaling
     scaling = pd.read_csv(workspace / "results/tables/scaling.csv")
     assert list(scaling["gpus"]) == [1, 2] and set(scaling["technique"]) == {"Q"}
@@ -189,7 +189,7 @@ def test_profile_cells_break_a_step_down_by_phase_and_module(workspace):
     """torch.profiler on the tiny model: phases and modules add up, F fuses the attention
     core, every cell keeps its Chrome trace beside its record."""
     recs = {r["cell"]["technique"]: (p, r) for p, r in (
-        (p, json.loads(p.read_text())) for p in (workspace / "results/runs/profile").rglob("record.json"))}
+        (p, json.loads(p.read_text())) for p in (workspace / "results/runs/profile/cpu/tiny/torch").rglob("record.json"))}
     assert set(recs) == {"Naive", "F", "R"}
     for tech, (path, r) in recs.items():
         assert r["status"] == "ok", (tech, r["reason"], r["log_tail"])
@@ -208,6 +208,23 @@ def test_profile_cells_break_a_step_down_by_phase_and_module(workspace):
     assert set(phases["technique"]) == {"Naive", "F", "R"}
     att = pd.read_csv(workspace / "results/tables/profile-attention.csv")
     assert set(att["phase"]) == {"forward", "backward"} and (att["naive_ms"] > 0).all()
+
+
+def test_deepspeed_profile_cells_measure_their_communication(workspace):
+    """DeepSpeed over 2 gloo processes under torch.profiler: data parallel all-reduces its
+    gradients; ZeRO-3 also all-gathers its parameters; no memcpy exists on a CPU."""
+    recs = {r["cell"]["technique"]: r for r in (
+        json.loads(p.read_text()) for p in (workspace / "results/runs/profile/cpu/tiny/deepspeed").rglob("record.json"))}
+    assert set(recs) == {"Naive", "Z2", "Z3"}
+    for tech, r in recs.items():
+        assert r["status"] == "ok", (tech, r["reason"], r["log_tail"])
+        s = r["summary"]
+        assert 0 < s["comm_s_per_iter"] < s["kernel_step_time_s"] and s["memcpy_s_per_iter"] is None, tech
+        assert r["metrics"]["tokens_per_s_mean"] > 0 and s["traces"]
+    assert recs["Naive"]["summary"]["comm_AllReduce_s_per_iter"] > 0
+    assert recs["Z3"]["summary"]["comm_AllGather_s_per_iter"] > 0  # parameters gathered before use
+    table = pd.read_csv(workspace / "results/tables/profile-comm.csv")
+    assert set(table["technique"]) == {"Naive", "Z2", "Z3"} and (table["comm_pct"] > 0).all()
 
 
 def test_deleting_one_record_reruns_only_that_cell(workspace):
@@ -237,7 +254,7 @@ def test_changing_one_grid_value_reruns_only_the_cells_it_touches(workspace):
     assert changed == {OOM_CELL, "results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs2-g1/record.json"}
     # nothing measured is lost: the cell that left the grid keeps its record
     assert "results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs4-g1/record.json" in after
-    assert len(pd.read_csv(workspace / "results/tables/records.csv")) == 37
+    assert len(pd.read_csv(workspace / "results/tables/records.csv")) == 40
 
 
 @pytest.mark.parametrize(

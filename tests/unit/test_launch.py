@@ -92,3 +92,12 @@ def test_mfu_formula(spec_for, tmp_path, monkeypatch):
     rec = run(spec, tmp_path)
     expected = 1000 * flops_per_token(ModelSpec.load("tiny"), 8) / 1e12
     assert rec.metrics.mfu == pytest.approx(expected)
+
+
+def test_mean_summary_averages_numbers_and_keeps_the_rest():
+    from llmbench.launch import mean_summary
+
+    s = mean_summary([{"comm_s_per_iter": 1.0, "traces": ["a"], "memcpy_s_per_iter": None},
+                      {"comm_s_per_iter": 3.0, "traces": ["b"], "memcpy_s_per_iter": None}])
+    assert s == {"comm_s_per_iter": 2.0, "traces": ["b"], "memcpy_s_per_iter": None}
+    assert mean_summary([{}, {}]) == {}

@@ -308,3 +308,63 @@ def test_worker_recomputation_reruns_the_forward_inside_backward(runs):
     in_modules = sum(r["recompute_s"] for r in back.values() if r["module"] != "other")
     assert res["phases"]["backward"]["recompute_s"] >= in_modules - 1e-12
     assert all(r["recompute_s"] == 0.0 for r in res["rows"] if r["phase"] == "forward")
+
+
+def test_kernel_classes_of_a_gpu_trace():
+    """NCCL kernels by collective, memcpy by direction, the rest compute; unions, so kernels
+    on two streams are not counted twice; exposed comm is what no compute kernel overlaps."""
+    from llmbench.profile import kernels
+
+    ev = [
+        {"ph": "X", "cat": "kernel", "name": "ampere_bf16_gemm", "ts": 0, "dur": 100},
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "ts": 50, "dur": 100},
+        {"ph": "X", "cat": "kernel", "name": "ncclKernel_ReduceScatter_RING_LL_Sum_bf16", "ts": 120, "dur": 60},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": 200, "dur": 40},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": 300, "dur": 20},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 500},  # host side: no class
+        {"ph": "i", "cat": "kernel", "name": "ncclDevKernel_AllGather", "ts": 0},  # not a duration event
+    ]
+    b = kernels.breakdown(ev, steps=2, step_time_s=0.001, accelerator="cuda")
+    assert b["comm_s_per_iter"] == pytest.approx(130e-6 / 2)  # [50, 180) as one union
+    assert b["comm_AllReduce_s_per_iter"] == pytest.approx(50e-6) and b["comm_ReduceScatter_s_per_iter"] == pytest.approx(30e-6)
+    assert b["comm_exposed_s_per_iter"] == pytest.approx(80e-6 / 2)  # [100, 180): no compute over it
+    assert b["memcpy_s_per_iter"] == pytest.approx(30e-6) and b["memcpy_DtoH_s_per_iter"] == pytest.approx(20e-6)
+    assert b["compute_share"] == pytest.approx(50e-6 / 0.001)
+    assert set(b) - {"kernel_steps", "kernel_source"} <= set(kernels.COLUMNS)
+
+
+def test_kernel_classes_of_a_cpu_gloo_trace():
+    from llmbench.profile import kernels
+
+    ev = [
+        {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "ts": 0, "dur": 10},
+        {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "ts": 5, "dur": 300},
+        {"ph": "X", "cat": "user_annotation", "name": "gloo:all_gather", "ts": 400, "dur": 100},
+    ]
+    b = kernels.breakdown(ev, steps=1, step_time_s=0.002, accelerator="cpu")
+    assert b["comm_s_per_iter"] == pytest.approx(400e-6) and b["comm_share"] == pytest.approx(0.2)
+    assert b["memcpy_s_per_iter"] is None and "compute_s_per_iter" not in b  # no device on a CPU
+
+
+def test_comm_table_puts_the_papers_tables_xiv_xv_xvi_beside_ours():
+    import pandas as pd
+
+    from llmbench.report import profile, tidy
+
+    def row(tech, **kv):
+        r = {k: None for k in tidy.ALL_COLUMNS}
+        r.update(stage="profile", backend="deepspeed", status="ok", platform="a800", model="llama2-7b",
+                 technique=tech, batch_size=32, gpus=8, kernel_step_time_s=10.0, comm_s_per_iter=4.0, comm_share=0.4,
+                 memcpy_s_per_iter=0.5, memcpy_share=0.05, **kv)
+        return r
+
+    df = pd.DataFrame([row("F+R+Z2+O"), row("R+Z3"), row("F", comm_AllReduce_s_per_iter=0.2, comm_AllReduce_share=0.4),
+                       {**row("Naive"), "backend": "torch"}])
+    table, md = profile.comm(df)
+    assert len(table) == 3  # the torch profile cell is the module-wise tables'
+    z2 = table[table.technique == "F+R+Z2+O"].iloc[0]
+    assert (z2.paper_memcpy_s, z2.paper_comm_pct, z2.comm_pct) == (0.596, 41.8, 40.0)
+    assert table[table.technique == "R+Z3"].iloc[0].paper_comm_s == 4.576
+    f = table[table.technique == "F"].iloc[0]
+    assert f.paper_allreduce_pct == 44.97 and f.allreduce_pct == 40.0 and pd.isna(f.paper_comm_s)
+    assert md.startswith("### Tables XIV, XV, XVI")

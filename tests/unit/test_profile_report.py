@@ -44,8 +44,13 @@ def test_profile_cells_use_the_torch_backend_and_only_f_and_r():
     g = grid.expand({"protocol": {}, "profile": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["F+R"],
                                                   "batch_sizes": [2]}]})
     assert g.cells[0].backend == "torch" and g.cells[0].record_path() == "results/runs/profile/cpu/tiny/torch/F+R/bs2-g1/record.json"
-    with pytest.raises(ConfigError, match=r"profile\[0\]\.techniques\[0\]: profile cells support the flags F, R .* asks for Z3"):
+    with pytest.raises(ConfigError, match=r"profile\[0\]\.techniques\[0\]: module-wise profile cells \(backend torch, "
+                                          r"plain PyTorch\) support the flags F, R; 'Z3' asks for Z3 \(backend: deepspeed"):
         grid.expand({"protocol": {}, "profile": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Z3"], "batch_sizes": [2]}]})
+    # a DeepSpeed profile cell (communication and copies, Tables XIV-XVI) takes any pre-training technique
+    g = grid.expand({"protocol": {}, "profile": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["R+Z3+O"],
+                                                  "batch_sizes": [32], "backend": "deepspeed", "gpus": 2}]})
+    assert g.cells[0].record_path() == "results/runs/profile/cpu/tiny/deepspeed/R+Z3+O/bs32-g2/record.json"
     with pytest.raises(ConfigError, match=r"pretrain\[0\]\.backend: 'torch' does not run pretrain cells; allowed: deepspeed"):
         grid.expand({"protocol": {}, "pretrain": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive"],
                                                    "batch_sizes": [1], "backend": "torch"}]})

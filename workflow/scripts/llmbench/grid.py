@@ -323,7 +323,7 @@ STAGES = ("pretrain", "finetune", "profile")
 #: Backends each training stage allows; the first is the default.
 #: stages whose blocks may search their largest batch (max_batch)
 SEARCH_STAGES = ("pretrain", "finetune")
-BACKENDS = {"pretrain": ("deepspeed",), "finetune": ("deepspeed",), "profile": ("torch",)}
+BACKENDS = {"pretrain": ("deepspeed",), "finetune": ("deepspeed",), "profile": ("torch", "deepspeed")}
 #: Technique flags a profile cell supports (plain PyTorch; ZeRO, offload, 4-bit need DeepSpeed).
 PROFILE_FLAGS = ("F", "R")
 
@@ -338,9 +338,11 @@ def _techniques(block: dict, where: str, stage: str) -> list[str]:
             raise ConfigError(f"{key}: {exc}") from None
         if stage in ("pretrain", "profile") and tech.adapter:
             raise ConfigError(f"{key}: {text!r} is a fine-tuning method; put it in a finetune block")
-        if stage == "profile" and set(tech.flags) - set(PROFILE_FLAGS):
-            raise ConfigError(f"{key}: profile cells support the flags {', '.join(PROFILE_FLAGS)} (plain PyTorch); "
-                              f"{text!r} asks for {', '.join(sorted(set(tech.flags) - set(PROFILE_FLAGS)))}")
+        if stage == "profile" and block.get("backend") in (None, "torch") and set(tech.flags) - set(PROFILE_FLAGS):
+            raise ConfigError(f"{key}: module-wise profile cells (backend torch, plain PyTorch) support the flags "
+                              f"{', '.join(PROFILE_FLAGS)}; {text!r} asks for "
+                              f"{', '.join(sorted(set(tech.flags) - set(PROFILE_FLAGS)))} (backend: deepspeed profiles "
+                              "a DeepSpeed step's communication and copies for any pre-training technique)")
         if stage == "finetune" and not tech.adapter:
             methods = ", ".join(techniques.ADAPTERS)
             raise ConfigError(f"{key}: {text!r} names no fine-tuning method; start it with one of {methods}")

@@ -300,7 +300,18 @@ def build_record(spec: dict, outcomes: list[Outcome], started: str, command: lis
         optimizer_param_numel=last.get("optimizer_param_numel"),
         global_batch_tokens=last["global_batch_tokens"], loss_last=last["loss_last"],
     )
-    return Record(cell=cell.to_dict(), status="ok", metrics=metrics, provenance=prov)
+    return Record(cell=cell.to_dict(), status="ok", metrics=metrics, provenance=prov,
+                  summary=mean_summary([r.get("summary") or {} for r in results]))
+
+
+def mean_summary(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """A worker's summaries over repeats: numbers averaged, everything else the last's."""
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(k for s in summaries for k in s):
+        vals = [s[key] for s in summaries if key in s]
+        nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        out[key] = sum(nums) / len(nums) if nums and len(nums) == len(vals) else vals[-1]
+    return out
 
 
 def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1) -> Record:
@@ -324,7 +335,7 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1) -> Reco
                     fh.write(f"=== repeat {i}: {outcome.status} {outcome.reason}\n")
                 if outcome.status != "ok":
                     break
-            if cell.stage == "profile":
+            if cell.stage == "profile" and cell.backend == "torch":  # module-wise rows of its own
                 from .profile.results import build_record as build_profile_record
 
                 record = build_profile_record(spec, outcomes, started, command)

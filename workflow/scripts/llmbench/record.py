@@ -82,8 +82,9 @@ class Record:
     summary: dict[str, Any] = field(default_factory=dict)
     """Flat summary of a non-training cell, units in the key names. Serving: the load's
     throughput, TTFT/TPOT/ITL/end-to-end percentiles and failures
-    (llmbench.serve.metrics.summarize), server memory and start-up time. Empty for
-    training cells (their numbers are in metrics)."""
+    (llmbench.serve.metrics.summarize), server memory and start-up time. Profile cells:
+    phase times (torch backend) or time per kernel class (deepspeed backend,
+    llmbench.profile.kernels). Empty for other training cells (their numbers are in metrics)."""
     samples: dict[str, list] = field(default_factory=dict)
     """Raw values, one list per column, one item per measured thing: serving, one per
     request (ttft_s, e2e_s, output_tokens, ok, ...) so latency CDFs are exact;

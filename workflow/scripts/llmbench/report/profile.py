@@ -6,6 +6,9 @@ each profile cell) and the per-row table tables/profile.parquet (module times):
   profile-modules    Table VI and Fig. 5: time per module kind and phase; the paper's beside
   profile-attention  Table VIII: attention time without and with F (same platform, model,
                      batch size, R), and the improvement; the paper's beside
+  profile-comm       Tables XIV, XV, XVI: memcpy, communication and AllReduce time per
+                     iteration and share of a DeepSpeed step (backend deepspeed profile
+                     cells, llmbench.profile.kernels); the paper's beside
 
 The paper's values are matched by model, method and batch size (they are A800 numbers;
 the platform column says which platform ours ran on).
@@ -30,7 +33,13 @@ TITLES = {
     "profile-phases": "Tables V, VII, XIII: one training step by phase (ours beside the paper's A800 values)",
     "profile-modules": "Table VI, Fig. 5: time per module and phase (ours beside the paper's A800 values)",
     "profile-attention": "Table VIII: attention time without and with FlashAttention (F)",
+    "profile-comm": "Tables XIV, XV, XVI: memory copy and communication per iteration of a DeepSpeed step",
 }
+
+
+def _ok(tidy: pd.DataFrame, backend: str) -> pd.DataFrame:
+    """The ok profile cells of one backend (torch: module-wise; deepspeed: kernel classes)."""
+    return tidy[(tidy["stage"] == "profile") & (tidy["backend"] == backend) & (tidy["status"] == "ok")]
 
 
 def _paper(table: str, root: Path | None) -> pd.DataFrame:
@@ -39,7 +48,7 @@ def _paper(table: str, root: Path | None) -> pd.DataFrame:
 
 def phases(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | None = None) -> tuple[pd.DataFrame, str]:
     """One row per (profile cell, phase), the paper's Table V/VII/XIII values beside."""
-    cells = tidy[(tidy["stage"] == "profile") & (tidy["status"] == "ok")]
+    cells = _ok(tidy, "torch")
     out = []
     for c in cells.itertuples():
         step = sum(getattr(c, f"{p}_wall_s") or 0.0 for p in PHASES)
@@ -69,7 +78,7 @@ def phases(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | 
 
 def modules(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) -> tuple[pd.DataFrame, str]:
     """One row per (profile cell, phase, module), the paper's Table VI beside."""
-    ok = tidy[(tidy["stage"] == "profile") & (tidy["status"] == "ok")][CELL]
+    ok = _ok(tidy, "torch")[CELL]
     df = points.merge(ok, on=CELL) if len(points) else pd.DataFrame(columns=CELL + ["phase", "module", "time_s", "share"])
     df = df.assign(time_ms=df["time_s"] * 1e3, share_pct=df["share"] * 100)
     paper = _paper("profile_modules", root).rename(columns={
@@ -91,7 +100,7 @@ def modules(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) 
 
 def attention(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) -> tuple[pd.DataFrame, str]:
     """Attention time of cells without F beside their F twins (same platform, model, BS, R)."""
-    ok = tidy[(tidy["stage"] == "profile") & (tidy["status"] == "ok")][CELL]
+    ok = _ok(tidy, "torch")[CELL]
     df = points.merge(ok, on=CELL) if len(points) else pd.DataFrame(columns=CELL + ["phase", "module", "time_s"])
     key = ["platform", "model", "base", "batch_size", "gpus", "phase"]
     att = df[df["module"].isin(ATTENTION_PARTS + (ATTENTION_FUSED,))]
@@ -117,7 +126,56 @@ def attention(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None
     return table, md
 
 
-BUILDERS = {"profile-phases": phases, "profile-modules": modules, "profile-attention": attention}
+def _pct(share) -> float | None:
+    return None if share is None or pd.isna(share) else 100 * share
+
+
+def comm(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | None = None) -> tuple[pd.DataFrame, str]:
+    """One row per DeepSpeed profile cell: memcpy, communication and AllReduce seconds per
+    iteration and their share of the step; the paper's Tables XIV (memcpy, by ZeRO stage),
+    XVI (communication, by ZeRO stage) and XV (AllReduce, data parallel by method) beside."""
+    from .. import techniques
+
+    cells = _ok(tidy, "deepspeed")
+    paper = _paper("profile_comm", root)
+    by = {(r.kind, r.model, r.method if r.kind != "allreduce" else r.technique): r for r in paper.itertuples()}
+    out = []
+    for c in cells.itertuples():
+        zero = techniques.parse(c.technique).zero_stage
+        label = f"ZeRO-{zero}" if zero else None
+        mc, cm, ar = (by.get((kind, c.model, key)) for kind, key in
+                      (("memcpy", label), ("comm", label), ("allreduce", None if zero else c.technique)))
+        out.append({**{k: getattr(c, k) for k in CELL}, "step_s": c.kernel_step_time_s,
+                    "memcpy_s": c.memcpy_s_per_iter, "memcpy_pct": _pct(c.memcpy_share),
+                    "comm_s": c.comm_s_per_iter, "comm_pct": _pct(c.comm_share),
+                    "comm_exposed_s": c.comm_exposed_s_per_iter,
+                    "allreduce_s": c.comm_AllReduce_s_per_iter, "allreduce_pct": _pct(c.comm_AllReduce_share),
+                    "paper_memcpy_s": mc.time_s if mc else None, "paper_memcpy_pct": mc.pct if mc else None,
+                    "paper_comm_s": cm.time_s if cm else None, "paper_comm_pct": cm.pct if cm else None,
+                    "paper_allreduce_s": ar.time_s if ar else None, "paper_allreduce_pct": ar.pct if ar else None})
+    cols = CELL + ["step_s", "memcpy_s", "memcpy_pct", "comm_s", "comm_pct", "comm_exposed_s", "allreduce_s",
+                   "allreduce_pct", "paper_memcpy_s", "paper_memcpy_pct", "paper_comm_s", "paper_comm_pct",
+                   "paper_allreduce_s", "paper_allreduce_pct"]
+    table = pd.DataFrame(out, columns=cols)
+    rows = [[r.platform, r.model, r.technique, fmt(r.batch_size, ".0f"), fmt(r.gpus, ".0f"), fmt(r.step_s, ".3f"),
+             fmt(r.memcpy_s, ".3f"), fmt(r.memcpy_pct, ".1f"), fmt(r.comm_s, ".3f"), fmt(r.comm_pct, ".1f"),
+             fmt(r.comm_exposed_s, ".3f"), fmt(r.allreduce_s, ".3f"), fmt(r.allreduce_pct, ".1f"),
+             fmt(r.paper_memcpy_s, ".3f"), fmt(r.paper_memcpy_pct, ".1f"), fmt(r.paper_comm_s, ".3f"),
+             fmt(r.paper_comm_pct, ".1f"), fmt(r.paper_allreduce_s, ".2f"), fmt(r.paper_allreduce_pct, ".1f")]
+            for r in table.itertuples()]
+    md = md_table(TITLES["profile-comm"], ["Platform", "Model", "Method", "BS", "GPUs", "step s", "memcpy s", "memcpy %",
+                                      "comm s", "comm %", "exposed comm s", "AllReduce s", "AllReduce %",
+                                      "paper memcpy s", "paper memcpy %", "paper comm s", "paper comm %",
+                                      "paper AllReduce s", "paper AllReduce %"], rows,
+                  "Seconds per iteration of a profiled window after the timed one; % of its step time. GPU: NCCL "
+                  "kernels (comm), memcpy events (memcpy), union of intervals; exposed: comm no compute kernel "
+                  "overlaps. CPU: gloo collective ranges; there is no memcpy on a CPU (empty). Paper: A800, 8 GPUs, "
+                  "batch 32; Tables XIV/XVI by ZeRO stage (matched on our cells' stage), Table XV by method.")
+    return table, md
+
+
+BUILDERS = {"profile-phases": phases, "profile-modules": modules, "profile-attention": attention,
+            "profile-comm": comm}
 
 
 def write(table: pd.DataFrame, md: str, csv_path: Path | str, md_path: Path | str) -> None:

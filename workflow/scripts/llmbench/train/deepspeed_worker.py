@@ -1,6 +1,6 @@
 """DeepSpeed pre-training worker: one repeat of one cell, run by torchrun on every rank.
 
-    torchrun ... -m llmbench.train.deepspeed_worker --spec spec.json --out repeat.json
+    torchrun ... -m llmbench.train.deepspeed_worker --spec spec.json --out repeat.json [--trace-dir DIR]
 
 Contract with llmbench.launch: rank 0 writes ``--out`` (JSON) on success; on an
 out-of-memory error every rank that saw it writes ``<out>.oom.rank<r>`` with the
@@ -67,8 +67,37 @@ def _is_oom(exc: BaseException) -> bool:
     return "out of memory" in text.lower() or "can't allocate memory" in text or "DefaultCPUAllocator" in text
 
 
-def run(spec: dict, out: Path) -> None:
-    """Build the model, initialise DeepSpeed, run the protocol and write the result."""
+def profile_window(step, steps: int, synchronize, accelerator: str, trace_dir: Path, out: Path,
+                   rank: int) -> dict | None:
+    """``steps`` more steps under torch.profiler (every rank: they communicate); rank 0 keeps
+    the Chrome trace and returns where the time went by kernel class (llmbench.profile.kernels)."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..profile import kernels
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if accelerator == "cuda" else [])
+    synchronize()
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        synchronize()
+        elapsed = time.perf_counter() - start
+    if rank != 0:
+        return None
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    trace = trace_dir / f"{Path(out).stem}.rank0.trace.json"
+    prof.export_chrome_trace(str(trace))
+    events = json.loads(trace.read_text())["traceEvents"]
+    return {**kernels.breakdown(events, steps, elapsed / steps, accelerator), "traces": [trace.name]}
+
+
+def run(spec: dict, out: Path, trace_dir: Path | None = None) -> None:
+    """Build the model, initialise DeepSpeed, run the protocol and write the result. With
+    ``trace_dir`` (profile cells) a second window of ``measured_steps`` runs under
+    torch.profiler after the timed one, and the result's summary says where its time went."""
     platform = spec["platform"]
     accelerator = platform["accelerator"]
     if accelerator == "cpu":
@@ -146,6 +175,9 @@ def run(spec: dict, out: Path) -> None:
     if accelerator == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     window = run_window(step, proto, acc.synchronize)
+    summary = None
+    if trace_dir is not None:
+        summary = profile_window(step, proto.measured_steps, acc.synchronize, accelerator, trace_dir, out, rank)
 
     frozen_unchanged = None
     if has_frozen:
@@ -182,6 +214,7 @@ def run(spec: dict, out: Path) -> None:
             "optimizer_param_numel": int(opt_numel.item()),
             "loss_last": float(losses[-1].float().item()),
             "ds_config": config,
+            "summary": summary or {},
             "versions": provenance.versions(),
             "devices": provenance.devices(),
         }
@@ -193,11 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--spec", required=True, type=Path, help="resolved cell spec (JSON)")
     ap.add_argument("--out", required=True, type=Path, help="where rank 0 writes the repeat result")
+    ap.add_argument("--trace-dir", type=Path, default=None,
+                    help="profile a second window and keep its Chrome trace here (profile cells)")
     args = ap.parse_args(argv)
     spec = json.loads(args.spec.read_text())
     rank = int(os.environ.get("RANK", 0))
     try:
-        run(spec, args.out)
+        run(spec, args.out, args.trace_dir)
     except BaseException as exc:  # noqa: BLE001 - classify, then re-raise or exit
         if _is_oom(exc):
             Path(f"{args.out}.oom.rank{rank}").write_text(f"{type(exc).__name__}: {exc}"[:2000])

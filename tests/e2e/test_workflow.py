@@ -55,9 +55,9 @@ def test_default_grid_runs_end_to_end(workspace):
     assert naive["attention"] == "sdpa[math]"
 
     tidy = pd.read_csv(workspace / "results/tables/records.csv")
-    assert len(tidy) == 40 and (tidy["status"] == "oom").sum() == 1
-    assert tidy["stage"].value_counts().to_dict() == {"pretrain": 17, "finetune": 11, "micro": 4, "profile": 6, "serve": 2}
-    assert len(pd.read_parquet(workspace / "results/tables/records.parquet")) == 40
+    assert len(tidy) == 42 and (tidy["status"] == "oom").sum() == 1
+    assert tidy["stage"].value_counts().to_dict() == {"pretrain": 17, "finetune": 11, "micro": 4, "profile": 8, "serve": 2}
+    assert len(pd.read_parquet(workspace / "results/tables/records.parquet")) == 42
     # Fig. 4: the 4-bit cell on 1 and 2 gloo processes, efficiency against linear scaling
     scaling = pd.read_csv(workspace / "results/tables/scaling.csv")
     assert list(scaling["gpus"]) == [1, 2] and set(scaling["technique"]) == {"Q"}
@@ -210,6 +210,24 @@ def test_profile_cells_break_a_step_down_by_phase_and_module(workspace):
     assert set(att["phase"]) == {"forward", "backward"} and (att["naive_ms"] > 0).all()
 
 
+def test_inference_profile_cells_break_serving_passes_down(workspace):
+    """Tables X-XI in miniature: prefill and decode of the tiny model, module-wise."""
+    recs = {r["cell"]["technique"]: r for r in (
+        json.loads(p.read_text()) for p in (workspace / "results/runs/profile/cpu/tiny/inference").rglob("record.json"))}
+    assert set(recs) == {"Naive", "F"}
+    for tech, r in recs.items():
+        assert r["status"] == "ok", (tech, r["reason"], r["log_tail"])
+        assert r["summary"]["prefill_wall_s"] > 0 and r["summary"]["decode_steps"] == 8
+        assert set(r["samples"]["phase"]) == {"prefill", "decode"}
+    assert "attention_fused" in recs["F"]["samples"]["module"] and "softmax" in recs["Naive"]["samples"]["module"]
+    table = pd.read_csv(workspace / "results/tables/profile-serve.csv")
+    assert set(table["technique"]) == {"Naive", "F"} and set(table["phase"]) == {"prefill", "decode"}
+    sums = table.groupby(["technique", "phase", "view"])["pct"].sum()
+    assert sums.to_numpy() == pytest.approx(100.0)
+    # the module-wise training tables keep to the training cells
+    assert set(pd.read_csv(workspace / "results/tables/profile-modules.csv")["backend"]) == {"torch"}
+
+
 def test_deepspeed_profile_cells_measure_their_communication(workspace):
     """DeepSpeed over 2 gloo processes under torch.profiler: data parallel all-reduces its
     gradients; ZeRO-3 also all-gathers its parameters; no memcpy exists on a CPU."""
@@ -254,7 +272,7 @@ def test_changing_one_grid_value_reruns_only_the_cells_it_touches(workspace):
     assert changed == {OOM_CELL, "results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs2-g1/record.json"}
     # nothing measured is lost: the cell that left the grid keeps its record
     assert "results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs4-g1/record.json" in after
-    assert len(pd.read_csv(workspace / "results/tables/records.csv")) == 40
+    assert len(pd.read_csv(workspace / "results/tables/records.csv")) == 42
 
 
 @pytest.mark.parametrize(

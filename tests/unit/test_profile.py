@@ -206,7 +206,7 @@ def test_only_f_and_r_are_profiled():
     assert worker.check_technique("F+R").recompute and worker.check_technique("Naive").flags == ()
     for name in ("Z3", "F+Z2", "R+Z3+O", "Q"):
         with pytest.raises(worker.UnsupportedTechnique, match=r"profile cells support the flags F and R \(plain PyTorch\); "
-                           r"ZeRO, offload and 4-bit are profiled through DeepSpeed in a later version"):
+                           r"ZeRO, offload and 4-bit steps are profiled by kernel class with backend: deepspeed"):
             worker.check_technique(name)
     with pytest.raises(worker.UnsupportedTechnique, match="fine-tuning method L"):
         worker.check_technique("L")
@@ -368,3 +368,22 @@ def test_comm_table_puts_the_papers_tables_xiv_xv_xvi_beside_ours():
     f = table[table.technique == "F"].iloc[0]
     assert f.paper_allreduce_pct == 44.97 and f.allreduce_pct == 40.0 and pd.isna(f.paper_comm_s)
     assert md.startswith("### Tables XIV, XV, XVI")
+
+
+def test_inference_passes_break_down_into_prefill_and_decode(tmp_path):
+    """Serving forward passes of the tiny model (backend inference): a prefill and decode
+    steps with the KV cache, each phase's rows adding up to its wall time; R is refused."""
+    spec = spec_for("Naive")
+    spec["cell"].update(backend="inference", batch_size=4,
+                        protocol={**spec["cell"]["protocol"], "measured_steps": 3, "seq_len": 16})
+    res = worker.run_inference(spec, tmp_path / "repeat-0.json", tmp_path)
+    assert set(res["phases"]) == {"prefill", "decode"} and res["decode_steps"] == 3
+    for phase in ("prefill", "decode"):
+        rows = rows_of(res, phase)
+        assert sum(r["share"] for r in rows.values()) == pytest.approx(1.0, abs=1e-6)
+        assert {"embedding", "qkv", "attn_scores", "softmax", "mlp", "lm_head"} <= set(rows), phase
+        assert "loss" not in rows and "optimizer" not in rows
+    assert res["tokens_per_s"] > 0 and Path(res["trace"]).exists()
+    spec["cell"]["technique"] = "R"
+    with pytest.raises(worker.UnsupportedTechnique, match="no backward pass"):
+        worker.run_inference(spec, tmp_path / "r.json", tmp_path)

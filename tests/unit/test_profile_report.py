@@ -82,3 +82,33 @@ def test_profile_tables_beside_the_paper(tmp_path):
 
     out = figures.save(figures.CHARTS["profile-modules"](df, {"profile": rows}), tmp_path / "fig5")
     assert out[1].read_text().lstrip().startswith("<svg")
+
+
+def test_serving_forward_table_groups_modules_as_tables_x_and_xi():
+    """Rows of an inference cell's prefill and decode -> Table XI's parts and Table X's
+    kernel classes; each view adds up to the phase, decode per step."""
+    import pandas as pd
+
+    from llmbench.report import profile
+
+    def rows(phase, scale):
+        mods = {"embedding": (1, 0), "qkv": (4, 3), "rope": (1, 0), "attention_fused": (6, 0), "output": (2, 2),
+                "mlp": (8, 7), "rmsnorm": (1, 0), "lm_head": (3, 3), "other": (4, 0)}
+        return [{"platform": "cpu", "model": "tiny", "backend": "inference", "technique": "F", "batch_size": 8,
+                 "gpus": 1, "phase": phase, "module": m, "time_s": t * scale / 1e3, "gemm_time_s": g * scale / 1e3}
+                for m, (t, g) in mods.items()]
+
+    points = pd.DataFrame(rows("prefill", 1) + rows("decode", 4))
+    t = {k: None for k in tidy.ALL_COLUMNS}
+    t.update(stage="profile", backend="inference", status="ok", platform="cpu", model="tiny", technique="F",
+             batch_size=8, gpus=1, decode_steps=4)
+    table, md = profile.serve(pd.DataFrame([t]), points)
+    for phase in ("prefill", "decode"):  # decode: 4 steps of 4x the time -> the prefill's ms per pass
+        view = table[(table.phase == phase)].set_index(["view", "group"])
+        assert view.loc[("timeline", "attention"), "ms"] == pytest.approx(4 + 1 + 6 + 2)
+        assert view.loc[("kernels", "gemm"), "ms"] == pytest.approx(15)
+        assert view.loc[("kernels", "element_wise"), "ms"] == pytest.approx(1 + 1 + 1)  # embedding, qkv, mlp
+        for v in ("timeline", "kernels"):
+            assert view.loc[v, "pct"].sum() == pytest.approx(100.0)
+    assert table[(table.group == "attention") & (table.view == "kernels")].paper_ms.iloc[0] == 23.05
+    assert md.startswith("### Tables X, XI")

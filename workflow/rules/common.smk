@@ -25,7 +25,7 @@ PAPER_TABLES = ["table3", "table4", "table9"]
 FIGURES = ["pretrain", "finetune", "serve-throughput", "serve-latency-cdf", "micro-gemm", "micro-memcpy",
            "micro-collectives", "profile-modules", "scaling"]
 MICRO_TABLES = ["micro-gemm", "micro-memcpy", "micro-collectives", "table12"]
-PROFILE_TABLES = ["profile-phases", "profile-modules", "profile-attention", "profile-comm"]
+PROFILE_TABLES = ["profile-phases", "profile-modules", "profile-attention", "profile-serve", "profile-comm"]
 
 
 wildcard_constraints:

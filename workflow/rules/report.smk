@@ -97,7 +97,7 @@ rule build_profile_table:
     input:
         tidy=f"{R}/tables/records.csv",
         profile=f"{R}/tables/profile.parquet",
-        reference=expand("config/reference/{table}.csv", table=["profile_phases", "profile_modules", "profile_attention", "profile_comm"]),
+        reference=expand("config/reference/{table}.csv", table=["profile_phases", "profile_modules", "profile_attention", "profile_serve", "profile_comm"]),
     output:
         csv=f"{R}/tables/{{profile_table}}.csv",
         md=f"{R}/tables/{{profile_table}}.md",

@@ -323,7 +323,7 @@ STAGES = ("pretrain", "finetune", "profile")
 #: Backends each training stage allows; the first is the default.
 #: stages whose blocks may search their largest batch (max_batch)
 SEARCH_STAGES = ("pretrain", "finetune")
-BACKENDS = {"pretrain": ("deepspeed",), "finetune": ("deepspeed",), "profile": ("torch", "deepspeed")}
+BACKENDS = {"pretrain": ("deepspeed",), "finetune": ("deepspeed",), "profile": ("torch", "deepspeed", "inference")}
 #: Technique flags a profile cell supports (plain PyTorch; ZeRO, offload, 4-bit need DeepSpeed).
 PROFILE_FLAGS = ("F", "R")
 
@@ -338,6 +338,9 @@ def _techniques(block: dict, where: str, stage: str) -> list[str]:
             raise ConfigError(f"{key}: {exc}") from None
         if stage in ("pretrain", "profile") and tech.adapter:
             raise ConfigError(f"{key}: {text!r} is a fine-tuning method; put it in a finetune block")
+        if stage == "profile" and block.get("backend") == "inference" and set(tech.flags) - {"F"}:
+            raise ConfigError(f"{key}: inference profile cells (serving forward passes) support the flag F; "
+                              f"{text!r} asks for {', '.join(sorted(set(tech.flags) - {'F'}))}")
         if stage == "profile" and block.get("backend") in (None, "torch") and set(tech.flags) - set(PROFILE_FLAGS):
             raise ConfigError(f"{key}: module-wise profile cells (backend torch, plain PyTorch) support the flags "
                               f"{', '.join(PROFILE_FLAGS)}; {text!r} asks for "

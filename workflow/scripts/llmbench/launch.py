@@ -37,8 +37,10 @@ from .models import MFU_FORMULA, ModelSpec, flops_per_token
 from .protocol import summarize
 from .record import Metrics, Record, write
 
-#: backend -> worker module (torch: plain PyTorch under torch.profiler, the profile stage)
-WORKERS = {"deepspeed": "llmbench.train.deepspeed_worker", "torch": "llmbench.profile.worker"}
+#: backend -> worker module (profile stage: torch, a training step module-wise; inference,
+#: serving forward passes module-wise; deepspeed, a DeepSpeed step by kernel class)
+WORKERS = {"deepspeed": "llmbench.train.deepspeed_worker", "torch": "llmbench.profile.worker",
+           "inference": "llmbench.profile.worker"}
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "DefaultCPUAllocator: can't allocate memory")
 LOG_TAIL_LINES = 40
 
@@ -335,7 +337,7 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1) -> Reco
                     fh.write(f"=== repeat {i}: {outcome.status} {outcome.reason}\n")
                 if outcome.status != "ok":
                     break
-            if cell.stage == "profile" and cell.backend == "torch":  # module-wise rows of its own
+            if cell.stage == "profile" and cell.backend in ("torch", "inference"):  # module-wise rows
                 from .profile.results import build_record as build_profile_record
 
                 record = build_profile_record(spec, outcomes, started, command)

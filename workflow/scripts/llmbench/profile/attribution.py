@@ -87,6 +87,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 PHASES = ("forward", "backward", "optimizer")
+#: Phases of serving forward passes (profile backend inference): the prompts' prefill, then
+#: the decode steps with the KV cache. Their ops are attributed as forward ops are.
+INFERENCE_PHASES = ("prefill", "decode")
 #: Module kinds in the paper's Table VI order (attn_scores = Bmm0, attn_values = Bmm1,
 #: lm_head = "Linear"); attention_fused replaces the three attention parts under F.
 KINDS = ("embedding", "qkv", "rope", "attn_scores", "softmax", "attn_values", "attention_fused",
@@ -268,18 +271,19 @@ def assign(ops: Iterable[OpRecord]) -> list[Attributed]:
 
 
 def aggregate(attributed: Iterable[Attributed], phase_wall_s: Mapping[str, float],
-              steps: int) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
+              steps: int, phases_run: tuple[str, ...] = PHASES) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
     """Rows (phase, module kind, time per step, share of the phase, GEMM time, recomputed
     time) and per-phase totals, from the attributed ops of ``steps`` steps and each phase's
     mean wall time per step. Each phase ends with the row 'other' = wall - attributed, so
-    its rows sum to its wall time and its shares to 1."""
+    its rows sum to its wall time and its shares to 1. ``phases_run``: the phases (PHASES
+    for a training step, INFERENCE_PHASES for serving forward passes)."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    time: dict[str, dict[str, float]] = {p: defaultdict(float) for p in PHASES}
-    gemm: dict[str, dict[str, float]] = {p: defaultdict(float) for p in PHASES}
-    recompute: dict[str, dict[str, float]] = {p: defaultdict(float) for p in PHASES}
-    seen: dict[str, set[str]] = {p: set() for p in PHASES}
-    totals = {p: {"kernel": 0.0, "gemm": 0.0, "recompute": 0.0} for p in PHASES}
+    time: dict[str, dict[str, float]] = {p: defaultdict(float) for p in phases_run}
+    gemm: dict[str, dict[str, float]] = {p: defaultdict(float) for p in phases_run}
+    recompute: dict[str, dict[str, float]] = {p: defaultdict(float) for p in phases_run}
+    seen: dict[str, set[str]] = {p: set() for p in phases_run}
+    totals = {p: {"kernel": 0.0, "gemm": 0.0, "recompute": 0.0} for p in phases_run}
     for a in attributed:
         phase = a.op.phase
         if phase not in time:
@@ -297,7 +301,7 @@ def aggregate(attributed: Iterable[Attributed], phase_wall_s: Mapping[str, float
             recompute[phase][a.kind] += t
     rows: list[dict[str, Any]] = []
     phases: dict[str, dict[str, float]] = {}
-    for phase in PHASES:
+    for phase in phases_run:
         wall = float(phase_wall_s[phase])
         kinds = [k for k in KINDS if k in seen[phase]]
         attributed_s = sum(time[phase][k] for k in kinds)

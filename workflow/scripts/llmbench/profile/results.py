@@ -12,7 +12,6 @@ from ..launch import Outcome, provenance_of
 from ..protocol import summarize
 from ..record import Metrics, Record
 
-PHASES = ("forward", "backward", "optimizer")
 #: Per (phase, module) values of a worker's rows; recompute_s: the part of a backward row
 #: that reruns forward work under R (Fig. 5 compares backward without it).
 VALUES = ("time_s", "share", "gemm_time_s", "recompute_s")
@@ -53,8 +52,9 @@ def build_record(spec: dict, outcomes: list[Outcome], started: str, command: lis
         # file names: the traces sit beside the record (paths would tie it to one machine)
         "traces": [Path(r["trace"]).name for r in results if r.get("trace")],
         "method": results[-1].get("method"),
+        **({"decode_steps": results[-1]["decode_steps"]} if "decode_steps" in results[-1] else {}),
     }
-    for phase in PHASES:
+    for phase in results[-1]["phases"]:  # forward, backward, optimizer; or prefill, decode
         for k in (results[-1]["phases"].get(phase) or {}):
             summary[f"{phase}_{k}"] = fmean((r["phases"].get(phase) or {}).get(k) or 0.0 for r in results)
     metrics = Metrics(tokens_per_s_mean=tps.mean, tokens_per_s_std=tps.std, tokens_per_s_runs=tps.values,

@@ -1,4 +1,5 @@
-"""Profile worker: the module-wise breakdown of one training step, run by torchrun.
+"""Profile worker: the module-wise breakdown of one training step (backend torch) or of
+serving forward passes (backend inference: ``run_inference``), run by torchrun.
 
     torchrun ... -m llmbench.profile.worker --spec spec.json --out repeat.json [--trace-dir DIR]
 
@@ -48,7 +49,7 @@ SCHEMA_VERSION = 1
 #: The flags plain PyTorch runs (llmbench.grid.PROFILE_FLAGS rejects the rest at config time).
 SUPPORTED_FLAGS = PROFILE_FLAGS  # the grid rejects the others before any job; this guards direct runs
 UNSUPPORTED = ("profile cells support the flags F and R (plain PyTorch); ZeRO, offload and 4-bit "
-               "are profiled through DeepSpeed in a later version")
+               "steps are profiled by kernel class with backend: deepspeed")
 #: Decoder submodules by attribute name -> module kind (Table VI rows).
 KIND_BY_NAME = {"embed_tokens": "embedding", "q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv",
                 "o_proj": "output", "mlp": "mlp", "lm_head": "lm_head", "rotary_emb": "rope"}
@@ -259,6 +260,95 @@ def run(spec: dict, out: Path, trace_dir: Path) -> dict:
     }
 
 
+def run_inference(spec: dict, out: Path, trace_dir: Path) -> dict:
+    """Serving forward passes (backend inference, Tables X and XI): the model as a serving
+    engine in this environment runs it (transformers: a batch of prompts prefilled, then
+    decode steps with its KV cache, greedy), module-wise under torch.profiler.
+
+    A batch of ``batch_size`` prompts of ``seq_len`` synthetic token ids; ``warmup_steps``
+    unprofiled generations of ``measured_steps`` decode steps first, then one profiled: a
+    prefill phase and a decode phase (``measured_steps`` steps), each a phase range ending
+    in a device synchronize. Rows are per phase (the decode phase's are all its steps).
+    """
+    from ..grid import Cell
+    from ..models import ModelSpec
+
+    cell = Cell.from_dict(spec["cell"])
+    tech = check_technique(cell.technique)
+    if tech.recompute:
+        raise UnsupportedTechnique(f"technique {cell.technique!r} asks for R: serving forward passes have no "
+                                   "backward pass to recompute for (backend inference takes F only)")
+    if cell.gpus != 1 or int(os.environ.get("WORLD_SIZE", "1")) != 1:
+        raise ValueError(f"inference profile cells run as one process on one device (gpus: 1); got {cell.gpus}")
+    proto, accelerator = cell.protocol, spec["platform"]["accelerator"]
+    model_spec = ModelSpec(**spec["model"])
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from .. import provenance
+    from ..train import build
+
+    cuda = accelerator == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        device = torch.device("cuda", torch.cuda.current_device())
+        sync: Callable[[], None] = torch.cuda.synchronize
+    else:
+        device = torch.device("cpu")
+        sync = lambda: None  # noqa: E731 - CPU ops are synchronous
+    torch.manual_seed(proto.seed)
+    attn_impl, attn_ctx, attn_label = build.attention_choice(tech, accelerator)
+    model = build.build_llama(model_spec, attn_impl, torch.bfloat16, device).eval()
+    gen = torch.Generator(device="cpu").manual_seed(proto.seed + 1000)
+    prompts = torch.randint(0, model_spec.vocab_size, (cell.batch_size, proto.seq_len), generator=gen).to(device)
+
+    @torch.no_grad()
+    def generate(ranges: bool) -> list[float]:
+        """Prefill, then ``measured_steps`` decode steps; host clock at the start and at the
+        end of each phase."""
+        phase = record_function if ranges else (lambda name: contextlib.nullcontext())
+        marks = [time.perf_counter()]
+        with phase(attr.phase_range("prefill")), attn_ctx():
+            out = model(input_ids=prompts, use_cache=True)
+            nxt = out.logits[:, -1:].argmax(-1)
+            sync()
+        marks.append(time.perf_counter())
+        with phase(attr.phase_range("decode")), attn_ctx():
+            past = out.past_key_values
+            for _ in range(proto.measured_steps):
+                out = model(input_ids=nxt, past_key_values=past, use_cache=True)
+                past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            sync()
+        marks.append(time.perf_counter())
+        return marks
+
+    sync()
+    warm = [generate(False) for _ in range(proto.warmup_steps)]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with instrument(model), profile(activities=activities) as prof:
+        marks = generate(True)
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    trace = trace_dir / f"{out.stem}.trace.json"
+    prof.export_chrome_trace(str(trace))
+    ops = attr.op_records(prof.events(), use_device=cuda)
+    walls = {p: marks[i + 1] - marks[i] for i, p in enumerate(attr.INFERENCE_PHASES)}
+    rows, phases = attr.aggregate(attr.assign(ops), walls, 1, attr.INFERENCE_PHASES)
+    unprofiled = statistics.fmean(m[-1] - m[0] for m in warm) if warm else marks[-1] - marks[0]
+    tokens = cell.batch_size * (proto.measured_steps + 1)  # the prefill makes each first token
+    return {
+        "schema_version": SCHEMA_VERSION, "rows": rows, "phases": phases,
+        "step_time_s": marks[-1] - marks[0], "unaccounted_s": (marks[-1] - marks[0]) - sum(walls.values()),
+        "unprofiled_step_time_s": unprofiled, "tokens_per_s": tokens / unprofiled, "global_batch_tokens": tokens,
+        "decode_steps": proto.measured_steps, "attention": attn_label, "technique": tech.name,
+        "recompute": False, "world_size": 1, "warmup_steps": proto.warmup_steps, "profiled_steps": 1,
+        "loss_last": None, "trace": str(trace),
+        "method": ("Serving forward passes: prefill of the batch's prompts, then decode steps with the KV cache "
+                   "(transformers' model, greedy); " + attr.METHOD),
+        "versions": provenance.versions(), "devices": provenance.devices(),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point (one rank)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -269,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(args.spec.read_text())
     rank = int(os.environ.get("RANK", 0))
     try:
-        result = run(spec, args.out, args.trace_dir or args.out.parent)
+        runner = run_inference if spec["cell"]["backend"] == "inference" else run
+        result = runner(spec, args.out, args.trace_dir or args.out.parent)
     except BaseException as exc:  # noqa: BLE001 - classify, then re-raise or exit
         if _is_oom(exc):
             Path(f"{args.out}.oom.rank{rank}").write_text(f"{type(exc).__name__}: {exc}"[:2000])

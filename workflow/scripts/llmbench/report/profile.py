@@ -6,6 +6,9 @@ each profile cell) and the per-row table tables/profile.parquet (module times):
   profile-modules    Table VI and Fig. 5: time per module kind and phase; the paper's beside
   profile-attention  Table VIII: attention time without and with F (same platform, model,
                      batch size, R), and the improvement; the paper's beside
+  profile-serve      Tables X and XI: serving forward passes (backend inference cells),
+                     prefill and one decode step, by timeline part (XI) and by kernel
+                     class (X); the paper's LightLLM values beside
   profile-comm       Tables XIV, XV, XVI: memcpy, communication and AllReduce time per
                      iteration and share of a DeepSpeed step (backend deepspeed profile
                      cells, llmbench.profile.kernels); the paper's beside
@@ -24,7 +27,7 @@ from . import reference
 from .markdown import fmt
 from .markdown import table as md_table
 
-CELL = ["platform", "model", "technique", "batch_size", "gpus"]
+CELL = ["platform", "model", "backend", "technique", "batch_size", "gpus"]
 PHASES = ("forward", "backward", "optimizer")
 #: Module kinds of eager attention, and the fused kernel that replaces them with F.
 ATTENTION_PARTS = ("attn_scores", "softmax", "attn_values")
@@ -33,6 +36,7 @@ TITLES = {
     "profile-phases": "Tables V, VII, XIII: one training step by phase (ours beside the paper's A800 values)",
     "profile-modules": "Table VI, Fig. 5: time per module and phase (ours beside the paper's A800 values)",
     "profile-attention": "Table VIII: attention time without and with FlashAttention (F)",
+    "profile-serve": "Tables X, XI: serving forward passes by part of the model and by kernel class",
     "profile-comm": "Tables XIV, XV, XVI: memory copy and communication per iteration of a DeepSpeed step",
 }
 
@@ -88,7 +92,7 @@ def modules(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) 
     table = table[CELL + ["phase", "module", "time_ms", "share_pct", "paper_time_ms", "paper_share_pct"]]
     rows = [[r.platform, r.model, r.technique, str(r.batch_size), r.phase, r.module, fmt(r.time_ms, ".3f"),
              fmt(r.share_pct, ".1f"), fmt(r.paper_time_ms, ".3f"), fmt(r.paper_share_pct, ".1f")]
-            for r in table.sort_values(CELL + ["phase", "time_ms"], ascending=[True] * 6 + [False]).itertuples()]
+            for r in table.sort_values(CELL + ["phase", "time_ms"], ascending=[True] * (len(CELL) + 1) + [False]).itertuples()]
     md = md_table(TITLES["profile-modules"], ["Platform", "Model", "Method", "BS", "Phase", "Module", "ms", "% of phase",
                                          "paper ms", "paper %"], rows,
              "Per step, decoder modules summed over all layers. 'other' is the phase's wall time not inside "
@@ -102,7 +106,7 @@ def attention(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None
     """Attention time of cells without F beside their F twins (same platform, model, BS, R)."""
     ok = _ok(tidy, "torch")[CELL]
     df = points.merge(ok, on=CELL) if len(points) else pd.DataFrame(columns=CELL + ["phase", "module", "time_s"])
-    key = ["platform", "model", "base", "batch_size", "gpus", "phase"]
+    key = ["platform", "model", "backend", "base", "batch_size", "gpus", "phase"]
     att = df[df["module"].isin(ATTENTION_PARTS + (ATTENTION_FUSED,))]
     if att.empty:
         att = pd.DataFrame(columns=CELL + ["phase", "time_s"])
@@ -123,6 +127,54 @@ def attention(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None
                                            "with F ms", "improvement %"], rows,
              "Ours: the attention core (QK^T, softmax, PV; with F the fused kernel) summed over all layers, per "
              "step. The paper's rows (last) are one decoder layer's attention module on A800.")
+    return table, md
+
+
+#: Table XI's timeline parts -> our module kinds (RMSNorm is kept apart: one kind holds the
+#: norms of attention, FFN and the final norm)
+TIMELINE = {"before": ("embedding",), "attention": ("qkv", "rope", "attn_scores", "softmax", "attn_values",
+                                                   "attention_fused", "output"),
+            "ffn": ("mlp",), "rmsnorm": ("rmsnorm",), "after": ("lm_head",), "other": ("other",)}
+#: Table X's compute classes: GEMM time of every row; the rest of a row's time by its kind
+KERNEL_CLASS = {"attn_scores": "attention", "softmax": "attention", "attn_values": "attention",
+                "attention_fused": "attention", "rope": "rope", "rmsnorm": "rmsnorm", "other": "other"}
+
+
+def serve(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) -> tuple[pd.DataFrame, str]:
+    """One row per (inference cell, phase, view, group): ms per forward pass (the decode
+    phase divided by its steps) and % of the phase; the paper's LightLLM rows beside."""
+    ok = _ok(tidy, "inference")[CELL + ["decode_steps"]]
+    cols = CELL + ["phase", "module", "time_s", "gemm_time_s"]
+    df = points.merge(ok, on=CELL) if len(points) else pd.DataFrame(columns=cols + ["decode_steps"])
+    out = []
+    for key, grp in df.groupby(CELL + ["phase"], sort=False):
+        per = float(grp["decode_steps"].iloc[0]) if key[-1] == "decode" else 1.0
+        wall = grp["time_s"].sum()
+        groups: dict[tuple[str, str], float] = {}
+        for view, group, t in ([("timeline", g, grp[grp["module"].isin(kinds)]["time_s"].sum())
+                                for g, kinds in TIMELINE.items()]
+                               + [("kernels", "gemm", grp["gemm_time_s"].sum())]
+                               + [("kernels", KERNEL_CLASS.get(r.module, "element_wise"), r.time_s - r.gemm_time_s)
+                                  for r in grp.itertuples()]):
+            groups[(view, group)] = groups.get((view, group), 0.0) + t
+        for (view, group), t in groups.items():
+            out.append({**dict(zip(CELL + ["phase"], key)), "view": view, "group": group,
+                        "ms": t / per * 1e3, "pct": 100 * t / wall if wall else None})
+    table = pd.DataFrame(out, columns=CELL + ["phase", "view", "group", "ms", "pct"])
+    paper = _paper("profile_serve", root)
+    table = table.merge(paper[["view", "group", "time_ms", "pct"]].rename(
+        columns={"time_ms": "paper_ms", "pct": "paper_pct"}), on=["view", "group"], how="left")
+    rows = [[r.platform, r.model, r.technique, str(r.batch_size), r.phase, r.view, r.group, fmt(r.ms, ".3f"),
+             fmt(r.pct, ".1f"), fmt(r.paper_ms, ".2f"), fmt(r.paper_pct, ".2f")] for r in table.itertuples()]
+    md = md_table(TITLES["profile-serve"], ["Platform", "Model", "Method", "BS", "Phase", "View", "Part", "ms per pass",
+                                       "% of phase", "paper ms", "paper %"], rows,
+                  "Ours: transformers' model serving a batch (prefill of the prompts, then decode steps with the KV "
+                  "cache), one process; ms per forward pass (decode: per step). timeline (Table XI): before = "
+                  "embedding, attention = QKV, RoPE, attention core, output projection, ffn = MLP, after = lm_head; "
+                  "RMSNorm apart. kernels (Table X): GEMM time of all modules, the rest by module (attention core, "
+                  "RoPE, RMSNorm, element-wise for the rest); other = outside every module. Paper: LightLLM, "
+                  "llama2-7b, A800, batch 1024, prompt 512, 64 output tokens, one forward pass (it does not say "
+                  "prefill or decode), its communication rows (tensor parallel) have no counterpart on one process.")
     return table, md
 
 
@@ -175,7 +227,7 @@ def comm(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | No
 
 
 BUILDERS = {"profile-phases": phases, "profile-modules": modules, "profile-attention": attention,
-            "profile-comm": comm}
+            "profile-serve": serve, "profile-comm": comm}
 
 
 def write(table: pd.DataFrame, md: str, csv_path: Path | str, md_path: Path | str) -> None:

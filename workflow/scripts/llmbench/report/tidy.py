@@ -30,14 +30,15 @@ SERVE_METRIC_COLUMNS = [
 #: Microbenchmark cells' columns (empty elsewhere): what ran and its headline numbers.
 MICRO_COLUMNS = ["bench", "case", "points", "all_correct", "best_tflops", "best_pct_of_peak"]
 #: Profile cells' phase times (empty elsewhere; their module rows are in the per-row table).
-PROFILE_COLUMNS = [f"{p}_{k}_s" for p in ("forward", "backward", "optimizer") for k in ("wall", "kernel", "gemm")] + [
-    "profiled_step_time_s", "unaccounted_s"] + kernels.COLUMNS
+PROFILE_COLUMNS = [f"{p}_{k}_s" for p in ("forward", "backward", "optimizer", "prefill", "decode")
+                   for k in ("wall", "kernel", "gemm")] + [
+    "profiled_step_time_s", "unaccounted_s", "decode_steps"] + kernels.COLUMNS
 ALL_COLUMNS = COLUMNS + SERVE_LOAD_COLUMNS + SERVE_METRIC_COLUMNS + MICRO_COLUMNS + PROFILE_COLUMNS
 #: Per-sample tables (one row per request, or per microbenchmark point): the cell's path
 #: fields, then the record's samples columns.
 SAMPLE_KEYS = {"serve": ["platform", "model", "engine", "load", "gpus"],
                "micro": ["platform", "bench", "case", "gpus"],
-               "profile": ["platform", "model", "technique", "batch_size", "gpus"]}
+               "profile": ["platform", "model", "backend", "technique", "batch_size", "gpus"]}
 REQUEST_COLUMNS = SAMPLE_KEYS["serve"] + ["index", "scheduled_s", "sent_s", "ttft_s", "tpot_s", "e2e_s",
                                           "output_tokens", "ok", "error"]
 

@@ -152,6 +152,16 @@ def instrument(model: Any) -> Iterator[None]:
             h.remove()
 
 
+def _device(cuda: bool) -> tuple[Any, Callable[[], None]]:
+    """The process's device and how to wait for it (CPU ops are synchronous)."""
+    import torch
+
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        return torch.device("cuda", torch.cuda.current_device()), torch.cuda.synchronize
+    return torch.device("cpu"), lambda: None
+
+
 def run(spec: dict, out: Path, trace_dir: Path) -> dict:
     """Build the model, run warm-up and profiled steps, attribute, write the result (rank 0)."""
     from ..grid import Cell
@@ -177,13 +187,7 @@ def run(spec: dict, out: Path, trace_dir: Path) -> dict:
     from ..train import build
 
     cuda = accelerator == "cuda"
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        device = torch.device("cuda", torch.cuda.current_device())
-        sync: Callable[[], None] = torch.cuda.synchronize
-    else:
-        device = torch.device("cpu")
-        sync = lambda: None  # noqa: E731 - CPU ops are synchronous
+    device, sync = _device(cuda)
     torch.manual_seed(proto.seed)
     attn_impl, attn_ctx, attn_label = build.attention_choice(tech, accelerator)
     model = build.build_llama(model_spec, attn_impl, torch.bfloat16, device)
@@ -290,13 +294,7 @@ def run_inference(spec: dict, out: Path, trace_dir: Path) -> dict:
     from ..train import build
 
     cuda = accelerator == "cuda"
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        device = torch.device("cuda", torch.cuda.current_device())
-        sync: Callable[[], None] = torch.cuda.synchronize
-    else:
-        device = torch.device("cpu")
-        sync = lambda: None  # noqa: E731 - CPU ops are synchronous
+    device, sync = _device(cuda)
     torch.manual_seed(proto.seed)
     attn_impl, attn_ctx, attn_label = build.attention_choice(tech, accelerator)
     model = build.build_llama(model_spec, attn_impl, torch.bfloat16, device).eval()

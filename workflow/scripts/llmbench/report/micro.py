@@ -14,6 +14,7 @@ import pandas as pd
 from . import reference
 from .markdown import fmt
 from .markdown import table as md_table
+from . import markdown
 
 KEY = ["platform", "bench", "case", "gpus"]
 TITLES = {
@@ -110,6 +111,4 @@ BUILDERS = {"micro-gemm": gemm, "micro-memcpy": memcpy, "micro-collectives": col
 
 def write(table: pd.DataFrame, md: str, csv_path: Path | str, md_path: Path | str) -> None:
     """Write one microbenchmark table as CSV and Markdown."""
-    Path(csv_path).parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(csv_path, index=False)
-    Path(md_path).write_text(md)
+    markdown.write(table, md, csv_path, md_path)

@@ -26,6 +26,7 @@ import pandas as pd
 from . import reference
 from .markdown import fmt
 from .markdown import table as md_table
+from . import markdown
 
 CELL = ["platform", "model", "backend", "technique", "batch_size", "gpus"]
 PHASES = ("forward", "backward", "optimizer")
@@ -232,6 +233,4 @@ BUILDERS = {"profile-phases": phases, "profile-modules": modules, "profile-atten
 
 def write(table: pd.DataFrame, md: str, csv_path: Path | str, md_path: Path | str) -> None:
     """Write one profile table as CSV and Markdown."""
-    Path(csv_path).parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(csv_path, index=False)
-    Path(md_path).write_text(md)
+    markdown.write(table, md, csv_path, md_path)

@@ -13,6 +13,7 @@ import pandas as pd
 
 from . import reference
 from .markdown import fmt, table
+from .markdown import write as write_table
 
 KEY = ["stage", "platform", "model", "backend", "technique", "batch_size"]
 COLUMNS = KEY + ["gpus", "tokens_per_s", "ideal_tokens_per_s", "efficiency_pct", "paper_efficiency_pct"]
@@ -53,6 +54,4 @@ def markdown(df: pd.DataFrame) -> str:
 
 def write(df: pd.DataFrame, csv: Path | str, md: Path | str) -> None:
     """Write the scaling table as CSV and Markdown."""
-    Path(csv).parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(csv, index=False)
-    Path(md).write_text(markdown(df))
+    write_table(df, markdown(df), csv, md)

@@ -14,6 +14,7 @@ import pandas as pd
 from ..grid import SEARCH_KEY
 from ..record import read
 from .markdown import fmt, table
+from .markdown import write as write_table
 
 COLUMNS = list(SEARCH_KEY) + [
     "status", "reason", "largest_ok", "smallest_oom", "max_batch", "capacity_gib", "probes", "n_probes", "n_run",
@@ -71,6 +72,4 @@ def markdown(df: pd.DataFrame) -> str:
 
 def write(df: pd.DataFrame, csv: Path | str, md: Path | str) -> None:
     """Write the search table as CSV and Markdown."""
-    Path(csv).parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(csv, index=False)
-    Path(md).write_text(markdown(df))
+    write_table(df, markdown(df), csv, md)

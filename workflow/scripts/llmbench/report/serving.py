@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from .markdown import fmt
+from .markdown import write as write_table
 
 KEY = ["platform", "model", "engine", "load", "gpus"]
 COLUMNS = KEY + [
@@ -63,6 +64,4 @@ def markdown(table: pd.DataFrame) -> str:
 
 def write(table: pd.DataFrame, csv: Path | str, md: Path | str) -> None:
     """Write the serving table as CSV and Markdown."""
-    Path(csv).parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(csv, index=False)
-    Path(md).write_text(markdown(table))
+    write_table(table, markdown(table), csv, md)

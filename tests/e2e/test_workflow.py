@@ -71,7 +71,7 @@ def test_default_grid_runs_end_to_end(workspace):
     row = t4[(t4.technique == "Naive") & (t4.platform == "cpu")].iloc[0]
     assert (row.batch_size, row.tokens_per_s) == (best.batch_size, pytest.approx(best.tokens_per_s_mean))
     for fig in ("pretrain", "finetune", "serve-throughput", "serve-latency-cdf", "micro-gemm", "micro-memcpy",
-                "micro-collectives", "profile-modules", "scaling"):
+                "micro-collectives", "profile-modules", "profile-serve", "profile-comm", "scaling"):
         assert "cdn.jsdelivr" not in (workspace / f"results/figures/{fig}.html").read_text()
         assert (workspace / f"results/figures/{fig}.png").stat().st_size > 0
 

@@ -346,7 +346,7 @@ def test_kernel_classes_of_a_cpu_gloo_trace():
     assert b["memcpy_s_per_iter"] is None and "compute_s_per_iter" not in b  # no device on a CPU
 
 
-def test_comm_table_puts_the_papers_tables_xiv_xv_xvi_beside_ours():
+def test_comm_table_puts_the_papers_tables_xiv_xv_xvi_beside_ours(tmp_path):
     import pandas as pd
 
     from llmbench.report import profile, tidy
@@ -368,6 +368,10 @@ def test_comm_table_puts_the_papers_tables_xiv_xv_xvi_beside_ours():
     f = table[table.technique == "F"].iloc[0]
     assert f.paper_allreduce_pct == 44.97 and f.allreduce_pct == 40.0 and pd.isna(f.paper_comm_s)
     assert md.startswith("### Tables XIV, XV, XVI")
+    from llmbench.report import figures
+
+    out = figures.save(figures.CHARTS["profile-comm"](df), tmp_path / "comm")
+    assert out[1].read_text().lstrip().startswith("<svg") and "F+R+Z2+O" in out[0].read_text()
 
 
 def test_inference_passes_break_down_into_prefill_and_decode(tmp_path):

@@ -84,7 +84,7 @@ def test_profile_tables_beside_the_paper(tmp_path):
     assert out[1].read_text().lstrip().startswith("<svg")
 
 
-def test_serving_forward_table_groups_modules_as_tables_x_and_xi():
+def test_serving_forward_table_groups_modules_as_tables_x_and_xi(tmp_path):
     """Rows of an inference cell's prefill and decode -> Table XI's parts and Table X's
     kernel classes; each view adds up to the phase, decode per step."""
     import pandas as pd
@@ -112,3 +112,7 @@ def test_serving_forward_table_groups_modules_as_tables_x_and_xi():
             assert view.loc[v, "pct"].sum() == pytest.approx(100.0)
     assert table[(table.group == "attention") & (table.view == "kernels")].paper_ms.iloc[0] == 23.05
     assert md.startswith("### Tables X, XI")
+    from llmbench.report import figures
+
+    out = figures.save(figures.CHARTS["profile-serve"](pd.DataFrame([t]), {"profile": points}), tmp_path / "serve")
+    assert out[1].read_text().lstrip().startswith("<svg") and "attention" in out[0].read_text()

@@ -23,7 +23,7 @@ MICRO_CELL_DIR = "{platform}/{bench}/{case}-g{gpus}"
 SEARCH_DIR = "{stage}/{platform}/{model}/{backend}/{technique}-g{gpus}"
 PAPER_TABLES = ["table3", "table4", "table9"]
 FIGURES = ["pretrain", "finetune", "serve-throughput", "serve-latency-cdf", "micro-gemm", "micro-memcpy",
-           "micro-collectives", "profile-modules", "scaling"]
+           "micro-collectives", "profile-modules", "profile-serve", "profile-comm", "scaling"]
 MICRO_TABLES = ["micro-gemm", "micro-memcpy", "micro-collectives", "table12"]
 PROFILE_TABLES = ["profile-phases", "profile-modules", "profile-attention", "profile-serve", "profile-comm"]
 

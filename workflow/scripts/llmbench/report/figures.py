@@ -138,7 +138,7 @@ def profile_modules_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | 
     cell (technique, batch size), one panel per phase."""
     rows = (tables or {}).get("profile", pd.DataFrame())
     cols = ["platform", "model", "technique", "batch_size", "phase", "module", "share", "time_s"]
-    df = rows[cols].copy() if len(rows) else pd.DataFrame(columns=cols)
+    df = rows[rows["backend"] == "torch"][cols].copy() if len(rows) else pd.DataFrame(columns=cols)
     df = df[df["phase"].isin(["forward", "backward"])]
     df["cell"] = (df["platform"].astype(str) + " " + df["model"].astype(str) + " " + df["technique"].astype(str)
                   + " bs" + df["batch_size"].astype(str))
@@ -148,6 +148,44 @@ def profile_modules_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | 
         tooltip=["cell", "phase", "module", alt.Tooltip("share:Q", format=".1%"), alt.Tooltip("time_s:Q", format=".2e")])
     return bars.properties(width=420, height=160).facet(row=alt.Row("phase:N", title=None)).properties(
         title="Module-wise time of a training step (Fig. 5, Table VI)")
+
+
+def profile_serve_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
+    """Tables X-XI: a serving forward pass (prefill; one decode step) by part of the model
+    and by kernel class, one bar per inference cell and phase."""
+    from . import profile
+
+    rows = (tables or {}).get("profile", pd.DataFrame())
+    df, _ = profile.serve(tidy, rows if len(rows) else pd.DataFrame())
+    df["cell"] = (df["platform"].astype(str) + " " + df["model"].astype(str) + " " + df["technique"].astype(str)
+                  + " bs" + df["batch_size"].astype(str) + " " + df["phase"].astype(str))
+    bars = alt.Chart(df).mark_bar().encode(
+        y=alt.Y("cell:N", title=None), x=alt.X("ms:Q", title="ms per forward pass", stack="zero"),
+        color=alt.Color("group:N", title="part / class"),
+        tooltip=["cell", "view", "group", alt.Tooltip("ms:Q", format=".3f"), alt.Tooltip("pct:Q", format=".1f")])
+    return bars.properties(width=420, height=140).facet(row=alt.Row("view:N", title=None)).properties(
+        title="Serving forward passes: timeline (Table XI) and kernel classes (Table X)")
+
+
+def profile_comm_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.Chart:
+    """Tables XIV-XVI: memcpy, communication and AllReduce share of a DeepSpeed step."""
+    from . import profile
+
+    df, _ = profile.comm(tidy)
+    df["cell"] = (df["platform"].astype(str) + " " + df["model"].astype(str) + " " + df["technique"].astype(str)
+                  + " bs" + df["batch_size"].astype(str) + " g" + df["gpus"].astype(str))
+    long = df.melt(id_vars=["cell"], value_vars=["memcpy_pct", "comm_pct", "allreduce_pct"], var_name="what",
+                   value_name="pct")
+    long["what"] = long["what"].str.replace("_pct", "", regex=False)
+    bars = alt.Chart(long).mark_bar().encode(
+        y=alt.Y("cell:N", title=None), yOffset="what:N", x=alt.X("pct:Q", title="% of the step"),
+        color=alt.Color("what:N", title=None), tooltip=["cell", "what", alt.Tooltip("pct:Q", format=".1f")])
+    title = "Memory copies and communication per DeepSpeed step (Tables XIV-XVI)"
+    if long.empty:  # bands without a domain render to a zero-size SVG: an empty panel instead
+        empty = pd.DataFrame({"pct": pd.Series(dtype=float)})
+        return alt.Chart(empty).mark_bar().encode(x=alt.X("pct:Q", title="% of the step")).properties(
+            width=420, height=60, title=f"{title}: no DeepSpeed profile cell")
+    return bars.properties(width=420, height=alt.Step(12), title=title)
 
 
 def scaling_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.Chart | alt.FacetChart:
@@ -190,4 +228,4 @@ CHARTS = {"pretrain": pretrain_chart, "finetune": finetune_chart,
           "serve-throughput": serve_throughput_chart, "serve-latency-cdf": serve_latency_cdf_chart,
           "micro-gemm": micro_gemm_chart, "micro-memcpy": micro_memcpy_chart,
           "micro-collectives": micro_collectives_chart, "profile-modules": profile_modules_chart,
-          "scaling": scaling_chart}
+          "profile-serve": profile_serve_chart, "profile-comm": profile_comm_chart, "scaling": scaling_chart}

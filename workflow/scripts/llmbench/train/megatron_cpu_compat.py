@@ -35,6 +35,9 @@ What is stubbed, and why (file:line refer to megatron-core 0.16.1):
    not carry Python TorchFunctionModes into backward, and full recomputation re-runs the
    layer's forward there, which builds the causal mask with ``device="cuda"``
    (transformer/utils.py:35).
+6. The warning "CPU RNG state changed within GPU RNG context" of the tracker's fork()
+   (random.py:264) is filtered out: with stub 4 the tracked "GPU" generator *is* the CPU
+   generator, so every random op inside a fork (dropout, even at p=0) trips it, falsely.
 
 The arithmetic is unchanged: the same megatron-core modules, optimizer and schedules run,
 on CPU tensors. What cannot run on a CPU is not stubbed but avoided by configuration (the
@@ -44,6 +47,7 @@ fusion: CUDA/Apex/TE only), CUDA streams (overlap_grad_reduce), TransformerEngin
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -102,6 +106,13 @@ def _cpu_tracker_add(self, name: str, seed: int) -> None:
     torch.set_rng_state(orig)
 
 
+class _DropFalseRngWarning(logging.Filter):
+    """Stub 6: drops the tracker's CPU-RNG warning, false by construction under stub 4."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "CPU RNG state changed within GPU RNG context" not in record.getMessage()
+
+
 def _backward_on_cpu(backward):
     """Stub 5: ``backward`` (an autograd Function's) run inside a CudaToCpuMode."""
 
@@ -130,6 +141,7 @@ def apply(accelerator: str) -> CudaToCpuMode | None:
         mrandom._set_cuda_rng_state = _cpu_set_rng_state
         mrandom.CudaRNGStatesTracker.add = _cpu_tracker_add
         mrandom.CheckpointFunction.backward = _backward_on_cpu(mrandom.CheckpointFunction.backward)  # stub 5
+        logging.getLogger(mrandom.__name__).addFilter(_DropFalseRngWarning())  # stub 6
         _APPLIED = True
     return CudaToCpuMode()
 

@@ -19,7 +19,7 @@ R = GRID.results_dir
 CELL_DIR = "{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}"
 SERVE_CELL_DIR = "{platform}/{model}/{engine}/{load}-g{gpus}"
 MICRO_CELL_DIR = "{platform}/{bench}/{case}-g{gpus}"
-PAPER_TABLES = ["table3", "table4", "table9"]
+PAPER_TABLES = ["table2", "table3", "table4", "table9"]
 FIGURES = ["pretrain", "finetune", "serve-throughput", "serve-latency-cdf", "micro-gemm", "micro-memcpy",
            "micro-collectives", "profile-modules", "scaling"]
 MICRO_TABLES = ["micro-gemm", "micro-memcpy", "micro-collectives", "table12"]

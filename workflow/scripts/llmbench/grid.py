@@ -53,6 +53,15 @@ SERVE_KEY = ("stage", "platform", "model", "engine", "load", "gpus")
 MICRO_KEY = ("stage", "platform", "bench", "case", "gpus")
 
 
+def layout_name(parallel: dict[str, Any] | None) -> str | None:
+    """A Megatron cell's layout as in its path: tp{T}pp{P}, with -distopt for the
+    distributed optimizer; None for a cell without one."""
+    if parallel is None:
+        return None
+    opt = "-distopt" if parallel["distributed_optimizer"] else ""
+    return f"tp{parallel['tensor_parallel']}pp{parallel['pipeline_parallel']}{opt}"
+
+
 class _Addressed:
     """The path of a cell's record: a pure function of the fields its PATTERN names."""
 
@@ -120,11 +129,7 @@ class Cell(_Addressed):
     @property
     def backend_dir(self) -> str:
         """The {backend} component of the record path (the module docstring's grammar)."""
-        if self.parallel is None:
-            return self.backend
-        p = self.parallel
-        opt = "-distopt" if p["distributed_optimizer"] else ""
-        return f"{self.backend}-tp{p['tensor_parallel']}pp{p['pipeline_parallel']}{opt}"
+        return self.backend if self.parallel is None else f"{self.backend}-{layout_name(self.parallel)}"
 
     @property
     def key(self) -> dict[str, Any]:

@@ -263,6 +263,7 @@ def launch_free_port() -> int:
     ("F+R", 1, {}, "sdpa[default]"),
     ("Naive", 2, {"distributed_optimizer": True}, "megatron[unfused]"),
     ("Naive", 2, {"tensor_parallel": 2}, "megatron[unfused]"),
+    ("Naive", 2, {"pipeline_parallel": 2}, "megatron[unfused]"),
 ])
 def test_real_megatron_cell(tmp_path, technique, gpus, layout, attention):
     g = grid.expand(cfg(techniques=[technique], gpus=gpus, **layout))

@@ -35,12 +35,17 @@ What runs (paper Section IV-A, Table II; megatron-core 0.16.1 on Python 3.11):
   stubs the hard-coded CUDA calls (applied only when the platform's accelerator is cpu).
   bf16 with fp32 master weights, the distributed optimizer, TP and PP all run on a CPU
   that way; CUDA-only fusions are switched off there (and on GPUs without Apex/TE they
-  fall back inside megatron-core by themselves).
+  are left off where megatron-core has no fallback). Without Apex/TE megatron-core's
+  RMSNorm is torch's, with fp32 weights (bf16 activations): recorded as it is.
+- Verified on a CPU only (tests/unit/test_megatron.py: 1 rank, DP2 with the distributed
+  optimizer, TP2, PP2). The GPU path (NCCL, CUDA memory, jit fusions) is
+  written against the same API and has not been run yet (config/gpu-h200x2-megatron.yaml).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -86,10 +91,11 @@ def transformer_config(model_spec, tech, parallel: dict[str, Any], accelerator: 
         # Weights are initialised on the host, then moved (GPU): the same random model
         # whatever the layout, and no CUDA RNG tracker at init.
         use_cpu_initialization=True,
-        # CUDA/Apex/TE kernels; on a CPU they cannot run. On a GPU without Apex or TE
-        # megatron-core falls back from the first three by itself.
+        # Fusions: torch.jit kernels (bias+SwiGLU, bias+dropout+add) on a GPU; the fused
+        # masked softmax only where its compiled extension (Apex / Megatron-LM's) is
+        # importable, since megatron-core imports it without a fallback. None on a CPU.
         bias_activation_fusion=not cpu,
-        masked_softmax_fusion=not cpu,
+        masked_softmax_fusion=not cpu and importlib.util.find_spec("scaled_upper_triang_masked_softmax_cuda") is not None,
         bias_dropout_fusion=not cpu,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,  # needs Apex's fused weight-gradient kernel

@@ -355,3 +355,20 @@ def test_table2_builds_without_megatron_cells(tmp_path):
     paper_tables.write_table2(long, tmp_path / "t2.csv", tmp_path / "t2.md", "Table II")
     assert (tmp_path / "t2.md").read_text().count("| Megatron-LM |") == 2
     assert len(pd.read_csv(tmp_path / "t2.csv")) == 4
+
+
+def test_scaling_series_never_mix_layouts_and_the_figure_tells_backends_apart(tmp_path):
+    from llmbench.report import figures, scaling
+
+    t = _records(tmp_path, [
+        ("megatron", {}, "a800", 1, 1, "ok", 1000.0),
+        ("megatron", {}, "a800", 1, 2, "ok", 1900.0),
+        ("megatron", {"distributed_optimizer": True}, "a800", 1, 4, "ok", 3000.0),
+        ("deepspeed", {}, "a800", 1, 1, "ok", 900.0),
+    ])
+    s = scaling.build(t)
+    assert list(zip(s.backend, s.layout, s.gpus)) == [("megatron", "tp1pp1", 1), ("megatron", "tp1pp1", 2)]
+    assert s.efficiency_pct.iloc[1] == pytest.approx(95.0)
+    chart = figures.pretrain_chart(t).to_dict()
+    cells = {r["cell"] for r in next(iter(chart["datasets"].values()))}
+    assert cells == {"Naive bs1", "Naive bs1 megatron-tp1pp1", "Naive bs1 megatron-tp1pp1-distopt"}

@@ -33,6 +33,7 @@ def cfg(**block):
     (dict(techniques=["Q"]), r"pretrain\[0\]\.techniques\[0\]: .* asks for Q"),
     (dict(gpus=2, tensor_parallel=2, pipeline_parallel=2), r"pretrain\[0\]\.tensor_parallel: .*= 4 must divide pretrain\[0\]\.gpus \(2 GPUs\)"),
     (dict(gpus=[1, 3], tensor_parallel=2), r"pretrain\[0\]\.tensor_parallel: .* must divide pretrain\[0\]\.gpus\[0\] \(1 GPUs\)"),
+    (dict(gpus=3, pipeline_parallel=2), r"pretrain\[0\]\.pipeline_parallel: tensor_parallel 1 x pipeline_parallel 2 = 2 must divide pretrain\[0\]\.gpus \(3 GPUs\)"),
     (dict(gpus=4, tensor_parallel=4), r"pretrain\[0\]\.tensor_parallel: 4 must divide model 'tiny''s num_attention_heads \(2\)"),
     (dict(gpus=3, pipeline_parallel=3), r"pretrain\[0\]\.pipeline_parallel: 3 must divide model 'tiny''s num_hidden_layers \(2\)"),
     (dict(tensor_parallel=0), r"pretrain\[0\]\.tensor_parallel: 0 is less than the minimum of 1"),

@@ -346,7 +346,8 @@ def _parallel(block: dict, where: str, backend: str, model: ModelSpec, gpus: int
         return None
     tp, pp = block["tensor_parallel"] or 1, block["pipeline_parallel"] or 1
     if gpus % (tp * pp):
-        raise ConfigError(f"{where}.tensor_parallel: tensor_parallel {tp} x pipeline_parallel {pp} = {tp * pp} "
+        key = "pipeline_parallel" if tp == 1 else "tensor_parallel"
+        raise ConfigError(f"{where}.{key}: tensor_parallel {tp} x pipeline_parallel {pp} = {tp * pp} "
                           f"must divide {gpus_key} ({gpus} GPUs); data parallel = gpus / (tp*pp)")
     for heads in ("num_attention_heads", "num_key_value_heads"):
         if getattr(model, heads) % tp:

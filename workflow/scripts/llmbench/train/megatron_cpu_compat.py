@@ -13,7 +13,7 @@ What is stubbed, and why (file:line refer to megatron-core 0.16.1):
    for buffers and tensors: distributed/param_and_grad_buffer.py:783-806 (the gradient
    buffers of Megatron's DDP), optimizer/distrib_optimizer.py:791, models/gpt/gpt_model.py:415,
    tensor_parallel/layers.py, models/common/embeddings/rotary_pos_embedding.py:162 (RoPE
-   moves its inv_freq "to the GPU" at the first forward). Rule 2 turns the index into cpu.
+   moves its inv_freq "to the GPU" at the first forward). Stub 2 turns the index into cpu.
 2. :class:`CudaToCpuMode`, a TorchFunctionMode active for the whole run, rewrites every
    ``device=`` argument that names CUDA ("cuda", "cuda:N", an int index, a cuda
    torch.device) to the CPU, and makes ``Tensor.cuda()`` a no-op. Covers the literal
@@ -21,6 +21,8 @@ What is stubbed, and why (file:line refer to megatron-core 0.16.1):
    found_inf, overflow buffer, scale one), gradient clipping (optimizer/clip_grads.py:90-115,
    207), the schedules' token counter (pipeline_parallel/schedules.py:596, 983) and rule 1's
    indices. Autograd's C++ backward does not pass through it; nothing there names a device.
+   Its cost: a Python call per torch function in the forward pass (microseconds each),
+   which a tiny CPU cell's tokens/s includes.
 3. The same mode answers ``Tensor.type()`` (no argument) for a CPU tensor with the CUDA
    type name ("torch.cuda.BFloat16Tensor"): the bf16 optimizer and the distributed
    optimizer accept only CUDA type names when they make fp32 master copies
@@ -42,7 +44,8 @@ What is stubbed, and why (file:line refer to megatron-core 0.16.1):
 The arithmetic is unchanged: the same megatron-core modules, optimizer and schedules run,
 on CPU tensors. What cannot run on a CPU is not stubbed but avoided by configuration (the
 worker says which): fused kernels (bias/activation, RoPE, softmax, gradient-accumulation
-fusion: CUDA/Apex/TE only), CUDA streams (overlap_grad_reduce), TransformerEngine specs.
+fusion: CUDA/Apex/TE only), CUDA streams (overlap_grad_reduce), the device synchronize
+after batched pipeline send/receive (batch_p2p_sync), TransformerEngine specs.
 """
 
 from __future__ import annotations

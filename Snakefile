@@ -5,6 +5,7 @@
 #
 # Path grammar (under config["results_dir"], default results/):
 #   runs/{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}/record.json
+#     (backend megatron: {backend} is megatron-tp{T}pp{P}[-distopt], its parallel layout)
 #     (stage profile: module-wise profiling; the cell's Chrome traces sit beside its record)
 #   runs/serve/{platform}/{model}/{engine}/{load}-g{gpus}/record.json   serving cells
 #   runs/micro/{platform}/{bench}/{case}-g{gpus}/record.json            microbenchmark cells
@@ -13,7 +14,7 @@
 #   models/{model}/{weights}/            model directory an engine loads (config, weights, tokenizer)
 #   tables/records.{csv,parquet}         the tidy table of every Record
 #   tables/requests.parquet              one row per measured request of every serving cell
-#   tables/{table3,table4,table9}.{csv,md}  the paper's layouts, ours beside the published values
+#   tables/{table2,table3,table4,table9}.{csv,md}  the paper's layouts, ours beside the published values
 #   tables/serving.{csv,md}              throughput and TTFT/TPOT/ITL/latency percentiles per cell
 #   tables/scaling.{csv,md}              Fig. 4: tokens/s and efficiency per GPU count
 #   tables/micro.parquet                 one row per measured microbenchmark point

@@ -1,6 +1,6 @@
 """The embedded default grid through the workflow, for real: DeepSpeed ZeRO-0/2/3, offload,
 recomputation, FlashAttention (SDPA kernels) and bitsandbytes 4-bit on the CPU, a forced
-OOM cell; PEFT LoRA, QLoRA (bitsandbytes CPU backend), LoRA-FA, DoRA and prompt tuning,
+OOM cell; Megatron-LM (megatron-core on gloo, 1 and 2 ranks, its distributed optimizer); PEFT LoRA, QLoRA (bitsandbytes CPU backend), LoRA-FA, DoRA and prompt tuning,
 with R, F and ZeRO-2/3; the tables and figures; then incremental reruns and bad input.
 
 Tests in this module run in order on one workspace (the first one runs the grid).
@@ -31,7 +31,7 @@ def test_default_grid_runs_end_to_end(workspace):
     res = snakemake(workspace, "--cores", "2")
     assert res.returncode == 0, res.stderr[-4000:]
     records = training_records(workspace)
-    assert len(records) == 28  # 27 listed + the batch the search found
+    assert len(records) == 32  # 27 DeepSpeed cells listed + the batch the search found + 4 Megatron
     for path, rec in records.items():
         if path == OOM_CELL:
             assert rec["status"] == "oom", rec["reason"]
@@ -43,7 +43,7 @@ def test_default_grid_runs_end_to_end(workspace):
         assert len(m["tokens_per_s_runs"]) == rec["cell"]["protocol"]["repeats"]  # each its own process
         assert m["peak_rss_gib"] > 0
         assert rec["provenance"]["versions"]["deepspeed"] and rec["provenance"]["spec"]["cell"]
-    pre = [r for r in records.values() if r["cell"]["stage"] == "pretrain"]
+    pre = [r for r in records.values() if r["cell"]["stage"] == "pretrain" and r["cell"]["backend"] == "deepspeed"]
     by_tech = {(r["cell"]["technique"], r["cell"]["batch_size"]): r for r in pre}
     # DeepSpeed really ran the stage the technique asks for
     assert by_tech[("Z3+O", 1)]["provenance"]["ds_config"]["zero_optimization"]["offload_param"]["device"] == "cpu"
@@ -54,10 +54,38 @@ def test_default_grid_runs_end_to_end(workspace):
     assert by_tech[("F", 1)]["metrics"]["attention"] == "sdpa[default]"
     assert naive["attention"] == "sdpa[math]"
 
+    # Megatron-LM cells: megatron-core really ran, with the layout and optimizer asked for
+    meg = {p: r for p, r in records.items() if r["cell"]["backend"] == "megatron"}
+    assert sorted(meg) == [
+        "results/runs/pretrain/cpu/tiny/megatron-tp1pp1-distopt/Naive/bs1-g2/record.json",
+        "results/runs/pretrain/cpu/tiny/megatron-tp1pp1/Naive/bs1-g1/record.json",
+        "results/runs/pretrain/cpu/tiny/megatron-tp1pp1/Naive/bs4-g1/record.json",
+        "results/runs/pretrain/cpu/tiny/megatron-tp1pp1/R/bs1-g1/record.json",
+    ]
+    for path, rec in meg.items():
+        mc = rec["provenance"]["megatron_config"]
+        assert rec["status"] == "ok" and rec["provenance"]["versions"]["megatron-core"] == "0.16.1"
+        assert mc["cpu_compat"] and mc["distributed_optimizer"] == ("distopt" in path)
+        assert rec["metrics"]["trainable_params"] == rec["metrics"]["total_params"]
+    assert meg["results/runs/pretrain/cpu/tiny/megatron-tp1pp1/R/bs1-g1/record.json"]["provenance"][
+        "megatron_config"]["recompute"]["recompute_granularity"] == "full"
+
     tidy = pd.read_csv(workspace / "results/tables/records.csv")
-    assert len(tidy) == 42 and (tidy["status"] == "oom").sum() == 1
-    assert tidy["stage"].value_counts().to_dict() == {"pretrain": 17, "finetune": 11, "micro": 4, "profile": 8, "serve": 2}
-    assert len(pd.read_parquet(workspace / "results/tables/records.parquet")) == 42
+    assert len(tidy) == 46 and (tidy["status"] == "oom").sum() == 1
+    assert tidy["stage"].value_counts().to_dict() == {"pretrain": 21, "finetune": 11, "micro": 4, "profile": 8, "serve": 2}
+    assert len(pd.read_parquet(workspace / "results/tables/records.parquet")) == 46
+    # Table II: both frameworks at batch 1 and their largest batch (DeepSpeed's: the one the
+    # max-batch search found), beside the paper's rows
+    searched = json.loads((workspace / "results/runs/search/pretrain/cpu/tiny/deepspeed/Naive-g1/search.json"
+                           ).read_text())["largest_ok"]
+    t2 = pd.read_csv(workspace / "results/tables/table2.csv")
+    ours = t2[t2.platform == "cpu"]
+    assert set(zip(ours.framework, ours.layout.fillna(""), ours.batch, ours.batch_size)) == {
+        ("megatron", "tp1pp1", "1", 1), ("megatron", "tp1pp1", "max", 4), ("megatron", "tp1pp1-distopt", "1", 1),
+        ("deepspeed", "", "1", 1), ("deepspeed", "", "max", searched)}
+    assert (ours.status == "ok").all() and (ours.tokens_per_s > 0).all()
+    assert len(t2[t2.platform == "a800"]) == 4  # the paper's rows
+    assert "| Megatron-LM | tp1pp1 | cpu | tiny |" in (workspace / "results/tables/table2.md").read_text()
     # Fig. 4: the 4-bit cell on 1 and 2 gloo processes, efficiency against linear scaling
     scaling = pd.read_csv(workspace / "results/tables/scaling.csv")
     assert list(scaling["gpus"]) == [1, 2] and set(scaling["technique"]) == {"Q"}
@@ -66,7 +94,8 @@ def test_default_grid_runs_end_to_end(workspace):
     for tech in ("Naive", "Z2", "Z2+O", "Z3", "Z3+O", "Q", "R", "F", "R+Q", "F+R+Z3"):
         assert f"| tiny | {tech} |" in t3
     t4 = pd.read_csv(workspace / "results/tables/table4.csv")
-    naive_ok = tidy[(tidy.stage == "pretrain") & (tidy.technique == "Naive") & (tidy.status == "ok")]
+    naive_ok = tidy[(tidy.stage == "pretrain") & (tidy.backend == "deepspeed") & (tidy.technique == "Naive")
+                    & (tidy.status == "ok")]
     best = naive_ok.loc[naive_ok["tokens_per_s_mean"].idxmax()]
     row = t4[(t4.technique == "Naive") & (t4.platform == "cpu")].iloc[0]
     assert (row.batch_size, row.tokens_per_s) == (best.batch_size, pytest.approx(best.tokens_per_s_mean))
@@ -272,7 +301,7 @@ def test_changing_one_grid_value_reruns_only_the_cells_it_touches(workspace):
     assert changed == {OOM_CELL, "results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs2-g1/record.json"}
     # nothing measured is lost: the cell that left the grid keeps its record
     assert "results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs4-g1/record.json" in after
-    assert len(pd.read_csv(workspace / "results/tables/records.csv")) == 42
+    assert len(pd.read_csv(workspace / "results/tables/records.csv")) == 46
 
 
 @pytest.mark.parametrize(

@@ -289,3 +289,14 @@ def test_search_only_block_and_its_errors():
     bad["profile"] = [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["R"], "max_batch": {}}]
     with pytest.raises(ConfigError, match=r"profile\[0\].max_batch: the search runs pretrain and finetune cells"):
         grid.expand(bad)
+
+
+def test_a_megatron_search_is_addressed_by_its_layout():
+    c = cfg(backend="megatron", techniques=["Naive"], max_batch={"max": 8}, gpus=2, distributed_optimizer=True)
+    g = grid.expand(c)
+    s = g.searches[0]
+    assert s.record_path() == "results/runs/search/pretrain/cpu/tiny/megatron-tp1pp1-distopt/Naive-g2"
+    found = g.find(stage="pretrain", platform="cpu", model="tiny", backend="megatron-tp1pp1-distopt", technique="Naive",
+                   batch_size="5", gpus="2")
+    assert found.parallel == s.cell.parallel and found.batch_size == 5
+    assert g.find_search(**s.key) is s

@@ -21,7 +21,7 @@ CELL_DIR = "{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gp
 SERVE_CELL_DIR = "{platform}/{model}/{engine}/{load}-g{gpus}"
 MICRO_CELL_DIR = "{platform}/{bench}/{case}-g{gpus}"
 SEARCH_DIR = "{stage}/{platform}/{model}/{backend}/{technique}-g{gpus}"
-PAPER_TABLES = ["table3", "table4", "table9"]
+PAPER_TABLES = ["table2", "table3", "table4", "table9"]
 FIGURES = ["pretrain", "finetune", "serve-throughput", "serve-latency-cdf", "micro-gemm", "micro-memcpy",
            "micro-collectives", "profile-modules", "profile-serve", "profile-comm", "scaling"]
 MICRO_TABLES = ["micro-gemm", "micro-memcpy", "micro-collectives", "table12"]

@@ -4,6 +4,12 @@ Path grammar (relative to results_dir):
     runs/{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}/record.json
 A Cell's path is a pure function of these fields; every other field (protocol, caps) must
 agree between blocks that produce the same path, or the grid is rejected.
+
+The {backend} path component is the backend's name, except for Megatron-LM cells, whose
+parallel layout is part of what is measured: ``megatron-tp{T}pp{P}`` and, with Megatron's
+distributed optimizer, ``megatron-tp{T}pp{P}-distopt`` (data parallel = gpus / (T*P)
+follows from the path's g{gpus}). Cell.backend stays "megatron"; the layout is Cell.parallel.
+Every other backend's paths and specs are what they were before Megatron came.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ WILDCARD_CONSTRAINTS: dict[str, str] = {
     "stage": "pretrain|finetune|profile",
     "platform": "[a-z0-9][a-z0-9-]*",
     "model": "[a-z0-9][a-z0-9.-]*",
-    "backend": "[a-z]+",
+    "backend": "[a-z]+|megatron-tp[0-9]+pp[0-9]+(-distopt)?",
     "technique": "[A-Za-z0-9+]+",
     "batch_size": "[0-9]+",
     "gpus": "[0-9]+",
@@ -52,6 +58,15 @@ TRAIN_KEY = ("stage", "platform", "model", "backend", "technique", "batch_size",
 SERVE_KEY = ("stage", "platform", "model", "engine", "load", "gpus")
 MICRO_KEY = ("stage", "platform", "bench", "case", "gpus")
 SEARCH_KEY = ("stage", "platform", "model", "backend", "technique", "gpus")
+
+
+def layout_name(parallel: dict[str, Any] | None) -> str | None:
+    """A Megatron cell's layout as in its path: tp{T}pp{P}, with -distopt for the
+    distributed optimizer; None for a cell without one."""
+    if parallel is None:
+        return None
+    opt = "-distopt" if parallel["distributed_optimizer"] else ""
+    return f"tp{parallel['tensor_parallel']}pp{parallel['pipeline_parallel']}{opt}"
 
 
 class _Addressed:
@@ -103,6 +118,10 @@ class Cell(_Addressed):
     adapter: dict[str, Any] | None = None
     """Resolved fine-tuning settings (lora: rank, alpha, dropout, target_modules; or
     prompt_tuning: num_virtual_tokens); None for pre-training."""
+    parallel: dict[str, Any] | None = None
+    """Megatron-LM's layout: tensor_parallel, pipeline_parallel, data_parallel (gpus over
+    their product) and distributed_optimizer; None for every other backend (and then left
+    out of to_dict, so their specs are unchanged)."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -111,6 +130,25 @@ class Cell(_Addressed):
             raise ConfigError(f"gpus must be >= 1, got {self.gpus}")
         if techniques.canonical(self.technique) != self.technique:
             raise ConfigError(f"technique {self.technique!r} is not canonical")
+        if (self.backend == "megatron") != (self.parallel is not None):
+            raise ConfigError("a Cell has a parallel layout exactly when its backend is 'megatron'")
+
+    @property
+    def backend_dir(self) -> str:
+        """The {backend} component of the record path (the module docstring's grammar)."""
+        return self.backend if self.parallel is None else f"{self.backend}-{layout_name(self.parallel)}"
+
+    @property
+    def key(self) -> dict[str, Any]:
+        """The fields that name the cell's path (backend: backend_dir)."""
+        return {k: self.backend_dir if k == "backend" else getattr(self, k) for k in self.KEY}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (JSON-ready); ``parallel`` only where it is set."""
+        data = asdict(self)
+        if data["parallel"] is None:
+            del data["parallel"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Cell":
@@ -236,6 +274,11 @@ class Search(_Addressed):
             return getattr(self.cell, name)
         raise AttributeError(name)
 
+    @property
+    def key(self) -> dict[str, Any]:
+        """The measured cell's path fields but its batch size (backend: its path form)."""
+        return {k: self.cell.key[k] for k in self.KEY}
+
     def frontier_path(self, results_dir: str = "results") -> str:
         """The OOM frontier file later searches of this cell read (llmbench.search)."""
         return f"{results_dir}/" + FRONTIER_PATTERN.format(**self.key)
@@ -323,9 +366,15 @@ STAGES = ("pretrain", "finetune", "profile")
 #: Backends each training stage allows; the first is the default.
 #: stages whose blocks may search their largest batch (max_batch)
 SEARCH_STAGES = ("pretrain", "finetune")
-BACKENDS = {"pretrain": ("deepspeed",), "finetune": ("deepspeed",), "profile": ("torch", "deepspeed", "inference")}
+BACKENDS = {"pretrain": ("deepspeed", "megatron"), "finetune": ("deepspeed",),
+            "profile": ("torch", "deepspeed", "inference")}
 #: Technique flags a profile cell supports (plain PyTorch; ZeRO, offload, 4-bit need DeepSpeed).
 PROFILE_FLAGS = ("F", "R")
+#: Technique flags a Megatron-LM cell supports (ZeRO, offload and 4-bit are DeepSpeed's and
+#: bitsandbytes'; Megatron's own sharding is the distributed_optimizer block key).
+MEGATRON_FLAGS = ("F", "R")
+#: Block keys of Megatron-LM's parallel layout (null in the schema: not given).
+MEGATRON_KEYS = ("tensor_parallel", "pipeline_parallel", "distributed_optimizer")
 
 
 def _techniques(block: dict, where: str, stage: str) -> list[str]:
@@ -349,8 +398,37 @@ def _techniques(block: dict, where: str, stage: str) -> list[str]:
         if stage == "finetune" and not tech.adapter:
             methods = ", ".join(techniques.ADAPTERS)
             raise ConfigError(f"{key}: {text!r} names no fine-tuning method; start it with one of {methods}")
+        if block.get("backend") == "megatron" and set(tech.flags) - set(MEGATRON_FLAGS):
+            raise ConfigError(f"{key}: backend 'megatron' supports the flags {', '.join(MEGATRON_FLAGS)}; "
+                              f"{text!r} asks for {', '.join(sorted(set(tech.flags) - set(MEGATRON_FLAGS)))} "
+                              "(ZeRO, offload and 4-bit run with backend deepspeed)")
         names.append(tech.name)
     return names
+
+
+def _parallel(block: dict, where: str, backend: str, model: ModelSpec, gpus: int,
+              gpus_key: str) -> dict[str, Any] | None:
+    """Megatron-LM's layout of one cell, checked against the model and the GPU count
+    (errors name the block key); None for other backends, which may not set the keys."""
+    if backend != "megatron":
+        for k in MEGATRON_KEYS:
+            if block[k] is not None:
+                raise ConfigError(f"{where}.{k}: only for backend 'megatron' (this block's backend is {backend!r})")
+        return None
+    tp, pp = block["tensor_parallel"] or 1, block["pipeline_parallel"] or 1
+    if gpus % (tp * pp):
+        key = "pipeline_parallel" if tp == 1 else "tensor_parallel"
+        raise ConfigError(f"{where}.{key}: tensor_parallel {tp} x pipeline_parallel {pp} = {tp * pp} "
+                          f"must divide {gpus_key} ({gpus} GPUs); data parallel = gpus / (tp*pp)")
+    for heads in ("num_attention_heads", "num_key_value_heads"):
+        if getattr(model, heads) % tp:
+            raise ConfigError(f"{where}.tensor_parallel: {tp} must divide model {model.name!r}'s "
+                              f"{heads} ({getattr(model, heads)})")
+    if model.num_hidden_layers % pp:
+        raise ConfigError(f"{where}.pipeline_parallel: {pp} must divide model {model.name!r}'s "
+                          f"num_hidden_layers ({model.num_hidden_layers})")
+    return {"tensor_parallel": tp, "pipeline_parallel": pp, "data_parallel": gpus // (tp * pp),
+            "distributed_optimizer": bool(block["distributed_optimizer"])}
 
 
 def _gpu_counts(value: int | list[int] | None, platform: Platform, where: str) -> list[int]:
@@ -433,18 +511,20 @@ def expand(config: dict[str, Any], root: Path = REPO_ROOT, source: str = "config
                     if techniques.parse(tech).quant4 and not platform.supports_4bit:
                         raise ConfigError(f"{where}: technique {tech!r} needs bitsandbytes 4-bit, which "
                                           f"platform {plat_name!r} does not support (supports_4bit: false)")
-                    grid.models.setdefault(model_name, ModelSpec.load(model_name, root))
+                    model = grid.models.setdefault(model_name, ModelSpec.load(model_name, root))
+                    gpus_key = f"{where}.gpus" + (f"[{block['gpus'].index(gpus)}]" if isinstance(block["gpus"], list) else "")
+                    parallel = _parallel(block, where, backend, model, gpus, gpus_key)
                     if search is not None:
                         _add_search(grid, where, search, Cell(
                             stage=stage, platform=plat_name, model=model_name, backend=backend, technique=tech,
                             batch_size=search["start"], gpus=gpus, protocol=protocol,
-                            mem_cap_gib=block["mem_cap_gib"], adapter=_adapter(block, where, tech)))
+                            mem_cap_gib=block["mem_cap_gib"], adapter=_adapter(block, where, tech), parallel=parallel))
                     for bs in (canon[tech] if isinstance(sizes, dict) else sizes or []):
                         cell = Cell(
                             stage=stage, platform=plat_name, model=model_name,
                             backend=backend, technique=tech, batch_size=bs, gpus=gpus,
                             protocol=protocol, mem_cap_gib=block["mem_cap_gib"],
-                            adapter=_adapter(block, where, tech),
+                            adapter=_adapter(block, where, tech), parallel=parallel,
                         )
                         path = cell.record_path(grid.results_dir)
                         if path in seen and seen[path] != cell:

@@ -37,10 +37,11 @@ from .models import MFU_FORMULA, ModelSpec, flops_per_token
 from .protocol import summarize
 from .record import Metrics, Record, write
 
-#: backend -> worker module (profile stage: torch, a training step module-wise; inference,
-#: serving forward passes module-wise; deepspeed, a DeepSpeed step by kernel class)
-WORKERS = {"deepspeed": "llmbench.train.deepspeed_worker", "torch": "llmbench.profile.worker",
-           "inference": "llmbench.profile.worker"}
+#: backend -> worker module (pretrain: deepspeed, megatron; profile stage: torch, a training
+#: step module-wise; inference, serving forward passes module-wise; deepspeed, a DeepSpeed
+#: step by kernel class)
+WORKERS = {"deepspeed": "llmbench.train.deepspeed_worker", "megatron": "llmbench.train.megatron_worker",
+           "torch": "llmbench.profile.worker", "inference": "llmbench.profile.worker"}
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "DefaultCPUAllocator: can't allocate memory")
 LOG_TAIL_LINES = 40
 
@@ -259,6 +260,8 @@ def provenance_of(spec: dict, results: list[dict], started: str, command: list[s
         "versions": results[-1]["versions"] if results else provenance.versions(),
         "devices": results[-1]["devices"] if results else None,
         "ds_config": results[-1].get("ds_config") if results else None,
+        # a Megatron cell's layout, recomputation, precision and optimizer as built
+        **({"megatron_config": results[-1]["megatron_config"]} if results and "megatron_config" in results[-1] else {}),
         "spec": spec,
         "command": command,
         "started": started,

@@ -13,6 +13,11 @@ def pretrain_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = 
     df = tidy[(tidy["stage"] == "pretrain") & (tidy["status"] == "ok")].copy()
     # astype(str): with no such cells the columns are empty floats
     df["cell"] = df["technique"].astype(str) + " bs" + df["batch_size"].astype(str)
+    # Megatron-LM cells apart from DeepSpeed's: "Naive bs1 megatron-tp1pp1"
+    meg = df["layout"].notna()
+    if meg.any():
+        df.loc[meg, "cell"] = (df.loc[meg, "cell"] + " " + df.loc[meg, "backend"].astype(str) + "-"
+                               + df.loc[meg, "layout"].astype(str))
     base = alt.Chart(df).encode(
         x=alt.X("cell:N", title="technique, batch size", sort=None),
         color=alt.Color("platform:N", title="platform"),

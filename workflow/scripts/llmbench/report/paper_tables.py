@@ -3,6 +3,7 @@
 Table III: every method at batch size 1. Table IV: every method at the batch size that
 gave the highest throughput among the batch sizes run (Table IV's "maximised" batch).
 Table IX: every fine-tuning method (LoRA, QLoRA, ...) at batch size 1.
+Table II: Megatron-LM vs DeepSpeed (Naive) at batch size 1 and at the largest batch size run.
 "-" is an out-of-memory cell (ours or the paper's); an empty cell was not run/printed.
 """
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import reference
+from .markdown import fmt, table
 
 PAPER_PLATFORM_ORDER = ["a800", "rtx4090", "rtx3090", "rtx3090-nonvlink"]
 LONG_COLUMNS = [
@@ -117,3 +119,87 @@ def write(long: pd.DataFrame, csv: Path | str, md: Path | str, title: str, with_
     Path(csv).parent.mkdir(parents=True, exist_ok=True)
     long.to_csv(csv, index=False)
     Path(md).write_text(markdown(long, title, with_bs))
+
+
+# Table II: Megatron-LM vs DeepSpeed, no other technique (Naive), at batch size 1 and at
+# the largest batch size that ran ("max"; the paper's maximum batch size per framework).
+TABLE2_FRAMEWORKS = ("megatron", "deepspeed")
+TABLE2_KEY = ["framework", "platform", "model", "batch"]
+TABLE2_COLUMNS = [
+    "framework", "layout", "platform", "model", "gpus", "batch", "status", "batch_size", "tokens_per_s",
+    "tokens_per_s_std", "peak_mem_gib", "paper_status", "paper_batch_size", "paper_tokens_per_s",
+    "paper_mem_gb", "ratio_tokens_per_s",
+]
+
+
+def _pick_batches(group: pd.DataFrame) -> pd.DataFrame:
+    """Batch size 1, and the largest batch size above 1 that ran ok (if none did, the
+    smallest one that did not, to show its status)."""
+    picked = []
+    one = group[group["batch_size"] == 1]
+    if not one.empty:
+        picked.append(one.iloc[[0]].assign(batch="1"))
+    more = group[group["batch_size"] > 1]
+    ok = more[more["status"] == "ok"]
+    if not ok.empty:
+        picked.append(ok.sort_values("batch_size").iloc[[-1]].assign(batch="max"))
+    elif not more.empty:
+        picked.append(more.sort_values("batch_size").iloc[[0]].assign(batch="max"))
+    return pd.concat(picked) if picked else group.iloc[0:0].assign(batch=pd.Series(dtype=str))
+
+
+def build_table2(tidy: pd.DataFrame, root=None) -> pd.DataFrame:
+    """Long form of Table II: one row per (framework, layout, platform, model, batch), ours
+    beside the paper's where the platform is the same (the paper ran an 8 x A800 node)."""
+    ref = reference.load("table2", **({"root": root} if root else {}))
+    pre = tidy[(tidy["stage"] == "pretrain") & (tidy["technique"] == "Naive")
+               & tidy["backend"].isin(TABLE2_FRAMEWORKS)].copy()
+    pre["layout"] = pre["layout"].astype(object).where(pre["layout"].notna(), "")
+    # one record per (framework, layout, platform, model, batch size): the one with most GPUs
+    pre = pre.sort_values("gpus").groupby(["backend", "layout", "platform", "model", "batch_size"]).tail(1)
+    parts = [_pick_batches(g) for _, g in pre.groupby(["backend", "layout", "platform", "model"], sort=True)]
+    ours = pd.concat(parts) if parts else pre.assign(batch=pd.Series(dtype=str))
+    ours = ours.rename(columns={"backend": "framework", "tokens_per_s_mean": "tokens_per_s"})
+    ours = ours[["framework", "layout", "platform", "model", "gpus", "batch", "status", "batch_size",
+                 "tokens_per_s", "tokens_per_s_std", "peak_mem_gib"]]
+    paper = ref.assign(batch=["1" if b == 1 else "max" for b in ref["batch_size"]])
+    paper = paper.rename(columns={"status": "paper_status", "batch_size": "paper_batch_size",
+                                  "tokens_per_s": "paper_tokens_per_s", "mem_gb": "paper_mem_gb"})
+    paper = paper[TABLE2_KEY + ["paper_status", "paper_batch_size", "paper_tokens_per_s", "paper_mem_gb"]]
+    long = ours.merge(paper, on=TABLE2_KEY, how="outer")
+    long["ratio_tokens_per_s"] = long["tokens_per_s"] / long["paper_tokens_per_s"]
+    long["_fw"] = [TABLE2_FRAMEWORKS.index(f) for f in long["framework"]]
+    long = long.sort_values(["_fw", "platform", "model", "layout", "batch"], na_position="first")
+    return long[TABLE2_COLUMNS].reset_index(drop=True)
+
+
+def markdown_table2(long: pd.DataFrame, title: str) -> str:
+    """Table II's layout: a row per framework (and Megatron layout) and batch, ours | paper | ratio."""
+    head = ["Framework", "Layout", "Platform", "Model", "GPUs", "Batch", "BS", "tok/s", "paper BS",
+            "paper tok/s", "ratio", "M GiB", "paper M GB"]
+    rows = []
+    for r in long.itertuples():
+        tps = _cell(r.status, r.tokens_per_s, ".1f")
+        if tps and r.status == "ok" and not pd.isna(r.tokens_per_s_std):
+            tps += f" ±{r.tokens_per_s_std:.1f}"
+        rows.append([
+            {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed"}[r.framework],
+            "" if pd.isna(r.layout) else str(r.layout), r.platform, r.model, fmt(r.gpus, ".0f"), r.batch,
+            _cell(r.status, r.batch_size, ".0f"), tps, _cell(r.paper_status, r.paper_batch_size, ".0f"),
+            _cell(r.paper_status, r.paper_tokens_per_s, ".1f"), fmt(r.ratio_tokens_per_s, ".2f"),
+            _cell(r.status, r.peak_mem_gib, ".2f"), _cell(r.paper_status, r.paper_mem_gb, "g"),
+        ])
+    note = ("Pre-training without any other technique (Naive). Batch '1' and 'max': the largest "
+            "batch size that ran ok (the paper's maximum). Layout: Megatron's tp{T}pp{P}[-distopt], "
+            "data parallel = GPUs / (T*P); the paper's is tensor parallel 1 on 8 GPUs. ours: mean ± "
+            "sample std over repeats; '-' out of memory; ratio = ours / paper tokens/s, only on the "
+            "paper's platform. M: ours is peak reserved GPU memory in GiB (host RSS on CPU "
+            "platforms), the paper's is 'GB' as printed.")
+    return table(title, head, rows, note)
+
+
+def write_table2(long: pd.DataFrame, csv: Path | str, md: Path | str, title: str) -> None:
+    """Write Table II as CSV (long form) and Markdown."""
+    Path(csv).parent.mkdir(parents=True, exist_ok=True)
+    long.to_csv(csv, index=False)
+    Path(md).write_text(markdown_table2(long, title))

@@ -15,7 +15,9 @@ from . import reference
 from .markdown import fmt, table
 from .markdown import write as write_table
 
-KEY = ["stage", "platform", "model", "backend", "technique", "batch_size"]
+#: A series: one cell's fields but gpus (layout: a Megatron-LM cell's parallel layout, so
+#: two layouts never form one series; empty for other backends).
+KEY = ["stage", "platform", "model", "backend", "layout", "technique", "batch_size"]
 COLUMNS = KEY + ["gpus", "tokens_per_s", "ideal_tokens_per_s", "efficiency_pct", "paper_efficiency_pct"]
 
 
@@ -23,7 +25,7 @@ def build(tidy: pd.DataFrame, root: Path | None = None) -> pd.DataFrame:
     """One row per GPU count of every training cell run on two or more counts."""
     ok = tidy[tidy["stage"].isin(["pretrain", "finetune"]) & (tidy["status"] == "ok")]
     out = []
-    for key, grp in ok.groupby(KEY, sort=True):
+    for key, grp in ok.groupby(KEY, sort=True, dropna=False):
         if grp["gpus"].nunique() < 2:
             continue
         grp = grp.sort_values("gpus")

@@ -7,6 +7,7 @@ from typing import Iterable
 
 import pandas as pd
 
+from ..grid import layout_name
 from ..profile import kernels
 from ..record import Record, read
 
@@ -16,6 +17,7 @@ COLUMNS = [
     "step_time_s_mean", "peak_mem_gib", "peak_mem_kind", "peak_mem_allocated_gib",
     "peak_mem_reserved_gib", "peak_rss_gib", "mfu", "total_params", "trainable_params",
     "attention", "warmup_steps", "measured_steps", "repeats", "git_sha", "record_path",
+    "layout",  # Megatron-LM cells' parallel layout (llmbench.grid.layout_name); empty otherwise
 ]
 #: Serving cells' columns (empty for training rows): the load, then llmbench.serve.metrics
 #: names (units in the names), then the server's memory and start-up.
@@ -99,6 +101,7 @@ def row(record: Record, path: str) -> dict:
         "attention": m.attention, "warmup_steps": proto["warmup_steps"],
         "measured_steps": proto["measured_steps"], "repeats": proto["repeats"],
         "git_sha": (record.provenance.get("git") or {}).get("sha"), "record_path": path,
+        "layout": layout_name(c.get("parallel")),
         **{k: record.summary.get(k) for k in PROFILE_COLUMNS},
     }
 

@@ -1,0 +1,375 @@
+"""The Megatron-LM backend: grid keys and paths, the CPU compatibility stubs, real cells
+through llmbench.launch on the tiny model, and Table II."""
+
+import copy
+import json
+import re
+import subprocess
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+
+from llmbench import grid, launch, record
+from llmbench.config import ConfigError
+from llmbench.record import Metrics, Record
+from llmbench.report import paper_tables, tidy
+
+from conftest import REPO
+
+PROTOCOL = {"warmup_steps": 1, "measured_steps": 2, "repeats": 1, "seq_len": 32, "timeout_s": 300}
+MEGATRON = {"backend": "megatron", "platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive"], "batch_sizes": [1]}
+
+
+def cfg(**block):
+    return {"protocol": dict(PROTOCOL), "pretrain": [{**MEGATRON, **block}]}
+
+
+# --- grid: keys, validation, paths ------------------------------------------------------
+
+@pytest.mark.parametrize("block,needle", [
+    (dict(techniques=["Naive", "R+Z2"]), r"pretrain\[0\]\.techniques\[1\]: backend 'megatron' supports the flags F, R; 'R\+Z2' asks for Z2"),
+    (dict(techniques=["Q"]), r"pretrain\[0\]\.techniques\[0\]: .* asks for Q"),
+    (dict(gpus=2, tensor_parallel=2, pipeline_parallel=2), r"pretrain\[0\]\.tensor_parallel: .*= 4 must divide pretrain\[0\]\.gpus \(2 GPUs\)"),
+    (dict(gpus=[1, 3], tensor_parallel=2), r"pretrain\[0\]\.tensor_parallel: .* must divide pretrain\[0\]\.gpus\[0\] \(1 GPUs\)"),
+    (dict(gpus=3, pipeline_parallel=2), r"pretrain\[0\]\.pipeline_parallel: tensor_parallel 1 x pipeline_parallel 2 = 2 must divide pretrain\[0\]\.gpus \(3 GPUs\)"),
+    (dict(gpus=4, tensor_parallel=4), r"pretrain\[0\]\.tensor_parallel: 4 must divide model 'tiny''s num_attention_heads \(2\)"),
+    (dict(gpus=3, pipeline_parallel=3), r"pretrain\[0\]\.pipeline_parallel: 3 must divide model 'tiny''s num_hidden_layers \(2\)"),
+    (dict(tensor_parallel=0), r"pretrain\[0\]\.tensor_parallel: 0 is less than the minimum of 1"),
+    (dict(distributed_optimizer="yes"), r"pretrain\[0\]\.distributed_optimizer: 'yes' is not of type 'boolean', 'null'"),
+    (dict(backend="deepspeed", tensor_parallel=2), r"pretrain\[0\]\.tensor_parallel: only for backend 'megatron' \(this block's backend is 'deepspeed'\)"),
+    (dict(backend="deepspeed", distributed_optimizer=False), r"pretrain\[0\]\.distributed_optimizer: only for backend 'megatron'"),
+    (dict(backend="megatrom"), r"pretrain\[0\]\.backend: 'megatrom' is not allowed; allowed values: 'deepspeed', 'megatron', 'torch', 'inference', None"),
+])
+def test_bad_megatron_block_names_the_key(block, needle):
+    with pytest.raises(ConfigError, match=needle):
+        grid.expand(cfg(**block))
+
+
+def test_megatron_is_a_pretrain_backend_only():
+    c = {"protocol": dict(PROTOCOL), "finetune": [{"backend": "megatron", "platforms": ["cpu"], "models": ["tiny"],
+                                                   "techniques": ["L"], "batch_sizes": [1]}]}
+    with pytest.raises(ConfigError, match=r"finetune\[0\]\.backend: 'megatron' does not run finetune cells; allowed: deepspeed"):
+        grid.expand(c)
+
+
+def test_layout_is_in_the_path_and_paths_stay_unique():
+    c = {"protocol": dict(PROTOCOL), "pretrain": [
+        {**MEGATRON, "gpus": 2},
+        {**MEGATRON, "gpus": 2, "distributed_optimizer": True},
+        {**MEGATRON, "gpus": 2, "tensor_parallel": 2},
+        {**MEGATRON, "gpus": 2, "pipeline_parallel": 2},
+        {**MEGATRON, "backend": "deepspeed", "gpus": 2},
+    ]}
+    g = grid.expand(c)
+    paths = [x.record_path("results") for x in g.cells]
+    assert paths == [
+        "results/runs/pretrain/cpu/tiny/megatron-tp1pp1/Naive/bs1-g2/record.json",
+        "results/runs/pretrain/cpu/tiny/megatron-tp1pp1-distopt/Naive/bs1-g2/record.json",
+        "results/runs/pretrain/cpu/tiny/megatron-tp2pp1/Naive/bs1-g2/record.json",
+        "results/runs/pretrain/cpu/tiny/megatron-tp1pp2/Naive/bs1-g2/record.json",
+        "results/runs/pretrain/cpu/tiny/deepspeed/Naive/bs1-g2/record.json",
+    ]
+    assert g.cells[2].parallel == {"tensor_parallel": 2, "pipeline_parallel": 1, "data_parallel": 1,
+                                   "distributed_optimizer": False}
+    assert g.cells[1].parallel["data_parallel"] == 2
+    backend_re = re.compile(f"^(?:{grid.WILDCARD_CONSTRAINTS['backend']})$")
+    for cell in g.cells:
+        assert cell.backend in ("megatron", "deepspeed")
+        assert backend_re.match(cell.backend_dir)  # Snakemake's wildcard accepts the path component
+        assert g.find(**{k: str(v) for k, v in cell.key.items()}) is cell
+        assert grid.cell_from_dict(json.loads(json.dumps(cell.to_dict()))) == cell
+    assert not backend_re.match("megatron-tp2")
+
+
+# The HARD requirement: existing cells' paths and specs are byte-identical to what they
+# were before the megatron backend (their records must not rerun). The expected cell dicts
+# are literal, written from the code before this change.
+BEFORE = {
+    "pretrain": ("results/runs/pretrain/cpu/tiny/deepspeed/Z3/bs2-g1/record.json", {
+        "stage": "pretrain", "platform": "cpu", "model": "tiny", "backend": "deepspeed", "technique": "Z3",
+        "batch_size": 2, "gpus": 1,
+        "protocol": {"warmup_steps": 1, "measured_steps": 2, "repeats": 1, "seq_len": 32, "timeout_s": 300, "seed": 0},
+        "mem_cap_gib": None, "adapter": None}),
+    "finetune": ("results/runs/finetune/cpu/tiny/deepspeed/L/bs1-g1/record.json", {
+        "stage": "finetune", "platform": "cpu", "model": "tiny", "backend": "deepspeed", "technique": "L",
+        "batch_size": 1, "gpus": 1,
+        "protocol": {"warmup_steps": 1, "measured_steps": 2, "repeats": 1, "seq_len": 32, "timeout_s": 300, "seed": 0},
+        "mem_cap_gib": None,
+        "adapter": {"kind": "lora", "rank": 64, "alpha": 16, "dropout": 0.05,
+                    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}}),
+    "profile": ("results/runs/profile/cpu/tiny/torch/R/bs2-g1/record.json", {
+        "stage": "profile", "platform": "cpu", "model": "tiny", "backend": "torch", "technique": "R",
+        "batch_size": 2, "gpus": 1,
+        "protocol": {"warmup_steps": 1, "measured_steps": 2, "repeats": 1, "seq_len": 32, "timeout_s": 300, "seed": 0},
+        "mem_cap_gib": None, "adapter": None}),
+}
+OTHER_BLOCKS = {
+    "pretrain": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Z3"], "batch_sizes": [2]}],
+    "finetune": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["L"], "batch_sizes": [1]}],
+    "profile": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["R"], "batch_sizes": [2]}],
+}
+
+
+@pytest.mark.parametrize("with_megatron", [False, True])
+def test_existing_cells_keep_their_paths_and_specs(with_megatron):
+    c = {"protocol": dict(PROTOCOL), **copy.deepcopy(OTHER_BLOCKS)}
+    if with_megatron:
+        c["pretrain"].append({**MEGATRON, "gpus": 2, "distributed_optimizer": True})
+    g = grid.expand(c)
+    for stage, (path, cell_dict) in BEFORE.items():
+        cell = next(x for x in g.cells if x.stage == stage and x.backend != "megatron")
+        assert cell.record_path("results") == path
+        spec = g.spec(cell)
+        assert list(spec) == ["cell", "platform", "model"]
+        # same keys, same order, same values: the JSON (the params rerun trigger) is unchanged
+        assert json.dumps(spec["cell"]) == json.dumps(cell_dict)
+        assert "parallel" not in spec["cell"]
+
+
+def test_shipped_configs_have_megatron_cells(repo):
+    default = grid.load(repo / "config" / "config.yaml")
+    meg = [c for c in default.cells if getattr(c, "backend", None) == "megatron"]
+    assert {(c.technique, c.batch_size, c.gpus, c.parallel["distributed_optimizer"]) for c in meg} == {
+        ("Naive", 1, 1, False), ("Naive", 4, 1, False), ("R", 1, 1, False), ("Naive", 1, 2, True)}
+    paper = grid.load(repo / "config" / "paper.yaml")
+    ref = pd.read_csv(repo / "config" / "reference" / "table2.csv")
+    have = {(c.platform, c.model, c.batch_size, c.gpus, c.parallel["tensor_parallel"])
+            for c in paper.cells if getattr(c, "backend", None) == "megatron"}
+    for r in ref[ref.framework == "megatron"].itertuples():
+        assert (r.platform, r.model, r.batch_size, 8, 1) in have  # 8 GPUs, tensor parallel 1
+    for r in ref[ref.framework == "deepspeed"].itertuples():
+        assert any(getattr(c, "backend", None) == "deepspeed" and c.technique == "Naive" and (c.platform, c.model, c.batch_size)
+                   == (r.platform, r.model, r.batch_size) for c in paper.cells), r
+    h200 = grid.load(repo / "config" / "gpu-h200x2-megatron.yaml")
+    assert sorted(c.backend_dir for c in h200.cells) == ["megatron-tp1pp1-distopt", "megatron-tp2pp1"]
+    assert {c.gpus for c in h200.cells} == {2}
+
+
+# --- the CPU compatibility module --------------------------------------------------------
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (megatron's global state and the stubs stay there)."""
+    env_path = str(REPO / "workflow" / "scripts")
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=300, env={"PYTHONPATH": env_path, "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+
+
+def test_compat_patches_nothing_unless_the_accelerator_is_cpu():
+    out = _python("""
+        import torch
+        from megatron.core.tensor_parallel import random as r
+        from llmbench.train import megatron_cpu_compat as cc
+        before = (torch.cuda.current_device, r._get_cuda_rng_state, r._set_cuda_rng_state,
+                  r.CudaRNGStatesTracker.add, r.CheckpointFunction.backward)
+        assert cc.apply("cuda") is None and not cc.applied()
+        assert before == (torch.cuda.current_device, r._get_cuda_rng_state, r._set_cuda_rng_state,
+                          r.CudaRNGStatesTracker.add, r.CheckpointFunction.backward)
+        mode = cc.apply("cpu")
+        assert isinstance(mode, cc.CudaToCpuMode) and cc.applied()
+        after = (torch.cuda.current_device, r._get_cuda_rng_state, r._set_cuda_rng_state,
+                 r.CudaRNGStatesTracker.add, r.CheckpointFunction.backward)
+        assert all(a is not b for a, b in zip(before, after)), "every stub is installed"
+        with mode:
+            t = torch.zeros(2, device="cuda")
+            assert t.device.type == "cpu" and t.cuda() is t
+            assert torch.ones(1, dtype=torch.bfloat16).type() == "torch.cuda.BFloat16Tensor"
+            assert torch.ones(1).to(torch.cuda.current_device()).device.type == "cpu"
+        assert torch.ones(1).type() == "torch.FloatTensor"  # outside the mode: untouched
+        print("OK")
+    """)
+    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr[-3000:]
+
+
+TINY_STEP = """
+    import os, sys
+    import torch, torch.nn.functional as F, torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str({port}), RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo")
+    from llmbench.train import megatron_cpu_compat as cc
+    import contextlib
+    mode = cc.apply("cpu") if {use_compat} else contextlib.nullcontext()
+    with mode:
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+        from megatron.core.transformer.transformer_config import TransformerConfig
+        ps.initialize_model_parallel(1, 1)
+        torch.manual_seed(0)
+        model_parallel_cuda_manual_seed(0)
+        cfg = TransformerConfig(num_layers=2, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4,
+            num_query_groups=2, normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu,
+            add_bias_linear=False, bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
+            use_cpu_initialization=True, bias_activation_fusion=False, masked_softmax_fusion=False,
+            bias_dropout_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
+            recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        model = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+            vocab_size=128, max_sequence_length=64, position_embedding_type="rope",
+            share_embeddings_and_output_weights=False)
+        model = DistributedDataParallel(cfg, DistributedDataParallelConfig(grad_reduce_in_fp32=True,
+            use_distributed_optimizer=True), model)
+        cfg.finalize_model_grads_func = finalize_model_grads
+        opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, bf16=True,
+            params_dtype=torch.bfloat16, use_distributed_optimizer=True), [model])
+        ids = torch.randint(0, 128, (2, 16))
+        pos = torch.arange(16).unsqueeze(0).expand(2, -1)
+        before = [p.detach().clone() for p in model.parameters()]
+        def step(_it, m):
+            return m(ids, pos, None, labels=ids), lambda t: (t.float().mean(), dict(loss=t.float().mean().detach()))
+        losses = []
+        for _ in range(3):
+            model.zero_grad_buffer(); opt.zero_grad()
+            out = get_forward_backward_func()(forward_step_func=step, data_iterator=None, model=[model],
+                num_microbatches=1, seq_length=16, micro_batch_size=2, forward_only=False)
+            ok, grad_norm, _ = opt.step()
+            assert ok and grad_norm > 0
+            losses.append(out[0]["loss"].item())
+        assert model.module.decoder.layers[0].mlp.linear_fc1.weight.dtype == torch.bfloat16  # bf16 params
+        assert opt.chained_optimizers[0].optimizer.param_groups[0]["params"][0].dtype == torch.float32  # fp32 main
+        assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters())), "the step moved the weights"
+        assert losses[-1] < losses[0], losses
+    dist.destroy_process_group()
+    print("OK", losses)
+"""
+
+
+def test_tiny_gptmodel_trains_on_cpu_through_the_stubs(tmp_path):
+    """Forward (full recomputation), backward and a step of Megatron's bf16 distributed
+    optimizer on a CPU, with the stubs; the same script without them fails on CUDA."""
+    port = launch_free_port()
+    out = _python(TINY_STEP.format(port=port, use_compat=True))
+    assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]
+    assert "CPU RNG state changed" not in out.stderr  # stub 6
+    without = _python(TINY_STEP.format(port=launch_free_port(), use_compat=False))
+    assert without.returncode != 0
+    assert "Torch not compiled with CUDA enabled" in without.stderr
+
+
+def launch_free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- real cells through the launcher ---------------------------------------------------
+
+@pytest.mark.parametrize("technique,gpus,layout,attention", [
+    ("F+R", 1, {}, "sdpa[default]"),
+    ("Naive", 2, {"distributed_optimizer": True}, "megatron[unfused]"),
+    ("Naive", 2, {"tensor_parallel": 2}, "megatron[unfused]"),
+    ("Naive", 2, {"pipeline_parallel": 2}, "megatron[unfused]"),
+])
+def test_real_megatron_cell(tmp_path, technique, gpus, layout, attention):
+    g = grid.expand(cfg(techniques=[technique], gpus=gpus, **layout))
+    cell = g.cells[0]
+    spec = g.spec(cell)
+    rec = launch.run_cell(spec, tmp_path / "record.json", tmp_path / "run.log", threads=gpus)
+    assert rec.status == "ok", (rec.reason, rec.log_tail[-3000:])
+    m = rec.metrics
+    total = g.models["tiny"].param_counts()["total"]
+    assert m.tokens_per_s_mean > 0 and m.peak_rss_gib > 0 and m.step_time_s_mean > 0
+    assert m.total_params == total and m.trainable_params == total  # TP-replicated norms counted once
+    assert m.attention == attention
+    dp = cell.parallel["data_parallel"]
+    assert m.global_batch_tokens == cell.batch_size * cell.protocol.seq_len * dp
+    # each data-parallel rank updates a full copy, unless the distributed optimizer shards it;
+    # every tensor-parallel rank updates its own copy of the (replicated) RMSNorm weights
+    spec_ = g.models["tiny"]
+    norms = (2 * spec_.num_hidden_layers + 1) * spec_.hidden_size
+    copies = 1 if cell.parallel["distributed_optimizer"] else dp
+    assert m.optimizer_param_numel == total * copies + (cell.parallel["tensor_parallel"] - 1) * norms
+    assert 0 < m.loss_last < 20
+    mc = rec.provenance["megatron_config"]
+    assert mc["cpu_compat"] is True and mc["process_group"] == "gloo"
+    assert mc["recompute"] == ({"recompute_granularity": "full", "recompute_method": "uniform",
+                                "recompute_num_layers": 1} if "R" in technique else None)
+    assert (mc["tensor_parallel"], mc["distributed_optimizer"]) == (cell.parallel["tensor_parallel"],
+                                                                   cell.parallel["distributed_optimizer"])
+    assert "AdamW" in mc["optimizer"]
+    assert record.read(tmp_path / "record.json").status == "ok"
+
+
+def test_megatron_worker_is_registered():
+    import importlib.util
+
+    assert launch.WORKERS["megatron"] == "llmbench.train.megatron_worker"
+    assert importlib.util.find_spec(launch.WORKERS["megatron"]) is not None
+
+
+# --- Table II --------------------------------------------------------------------------
+
+def _records(tmp_path, rows):
+    """rows: (backend, layout block keys, platform, batch_size, gpus, status, tokens_per_s)."""
+    paths = []
+    for backend, keys, plat, bs, gpus, status, tps in rows:
+        g = grid.expand({"protocol": {"repeats": 2}, "pretrain": [
+            {"backend": backend, "platforms": [plat], "models": ["llama2-7b"], "techniques": ["Naive"],
+             "batch_sizes": [bs], "gpus": gpus, **keys}]})
+        cell = g.cells[0]
+        m = Metrics(tokens_per_s_mean=tps, tokens_per_s_std=1.0, tokens_per_s_runs=(tps - 1, tps + 1),
+                    peak_mem_reserved_gib=40.0, peak_mem_allocated_gib=39.0, peak_rss_gib=3.0) if status == "ok" else Metrics()
+        path = tmp_path / cell.record_path("results")
+        record.write(Record(cell=cell.to_dict(), status=status, metrics=m,
+                            reason="" if status == "ok" else "CUDA out of memory"), path)
+        paths.append(path)
+    return tidy.build(paths)
+
+
+def test_table2_beside_the_paper(tmp_path):
+    t = _records(tmp_path, [
+        ("megatron", {"distributed_optimizer": True}, "a800", 1, 8, "ok", 10000.0),
+        ("megatron", {"distributed_optimizer": True}, "a800", 16, 8, "ok", 12000.0),
+        ("megatron", {"distributed_optimizer": True}, "a800", 32, 8, "oom", None),
+        ("megatron", {"tensor_parallel": 2}, "h200", 1, 2, "ok", 3000.0),
+        ("deepspeed", {}, "a800", 1, 8, "ok", 7000.0),
+        ("deepspeed", {}, "a800", 4, 8, "ok", 20000.0),
+    ])
+    assert set(t["layout"].dropna()) == {"tp1pp1-distopt", "tp2pp1"}
+    long = paper_tables.build_table2(t)
+    row = {(r.framework, r.layout, r.platform, r.batch): r for r in long.itertuples()}
+    m1 = row[("megatron", "tp1pp1-distopt", "a800", "1")]
+    assert m1.tokens_per_s == 10000.0 and m1.paper_tokens_per_s == 10936
+    assert m1.ratio_tokens_per_s == pytest.approx(10000.0 / 10936)
+    mmax = row[("megatron", "tp1pp1-distopt", "a800", "max")]
+    assert mmax.batch_size == 16 and mmax.paper_batch_size == 32  # the largest that ran ok
+    dmax = row[("deepspeed", "", "a800", "max")]
+    assert dmax.batch_size == 4 and dmax.ratio_tokens_per_s == pytest.approx(20000.0 / 19348)
+    h = row[("megatron", "tp2pp1", "h200", "1")]
+    assert pd.isna(h.paper_tokens_per_s) and pd.isna(h.ratio_tokens_per_s)  # no paper value on h200
+    assert len(long) == 5
+    md = paper_tables.markdown_table2(long, "Table II")
+    assert md.startswith("### Table II") and "| Megatron-LM | tp1pp1-distopt | a800 |" in md
+    assert "10936.0" in md and "0.91" in md
+
+
+def test_table2_builds_without_megatron_cells(tmp_path):
+    empty = tidy.build([])
+    long = paper_tables.build_table2(empty)
+    assert len(long) == 4 and long["status"].isna().all()  # the paper's four rows, ours empty
+    paper_tables.write_table2(long, tmp_path / "t2.csv", tmp_path / "t2.md", "Table II")
+    assert (tmp_path / "t2.md").read_text().count("| Megatron-LM |") == 2
+    assert len(pd.read_csv(tmp_path / "t2.csv")) == 4
+
+
+def test_scaling_series_never_mix_layouts_and_the_figure_tells_backends_apart(tmp_path):
+    from llmbench.report import figures, scaling
+
+    t = _records(tmp_path, [
+        ("megatron", {}, "a800", 1, 1, "ok", 1000.0),
+        ("megatron", {}, "a800", 1, 2, "ok", 1900.0),
+        ("megatron", {"distributed_optimizer": True}, "a800", 1, 4, "ok", 3000.0),
+        ("deepspeed", {}, "a800", 1, 1, "ok", 900.0),
+    ])
+    s = scaling.build(t)
+    assert list(zip(s.backend, s.layout, s.gpus)) == [("megatron", "tp1pp1", 1), ("megatron", "tp1pp1", 2)]
+    assert s.efficiency_pct.iloc[1] == pytest.approx(95.0)
+    chart = figures.pretrain_chart(t).to_dict()
+    cells = {r["cell"] for r in next(iter(chart["datasets"].values()))}
+    assert cells == {"Naive bs1", "Naive bs1 megatron-tp1pp1", "Naive bs1 megatron-tp1pp1-distopt"}

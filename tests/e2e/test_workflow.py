@@ -112,17 +112,20 @@ def test_max_batch_search_finds_the_largest_batch_under_a_real_memory_cap(worksp
     s = json.loads((folder / "search.json").read_text())
     assert s["status"] == "ok" and s["n_probes"] <= s["bound"] == 8
     largest, probes = s["largest_ok"], {p["batch_size"]: p["status"] for p in s["probes"]}
-    assert largest >= 2 and probes[largest] == "ok" and probes.get(largest + 1) == "oom"
-    assert all(st == ("ok" if b <= largest else "oom") for b, st in probes.items())  # monotone, as assumed
+    assert largest >= 2 and probes[largest] == "ok" and probes.get(largest + 1) in ("oom", "tight")
+    assert s["smallest_oom"] == largest + 1 and "oom" in probes.values()  # the cap really stopped a probe
+    assert all((st == "ok") == (b <= largest) for b, st in probes.items())  # monotone, as assumed
     for b, st in probes.items():
         rec = json.loads((folder / f"bs{b}/record.json").read_text())
-        assert rec["status"] == st and rec["cell"]["protocol"]["repeats"] == 1
+        # a tight probe ran (its record is ok) but came within the headroom of the cap
+        assert rec["status"] == st.replace("tight", "ok") and rec["cell"]["protocol"]["repeats"] == 1
+        assert rec["cell"]["protocol"]["measured_steps"] == 5  # probes run the cell's own steps
         if st == "oom":
             assert "mem_cap_gib=2" in rec["reason"]
     measured = json.loads((workspace / f"results/runs/pretrain/cpu/tiny/deepspeed/Naive/bs{largest}-g1/record.json").read_text())
-    assert measured["status"] == "ok" and measured["cell"]["protocol"]["measured_steps"] == 5
+    assert measured["status"] == "ok" and measured["cell"]["protocol"]["repeats"] == 1
     frontier = json.loads((workspace / "results/frontier/pretrain/cpu/tiny/deepspeed/Naive-g1.json").read_text())
-    assert frontier["largest_ok"] == largest and frontier["smallest_oom"] == largest + 1
+    assert frontier["smallest_oom"] > largest
     table = pd.read_csv(workspace / "results/tables/search.csv")
     row = table[table.technique == "Naive"].iloc[0]
     assert row.largest_ok == largest and row.within_bound and row.measured_status == "ok" and row.search_gpu_s > 0

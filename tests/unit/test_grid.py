@@ -265,7 +265,7 @@ def test_max_batch_search_expands_per_technique_and_finds_its_measured_cell():
     cell = g.find(stage="pretrain", platform="cpu", model="tiny", backend="deepspeed", technique="Q",
                   batch_size="37", gpus="1")
     assert cell.batch_size == 37 and cell.protocol == g.cells[0].protocol and cell.mem_cap_gib == 2.0
-    assert g.spec(s)["search"] == {"start": 1, "max": 64, "probe_protocol": asdict(s.probe_protocol)}
+    assert g.spec(s)["search"] == {"start": 1, "max": 64, "headroom": 0.05, "probe_protocol": asdict(s.probe_protocol)}
     with pytest.raises(KeyError):
         g.find(stage="pretrain", platform="cpu", model="tiny", backend="deepspeed", technique="R", batch_size="37",
                gpus="1")

@@ -267,7 +267,9 @@ class Search(_Addressed):
     max: int = 1024
     """Largest batch probed (the search space is 1..max)."""
     probe_protocol: Protocol
-    """A probe's protocol: one repeat of a few steps, the cell's seq_len, timeout and seed."""
+    """A probe's protocol: one repeat; the cell's steps unless the block's probe says fewer."""
+    headroom: float = 0.05
+    """Share of the capacity a fitting probe must leave free (llmbench.search)."""
 
     def __getattr__(self, name: str) -> Any:  # the path fields are the cell's
         if name in SEARCH_KEY:
@@ -288,7 +290,8 @@ class Search(_Addressed):
         return replace(self.cell, batch_size=int(batch_size))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"start": self.start, "max": self.max, "probe_protocol": asdict(self.probe_protocol)}
+        return {"start": self.start, "max": self.max, "headroom": self.headroom,
+                "probe_protocol": asdict(self.probe_protocol)}
 
 
 def cell_from_dict(data: dict[str, Any]) -> "Cell | ServeCell | MicroCell":
@@ -542,8 +545,9 @@ def _add_search(grid: Grid, where: str, search: dict[str, Any], cell: Cell) -> N
     """Add a max-batch search of ``cell`` (one per path; two blocks must agree on it)."""
     if search["start"] > search["max"]:
         raise ConfigError(f"{where}.max_batch.start: {search['start']} is above max_batch.max {search['max']}")
-    probe = replace(cell.protocol, repeats=1, **search["probe"])
-    new = Search(cell=cell, start=search["start"], max=search["max"], probe_protocol=probe)
+    probe = replace(cell.protocol, repeats=1, **{k: v for k, v in search["probe"].items() if v is not None})
+    new = Search(cell=cell, start=search["start"], max=search["max"], probe_protocol=probe,
+                 headroom=search["headroom"])
     for old in grid.searches:
         if old.key == new.key:
             if old != new:

@@ -20,6 +20,13 @@ How the next batch is chosen (``next_probe``), with ``lo`` the largest batch kno
    if plain bisection could still finish within the probes left whatever its outcome;
    otherwise the midpoint of (lo, hi) is probed, which always keeps that promise.
 
+A batch fits when its probe ran and, where the capacity is known, its peak memory left
+``headroom`` (default 5%) of it free: a probe whose peak came closer is ``tight`` and
+counts as too large. Without headroom the cell measured at the boundary can run out of
+memory where its probe did not (seen on the CPU: a probe peaked at 1.99 GiB under a
+2 GiB cap, the measured run at 2.03 GiB). Probes run the cell's own warm-up and measured
+steps (one repeat) unless the block's ``probe`` says fewer.
+
 Memory is assumed monotone in the batch size: if b fits, every smaller batch fits; if b
 runs out of memory, every larger one does. A probe that ends neither ok nor oom (timeout,
 error) stops the search; the summary says so.
@@ -45,8 +52,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-#: a probe's outcomes that bound the search (anything else stops it)
-BOUNDING = ("ok", "oom")
+#: a probe's outcomes that bound the search (anything else stops it); tight: it ran, but
+#: its peak memory left less than the search's headroom free (it counts as too large)
+BOUNDING = ("ok", "oom", "tight")
+TOO_LARGE = ("oom", "tight")
 #: model-chosen probes that may miss before the model is dropped
 MODEL_MISSES = 1
 #: fitting batch sizes the memory model needs. Two leave the search one probe of slack
@@ -86,6 +95,7 @@ class State:
     start: int
     max_batch: int
     capacity_gib: float | None = None
+    """The peak memory a fitting batch may reach (capacity less headroom); None: unknown."""
     probes: list[Probe] = field(default_factory=list)
 
     @property
@@ -94,7 +104,7 @@ class State:
 
     @property
     def hi(self) -> int:
-        return min((p.batch_size for p in self.probes if p.status == "oom"), default=self.max_batch + 1)
+        return min((p.batch_size for p in self.probes if p.status in TOO_LARGE), default=self.max_batch + 1)
 
     @property
     def done(self) -> bool:
@@ -153,7 +163,7 @@ def next_probe(state: State) -> tuple[int, str] | None:
                 candidates.append((p + 1, "model"))  # its OOM side first: that cuts the bracket most
             elif p > lo:
                 candidates.append((p, "model"))  # then its fitting side
-    if hi > state.max_batch and not any(p.status == "oom" for p in state.probes):
+    if hi > state.max_batch and not any(p.status in TOO_LARGE for p in state.probes):
         candidates.append((min(2 * lo, state.max_batch), "doubling"))
     candidates.append(((lo + hi) // 2, "bisection"))
     for c, why in candidates:
@@ -202,8 +212,10 @@ class Frontier:
         return (ooms[0], self.probes[ooms[0]]) if ooms else None
 
     def add(self, probe: Probe) -> None:
+        """Keep what a probe that ran showed (a tight probe ran ok: its peak decides later)."""
         if probe.status in BOUNDING and probe.source == "run":
-            self.probes[probe.batch_size] = {"status": probe.status, "peak_gib": probe.peak_gib,
+            status = "ok" if probe.status == "tight" else probe.status
+            self.probes[probe.batch_size] = {"status": status, "peak_gib": probe.peak_gib,
                                              "at": datetime.now(timezone.utc).isoformat(), "reason": probe.reason}
 
     def save(self) -> None:
@@ -261,7 +273,10 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
     capacity, metric = capacity_and_metric(spec)
     frontier = Frontier(path=Path(frontier_path), fingerprint=fingerprint(spec)) if reprobe else \
         Frontier.load(frontier_path, fingerprint(spec))
-    state = State(start=search["start"], max_batch=search["max"], capacity_gib=capacity)
+    # a batch fits when its peak leaves the headroom free (run-to-run noise and the longer
+    # measured run must not push the measured cell over); the model aims at that limit
+    limit = None if capacity is None else capacity * (1 - search["headroom"])
+    state = State(start=search["start"], max_batch=search["max"], capacity_gib=limit)
     group = {k: v for k, v in template.key.items() if k != "batch_size"}
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as fh:
@@ -286,15 +301,20 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
             record = run_cell(probe_spec, record_path, out_dir / f"bs{bs}" / "probe.log", threads=threads)
             source = "run"
         peak = getattr(record.metrics, metric) if record.status == "ok" else None
-        probe = Probe(batch_size=bs, status=record.status, peak_gib=peak, wall_s=time.monotonic() - t0,
-                      source=source, chosen_by=why, reason=record.reason)
+        status, reason = record.status, record.reason
+        if status == "ok" and limit is not None and peak is not None and peak > limit:
+            status, reason = "tight", (f"ran, but its peak {peak:.3f} GiB leaves less than headroom "
+                                       f"{search['headroom']:.0%} of {capacity:g} GiB free")
+        probe = Probe(batch_size=bs, status=status, peak_gib=peak, wall_s=time.monotonic() - t0,
+                      source=source, chosen_by=why, reason=reason)
         state.probes.append(probe)
         frontier.add(probe)
         frontier.save()
         with open(log, "a") as fh:
             fh.write(f"probe {len(state.probes)}: batch {bs} ({why}) -> {probe.status} "
                      f"{'' if peak is None else f'{peak:.3f} GiB '}({source}, {probe.wall_s:.1f} s) {probe.reason}\n")
-    result = summary(state, group, frontier_path, reprobe)
+    result = {**summary(state, group, frontier_path, reprobe), "capacity_gib": capacity, "fit_limit_gib": limit,
+              "headroom": search["headroom"]}
     write_json_atomic(out_dir / "search.json", result)
     return result
 

@@ -5,7 +5,7 @@ serving forward passes (backend inference: ``run_inference``), run by torchrun.
 
 Contract with llmbench.launch (as llmbench.train.deepspeed_worker): rank 0 writes ``--out``
 (JSON) on success; on an out-of-memory error it writes ``<out>.oom.rank<r>`` with the
-message and exits with code OOM_EXIT. It also writes the Chrome trace of the profiled steps
+message and exits with code OOM_EXIT (llmbench.train.contract). It also writes the Chrome trace of the profiled steps
 into ``--trace-dir`` (default: the folder of ``--out``).
 
 One process, plain PyTorch: the random-initialised Llama in bf16 (weights, gradients and
@@ -27,22 +27,19 @@ versions, devices). Attribution: llmbench.profile.attribution.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
-import json
 import os
 import statistics
 import sys
 import time
-import traceback
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .. import techniques
 from ..grid import PROFILE_FLAGS
-from ..train.deepspeed_worker import OOM_EXIT, _is_oom  # one OOM contract for every worker
+from ..train import contract  # one contract (OOM marker, exit code) for every worker
 from . import attribution as attr
 
 SCHEMA_VERSION = 1
@@ -156,10 +153,8 @@ def _device(cuda: bool) -> tuple[Any, Callable[[], None]]:
     """The process's device and how to wait for it (CPU ops are synchronous)."""
     import torch
 
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        return torch.device("cuda", torch.cuda.current_device()), torch.cuda.synchronize
-    return torch.device("cpu"), lambda: None
+    device = contract.local_device("cuda" if cuda else "cpu")
+    return device, (torch.cuda.synchronize if cuda else (lambda: None))
 
 
 def run(spec: dict, out: Path, trace_dir: Path) -> dict:
@@ -348,26 +343,12 @@ def run_inference(spec: dict, out: Path, trace_dir: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point (one rank)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--spec", required=True, type=Path, help="resolved cell spec (JSON)")
-    ap.add_argument("--out", required=True, type=Path, help="where rank 0 writes the result")
-    ap.add_argument("--trace-dir", type=Path, default=None, help="folder for the Chrome trace (default: --out's)")
-    args = ap.parse_args(argv)
-    spec = json.loads(args.spec.read_text())
-    rank = int(os.environ.get("RANK", 0))
-    try:
-        runner = run_inference if spec["cell"]["backend"] == "inference" else run
-        result = runner(spec, args.out, args.trace_dir or args.out.parent)
-    except BaseException as exc:  # noqa: BLE001 - classify, then re-raise or exit
-        if _is_oom(exc):
-            Path(f"{args.out}.oom.rank{rank}").write_text(f"{type(exc).__name__}: {exc}"[:2000])
-            traceback.print_exc()
-            return OOM_EXIT
-        raise
-    if rank == 0:
-        args.out.write_text(json.dumps(result, indent=2))
-    return 0
+    """Entry point (one rank; llmbench.train.contract)."""
+    def runner(spec: dict, out: Path, trace_dir: Path | None) -> dict:
+        work = run_inference if spec["cell"]["backend"] == "inference" else run
+        return work(spec, out, trace_dir or out.parent)
+
+    return contract.main(runner, argv, __doc__)
 
 
 if __name__ == "__main__":

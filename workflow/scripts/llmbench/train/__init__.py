@@ -1,6 +1,8 @@
 """Training backends: each turns a resolved cell spec into a timed training loop.
 
 deepspeed_worker: DeepSpeed (ZeRO 0/2/3, offload, recomputation, FlashAttention, 4-bit).
-A new backend (megatron, ...) is a module here with the same worker contract
-(llmbench.launch runs it under torchrun and reads the JSON it writes).
+megatron_worker: Megatron-LM's megatron-core (tensor/pipeline/data parallel; CPU stubs in
+megatron_cpu_compat). contract: what every worker owes llmbench.launch (arguments, the
+OOM marker and exit code, the result keys they share). A new backend is a module here
+whose main() is contract.main(run, ...), registered in launch.WORKERS.
 """

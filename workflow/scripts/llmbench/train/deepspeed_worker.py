@@ -2,22 +2,18 @@
 
     torchrun ... -m llmbench.train.deepspeed_worker --spec spec.json --out repeat.json [--trace-dir DIR]
 
-Contract with llmbench.launch: rank 0 writes ``--out`` (JSON) on success; on an
-out-of-memory error every rank that saw it writes ``<out>.oom.rank<r>`` with the
-message and exits with code OOM_EXIT. Nothing else is written.
+The contract with llmbench.launch (out-of-memory marker, exit code, what rank 0 writes) is
+llmbench.train.contract. With --trace-dir (profile cells) a Chrome trace is kept there.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import resource
 import sys
-import traceback
 from pathlib import Path
 
-OOM_EXIT = 75
+from . import contract
 
 
 def ds_config(tech, batch_size: int, accelerator: str) -> dict:
@@ -58,15 +54,6 @@ def _optimizer_numel(engine) -> int:
     return sum(p.numel() for g in inner.param_groups for p in g["params"])
 
 
-def _is_oom(exc: BaseException) -> bool:
-    import torch
-
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    text = str(exc)
-    return "out of memory" in text.lower() or "can't allocate memory" in text or "DefaultCPUAllocator" in text
-
-
 def profile_window(step, steps: int, synchronize, accelerator: str, trace_dir: Path, out: Path,
                    rank: int) -> dict | None:
     """``steps`` more steps under torch.profiler (every rank: they communicate); rank 0 keeps
@@ -94,8 +81,8 @@ def profile_window(step, steps: int, synchronize, accelerator: str, trace_dir: P
     return {**kernels.breakdown(events, steps, elapsed / steps, accelerator), "traces": [trace.name]}
 
 
-def run(spec: dict, out: Path, trace_dir: Path | None = None) -> None:
-    """Build the model, initialise DeepSpeed, run the protocol and write the result. With
+def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
+    """Build the model, initialise DeepSpeed, run the protocol; rank 0 returns the result. With
     ``trace_dir`` (profile cells) a second window of ``measured_steps`` runs under
     torch.profiler after the timed one, and the result's summary says where its time went."""
     platform = spec["platform"]
@@ -120,12 +107,7 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> None:
 
     deepspeed.init_distributed(dist_backend="gloo" if accelerator == "cpu" else "nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if accelerator == "cuda":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
+    device = contract.local_device(accelerator)
     torch.manual_seed(proto.seed)
     attn_impl, attn_ctx, attn_label = build.attention_choice(tech, accelerator)
     config = ds_config(tech, cell.batch_size, accelerator)
@@ -186,26 +168,12 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> None:
                              device=device if accelerator == "cuda" else "cpu")
     dist.all_reduce(opt_numel)
 
-    gib = 2.0**30
-    peak = torch.tensor([
-        torch.cuda.max_memory_allocated(device) / gib if accelerator == "cuda" else -1.0,
-        torch.cuda.max_memory_reserved(device) / gib if accelerator == "cuda" else -1.0,
-        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # KiB on Linux
-    ], dtype=torch.float64, device=device if accelerator == "cuda" else "cpu")
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    peak = contract.peak_memory(device, accelerator)
     if rank == 0:
-        tokens = cell.batch_size * proto.seq_len * world
-        result = {
+        return {
             "world_size": world,
-            "elapsed_s": window.elapsed_s,
-            "steps": window.steps,
-            "step_times_s": list(window.step_times_s),
-            "tokens_per_s": tokens * window.steps / window.elapsed_s,
-            "step_time_s": window.elapsed_s / window.steps,
-            "global_batch_tokens": tokens,
-            "peak_mem_allocated_gib": peak[0].item() if accelerator == "cuda" else None,
-            "peak_mem_reserved_gib": peak[1].item() if accelerator == "cuda" else None,
-            "peak_rss_gib": peak[2].item(),
+            **contract.window_result(window, cell.batch_size * proto.seq_len * world),
+            **peak,
             "total_params": int(total_params),
             "trainable_params": int(trainable_params),
             "trainable_desc": trainable_desc,
@@ -218,36 +186,12 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> None:
             "versions": provenance.versions(),
             "devices": provenance.devices(),
         }
-        Path(out).write_text(json.dumps(result, indent=2))
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for one rank."""
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--spec", required=True, type=Path, help="resolved cell spec (JSON)")
-    ap.add_argument("--out", required=True, type=Path, help="where rank 0 writes the repeat result")
-    ap.add_argument("--trace-dir", type=Path, default=None,
-                    help="profile a second window and keep its Chrome trace here (profile cells)")
-    args = ap.parse_args(argv)
-    spec = json.loads(args.spec.read_text())
-    rank = int(os.environ.get("RANK", 0))
-    try:
-        run(spec, args.out, args.trace_dir)
-    except BaseException as exc:  # noqa: BLE001 - classify, then re-raise or exit
-        if _is_oom(exc):
-            Path(f"{args.out}.oom.rank{rank}").write_text(f"{type(exc).__name__}: {exc}"[:2000])
-            traceback.print_exc()
-            return OOM_EXIT
-        raise
-    finally:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            try:
-                dist.destroy_process_group()  # a 2-rank ZeRO-3 run aborts at exit without it
-            except Exception:  # noqa: BLE001
-                pass
-    return 0
+    """Entry point for one rank (llmbench.train.contract)."""
+    return contract.main(run, argv, __doc__)
 
 
 if __name__ == "__main__":

@@ -44,17 +44,13 @@ What runs (paper Section IV-A, Table II; megatron-core 0.16.1 on Python 3.11):
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import os
-import resource
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
-from .deepspeed_worker import OOM_EXIT, _is_oom  # the worker contract, shared
+from . import contract
 
 #: How R recomputes (see the module docstring): every layer, one layer per checkpoint.
 RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
@@ -166,7 +162,7 @@ def _optimizer_class(optimizer) -> str:
                              for o in parts}))
 
 
-def run(spec: dict, out: Path) -> None:
+def run(spec: dict, out: Path) -> dict | None:
     """Build the model, Megatron's DDP and optimizer, run the protocol, write the result."""
     import contextlib
 
@@ -189,12 +185,7 @@ def run(spec: dict, out: Path) -> None:
 
     dist.init_process_group(backend="gloo" if accelerator == "cpu" else "nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if accelerator == "cuda":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
+    device = contract.local_device(accelerator)
     compat = megatron_cpu_compat.apply(accelerator)  # None on a GPU
 
     from megatron.core import parallel_state as ps
@@ -270,13 +261,7 @@ def run(spec: dict, out: Path) -> None:
         on = device if accelerator == "cuda" else "cpu"
         counts = torch.tensor([float(local_params), float(_optimizer_numel(optimizer))], dtype=torch.float64, device=on)
         dist.all_reduce(counts)
-        gib = 2.0**30
-        peak = torch.tensor([
-            torch.cuda.max_memory_allocated(device) / gib if accelerator == "cuda" else -1.0,
-            torch.cuda.max_memory_reserved(device) / gib if accelerator == "cuda" else -1.0,
-            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # KiB on Linux
-        ], dtype=torch.float64, device=on)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        peak = contract.peak_memory(device, accelerator)
         last_loss = torch.tensor([float(losses[-1]) if losses else float("nan")], dtype=torch.float64, device=on)
         # the loss lives on the last pipeline stage: bring it to rank 0
         dist.all_reduce(last_loss.nan_to_num_(-1.0), op=dist.ReduceOp.MAX)
@@ -286,17 +271,10 @@ def run(spec: dict, out: Path) -> None:
         tokens = cell.batch_size * proto.seq_len * parallel["data_parallel"]
         # the sum over ranks counts each weight once per data-parallel replica
         trainable = int(counts[0].item()) // parallel["data_parallel"]
-        result = {
+        return {
             "world_size": world,
-            "elapsed_s": window.elapsed_s,
-            "steps": window.steps,
-            "step_times_s": list(window.step_times_s),
-            "tokens_per_s": tokens * window.steps / window.elapsed_s,
-            "step_time_s": window.elapsed_s / window.steps,
-            "global_batch_tokens": tokens,
-            "peak_mem_allocated_gib": peak[0].item() if accelerator == "cuda" else None,
-            "peak_mem_reserved_gib": peak[1].item() if accelerator == "cuda" else None,
-            "peak_rss_gib": peak[2].item(),
+            **contract.window_result(window, tokens),
+            **peak,
             "total_params": int(model_spec.param_counts()["total"]),
             "trainable_params": trainable,
             "trainable_desc": "all parameters",
@@ -318,37 +296,18 @@ def run(spec: dict, out: Path) -> None:
             "versions": provenance.versions(),
             "devices": provenance.devices(),
         }
-        Path(out).write_text(json.dumps(result, indent=2))
+    return None
+
+
+def _teardown() -> None:
+    from megatron.core import parallel_state as ps
+
+    ps.destroy_model_parallel()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for one rank."""
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--spec", required=True, type=Path, help="resolved cell spec (JSON)")
-    ap.add_argument("--out", required=True, type=Path, help="where rank 0 writes the repeat result")
-    args = ap.parse_args(argv)
-    spec = json.loads(args.spec.read_text())
-    rank = int(os.environ.get("RANK", 0))
-    try:
-        run(spec, args.out)
-    except BaseException as exc:  # noqa: BLE001 - classify, then re-raise or exit
-        if _is_oom(exc):
-            Path(f"{args.out}.oom.rank{rank}").write_text(f"{type(exc).__name__}: {exc}"[:2000])
-            traceback.print_exc()
-            return OOM_EXIT
-        raise
-    finally:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            try:
-                from megatron.core import parallel_state as ps
-
-                ps.destroy_model_parallel()
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001
-                pass
-    return 0
+    """Entry point for one rank (llmbench.train.contract)."""
+    return contract.main(lambda spec, out, trace_dir: run(spec, out), argv, __doc__, teardown=_teardown)
 
 
 if __name__ == "__main__":

@@ -178,3 +178,27 @@ def test_every_table_builds_without_its_cells(tmp_path):
     for name, builder in profile.BUILDERS.items():
         table, md = builder(empty, tidy.build_samples([], "profile"))
         assert md.startswith("### ") and table.empty, name
+
+
+def test_mfu_against_the_measured_gemm_ceiling(tmp_path):
+    """Model FLOP/s per GPU from the record's own model spec; against the platform's best
+    measured bf16 GEMM where a GEMM microbenchmark ran there (DESIGN.md), never for 4-bit."""
+    from llmbench.models import ModelSpec, flops_per_token
+
+    g = grid.expand({"protocol": {"repeats": 1, "seq_len": 350}, "pretrain": [
+        {"platforms": ["a800"], "models": ["llama2-7b"], "techniques": ["Naive", "Q"], "batch_sizes": [1]}],
+        "micro": [{"platforms": ["a800"], "gemm": {"curves": {}, "shapes": {"mlp": [[666, 11008, 4096]]}}}]})
+    paths = []
+    for cell in g.cells:
+        spec = g.spec(cell)
+        if cell.stage == "micro":
+            r = Record(cell=cell.to_dict(), status="ok", summary={"bench": "gemm", "best_tflops": 200.0}, provenance={"spec": spec})
+        else:
+            r = Record(cell=cell.to_dict(), status="ok", metrics=Metrics(tokens_per_s_mean=8000.0), provenance={"spec": spec})
+        paths.append(tmp_path / cell.record_path("results"))
+        record.write(r, paths[-1])
+    df = tidy.build(paths).set_index("technique")
+    fpt = flops_per_token(ModelSpec.load("llama2-7b"), 350)
+    assert df.loc["Naive", "model_tflops_per_gpu"] == pytest.approx(8000 * fpt / 8 / 1e12)
+    assert df.loc["Naive", "mfu_vs_gemm"] == pytest.approx(8000 * fpt / 8 / 1e12 / 200.0)
+    assert pd.isna(df.loc["Q", "mfu_vs_gemm"])  # 4-bit matmuls are no bf16 GEMMs

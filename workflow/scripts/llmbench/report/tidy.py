@@ -15,7 +15,8 @@ COLUMNS = [
     "stage", "platform", "model", "backend", "technique", "batch_size", "gpus", "seq_len",
     "status", "reason", "tokens_per_s_mean", "tokens_per_s_std", "tokens_per_s_runs",
     "step_time_s_mean", "peak_mem_gib", "peak_mem_kind", "peak_mem_allocated_gib",
-    "peak_mem_reserved_gib", "peak_rss_gib", "mfu", "total_params", "trainable_params",
+    "peak_mem_reserved_gib", "peak_rss_gib", "mfu", "model_tflops_per_gpu", "mfu_vs_gemm",
+    "total_params", "trainable_params",
     "attention", "warmup_steps", "measured_steps", "repeats", "git_sha", "record_path",
     "layout",  # Megatron-LM cells' parallel layout (llmbench.grid.layout_name); empty otherwise
 ]
@@ -97,7 +98,8 @@ def row(record: Record, path: str) -> dict:
         "peak_mem_kind": "gpu_reserved" if gpu_mem is not None else ("host_rss" if m.peak_rss_gib is not None else None),
         "peak_mem_allocated_gib": m.peak_mem_allocated_gib,
         "peak_mem_reserved_gib": m.peak_mem_reserved_gib, "peak_rss_gib": m.peak_rss_gib,
-        "mfu": m.mfu, "total_params": m.total_params, "trainable_params": m.trainable_params,
+        "mfu": m.mfu, "model_tflops_per_gpu": _model_tflops_per_gpu(record),
+        "total_params": m.total_params, "trainable_params": m.trainable_params,
         "attention": m.attention, "warmup_steps": proto["warmup_steps"],
         "measured_steps": proto["measured_steps"], "repeats": proto["repeats"],
         "git_sha": (record.provenance.get("git") or {}).get("sha"), "record_path": path,
@@ -106,13 +108,38 @@ def row(record: Record, path: str) -> dict:
     }
 
 
+def _model_tflops_per_gpu(record: Record) -> float | None:
+    """Model FLOP/s per GPU (the MFU numerator, llmbench.models.flops_per_token) of an ok
+    pre-training or fine-tuning cell; None for 4-bit cells (no bf16 GEMMs) and others."""
+    from .. import techniques
+    from ..models import ModelSpec, flops_per_token
+
+    c, spec = record.cell, record.provenance.get("spec") or {}
+    if record.status != "ok" or c.get("stage") not in ("pretrain", "finetune") or "model" not in spec:
+        return None
+    tech = techniques.parse(c["technique"])
+    if tech.quant4 or record.metrics.tokens_per_s_mean is None:
+        return None
+    fpt = flops_per_token(ModelSpec(**spec["model"]), c["protocol"]["seq_len"], frozen_base=tech.adapter is not None)
+    return record.metrics.tokens_per_s_mean * fpt / c["gpus"] / 1e12
+
+
+def _gemm_ceiling(df: pd.DataFrame) -> pd.DataFrame:
+    """mfu_vs_gemm: model FLOP/s per GPU against the best bf16 GEMM the platform's GEMM
+    microbenchmark measured (DESIGN: MFU against the measured ceiling, beside the peak)."""
+    gemm = df[(df["stage"] == "micro") & (df["bench"] == "gemm") & (df["status"] == "ok")]
+    best = gemm.groupby("platform")["best_tflops"].max()
+    df["mfu_vs_gemm"] = df["model_tflops_per_gpu"] / df["platform"].map(best)
+    return df
+
+
 def build(paths: Iterable[str | Path]) -> pd.DataFrame:
     """The tidy table of the given record files (sorted by their path fields)."""
     rows = []
     for p in paths:
         rec = read(p)
         rows.append(ROWS.get(rec.cell.get("stage"), row)(rec, str(p)))
-    df = pd.DataFrame(rows, columns=ALL_COLUMNS)
+    df = _gemm_ceiling(pd.DataFrame(rows, columns=ALL_COLUMNS))
     return df.sort_values(["stage", "platform", "model", "backend", "technique", "load", "bench", "case",
                            "batch_size", "gpus"], ignore_index=True, na_position="first")
 

@@ -24,7 +24,8 @@ def pretrain_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = 
         xOffset="platform:N",
         tooltip=["platform", "model", "technique", "batch_size", "gpus",
                  alt.Tooltip("tokens_per_s_mean:Q", format=",.1f"),
-                 alt.Tooltip("peak_mem_gib:Q", format=".2f"), "peak_mem_kind", "mfu"],
+                 alt.Tooltip("peak_mem_gib:Q", format=".2f"), "peak_mem_kind", "mfu",
+                 alt.Tooltip("mfu_vs_gemm:Q", format=".1%", title="MFU vs measured GEMM")],
     )
     tps = base.mark_bar().encode(y=alt.Y("tokens_per_s_mean:Q", title="tokens/s (all GPUs)"))
     mem = base.mark_bar().encode(y=alt.Y("peak_mem_gib:Q", title="peak memory per GPU (GiB)"))

@@ -101,3 +101,16 @@ def test_mean_summary_averages_numbers_and_keeps_the_rest():
                       {"comm_s_per_iter": 3.0, "traces": ["b"], "memcpy_s_per_iter": None}])
     assert s == {"comm_s_per_iter": 2.0, "traces": ["b"], "memcpy_s_per_iter": None}
     assert mean_summary([{}, {}]) == {}
+
+
+def test_each_rank_gets_its_share_of_the_jobs_threads(monkeypatch):
+    """Snakemake exports the job's thread count; a 2-rank cell of 2 threads must run each
+    rank with 1 (with 2 each it oversubscribed the cores and measured 24% scaling)."""
+    from llmbench.launch import THREAD_VARS, worker_env
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("MKL_NUM_THREADS", "2")
+    env = worker_env({}, threads=2, ranks=2)
+    assert all(env[v] == "1" for v in THREAD_VARS)
+    assert worker_env({}, threads=16, ranks=4)["OMP_NUM_THREADS"] == "4"
+    assert worker_env({"OMP_NUM_THREADS": "3"}, threads=2, ranks=2)["OMP_NUM_THREADS"] == "3"  # the platform's wins

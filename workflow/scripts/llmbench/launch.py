@@ -37,6 +37,9 @@ from .models import MFU_FORMULA, ModelSpec, flops_per_token
 from .protocol import summarize
 from .record import Metrics, Record, write
 
+#: Thread-count variables of the BLAS/OpenMP runtimes (Snakemake sets them to a job's threads)
+THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 #: backend -> worker module (pretrain: deepspeed, megatron; profile stage: torch, a training
 #: step module-wise; inference, serving forward passes module-wise; deepspeed, a DeepSpeed
 #: step by kernel class)
@@ -174,9 +177,16 @@ def stop_group(proc: subprocess.Popen) -> None:
 
 def worker_env(platform_env: dict[str, str], threads: int, ranks: int) -> dict[str, str]:
     """The environment of a worker process: the platform's variables, threads per rank,
-    DeepSpeed's op cache, and PYTHONPATH to the llmbench of this checkout."""
+    DeepSpeed's op cache, and PYTHONPATH to the llmbench of this checkout.
+
+    Threads per rank = the job's threads / ranks, set over what the environment holds:
+    Snakemake exports the job's whole thread count, and every rank taking all of it put
+    4 threads on 2 cores (a 2-rank CPU cell ran at 24% scaling efficiency). A platform
+    file that sets a thread variable itself wins."""
     env = {**os.environ, **platform_env}
-    env.setdefault("OMP_NUM_THREADS", str(max(1, threads // ranks)))
+    for var in THREAD_VARS:
+        if var not in platform_env:
+            env[var] = str(max(1, threads // ranks))
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
     env["PYTHONUNBUFFERED"] = "1"
     # workers import llmbench from this checkout, installed or not

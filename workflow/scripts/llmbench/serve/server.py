@@ -24,17 +24,16 @@ from typing import Iterator
 
 import psutil
 
-from ..launch import start_group, stop_group
+from ..launch import THREAD_VARS, start_group, stop_group
 
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "out of memory", "Not enough memory",
                "No available memory for the cache blocks")
 
 
-#: Set by Snakemake to the job's thread count; an engine sizes and pins its own thread
-#: pools (vLLM's CPU backend binds OpenMP threads to cores and reserves one for its
-#: front end: OMP_NUM_THREADS=2 from the job put two threads on one core, 4x slower).
-THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+# THREAD_VARS (llmbench.launch) are set by Snakemake to the job's thread count; an engine
+# sizes and pins its own thread pools (vLLM's CPU backend binds OpenMP threads to cores and
+# reserves one for its front end: OMP_NUM_THREADS=2 from the job put two threads on one
+# core, 4x slower), so they do not reach it.
 
 
 class ServerError(RuntimeError):

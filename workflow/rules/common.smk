@@ -46,7 +46,7 @@ def searched_records(stage=None):
     search has run: Snakemake re-evaluates this after the checkpoint)."""
     out = []
     for s in GRID.searches:
-        if stage in (None, s.stage):
+        if stage in (None, s.cell.stage):
             folder = checkpoints.search_max_batch.get(**s.key).output.dir
             largest = lbsearch.read_summary(folder)["largest_ok"]
             if largest:

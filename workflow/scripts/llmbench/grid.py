@@ -271,11 +271,6 @@ class Search(_Addressed):
     headroom: float = 0.05
     """Share of the capacity a fitting probe must leave free (llmbench.search)."""
 
-    def __getattr__(self, name: str) -> Any:  # the path fields are the cell's
-        if name in SEARCH_KEY:
-            return getattr(self.cell, name)
-        raise AttributeError(name)
-
     @property
     def key(self) -> dict[str, Any]:
         """The measured cell's path fields but its batch size (backend: its path form)."""

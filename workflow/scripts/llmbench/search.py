@@ -240,7 +240,7 @@ def summary(state: State, group: dict[str, Any], frontier_path: Path | str, repr
         "reason": "" if stopped is None else f"probe at batch {stopped.batch_size}: {stopped.reason}",
         "largest_ok": state.lo or None,
         "smallest_oom": state.hi if state.hi <= state.max_batch else None,
-        "start": state.start, "max_batch": state.max_batch, "capacity_gib": state.capacity_gib,
+        "start": state.start, "max_batch": state.max_batch, "fit_limit_gib": state.capacity_gib,
         "probes": [asdict(p) for p in state.probes],
         "n_probes": len(state.probes), "n_run": len(ran), "bound": bound(state.max_batch),
         "search_wall_s": wall, "search_gpu_s": wall * group["gpus"],
@@ -313,7 +313,7 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
         with open(log, "a") as fh:
             fh.write(f"probe {len(state.probes)}: batch {bs} ({why}) -> {probe.status} "
                      f"{'' if peak is None else f'{peak:.3f} GiB '}({source}, {probe.wall_s:.1f} s) {probe.reason}\n")
-    result = {**summary(state, group, frontier_path, reprobe), "capacity_gib": capacity, "fit_limit_gib": limit,
+    result = {**summary(state, group, frontier_path, reprobe), "capacity_gib": capacity,
               "headroom": search["headroom"]}
     write_json_atomic(out_dir / "search.json", result)
     return result

@@ -57,29 +57,29 @@ def classify(event: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def _merged(intervals: Iterable[Interval]) -> list[Interval]:
+    """Intervals merged into disjoint ones, in order."""
+    out: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
 def union_s(intervals: Iterable[Interval]) -> float:
     """Length of the union of [start, end) intervals (microseconds in, seconds out)."""
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
-        if e <= end:
-            continue
-        total += e - max(s, end)
-        end = e
-    return total / 1e6
+    return sum(e - s for s, e in _merged(intervals)) / 1e6
 
 
 def _minus(a: list[Interval], b: list[Interval]) -> list[Interval]:
     """Parts of the intervals ``a`` that no interval of ``b`` covers."""
     out: list[Interval] = []
-    merged: list[list[float]] = []
-    for s, e in sorted(b):
-        if merged and s <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], e)
-        else:
-            merged.append([s, e])
+    covered = _merged(b)
     for s, e in a:
         cur = s
-        for ms, me in merged:
+        for ms, me in covered:
             if me <= cur or ms >= e:
                 continue
             if ms > cur:

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from llmbench.models import ModelSpec, flops_per_token
-from llmbench.train.build import build_llama
+from llmbench.train.build import build_llama, enable_recompute
 
 
 def test_param_counts_match_transformers():
@@ -27,3 +27,21 @@ def test_frozen_base_counts_no_weight_gradients():
     spec = ModelSpec.load("llama2-7b")
     n = spec.param_counts()["non_embedding"]
     assert flops_per_token(spec, 350) - flops_per_token(spec, 350, frozen_base=True) == 2 * n
+
+
+def test_enable_recompute_on_this_transformers():
+    model = build_llama(ModelSpec.load("tiny"), "sdpa", torch.float32, "cpu")
+    enable_recompute(model)
+    assert model.is_gradient_checkpointing
+
+
+def test_enable_recompute_with_only_the_old_name():
+    # transformers before 5.2x (the GPU machines have 5.17): only gradient_checkpointing_enable
+    calls = []
+
+    class Old:
+        def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+            calls.append(gradient_checkpointing_kwargs)
+
+    enable_recompute(Old())
+    assert calls == [{"use_reentrant": False}]

@@ -187,7 +187,7 @@ def run(spec: dict, out: Path, trace_dir: Path) -> dict:
     attn_impl, attn_ctx, attn_label = build.attention_choice(tech, accelerator)
     model = build.build_llama(model_spec, attn_impl, torch.bfloat16, device)
     if tech.recompute:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        build.enable_recompute(model)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     # the DeepSpeed runs' optimizer settings (train.deepspeed_worker.ds_config)

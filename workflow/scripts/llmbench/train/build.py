@@ -57,6 +57,17 @@ def build_llama(spec: ModelSpec, attn_impl: str, dtype: torch.dtype, device: str
     return model
 
 
+def enable_recompute(model: torch.nn.Module) -> None:
+    """Activation recomputation (R), non-reentrant. transformers 5.2x names it
+    ``activation_checkpointing_enable`` (``gradient_checkpointing_enable`` is its deprecated
+    alias, to go in v6); earlier 5.x, as on the GPU machines (5.17), has only the old name."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def quantize_4bit(model: torch.nn.Module, compute_dtype: torch.dtype, device: str | torch.device) -> int:
     """Replace every decoder linear layer by a frozen bitsandbytes NF4 layer (double quant).
 

@@ -126,7 +126,7 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
     if tech.adapter:
         model, trainable_desc = adapters.apply(model, tech, cell.adapter)
     if tech.recompute and not (tech.adapter and tech.quant4):  # QL: done by k-bit preparation
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        build.enable_recompute(model)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad and p.dtype.is_floating_point]
     for p in model.parameters():

@@ -210,3 +210,24 @@ def test_collectives_two_ranks_through_torchrun(tmp_path, repo):
         if r["op"] in ("all_gather", "reduce_scatter"):
             assert r["bytes"] % (2 * 4) == 0
     assert not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("only", ["gemm", "memcpy", "collectives"])
+def test_micro_figures_build_when_a_benchmark_is_absent(only):
+    # a GPU pair runs collectives alone, one GPU GEMM and memcpy alone: every micro figure
+    # must still build (an empty panel), not fail on the absent benchmark's columns
+    import pandas as pd
+    from llmbench.report import figures
+
+    rows = {
+        "gemm": {"bench": "gemm", "platform": "h100", "case": "n4096-k4096", "m": 4096, "n": 4096, "k": 4096,
+                 "tflops": 700.0, "pct_of_peak": 70.7},
+        "memcpy": {"bench": "memcpy", "platform": "h100", "direction": "h2d", "pinned": True, "bytes": 1 << 20,
+                   "gb_per_s": 50.0, "time_s": 2e-5},
+        "collectives": {"bench": "collectives", "platform": "h200", "case": "p2p", "op": "all_reduce",
+                        "bytes": 1 << 20, "busbw_gb_per_s": 100.0, "time_s": 1e-5},
+    }
+    tables = {"micro": pd.DataFrame([rows[only]])}
+    for chart in (figures.micro_gemm_chart, figures.micro_memcpy_chart, figures.micro_collectives_chart):
+        spec = chart(pd.DataFrame(), tables).to_dict()
+        assert spec["facet"]

@@ -96,44 +96,45 @@ def serve_latency_cdf_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] 
         title="Serving: latency CDF per engine (ok cells; Figs. 7-10)")
 
 
+def _bench_rows(tables: dict[str, pd.DataFrame] | None, bench: str, columns: list[str]) -> pd.DataFrame:
+    """One microbenchmark's rows of the micro table, with exactly ``columns``: a run without
+    that benchmark (a collectives-only GPU pair, say) gives an empty frame, not a KeyError."""
+    micro = (tables or {}).get("micro", pd.DataFrame())
+    rows = micro[micro["bench"] == bench] if "bench" in micro.columns else micro.iloc[0:0]
+    return rows.reindex(columns=columns).copy()
+
+
 def micro_gemm_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
     """Fig. 11: GEMM TFLOP/s against M, one line per curve (N, K), one panel per platform."""
-    micro = (tables or {}).get("micro", pd.DataFrame())
-    df = micro[micro["bench"] == "gemm"] if len(micro) else pd.DataFrame(columns=["platform", "case", "m", "tflops"])
-    df = df[[c for c in ("platform", "case", "m", "n", "k", "tflops", "pct_of_peak") if c in df.columns]]
+    df = _bench_rows(tables, "gemm", ["platform", "case", "m", "n", "k", "tflops", "pct_of_peak"])
     lines = alt.Chart(df).mark_line(point=True).encode(
         x=alt.X("m:Q", title="M"), y=alt.Y("tflops:Q", title="TFLOP/s"), color=alt.Color("case:N", title="case"),
-        tooltip=[c for c in ("case", "m", "n", "k", "tflops", "pct_of_peak") if c in df.columns])
+        tooltip=["case:N", "m:Q", "n:Q", "k:Q", alt.Tooltip("tflops:Q", format=".1f"),
+                 alt.Tooltip("pct_of_peak:Q", format=".1f")])
     return lines.properties(width=360, height=240).facet(column=alt.Column("platform:N", title=None)).properties(
         title="GEMM throughput against M (Fig. 11)")
 
 
 def micro_memcpy_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
     """Fig. 12: copy bandwidth against size, one line per direction and host memory kind."""
-    micro = (tables or {}).get("micro", pd.DataFrame())
-    df = micro[micro["bench"] == "memcpy"].copy() if len(micro) else pd.DataFrame(
-        columns=["platform", "direction", "pinned", "bytes", "gb_per_s", "time_s"])
-    df = df[[c for c in ("platform", "direction", "pinned", "bytes", "gb_per_s", "time_s") if c in df.columns]]
+    df = _bench_rows(tables, "memcpy", ["platform", "direction", "pinned", "bytes", "gb_per_s", "time_s"])
     df["copy"] = df["direction"].astype(str) + " " + df["pinned"].map({True: "pinned", False: "pageable"}).astype(str)
     lines = alt.Chart(df).mark_line(point=True).encode(
         x=alt.X("bytes:Q", title="bytes", scale=alt.Scale(type="log", base=2)),
         y=alt.Y("gb_per_s:Q", title="GB/s"), color=alt.Color("copy:N", title="copy"),
-        tooltip=["copy", "bytes", alt.Tooltip("gb_per_s:Q", format=".2f"), alt.Tooltip("time_s:Q", format=".2e")])
+        tooltip=["copy:N", "bytes:Q", alt.Tooltip("gb_per_s:Q", format=".2f"), alt.Tooltip("time_s:Q", format=".2e")])
     return lines.properties(width=360, height=240).facet(column=alt.Column("platform:N", title=None)).properties(
         title="Memory copies: bandwidth against size (Fig. 12; h2h on a CPU platform is a host copy)")
 
 
 def micro_collectives_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
     """Figs. 13-15: bus bandwidth against size per collective, with and without P2P."""
-    micro = (tables or {}).get("micro", pd.DataFrame())
-    df = micro[micro["bench"] == "collectives"].copy() if len(micro) else pd.DataFrame(
-        columns=["platform", "case", "op", "bytes", "busbw_gb_per_s", "time_s"])
-    df = df[[c for c in ("platform", "case", "op", "bytes", "busbw_gb_per_s", "time_s") if c in df.columns]]
+    df = _bench_rows(tables, "collectives", ["platform", "case", "op", "bytes", "busbw_gb_per_s", "time_s"])
     lines = alt.Chart(df).mark_line(point=True).encode(
         x=alt.X("bytes:Q", title="bytes", scale=alt.Scale(type="log", base=2)),
         y=alt.Y("busbw_gb_per_s:Q", title="bus bandwidth (GB/s)"), color=alt.Color("op:N", title="collective"),
         strokeDash=alt.StrokeDash("case:N", title="P2P"),
-        tooltip=["op", "case", "bytes", alt.Tooltip("busbw_gb_per_s:Q", format=".2f"),
+        tooltip=["op:N", "case:N", "bytes:Q", alt.Tooltip("busbw_gb_per_s:Q", format=".2f"),
                  alt.Tooltip("time_s:Q", format=".2e")])
     return lines.properties(width=360, height=240).facet(column=alt.Column("platform:N", title=None)).properties(
         title="Collectives: bus bandwidth against size (Figs. 13-15)")

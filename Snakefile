@@ -71,12 +71,14 @@ rule all:
 rule pretrain:
     input:
         records("pretrain"),
+        search_folders("pretrain"),
         lambda wildcards: searched_records("pretrain"),
 
 
 rule finetune:
     input:
         records("finetune"),
+        search_folders("finetune"),
         lambda wildcards: searched_records("finetune"),
 
 

@@ -27,3 +27,15 @@ def test_a_cpu_cell_holds_a_core_per_rank():
     assert threads["results/runs/pretrain/cpu/tiny/deepspeed/Q/bs2-g2/record.json"] == 2
     assert threads["results/runs/pretrain/cpu/tiny/deepspeed/Q/bs2-g1/record.json"] == 1
     assert all(t == min(2, os.cpu_count()) for p, t in threads.items() if "/serve/" in p or "/micro/" in p)
+
+
+def test_every_search_is_planned_at_once():
+    """An input function stops at the first unfinished checkpoint: with searched_records()
+    alone Snakemake learnt of one search at a time (the H200 pair's two Megatron-LM searches
+    ran one after the other). The searches' folders are plain inputs of the targets."""
+    out = subprocess.run([BIN / "snakemake", "pretrain", "-n", "--nolock", "--cores", "2", "-d", str(REPO),
+                          "--configfile", "config/gpu-h200x2-table2.yaml"],
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout
+    planned = set(re.findall(r"output: (\S+/runs/search/\S+)", out))
+    assert planned == {"results/runs/search/pretrain/h200/llama2-7b/megatron-tp1pp1-distopt/Naive-g2",
+                       "results/runs/search/pretrain/h200/llama2-7b/megatron-tp2pp1/Naive-g2"}

@@ -54,8 +54,11 @@ def searched_records(stage=None):
     return out
 
 
-def search_folders():
-    return [s.record_path(R) for s in GRID.searches]
+def search_folders(stage=None):
+    """The searches' folders. Rules that read searched_records() list these as plain inputs
+    too: an input function stops at the first unfinished checkpoint, so without them
+    Snakemake would learn of (and run) one search at a time."""
+    return [s.record_path(R) for s in GRID.searches if stage in (None, s.cell.stage)]
 
 
 def table_targets():

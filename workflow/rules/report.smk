@@ -4,6 +4,7 @@
 rule build_tidy_table:
     input:
         records=records(),
+        searches=search_folders(),
         measured=lambda wildcards: searched_records(),
     output:
         csv=f"{R}/tables/records.csv",

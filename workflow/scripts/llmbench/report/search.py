@@ -11,7 +11,7 @@ from typing import Iterable
 
 import pandas as pd
 
-from ..grid import SEARCH_KEY
+from ..grid import SEARCH_KEY, cell_from_dict
 from ..record import read
 from .markdown import fmt, table
 from .markdown import write as write_table
@@ -36,7 +36,8 @@ def build(folders: Iterable[str | Path], measured: Iterable[str | Path]) -> pd.D
     by_key = {}
     for p in measured:
         rec = read(p)
-        by_key[tuple(str(rec.cell[k]) for k in SEARCH_KEY)] = rec
+        key = cell_from_dict(rec.cell).key  # the path form of the backend, as in search.json
+        by_key[tuple(str(key[k]) for k in SEARCH_KEY)] = rec
     rows = []
     for folder in folders:
         s = json.loads((Path(folder) / "search.json").read_text())

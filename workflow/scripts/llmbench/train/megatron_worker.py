@@ -37,9 +37,10 @@ What runs (paper Section IV-A, Table II; megatron-core 0.16.1 on Python 3.11):
   that way; CUDA-only fusions are switched off there (and on GPUs without Apex/TE they
   are left off where megatron-core has no fallback). Without Apex/TE megatron-core's
   RMSNorm is torch's, with fp32 weights (bf16 activations): recorded as it is.
-- Verified on a CPU only (tests/unit/test_megatron.py: 1 rank, DP2 with the distributed
-  optimizer, TP2, PP2). The GPU path (NCCL, CUDA memory, jit fusions) is
-  written against the same API and has not been run yet (config/gpu-h200x2-megatron.yaml).
+- Verified on a CPU (tests/unit/test_megatron.py: 1 rank, DP2 with the distributed
+  optimizer, TP2, PP2) and on a pair of H200s (NCCL, CUDA memory, jit fusions; llama2-7b
+  DP2 with the distributed optimizer and TP2, batch 1 and the searched largest batch:
+  config/gpu-h200x2-table2.yaml, results/reference/2026-11-22-h200x2-table2).
 """
 
 from __future__ import annotations
@@ -84,9 +85,10 @@ def transformer_config(model_spec, tech, parallel: dict[str, Any], accelerator: 
         bf16=True,
         params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16,
-        # Weights are initialised on the host, then moved (GPU): the same random model
-        # whatever the layout, and no CUDA RNG tracker at init.
-        use_cpu_initialization=True,
+        # Weights are initialised where they live: on a GPU by Megatron's own path (its
+        # CUDA RNG tracker, seeded below); host initialisation of llama2-7b would make and
+        # split a 27 GB fp32 copy per rank and cost every probe of a search a minute.
+        use_cpu_initialization=cpu,
         # Fusions: torch.jit kernels (bias+SwiGLU, bias+dropout+add) on a GPU; the fused
         # masked softmax only where its compiled extension (Apex / Megatron-LM's) is
         # importable, since megatron-core imports it without a fallback. None on a CPU.

@@ -10,12 +10,17 @@ How the next batch is chosen (``next_probe``), with ``lo`` the largest batch kno
 
 1. doubling from ``start`` while nothing has run out of memory, then bisection of
    (lo, hi): the classic search, exact, no model needed;
-2. steered by a linear memory model where the capacity is known (the cell's host-RSS cap
-   on CPU, the GPU's memory on a GPU): after two batches fit, ``peak(b) = a + s*b`` fitted
-   to the fitting probes predicts the largest batch ``p``; the search probes ``p + 1``
-   (expecting an OOM: that cuts the bracket most) and then ``p``, so a right model ends
-   the search in four probes (start, 2x, p + 1, p). A model that misses once is
-   dropped and the search goes on with (1);
+2. steered by a memory model where the capacity is known (the cell's host-RSS cap on
+   CPU, the GPU's memory on a GPU): once two batches fit, the line through the peak
+   memory of the two largest fitting batches predicts the largest batch ``p`` under the
+   capacity. While nothing has been too large the search probes ``p + 1`` (expecting an
+   OOM, which bounds the search: ``max`` where ``p`` is past it), then ``p`` clamped into
+   (lo, hi). Each new fit moves the line to the newest pair, so the model follows memory
+   that grows faster than linearly, as the allocator's reserved memory does (on an H200
+   pair Megatron-LM TP2's batches 4 and 8 pointed at 50 where 38 was the limit: the old
+   least-squares line through all fits spent the whole bound there). A prediction at or
+   past a known failure is dropped for bisection. A right model ends the search in four
+   probes (start, 2x, p + 1, p);
 3. never more than ``floor(log2(max)) + 3`` probes (``bound``): a probe is accepted only
    if plain bisection could still finish within the probes left whatever its outcome;
    otherwise the midpoint of (lo, hi) is probed, which always keeps that promise.
@@ -56,12 +61,7 @@ from typing import Any
 #: its peak memory left less than the search's headroom free (it counts as too large)
 BOUNDING = ("ok", "oom", "tight")
 TOO_LARGE = ("oom", "tight")
-#: model-chosen probes that may miss before the model is dropped
-MODEL_MISSES = 1
-#: fitting batch sizes the memory model needs. Two leave the search one probe of slack
-#: under its bound; a third would use it up. (On the tiny CPU model a line through 1 and 2
-#: underestimated the slope by 35%: the allocator's fixed costs dominate there; GPU
-#: reserved memory is closer to linear.)
+#: fitting batch sizes (with a peak) the memory model needs
 MODEL_POINTS = 2
 
 
@@ -111,31 +111,19 @@ class State:
         stopped = any(p.status not in BOUNDING for p in self.probes)
         return stopped or self.hi - self.lo <= 1
 
-    def model_misses(self) -> int:
-        """Model-chosen probes whose outcome the model did not predict."""
-        misses = 0
-        for i, p in enumerate(self.probes):
-            if p.chosen_by != "model":
-                continue
-            pred = predict(self.probes[:i], self.capacity_gib)
-            if pred is None or (p.status == "ok") != (p.batch_size <= pred):
-                misses += 1
-        return misses
-
 
 def predict(probes: list[Probe], capacity_gib: float | None) -> int | None:
-    """The largest batch a least-squares line through the fitting probes' peak memory
-    keeps under the capacity (None without a capacity or MODEL_POINTS fitting batches)."""
-    pts = [(p.batch_size, p.peak_gib) for p in probes if p.status == "ok" and p.peak_gib is not None]
-    if capacity_gib is None or len({b for b, _ in pts}) < MODEL_POINTS:
+    """The largest batch the line through the peak memory of the two largest fitting
+    batches keeps under the capacity (None without a capacity, MODEL_POINTS fitting
+    batches, or a rising line)."""
+    pts = sorted({p.batch_size: p.peak_gib for p in probes if p.status == "ok" and p.peak_gib is not None}.items())
+    if capacity_gib is None or len(pts) < MODEL_POINTS:
         return None
-    n = len(pts)
-    mb, mp = sum(b for b, _ in pts) / n, sum(m for _, m in pts) / n
-    sxx = sum((b - mb) ** 2 for b, _ in pts)
-    slope = sum((b - mb) * (m - mp) for b, m in pts) / sxx
+    (b0, m0), (b1, m1) = pts[-2], pts[-1]
+    slope = (m1 - m0) / (b1 - b0)
     if slope <= 0:
         return None
-    return int(math.floor((capacity_gib - (mp - slope * mb)) / slope))
+    return int(math.floor(b1 + (capacity_gib - m1) / slope))
 
 
 def _keeps_bound(c: int, lo: int, hi: int, left: int) -> bool:
@@ -155,14 +143,13 @@ def next_probe(state: State) -> tuple[int, str] | None:
     if not state.probes:
         return state.start, "doubling"
     candidates: list[tuple[int, str]] = []
-    if state.model_misses() < MODEL_MISSES:
-        pred = predict(state.probes, state.capacity_gib)
-        if pred is not None:
-            p = min(max(pred, lo), hi - 1)  # the model's largest fitting batch, inside what is known
-            if p + 1 < hi:
-                candidates.append((p + 1, "model"))  # its OOM side first: that cuts the bracket most
-            elif p > lo:
-                candidates.append((p, "model"))  # then its fitting side
+    pred = predict(state.probes, state.capacity_gib)
+    if pred is not None:
+        if hi > state.max_batch:  # nothing too large yet: the model's OOM side sets hi
+            candidates.append((min(max(pred + 1, lo + 1), state.max_batch), "model"))
+        elif pred < hi:  # then its fitting side
+            candidates.append((min(max(pred, lo + 1), hi - 1), "model"))
+        # else: the model points at or past a known failure; bisection below
     if hi > state.max_batch and not any(p.status in TOO_LARGE for p in state.probes):
         candidates.append((min(2 * lo, state.max_batch), "doubling"))
     candidates.append(((lo + hi) // 2, "bisection"))

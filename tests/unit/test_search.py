@@ -148,9 +148,10 @@ def test_frontier_round_trip_and_a_changed_cell_starts_afresh(tmp_path):
 def test_run_records_every_probe_and_a_rerun_skips_known_ooms(tmp_path, monkeypatch, repo):
     """search.run with the launcher replaced by an oracle (runs iff batch <= 11, but 11
     peaks within the 5% headroom of the 2 GiB cap: tight; the real launcher runs in the
-    e2e test): every probe leaves a record; a second search of the
-    same cell answers the batches at or above a known OOM from the frontier file without
-    running them; reprobe runs them again; another memory cap starts a fresh frontier."""
+    e2e test): every probe leaves a record; a search of the same cell cut short resumes
+    from the frontier file, and a second one answers every batch from it (at or above a
+    known OOM: oom; a batch that ran: its peak) without running it; reprobe runs them
+    again; another memory cap starts a fresh frontier."""
     from llmbench import grid, launch
     from llmbench.record import Metrics, Record, read, write
 
@@ -185,12 +186,25 @@ def test_run_records_every_probe_and_a_rerun_skips_known_ooms(tmp_path, monkeypa
         assert read(tmp_path / "a" / f"bs{p['batch_size']}" / "record.json").status == p["status"].replace("tight", "ok")
     assert json.loads((tmp_path / "a" / "search.json").read_text())["largest_ok"] == 10
 
+    # a search cut after three probes (Snakemake stopped, a time limit) resumes from the
+    # frontier: the batches that ran are answered from it, with their peaks
+    ran.clear()
+    cut = Frontier.load(frontier, search.fingerprint(g.spec(s)))
+    cut.probes = {b: v for b, v in cut.probes.items() if b in [p["batch_size"] for p in first["probes"][:3]]}
+    cut.save()
+    resumed = search.run(g.spec(s), tmp_path / "r", frontier, tmp_path / "r.log")
+    assert [(p["batch_size"], p["status"]) for p in resumed["probes"]] == \
+        [(p["batch_size"], p["status"]) for p in first["probes"]]  # the same search
+    assert [p["source"] for p in resumed["probes"]][:3] == ["frontier"] * 3 and len(ran) == resumed["n_probes"] - 3
+    rec = read(tmp_path / "r" / f"bs{first['probes'][0]['batch_size']}" / "record.json")
+    assert rec.status == "ok" and "known to run" in rec.reason and rec.metrics.peak_rss_gib is not None
+
     ran.clear()
     second = search.run(g.spec(s), tmp_path / "b", frontier, tmp_path / "b.log")
     skipped = [p for p in second["probes"] if p["source"] == "frontier"]
-    assert second["largest_ok"] == 10 and skipped and all(p["status"] == "oom" for p in skipped)
-    assert not set(ran) & {p["batch_size"] for p in skipped}  # known OOMs were not run
-    rec = read(tmp_path / "b" / f"bs{skipped[0]['batch_size']}" / "record.json")
+    assert second["largest_ok"] == 10 and len(skipped) == second["n_probes"] and not ran  # all known
+    oom = next(p for p in skipped if p["status"] == "oom")
+    rec = read(tmp_path / "b" / f"bs{oom['batch_size']}" / "record.json")
     assert rec.status == "oom" and "known out of memory" in rec.reason and "reprobe" in rec.reason
 
     ran.clear()

@@ -40,7 +40,9 @@ The frontier file (``frontier/<stage>/<platform>/<model>/<backend>/<technique>-g
 under the results folder; not a Snakemake output, so rerunning a search never deletes it)
 holds every probe's outcome together with a fingerprint of what decides memory (the cell's
 spec without its batch size and step counts). A later search of the same fingerprint
-records a batch at or above a known OOM as ``oom`` without running it; ``reprobe``
+records a batch at or above a known OOM as ``oom``, and a batch that ran before with its
+peak memory, without running them: a search that Snakemake or a time limit stopped
+resumes where it was (on the H100 a cut search had rerun its five 7B probes); ``reprobe``
 (``snakemake --config reprobe=true``) ignores the file and runs every probe again.
 A changed fingerprint (other sequence length, memory cap, library-independent settings of
 the cell) starts a fresh frontier.
@@ -198,6 +200,12 @@ class Frontier:
         ooms = sorted(b for b, v in self.probes.items() if v["status"] == "oom" and b <= batch_size)
         return (ooms[0], self.probes[ooms[0]]) if ooms else None
 
+    def known_fit(self, batch_size: int) -> dict[str, Any] | None:
+        """What a run of exactly ``batch_size`` showed, if it ran without running out of
+        memory (its peak decides whether it fits under this search's headroom)."""
+        v = self.probes.get(batch_size)
+        return v if v is not None and v["status"] == "ok" and v.get("peak_gib") is not None else None
+
     def add(self, probe: Probe) -> None:
         """Keep what a probe that ran showed (a tight probe ran ok: its peak decides later)."""
         if probe.status in BOUNDING and probe.source == "run":
@@ -252,7 +260,7 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
     (``out_dir/search.json``); returns it."""
     from .grid import Cell
     from .launch import build_record, Outcome, run_cell
-    from .record import write, write_json_atomic
+    from .record import Metrics, Record, write, write_json_atomic
 
     out_dir, log = Path(out_dir), Path(log)
     search = spec["search"]
@@ -274,9 +282,19 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
         probe_spec = {**spec, "cell": {**spec["cell"], "batch_size": bs, "protocol": search["probe_protocol"]}}
         probe_spec.pop("search")
         record_path = out_dir / f"bs{bs}" / "record.json"
-        known = frontier.known_oom(bs)
+        known, fit = frontier.known_oom(bs), frontier.known_fit(bs)
         t0 = time.monotonic()
-        if known is not None:
+        if known is None and fit is not None:
+            reason = (f"known to run: batch {bs} ran at {fit['at']} with a peak of {fit['peak_gib']:.3f} GiB "
+                      f"(frontier {frontier_path}); not run again (reprobe: snakemake --configfile <grid> "
+                      "--config reprobe=true -R search_max_batch)")
+            record = Record(cell=Cell.from_dict(probe_spec["cell"]).to_dict(), status="ok", reason=reason,
+                            metrics=Metrics(**{metric: fit["peak_gib"]}),
+                            provenance={"started": datetime.now(timezone.utc).isoformat(),
+                                        "command": ["llmbench.search (frontier)"]})
+            write(record, record_path)
+            source = "frontier"
+        elif known is not None:
             b, v = known
             reason = (f"known out of memory: batch {b} ran out of memory at {v['at']} (frontier {frontier_path}); "
                       "not run again (reprobe: snakemake --configfile <grid> --config reprobe=true -R search_max_batch)")

@@ -66,7 +66,7 @@ def markdown(df: pd.DataFrame) -> str:
     return table("Max-batch search (Table IV's batch sizes)",
                  ["Platform", "Model", "Stage", "Backend", "Method", "GPUs", "Search", "Largest BS", "Probes (BS:outcome)",
                   "Probes / bound", "Search GPU·s", "Measured", "Measured tok/s", "Measured GPU·s"], rows,
-                 "Probes in the order run; '*': answered by the OOM frontier file without running. Bound: "
+                 "Probes in the order run; '*': answered by the frontier file (a known OOM, or a batch that ran before: its peak) without running. Bound: "
                  "floor(log2(max)) + 3. GPU·s: wall seconds x GPUs (on a CPU platform, x processes). The measured "
                  "cell is the full protocol at the largest batch; '-': no batch fits.")
 

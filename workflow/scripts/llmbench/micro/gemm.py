@@ -75,10 +75,21 @@ def run(
     iters: int,
     peak_tflops: float | None,
     seed: int = 0,
+    plain_check: bool = False,
 ) -> list[dict]:
-    """Time torch.matmul for each (m, n, k); one row per shape."""
+    """Time torch.matmul for each (m, n, k); one row per shape. ``plain_check``: also time
+    plain back-to-back torch.matmul (best_matmul_tflops) right after each shape, and
+    record it and the harness's share of it (``plain_tflops``, ``vs_plain``)."""
     dev = device_of(accelerator)
-    return [_row(m, n, k, dtype, dev, warmup, iters, peak_tflops, seed) for m, n, k in shapes]
+    rows = []
+    for m, n, k in shapes:
+        row = _row(m, n, k, dtype, dev, warmup, iters, peak_tflops, seed)
+        if plain_check:
+            plain = best_matmul_tflops(m, n, k, dtype=dtype, accelerator=accelerator, warmup=warmup,
+                                       iters=iters, seed=seed)
+            row.update(plain_tflops=plain, vs_plain=row["tflops"] / plain)
+        rows.append(row)
+    return rows
 
 
 def _row(

@@ -41,7 +41,7 @@ def run(spec: dict, out: Path) -> None:
 
         rows = gemm.run([tuple(s) for s in p["shapes"]], dtype=p["dtype"], accelerator=accelerator,
                         warmup=cell.warmup, iters=cell.iters, peak_tflops=spec["platform"]["peak_bf16_tflops"]
-                        if p["dtype"] == "bfloat16" else None)
+                        if p["dtype"] == "bfloat16" else None, plain_check=p.get("plain_check", False))
     else:
         from . import memcpy
 

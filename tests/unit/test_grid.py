@@ -300,3 +300,19 @@ def test_a_megatron_search_is_addressed_by_its_layout():
                    batch_size="5", gpus="2")
     assert found.parallel == s.cell.parallel and found.batch_size == 5
     assert g.find_search(**s.key) is s
+
+
+def test_the_8_gpu_config_covers_issue_6(repo):
+    """Issue 6's runs, declared for an 8 x H200 node: Tables III and IV (every method of
+    llama2-7b and -13b at batch 1 and searched), Fig. 4 on 1-8 GPUs, the 70B rows of
+    Table IX, collectives over 8 ranks with and without P2P."""
+    g = grid.load(repo / "config" / "gpu-h200x8.yaml")
+    paper = grid.load(repo / "config" / "paper.yaml")
+    methods = {c.technique for c in paper.cells if c.stage == "pretrain" and c.backend == "deepspeed" and c.batch_size == 1}
+    table3 = {(c.model, c.technique) for c in g.cells if c.stage == "pretrain" and c.gpus == 8 and c.batch_size == 1}
+    assert table3 == {(m, t) for m in ("llama2-7b", "llama2-13b") for t in methods}
+    assert {(s.cell.model, s.cell.technique) for s in g.searches} == table3
+    assert {c.gpus for c in g.cells if c.stage == "pretrain" and c.technique == "Q" and c.batch_size == 2} == {1, 2, 4, 8}
+    assert sorted(c.technique for c in g.cells if c.stage == "finetune") == sorted(
+        ["L+F+R+Z3", "L+F+R+Z3+O", "QL+F+R", "QL+R", "QL+F"])
+    assert sorted((c.case, c.gpus) for c in g.cells if c.stage == "micro") == [("nop2p", 8), ("p2p", 8)]

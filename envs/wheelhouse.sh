@@ -11,6 +11,7 @@
 #   export PYTHONPATH=/tmp/site
 #   python3 -m snakemake pretrain --configfile config/gpu-h100.yaml --cores 16 --resources gpu_slots=1
 #
+# SERVING=1 adds `transformers serve`'s and LightLLM's wheels (see below).
 # SLIM_BNB=1 keeps only bitsandbytes' CUDA 13.0 and CPU libraries (43 MB -> 3.6 MB; the
 # GPU machines have torch cu130): only for a transfer limit, never for a shared cluster.
 # pulp (16 MB, Snakemake's ILP scheduler) is left out: run with --scheduler greedy.
@@ -39,13 +40,30 @@ pkgs=(
     snakemake-interface-storage-plugins==4.4.1 sqlalchemy==2.0.58 sqlmodel==0.0.37 tabulate==0.10.0
     tenacity==9.2.1 throttler==1.2.3 traitlets==5.16.1 typing-inspection==0.4.5 wrapt==2.5.2 yte==1.9.4
 )
-for spec in "${pkgs[@]}"; do
-    # a binary wheel for the target Python, else a pure-Python wheel built here
-    "$pip" download -q --no-deps --only-binary=:all: --python-version "$py" --implementation cp \
-        "${platforms[@]}" -d "$out" "$spec" >/dev/null 2>&1 \
-        || "$pip" wheel -q --no-deps -w "$out" "$spec" >/dev/null \
-        || { echo "wheelhouse: no wheel for $spec" >&2; exit 1; }
-done
+fetch() {  # fetch DIR SPEC...: binary wheels for the target Python, else pure-Python ones
+    local dir=$1; shift; mkdir -p "$dir"
+    for spec in "$@"; do
+        "$pip" download -q --no-deps --only-binary=:all: --python-version "$py" --implementation cp \
+            "${platforms[@]}" -d "$dir" "$spec" >/dev/null 2>&1 \
+            || "$pip" wheel -q --no-deps -w "$dir" "$spec" >/dev/null \
+            || { echo "wheelhouse: no wheel for $spec" >&2; exit 1; }
+    done
+}
+fetch "$out" "${pkgs[@]}"
+if [[ "${SERVING:-0}" == 1 ]]; then
+    # `transformers serve` and the load generator, beside the workflow's wheels
+    fetch "$out" openai==3.54.0 jiter==0.19.0 distro httpx httpcore anyio==4.16.0 sniffio==1.3.1 h11==0.16.0 \
+        click==8.5.1 rich==15.0.0 markdown-it-py mdurl pygments fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 \
+        annotated-doc==0.0.7 aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 frozenlist==1.8.0 aiosignal==1.4.0 \
+        propcache==0.5.4 aiohappyeyeballs==2.7.1
+    # LightLLM's own pins (envs/lightllm.yaml) in a folder of their own: its older fastapi,
+    # starlette and uvicorn must not shadow the ones above. There:
+    #   python3 -m pip install --no-index --no-deps --target /tmp/site-lightllm .whl/lightllm/*.whl
+    #   mkdir -p .venv-lightllm/bin && printf '#!/bin/sh\nexport PYTHONPATH=/tmp/site-lightllm:$PYTHONPATH\nexec python3 "$@"\n' \
+    #       > .venv-lightllm/bin/python && chmod +x .venv-lightllm/bin/python   # engine_python of gpu-h100-serve.yaml
+    fetch "$out/lightllm" lightllm==0.0.1 rpyc plumbum pyzmq fastapi==0.115.12 starlette==0.46.2 uvicorn==0.27.1 \
+        uvloop==0.19.0
+fi
 if [[ "${SLIM_BNB:-0}" == 1 ]]; then
     whl=$(ls "$out"/bitsandbytes-*.whl)
     tmp=$(mktemp -d)

@@ -32,7 +32,8 @@ def test_frozen_base_counts_no_weight_gradients():
 def test_enable_recompute_on_this_transformers():
     model = build_llama(ModelSpec.load("tiny"), "sdpa", torch.float32, "cpu")
     enable_recompute(model)
-    assert model.is_gradient_checkpointing
+    # transformers 5.2x's name, else the old one (5.17 on the GPU machines)
+    assert getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing
 
 
 def test_enable_recompute_with_only_the_old_name():

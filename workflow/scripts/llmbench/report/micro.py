@@ -39,8 +39,7 @@ def gemm(micro: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         best = g.loc[g["tflops"].idxmax()]
         rows.append([plat, case, str(len(g)), f"{int(best.m)}x{int(best.n)}x{int(best.k)}", fmt(best.tflops, ".2f"),
                      fmt(best.get("pct_of_peak"), ".1f"), fmt(g["tflops"].median(), ".2f"),
-                     fmt(best.get("plain_tflops"), ".2f"), fmt(100 * best["vs_plain"], ".1f") if "vs_plain" in best
-                     and best["vs_plain"] == best["vs_plain"] else "",
+                     fmt(best.get("plain_tflops"), ".2f"), fmt(100 * best.get("vs_plain", float("nan")), ".1f"),
                      "yes" if g["correct"].astype(bool).all() else "NO"])
     md = md_table(TITLES["micro-gemm"], ["Platform", "Case", "Points", "Best M x N x K", "Best TFLOP/s", "% of peak",
                                     "Median TFLOP/s", "Plain matmul TFLOP/s", "% of plain", "Correct"], rows,

@@ -66,33 +66,6 @@ def test_memory_cap_kills_and_records_oom(spec_for, tmp_path):
     assert "mem_cap_gib=0.3" in rec.reason
 
 
-def test_stale_op_locks_are_cleared_only_beside_a_built_library(tmp_path):
-    old = time.time() - 3600
-    for name, built, age in (("dead", True, old), ("first-build", False, old), ("live", True, None)):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "lock").touch()
-        if built:
-            (tmp_path / name / f"{name}.so").touch()
-        if age:
-            os.utime(tmp_path / name / "lock", (age, age))
-    assert launch.clear_stale_op_locks(tmp_path, launch.STALE_LOCK_S) == [tmp_path / "dead" / "lock"]
-    assert (tmp_path / "first-build" / "lock").exists() and (tmp_path / "live" / "lock").exists()
-    assert launch.clear_stale_op_locks(None, 0) == []
-
-
-def test_a_worker_killed_holding_an_op_lock_leaves_none(spec_for, tmp_path, monkeypatch):
-    """CI hung on this: the forced-OOM cell was killed while DeepSpeed held its op's build
-    lock, and a ZeRO-3 cell 10 minutes later waited on the lock until its timeout."""
-    ext = tmp_path / "ext" / "deepspeed_shm_comm"
-    ext.mkdir(parents=True)
-    (ext / "deepspeed_shm_comm.so").touch()
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
-    monkeypatch.setenv("FAKE_LOCK", str(ext / "lock"))
-    rec = run(spec_for("alloc", mem_cap_gib=0.3), tmp_path)
-    assert rec.status == "oom" and not (ext / "lock").exists()
-    assert "removed the JIT-op lock the killed worker held" in (tmp_path / "run.log").read_text()
-
-
 def test_timeout_stops_the_whole_group(spec_for, tmp_path, monkeypatch):
     pidfile = tmp_path / "pid"
     monkeypatch.setenv("FAKE_PIDFILE", str(pidfile))

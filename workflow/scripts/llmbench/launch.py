@@ -175,35 +175,6 @@ def stop_group(proc: subprocess.Popen) -> None:
         _ACTIVE.remove(proc)
 
 
-#: torch.utils.cpp_extension guards a JIT op's build folder with a plain ``lock`` file (no
-#: owner, no flock) that DeepSpeed takes on every load, built or not. A worker killed while
-#: holding it (the memory cap, a timeout, Snakemake stopping) leaves it behind, and every
-#: later worker waits on it forever: seen in CI, a ZeRO-3 cell hung 10 minutes after the
-#: forced-OOM cell. A lock this old beside a built library belongs to a dead process.
-STALE_LOCK_S = 120.0
-#: after this launcher killed a worker: the age from which a lock it may have left is
-#: taken as its (a live load of a built op holds the lock well under a second)
-KILLED_LOCK_S = 5.0
-
-
-def clear_stale_op_locks(ext_dir: str | Path | None, older_than_s: float) -> list[Path]:
-    """Remove JIT-op build locks older than ``older_than_s`` in folders that hold a built
-    library (a lock without one may guard a first build still running); returns them."""
-    removed: list[Path] = []
-    if not ext_dir:
-        return removed
-    now = time.time()
-    for lock in Path(ext_dir).glob("*/lock"):
-        try:
-            old = now - lock.stat().st_mtime >= older_than_s
-            if old and any(lock.parent.glob("*.so")):
-                lock.unlink()
-                removed.append(lock)
-        except FileNotFoundError:
-            pass  # its holder released it meanwhile
-    return removed
-
-
 def worker_env(platform_env: dict[str, str], threads: int, ranks: int) -> dict[str, str]:
     """The environment of a worker process: the platform's variables, threads per rank,
     DeepSpeed's op cache, and PYTHONPATH to the llmbench of this checkout.
@@ -237,11 +208,8 @@ def run_worker(argv: list[str], *, env: dict[str, str], log: Path, workdir: Path
     Contract: the worker writes ``out`` (JSON) on success; a rank that runs out of memory
     may write ``<out>.oom.rank<r>`` with the message.
     """
-    ext_dir = env.get("TORCH_EXTENSIONS_DIR")
     with open(log, "a") as fh:
         fh.write(f"\n=== {label}\n")
-        for lock in clear_stale_op_locks(ext_dir, STALE_LOCK_S):
-            fh.write(f"removed a stale JIT-op lock left by a dead process: {lock}\n")
     proc = start_group(argv, env=env, log=log, cwd=workdir)
     dog = None
     if mem_cap_gib:
@@ -257,11 +225,6 @@ def run_worker(argv: list[str], *, env: dict[str, str], log: Path, workdir: Path
         if dog:
             dog.stop()
         stop_group(proc)  # no orphan rank survives its torchrun
-    if timed_out or (dog and dog.fired):  # this launcher killed it: a lock it held is stale
-        time.sleep(KILLED_LOCK_S)
-        with open(log, "a") as fh:
-            for lock in clear_stale_op_locks(ext_dir, KILLED_LOCK_S):
-                fh.write(f"removed the JIT-op lock the killed worker held: {lock}\n")
     log_tail_text = tail(log)
     ooms = sorted(workdir.glob(f"{out.name}.oom.rank*"))
     if timed_out:

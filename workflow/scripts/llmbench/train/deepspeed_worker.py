@@ -98,8 +98,9 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
     from ..grid import Cell
     from ..models import ModelSpec
     from ..protocol import run_window
-    from . import adapters, build
+    from . import adapters, build, jit_ops
 
+    jit_ops.guard_jit_loads()  # before init_distributed: it loads the first op on CPU
     cell = Cell.from_dict(spec["cell"])
     model_spec = ModelSpec(**spec["model"])
     tech = techniques.parse(cell.technique)

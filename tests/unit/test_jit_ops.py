@@ -1,0 +1,97 @@
+"""The JIT-op load guard: a dead loader's build lock is removed, a live one's never is."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from llmbench.train import jit_ops
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "workflow" / "scripts"
+
+# A loader as DeepSpeed's is under the guard: hold the flock, take torch's baton, work, and
+# release the baton (os.remove, which fails if someone removed it meanwhile).
+HOLDER = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from llmbench.train import jit_ops
+    folder, ready, hold_s = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
+    with jit_ops.op_load_lock(folder):
+        fd = os.open(folder / "lock", os.O_CREAT | os.O_EXCL)
+        ready.touch()
+        time.sleep(hold_s)
+        os.close(fd)
+        os.remove(folder / "lock")
+""")
+
+
+def start_holder(tmp_path: Path, hold_s: float) -> subprocess.Popen:
+    ready = tmp_path / "ready"
+    env = {**os.environ, "PYTHONPATH": str(SCRIPTS)}
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "op"), str(ready), str(hold_s)], env=env)
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "holder did not start"
+        time.sleep(0.05)
+    return proc
+
+
+def test_a_baton_left_behind_is_removed_once(tmp_path):
+    op = tmp_path / "op"
+    op.mkdir()
+    (op / "lock").touch()
+    with jit_ops.op_load_lock(op) as stale:
+        assert stale and not (op / "lock").exists()
+    with jit_ops.op_load_lock(op) as stale:
+        assert not stale
+
+
+def test_a_live_holders_baton_is_never_removed(tmp_path):
+    """CI failed on this: a cell's load was stripped of its lock by age, and its release
+    raised, so DeepSpeed reported that cpu_adam failed to build/load."""
+    holder = start_holder(tmp_path, hold_s=1.5)
+    t0 = time.monotonic()
+    with jit_ops.op_load_lock(tmp_path / "op") as stale:
+        waited = time.monotonic() - t0
+        assert not stale
+    assert holder.wait(timeout=60) == 0  # its own release found its baton
+    assert waited > 0.5  # it waited for the holder rather than going past it
+
+
+def test_a_killed_holders_baton_is_removed(tmp_path):
+    """CI hung on this: a worker killed by the memory cap while holding the op's lock."""
+    holder = start_holder(tmp_path, hold_s=600)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=60)
+    assert (tmp_path / "op" / "lock").exists()
+    with jit_ops.op_load_lock(tmp_path / "op") as stale:
+        assert stale and not (tmp_path / "op" / "lock").exists()
+
+
+def test_deepspeed_loads_through_the_guard(tmp_path):
+    """A real DeepSpeed op load with a dead process's baton in its build folder completes
+    (set-up built the op in .venv's TORCH_EXTENSIONS_DIR, so the load does not compile)."""
+    pytest.importorskip("deepspeed")
+    code = textwrap.dedent("""
+        import os
+        from pathlib import Path
+        from llmbench.train import jit_ops
+        jit_ops.guard_jit_loads(); jit_ops.guard_jit_loads()  # idempotent
+        from deepspeed.ops.op_builder.builder import OpBuilder
+        assert OpBuilder.jit_load._llmbench_guarded
+        from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+        folder = jit_ops.build_dir(ShareMemCommBuilder.NAME)
+        with jit_ops.op_load_lock(folder):  # a holder that dies with its baton taken
+            (folder / "lock").touch()
+        print(ShareMemCommBuilder().load(verbose=False).__name__)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(SCRIPTS), "DS_ACCELERATOR": "cpu"}
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))  # as launch.worker_env
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "removed the JIT build lock of op deepspeed_shm_comm" in out.stdout
+    assert out.stdout.strip().endswith("deepspeed_shm_comm")

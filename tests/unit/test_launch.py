@@ -114,3 +114,13 @@ def test_each_rank_gets_its_share_of_the_jobs_threads(monkeypatch):
     assert all(env[v] == "1" for v in THREAD_VARS)
     assert worker_env({}, threads=16, ranks=4)["OMP_NUM_THREADS"] == "4"
     assert worker_env({"OMP_NUM_THREADS": "3"}, threads=2, ranks=2)["OMP_NUM_THREADS"] == "3"  # the platform's wins
+
+
+def test_one_rank_runs_without_torchrun_with_the_env_torchrun_gives(tmp_path):
+    argv, env = launch.rank_launch(1, "llmbench.train.deepspeed_worker", tmp_path / "s.json", tmp_path / "o.json")
+    assert argv[1:3] == ["-m", "llmbench.train.deepspeed_worker"] and "torch.distributed.run" not in argv
+    assert env["RANK"] == env["LOCAL_RANK"] == "0" and env["WORLD_SIZE"] == "1"
+    assert env["MASTER_ADDR"] == "127.0.0.1" and 0 < int(env["MASTER_PORT"]) < 65536
+    argv, env = launch.rank_launch(2, "m", tmp_path / "s.json", tmp_path / "o.json", "--trace-dir", "t")
+    assert argv[1:3] == ["-m", "torch.distributed.run"] and "--nproc-per-node=2" in argv and env == {}
+    assert argv[-2:] == ["--trace-dir", "t"]

@@ -1,7 +1,8 @@
 """Launcher: one cell, each repeat in its own process group, exit -> status, -> Record.
 
-Each repeat runs ``torchrun --standalone --nproc-per-node <gpus> -m <worker>`` in a new
-session, so the whole group (torchrun and every rank) can be stopped together: on a
+Each repeat runs ``torchrun --standalone --nproc-per-node <gpus> -m <worker>`` (one rank:
+``python -m <worker>`` with the environment torchrun gives a rank, see ``rank_launch``) in a
+new session, so the whole group (torchrun and every rank) can be stopped together: on a
 timeout, on a per-rank memory cap, or when this process is told to stop (Snakemake
 cancelling the job, Ctrl-C). Status is data:
   ok       every repeat wrote its result
@@ -19,6 +20,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -195,10 +197,27 @@ def worker_env(platform_env: dict[str, str], threads: int, ranks: int) -> dict[s
     return env
 
 
-def torchrun(ranks: int, module: str, spec_path: Path, out: Path, *extra: str) -> list[str]:
-    """The argument list that runs ``module`` on ``ranks`` local processes."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-            "-m", module, "--spec", str(spec_path), "--out", str(out), *extra]
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (torchrun --standalone picks its
+    rendezvous port the same way)."""
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rank_launch(ranks: int, module: str, spec_path: Path, out: Path, *extra: str) -> tuple[list[str], dict[str, str]]:
+    """The argument list that runs ``module`` on ``ranks`` local processes, and the variables
+    it needs besides the worker environment.
+
+    Several ranks: torchrun --standalone. One rank: the module itself, with the variables
+    torchrun would give its only rank. torchrun's own process (an interpreter importing
+    torch, ~2 s of a CPU) bought nothing there, and the embedded default starts ~70 of them."""
+    args = ["-m", module, "--spec", str(spec_path), "--out", str(out), *extra]
+    if ranks > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *args], {}
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    return [sys.executable, *args], env
 
 
 def run_worker(argv: list[str], *, env: dict[str, str], log: Path, workdir: Path, out: Path,
@@ -244,15 +263,16 @@ def run_worker(argv: list[str], *, env: dict[str, str], log: Path, workdir: Path
 
 def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int,
                keep_dir: Path | None = None) -> Outcome:
-    """Run one repeat of a training cell under torchrun in its own session. A profile
+    """Run one repeat of a training cell (``rank_launch``) in its own session. A profile
     cell's worker writes its Chrome trace into ``keep_dir`` (the record's folder)."""
     cell = Cell.from_dict(spec["cell"])
     spec_path = workdir / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
     out = workdir / f"repeat-{index}.json"
     extra = ("--trace-dir", str(keep_dir)) if cell.stage == "profile" and keep_dir else ()
-    return run_worker(torchrun(cell.gpus, WORKERS[cell.backend], spec_path, out, *extra),
-                      env=worker_env(spec["platform"]["env"], threads, cell.gpus), log=log, workdir=workdir,
+    argv, rank_env = rank_launch(cell.gpus, WORKERS[cell.backend], spec_path, out, *extra)
+    return run_worker(argv, env={**worker_env(spec["platform"]["env"], threads, cell.gpus), **rank_env},
+                      log=log, workdir=workdir,
                       out=out, timeout_s=cell.protocol.timeout_s, mem_cap_gib=cell.mem_cap_gib,
                       label=f"repeat {index}")
 

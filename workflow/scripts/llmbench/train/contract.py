@@ -3,6 +3,8 @@ Megatron-LM, the profile worker):
 
     torchrun ... -m <worker> --spec spec.json --out repeat.json [--trace-dir DIR]
 
+(one rank: ``python -m <worker> ...`` with torchrun's variables, launch.rank_launch).
+
 Rank 0 writes ``--out`` (JSON) on success. A rank that runs out of memory writes
 ``<out>.oom.rank<r>`` with the message and exits with OOM_EXIT; the launcher reads that as
 status oom. Any other exception propagates (status error, with the log's last exception).

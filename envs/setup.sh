@@ -44,7 +44,12 @@ fi
 # (TORCH_EXTENSIONS_DIR=<venv>/torch_extensions): cells that build them on first use
 # race for the build lock, and a cell killed mid-build (an OOM cell) leaves a stale lock
 # that hangs every later cell until its timeout.
-DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR=$root/.venv/torch_extensions .venv/bin/python - <<'PY'
+# Under the same flock as the cells' loads (llmbench.train.jit_ops), so a set-up rerun
+# beside running cells neither races them nor trips on a lock a killed cell left.
+DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR=$root/.venv/torch_extensions PYTHONPATH=$root/workflow/scripts \
+  .venv/bin/python - <<'PY'
+from llmbench.train import jit_ops
+jit_ops.guard_jit_loads()
 from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, ShareMemCommBuilder
 for builder in (CPUAdamBuilder(), ShareMemCommBuilder()):
     builder.load(verbose=False)

@@ -95,3 +95,17 @@ def test_deepspeed_loads_through_the_guard(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "removed the JIT build lock of op deepspeed_shm_comm" in out.stdout
     assert out.stdout.strip().endswith("deepspeed_shm_comm")
+
+
+def test_without_flock_the_load_goes_on_and_leaves_the_baton(tmp_path, monkeypatch, capsys):
+    """Lustre without -o flock answers flock with an error: no guard, and no baton removed
+    (its holder may be alive)."""
+    def no_flock(*_):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(jit_ops.fcntl, "flock", no_flock)
+    (tmp_path / "op").mkdir()
+    (tmp_path / "op" / "lock").touch()
+    with jit_ops.op_load_lock(tmp_path / "op") as stale:
+        assert not stale and (tmp_path / "op" / "lock").exists()
+    assert "loading op op unguarded" in capsys.readouterr().out

@@ -16,7 +16,8 @@ side by side:
 :func:`guard_jit_loads` wraps DeepSpeed's ``OpBuilder.jit_load`` in an ``fcntl.flock`` on
 a file beside the build folder. The kernel drops a flock when its holder dies, and every
 loader in llmbench's workers holds it, so a ``lock`` file found while holding the flock
-belongs to a dead process and is removed: no timing guess. Set-up (envs/setup.sh) builds
+belongs to a dead process and is removed: no timing guess. On a file system without flock
+(Lustre mounted without ``-o flock``) loads go on unguarded, as DeepSpeed's own. Set-up (envs/setup.sh) builds
 the CPU ops before any cell runs; on GPU machines the first cell that needs an op builds
 it under the same guard while the others wait.
 """
@@ -45,7 +46,12 @@ def op_load_lock(folder: Path) -> Iterator[bool]:
     was found there and removed."""
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder.parent / f".{folder.name}.llmbench-flock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)  # released by close, or by the kernel if we die
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX)  # released by close, or by the kernel if we die
+        except OSError as err:  # a file system without flock (Lustre mounted without -o flock)
+            print(f"llmbench: no flock on {fh.name} ({err}); loading op {folder.name} unguarded", flush=True)
+            yield False  # a baton found here may be a live holder's: leave it
+            return
         baton = folder / BATON_NAME
         stale = baton.exists()
         if stale:  # every live loader holds this flock: the baton's holder is gone

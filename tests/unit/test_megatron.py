@@ -31,6 +31,7 @@ def cfg(**block):
 @pytest.mark.parametrize("block,needle", [
     (dict(techniques=["Naive", "R+Z2"]), r"pretrain\[0\]\.techniques\[1\]: backend 'megatron' supports the flags F, R; 'R\+Z2' asks for Z2"),
     (dict(techniques=["Q"]), r"pretrain\[0\]\.techniques\[0\]: .* asks for Q"),
+    (dict(techniques=["R+C"]), r"pretrain\[0\]\.techniques\[0\]: backend 'megatron' supports the flags F, R; 'R\+C' asks for C"),
     (dict(gpus=2, tensor_parallel=2, pipeline_parallel=2), r"pretrain\[0\]\.tensor_parallel: .*= 4 must divide pretrain\[0\]\.gpus \(2 GPUs\)"),
     (dict(gpus=[1, 3], tensor_parallel=2), r"pretrain\[0\]\.tensor_parallel: .* must divide pretrain\[0\]\.gpus\[0\] \(1 GPUs\)"),
     (dict(gpus=3, pipeline_parallel=2), r"pretrain\[0\]\.pipeline_parallel: tensor_parallel 1 x pipeline_parallel 2 = 2 must divide pretrain\[0\]\.gpus \(3 GPUs\)"),

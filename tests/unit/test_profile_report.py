@@ -47,10 +47,13 @@ def test_profile_cells_use_the_torch_backend_and_only_f_and_r():
     with pytest.raises(ConfigError, match=r"profile\[0\]\.techniques\[0\]: module-wise profile cells \(backend torch, "
                                           r"plain PyTorch\) support the flags F, R; 'Z3' asks for Z3 \(backend: deepspeed"):
         grid.expand({"protocol": {}, "profile": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Z3"], "batch_sizes": [2]}]})
-    # a DeepSpeed profile cell (communication and copies, Tables XIV-XVI) takes any pre-training technique
+    # a DeepSpeed profile cell (communication and copies, Tables XIV-XVI) takes any pre-training technique but C
     g = grid.expand({"protocol": {}, "profile": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["R+Z3+O"],
                                                   "batch_sizes": [32], "backend": "deepspeed", "gpus": 2}]})
     assert g.cells[0].record_path() == "results/runs/profile/cpu/tiny/deepspeed/R+Z3+O/bs32-g2/record.json"
+    with pytest.raises(ConfigError, match=r"profile\[0\]\.techniques\[0\]: 'Z2\+C': C \(torch.compile\) is for pretrain and finetune"):
+        grid.expand({"protocol": {}, "profile": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Z2+C"],
+                                                  "batch_sizes": [2], "backend": "deepspeed", "gpus": 2}]})
     with pytest.raises(ConfigError, match=r"pretrain\[0\]\.backend: 'torch' does not run pretrain cells; allowed: deepspeed"):
         grid.expand({"protocol": {}, "pretrain": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive"],
                                                    "batch_sizes": [1], "backend": "torch"}]})

@@ -23,8 +23,9 @@ def test_order_insensitive_and_canonical():
     assert canonical("O+Z3+R+F") == canonical("F+R+Z3+O") == "F+R+Z3+O"
     assert canonical("Q+R") == "R+Q"
     assert canonical("naive") == "Naive"
+    assert canonical("C+Z2+R+F") == "F+R+Z2+C" and canonical("C+QL") == "QL+C"
     # canonical names parse back to themselves
-    for name in ["Naive", "Z2+O", "F+R+Z2+O", "R+Q", "F+Z3"]:
+    for name in ["Naive", "Z2+O", "F+R+Z2+O", "R+Q", "F+Z3", "F+R+Z2+C", "Q+C", "L+R+C"]:
         assert parse(name).name == name
 
 
@@ -34,6 +35,8 @@ def test_order_insensitive_and_canonical():
         ("Z2+Z3", "both Z2 and Z3"),
         ("O", "needs Z2 or Z3"),
         ("R+O", "needs Z2 or Z3"),
+        ("C+Z3", "C \\(torch.compile\\) with Z3 is not supported"),
+        ("F+R+Z3+O+C", "C \\(torch.compile\\) with Z3"),
         ("Z4", "unknown flag 'Z4'"),
         ("F+F", "repeated"),
         ("F+", "unknown flag ''"),
@@ -48,7 +51,7 @@ def test_rejects(text, needle):
 def test_unknown_flag_lists_allowed():
     with pytest.raises(TechniqueError) as exc:
         parse("X")
-    for flag in ("F", "R", "Z2", "Z3", "O", "Q", "Naive"):
+    for flag in ("F", "R", "Z2", "Z3", "O", "Q", "C", "Naive"):
         assert flag in str(exc.value)
 
 

@@ -385,6 +385,9 @@ def _techniques(block: dict, where: str, stage: str) -> list[str]:
             raise ConfigError(f"{key}: {exc}") from None
         if stage in ("pretrain", "profile") and tech.adapter:
             raise ConfigError(f"{key}: {text!r} is a fine-tuning method; put it in a finetune block")
+        if stage == "profile" and tech.compiled:
+            raise ConfigError(f"{key}: {text!r}: C (torch.compile) is for pretrain and finetune cells; a profile "
+                              "attributes time through module hooks and kernel names, which compiled regions fuse away")
         if stage == "profile" and block.get("backend") == "inference" and set(tech.flags) - {"F"}:
             raise ConfigError(f"{key}: inference profile cells (serving forward passes) support the flag F; "
                               f"{text!r} asks for {', '.join(sorted(set(tech.flags) - {'F'}))}")

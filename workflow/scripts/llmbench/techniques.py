@@ -8,6 +8,8 @@ Flags (paper, Section IV-A):
   Z3  DeepSpeed ZeRO stage 3 (optimizer state, gradients and parameters sharded)
   O   CPU offload: with Z2 the optimizer state, with Z3 optimizer state and parameters
   Q   4-bit NF4 weights with double quantization (bitsandbytes, as QLoRA)
+  C   torch.compile of every decoder layer (inductor; beyond the paper: fuses the norms,
+      RoPE, SwiGLU and residual adds that run as separate memory-bound kernels otherwise)
 Fine-tuning methods (paper Section V, Table IX; one per technique, written first):
   L     LoRA (PEFT) on a bf16 base
   QL    QLoRA: LoRA on a 4-bit NF4 base (Q implied; "L+Q" means the same)
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 NAIVE = "Naive"
 #: Canonical order of flags in names and paths (the paper's Tables III and IV order).
-FLAG_ORDER: tuple[str, ...] = ("F", "R", "Z2", "Z3", "O", "Q")
+FLAG_ORDER: tuple[str, ...] = ("F", "R", "Z2", "Z3", "O", "Q", "C")
 #: Fine-tuning method tokens -> (adapter kind, implies 4-bit base).
 ADAPTERS: dict[str, tuple[str, bool]] = {
     "L": ("lora", False),
@@ -40,6 +42,7 @@ FLAG_MEANING: dict[str, str] = {
     "Z3": "ZeRO stage 3",
     "O": "CPU offload (Z2: optimizer state; Z3: optimizer state and parameters)",
     "Q": "4-bit NF4 weights with double quantization",
+    "C": "torch.compile of every decoder layer (inductor)",
 }
 
 
@@ -61,6 +64,8 @@ class Technique:
     """FlashAttention kernels."""
     quant4: bool = False
     """4-bit NF4 base weights with double quantization (bitsandbytes)."""
+    compiled: bool = False
+    """Decoder layers compiled by torch.compile (regional compilation)."""
     adapter: str | None = None
     """Fine-tuning method: lora | lora_fa | dora | prompt_tuning (None: full parameters)."""
 
@@ -82,6 +87,7 @@ class Technique:
             "Z3": self.zero_stage == 3,
             "O": self.offload,
             "Q": self.quant4,
+            "C": self.compiled,
         }
         return tuple(f for f in FLAG_ORDER if on[f])
 
@@ -136,12 +142,19 @@ def parse(text: str) -> Technique:
         raise TechniqueError(
             f"technique {text!r}: O (offload) needs Z2 or Z3 (DeepSpeed offloads ZeRO partitions)"
         )
+    if {"C", "Z3"} <= seen:
+        raise TechniqueError(
+            f"technique {text!r}: C (torch.compile) with Z3 is not supported: ZeRO-3's parameter "
+            "hooks on every module split each compiled layer (13 graphs and 37 breaks for the "
+            "tiny model's 2 layers); use C with Z2 or no ZeRO"
+        )
     return Technique(
         zero_stage=3 if "Z3" in seen else 2 if "Z2" in seen else 0,
         offload="O" in seen,
         recompute="R" in seen,
         flash="F" in seen,
         quant4="Q" in seen or implies_q,
+        compiled="C" in seen,
         adapter=adapter,
     )
 

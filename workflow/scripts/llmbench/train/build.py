@@ -68,6 +68,29 @@ def enable_recompute(model: torch.nn.Module) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def compile_layers(model: torch.nn.Module) -> int:
+    """C: compile every decoder layer with torch.compile (inductor), in place; returns how
+    many. Regional compilation, PyTorch's recipe for transformer stacks: the layers share
+    one compiled graph (their code and shapes are the same), so the compile time is one
+    layer's, paid in the warm-up steps. It wraps nn.Module's call, so a recomputed layer (R)
+    recomputes the compiled one."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    layers = [m for m in model.modules() if isinstance(m, LlamaDecoderLayer)]
+    for layer in layers:
+        layer.compile()
+    return len(layers)
+
+
+def compile_stats() -> dict[str, int]:
+    """What torch.compile did in this process: graphs compiled and graph breaks (a break
+    splits a layer into eagerly joined pieces, so more than one graph means lost fusion)."""
+    from torch._dynamo.utils import counters
+
+    return {"compile_unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+            "compile_graph_breaks": int(sum(counters["graph_break"].values()))}
+
+
 def quantize_4bit(model: torch.nn.Module, compute_dtype: torch.dtype, device: str | torch.device) -> int:
     """Replace every decoder linear layer by a frozen bitsandbytes NF4 layer (double quant).
 

@@ -128,6 +128,7 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
         model, trainable_desc = adapters.apply(model, tech, cell.adapter)
     if tech.recompute and not (tech.adapter and tech.quant4):  # QL: done by k-bit preparation
         build.enable_recompute(model)
+    compiled_layers = build.compile_layers(model) if tech.compiled else 0
     model.train()
     params = [p for p in model.parameters() if p.requires_grad and p.dtype.is_floating_point]
     for p in model.parameters():
@@ -183,7 +184,8 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
             "optimizer_param_numel": int(opt_numel.item()),
             "loss_last": float(losses[-1].float().item()),
             "ds_config": config,
-            "summary": summary or {},
+            "summary": {**(summary or {}),
+                        **({"compiled_layers": compiled_layers, **build.compile_stats()} if tech.compiled else {})},
             "versions": provenance.versions(),
             "devices": provenance.devices(),
         }

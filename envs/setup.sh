@@ -41,11 +41,9 @@ if [[ ! -f $vstamp || $(cat "$vstamp") != "$vwant" ]]; then
 fi
 
 # Build DeepSpeed's CPU ops once, here, in the folder the launcher uses
-# (TORCH_EXTENSIONS_DIR=<venv>/torch_extensions): cells that build them on first use
-# race for the build lock, and a cell killed mid-build (an OOM cell) leaves a stale lock
-# that hangs every later cell until its timeout.
-# Under the same flock as the cells' loads (llmbench.train.jit_ops), so a set-up rerun
-# beside running cells neither races them nor trips on a lock a killed cell left.
+# (TORCH_EXTENSIONS_DIR=<venv>/torch_extensions), so no cell spends minutes compiling them;
+# under the cells' own flock (llmbench.train.jit_ops), so a set-up rerun beside running
+# cells neither races them nor trips on a lock a killed cell left.
 DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR=$root/.venv/torch_extensions PYTHONPATH=$root/workflow/scripts \
   .venv/bin/python - <<'PY'
 from llmbench.train import jit_ops

@@ -4,6 +4,6 @@ deepspeed_worker: DeepSpeed (ZeRO 0/2/3, offload, recomputation, FlashAttention,
 megatron_worker: Megatron-LM's megatron-core (tensor/pipeline/data parallel; CPU stubs in
 megatron_cpu_compat). contract: what every worker owes llmbench.launch (arguments, the
 OOM marker and exit code, the result keys they share). jit_ops: DeepSpeed's JIT-op loads
-under a kernel flock, safe beside other cells and after a killed one. A new backend is a module here
-whose main() is contract.main(run, ...), registered in launch.WORKERS.
+under a kernel flock, safe beside other cells and after a killed one. A new backend is a
+module here whose main() is contract.main(run, ...), registered in launch.WORKERS.
 """

@@ -82,12 +82,14 @@ def compile_layers(model: torch.nn.Module) -> int:
     return len(layers)
 
 
-def compile_stats() -> dict[str, int]:
-    """What torch.compile did in this process: graphs compiled and graph breaks (a break
-    splits a layer into eagerly joined pieces, so more than one graph means lost fusion)."""
+def compile_stats(layers: int) -> dict[str, int]:
+    """What torch.compile did in this process, read after the steps ran: the ``layers``
+    compile_layers compiled, graphs compiled and graph breaks (a break splits a layer into
+    eagerly joined pieces, so more than one graph means lost fusion)."""
     from torch._dynamo.utils import counters
 
-    return {"compile_unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+    return {"compiled_layers": layers,
+            "compile_unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
             "compile_graph_breaks": int(sum(counters["graph_break"].values()))}
 
 

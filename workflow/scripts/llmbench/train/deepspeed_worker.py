@@ -184,8 +184,7 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
             "optimizer_param_numel": int(opt_numel.item()),
             "loss_last": float(losses[-1].float().item()),
             "ds_config": config,
-            "summary": {**(summary or {}),
-                        **({"compiled_layers": compiled_layers, **build.compile_stats()} if tech.compiled else {})},
+            "summary": {**(summary or {}), **(build.compile_stats(compiled_layers) if tech.compiled else {})},
             "versions": provenance.versions(),
             "devices": provenance.devices(),
         }

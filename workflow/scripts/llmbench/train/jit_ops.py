@@ -17,9 +17,9 @@ side by side:
 a file beside the build folder. The kernel drops a flock when its holder dies, and every
 loader in llmbench's workers holds it, so a ``lock`` file found while holding the flock
 belongs to a dead process and is removed: no timing guess. On a file system without flock
-(Lustre mounted without ``-o flock``) loads go on unguarded, as DeepSpeed's own. Set-up (envs/setup.sh) builds
-the CPU ops before any cell runs; on GPU machines the first cell that needs an op builds
-it under the same guard while the others wait.
+(Lustre mounted without ``-o flock``) loads go on unguarded, as DeepSpeed's own. Set-up
+(envs/setup.sh) builds the CPU ops before any cell runs, under the same guard; on GPU
+machines the first cell that needs an op builds it while the others wait.
 """
 from __future__ import annotations
 

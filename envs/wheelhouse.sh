@@ -52,9 +52,9 @@ fetch() {  # fetch DIR SPEC...: binary wheels for the target Python, else pure-P
 fetch "$out" "${pkgs[@]}"
 if [[ "${SERVING:-0}" == 1 ]]; then
     # `transformers serve` and the load generator, beside the workflow's wheels
-    fetch "$out" openai==3.54.0 jiter==0.19.0 distro httpx httpcore anyio==4.16.0 sniffio==1.3.1 h11==0.16.0 \
+    fetch "$out" openai==3.54.0 jiter==0.19.0 distro httpx httpcore httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 anyio==4.16.0 sniffio==1.3.1 h11==0.16.0 \
         click==8.5.1 rich==15.0.0 markdown-it-py mdurl pygments fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 \
-        annotated-doc==0.0.7 aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 frozenlist==1.8.0 aiosignal==1.4.0 \
+        annotated-doc==0.0.7 opentelemetry-api==1.45.2 aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 frozenlist==1.8.0 aiosignal==1.4.0 \
         propcache==0.5.4 aiohappyeyeballs==2.7.1
     # LightLLM's own pins (envs/lightllm.yaml) in a folder of their own: its older fastapi,
     # starlette and uvicorn must not shadow the ones above. There:

@@ -2,6 +2,7 @@
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -230,3 +231,51 @@ def test_search_table_joins_a_megatron_search_with_its_measured_cell(repo):
     df = search_report.build(folders, measured)
     assert list(df["largest_ok"]) == [17, 37]
     assert df["measured_status"].tolist() == ["ok", "ok"] and df["measured_tokens_per_s"].notna().all()
+
+
+def test_seed_frontier_rebuilds_a_lost_frontier_from_probe_records(tmp_path, monkeypatch, repo):
+    """A search whose frontier file is gone (a GPU machine given back, a results folder
+    lost) resumes from its probe records once seed-frontier has read them; records of
+    another fingerprint, and answers that came from a frontier, are not taken; a frontier
+    file of another fingerprint is left as it is."""
+    from llmbench import grid, launch
+    from llmbench.record import Metrics, Record, write
+
+    ran = []
+
+    def fake_run_cell(spec, record_path, log, threads=1):
+        bs = spec["cell"]["batch_size"]
+        ran.append(bs)
+        rec = (Record(cell=spec["cell"], status="ok", metrics=Metrics(peak_rss_gib=0.5 + 0.1 * bs),
+                      provenance={"spec": spec, "finished": "then"})
+               if bs <= 9 else Record(cell=spec["cell"], status="oom", reason="over the cap", provenance={"spec": spec}))
+        write(rec, record_path)
+        return rec
+
+    monkeypatch.setattr(launch, "run_cell", fake_run_cell)
+    base = {"protocol": {"warmup_steps": 1, "measured_steps": 2, "repeats": 1, "seq_len": 16, "timeout_s": 60},
+            "pretrain": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive"],
+                          "max_batch": {"max": 32}, "mem_cap_gib": 2.0}]}
+    g = grid.expand(base, repo)
+    s = g.searches[0]
+    results = tmp_path / "results"
+    frontier = Path(s.frontier_path(str(results)))
+    first = search.run(g.spec(s), tmp_path / "probes" / "a", frontier, tmp_path / "a.log")
+    assert first["largest_ok"] == 9 and ran
+
+    frontier.unlink()
+    added = search.seed_frontier(tmp_path / "probes", results)
+    assert added == {str(frontier): len(first["probes"])}
+    ran.clear()
+    again = search.run(g.spec(s), tmp_path / "b", frontier, tmp_path / "b.log")
+    assert again["largest_ok"] == 9 and not ran and {p["source"] for p in again["probes"]} == {"frontier"}
+    # the second search's records are frontier answers: nothing new to take from them
+    assert search.seed_frontier(tmp_path / "b", tmp_path / "other") == {}
+
+    # a cell with another memory cap: its fingerprint differs, the file is not touched
+    base["pretrain"][0]["mem_cap_gib"] = 3.0
+    g3 = grid.expand(base, repo)
+    search.run(g3.spec(g3.searches[0]), tmp_path / "probes3" / "c", tmp_path / "f3.json", tmp_path / "c.log")
+    before = frontier.read_text()
+    assert search.seed_frontier(tmp_path / "probes3", results) == {}
+    assert frontier.read_text() == before

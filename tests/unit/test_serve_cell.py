@@ -33,12 +33,13 @@ def fake_engine(knobs: dict | None = None, exit_after: int = 0, argv: list[str] 
     return dataclasses.replace(engines.ENGINES["transformers"], command=command, env=lambda x: {})
 
 
-def run(tmp_path, monkeypatch, engine: engines.Engine, n: int = 20, ready_timeout_s: int = 30):
+def run(tmp_path, monkeypatch, engine: engines.Engine, n: int = 20, ready_timeout_s: int = 30, timeout_s: int = 60,
+        **load):
     monkeypatch.setitem(engines.ENGINES, "transformers", engine)
     cell = ServeCell(platform="cpu", model="tiny", engine="transformers", load="b", gpus=1,
                      load_spec={"mode": "burst", "num_requests": n, "input_len": 8, "output_len": 4,
-                                "warmup_requests": 0, "request_timeout_s": 20},
-                     ready_timeout_s=ready_timeout_s, timeout_s=60)
+                                "warmup_requests": 0, "request_timeout_s": 20, **load},
+                     ready_timeout_s=ready_timeout_s, timeout_s=timeout_s)
     spec = {"cell": cell.to_dict(), "model": ModelSpec.load("tiny").to_dict(), "engine_python": None,
             "platform": {"accelerator": "cpu", "env": {}, "name": "cpu"}}
     out = tmp_path / "record.json"
@@ -58,6 +59,23 @@ def test_a_healthy_engine_gives_an_ok_record(tmp_path, monkeypatch):
     assert len(rec.samples["ttft_s"]) == 20 and all(rec.samples["ok"])
     assert rec.summary["server_ready_s"] > 0 and rec.summary["server_peak_rss_gib"] > 0
     assert rec.provenance["engine_command"][1] == FAKE
+    assert no_orphans()
+
+
+def test_a_load_past_timeout_keeps_what_completed(tmp_path, monkeypatch):
+    # two requests at a time, 4 tokens each 0.5 s apart: the first pair completes at about
+    # 2 s, the second is mid-stream and the third still queued when timeout_s=3 cuts them
+    from llmbench.serve.loadgen import CUT_ERROR
+
+    rec = run(tmp_path, monkeypatch, fake_engine({"token_delay_s": 0.5}), n=6, timeout_s=3, max_concurrency=2)
+    assert rec.status == "timeout" and "2 of 6 requests had completed" in rec.reason, rec.reason
+    assert rec.summary["completed"] == 2 and rec.summary["failed"] == 4 and rec.summary["output_tokens_total"] == 8
+    assert rec.summary["p50_ttft_s"] is not None and rec.summary["output_tokens_per_s"] > 0
+    cut = [(tokens, err) for ok, tokens, err in zip(rec.samples["ok"], rec.samples["output_tokens"],
+                                                      rec.samples["error"]) if not ok]
+    assert all(err == CUT_ERROR for _, err in cut)
+    tokens = sorted(t for t, _ in cut)
+    assert tokens[:2] == [0, 0] and all(0 < t < 4 for t in tokens[2:]), tokens  # queued; mid-stream
     assert no_orphans()
 
 

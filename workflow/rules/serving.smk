@@ -13,6 +13,8 @@ rule build_model_dir:
         f"{R}/benchmarks/models/{{model}}-{{weights}}.tsv"
     params:
         model=model_spec,
+    # weights fill one tensor per thread (llama2-7b: 5.6 min on one core)
+    threads: 8
     wildcard_constraints:
         weights="random|dummy",
     conda:

@@ -8,7 +8,8 @@ from llmbench.serve import model_dir
 
 def main(smk) -> None:
     logging.basicConfig(filename=smk.log[0], level=logging.INFO)
-    out = model_dir.build(ModelSpec(**smk.params.model), smk.output[0], weights=smk.wildcards.weights)
+    out = model_dir.build(ModelSpec(**smk.params.model), smk.output[0], weights=smk.wildcards.weights,
+                          threads=smk.threads)
     logging.info("model directory %s: %s", out, sorted(p.name for p in out.iterdir()))
 
 

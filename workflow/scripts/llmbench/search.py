@@ -324,6 +324,67 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
     return result
 
 
+def seed_frontier(records_root: Path | str, results_dir: Path | str) -> dict[str, int]:
+    """Rebuild frontier files from probe records that ran (``bs<N>/record.json`` anywhere
+    under ``records_root``): a search cut before its frontier file was kept (a machine given
+    back, a results folder lost) or a reference run's probes, so the next search of the
+    same cells starts where they ended. Each probe's own resolved spec gives its
+    fingerprint, and outcomes land only in a frontier of the same fingerprint: a search of
+    a changed cell ignores them, and a frontier file already there is never replaced by
+    one of another fingerprint, nor are its own outcomes overwritten. Answers that came
+    from a frontier are not re-added. Returns the outcomes added per frontier file."""
+    from .grid import FRONTIER_PATTERN, Cell
+    from .record import read
+
+    added: dict[str, int] = {}
+    frontiers: dict[Path, Frontier] = {}
+    for path in sorted(Path(records_root).rglob("bs*/record.json")):
+        rec = read(path)
+        spec = rec.provenance.get("spec")
+        if rec.status not in ("ok", "oom") or not spec or rec.provenance.get("command") == ["llmbench.search (frontier)"]:
+            continue
+        cell = Cell.from_dict(spec["cell"])
+        target = Path(results_dir) / FRONTIER_PATTERN.format(**cell.key)
+        fp = fingerprint(spec)
+        if target not in frontiers:
+            on_disk = json.loads(target.read_text()).get("fingerprint") if target.exists() else fp
+            frontiers[target] = Frontier.load(target, fp) if on_disk == fp else Frontier(path=target, fingerprint="")
+        frontier = frontiers[target]
+        _, metric = capacity_and_metric(spec)
+        peak = getattr(rec.metrics, metric) if rec.status == "ok" else None
+        if frontier.fingerprint != fp or cell.batch_size in frontier.probes or (rec.status == "ok" and peak is None):
+            continue
+        frontier.probes[cell.batch_size] = {"status": rec.status, "peak_gib": peak,
+                                            "at": rec.provenance.get("finished", ""), "reason": rec.reason}
+        added[str(target)] = added.get(str(target), 0) + 1
+    for target, frontier in frontiers.items():
+        if str(target) in added:
+            frontier.save()
+    return added
+
+
 def read_summary(out_dir: Path | str) -> dict[str, Any]:
     """A finished search's summary."""
     return json.loads((Path(out_dir) / "search.json").read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m llmbench.search seed-frontier RECORDS [--results DIR]`` (seed_frontier)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m llmbench.search", description=main.__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    seed = sub.add_parser("seed-frontier", help=seed_frontier.__doc__.split("\n")[0])
+    seed.add_argument("records", type=Path, help="folder holding probe records (bs<N>/record.json) at any depth")
+    seed.add_argument("--results", type=Path, default=Path("results"), help="results folder of the frontier files")
+    args = parser.parse_args(argv)
+    added = seed_frontier(args.records, args.results)
+    for target, n in sorted(added.items()):
+        print(f"{target}: {n} probe outcomes")
+    if not added:
+        print(f"no probe records under {args.records} to add")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -3,7 +3,7 @@
 Status is data, as for training cells:
   ok       the engine became ready and every measured request completed
   oom      the engine ran out of memory (its log says so)
-  timeout  the load ran past the cell's timeout_s
+  timeout  the load ran past the cell's timeout_s (the requests that completed before are kept)
   error    the engine never became ready, died during the load, or any request failed
            (the record keeps the measured values and says how many failed and why)
 The engine's whole process group is stopped in every case (llmbench.serve.server).
@@ -30,6 +30,9 @@ from .model_dir import TOKEN_OFFSET
 from .server import ServerError, free_port, last_error, log_says_oom, serve
 
 HOST = "127.0.0.1"
+#: seconds past a cell's timeout_s before the load generator itself is stopped (it cuts the
+#: measured load at timeout_s; this bounds a warm-up that hangs)
+BACKSTOP_S = 60
 
 
 def _interpreter(spec: dict) -> str:
@@ -103,12 +106,20 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
                        log=server_log, ready_timeout_s=cell.ready_timeout_s,
                        gpu_ids=_gpu_ids(cell, platform["accelerator"])) as server:
                 dialect = dialect_for(cell.engine)
+                # the measured load is cut at timeout_s, keeping what finished before; the
+                # backstop bounds the warm-up too
                 coro = run_load(server.base_url, dialect, load, model=cell.model if engine.name != "transformers"
-                                else str(launch.model_dir), vocab_size=model.vocab_size, token_offset=TOKEN_OFFSET)
+                                else str(launch.model_dir), vocab_size=model.vocab_size, token_offset=TOKEN_OFFSET,
+                                deadline_s=cell.timeout_s)
                 try:
-                    result = asyncio.run(asyncio.wait_for(coro, timeout=cell.timeout_s))
+                    result = asyncio.run(asyncio.wait_for(coro, timeout=cell.timeout_s + BACKSTOP_S))
                 except (TimeoutError, asyncio.TimeoutError):
-                    status, reason = "timeout", f"the load ran past timeout_s={cell.timeout_s}"
+                    status, reason = "timeout", f"the warm-up and load ran past timeout_s={cell.timeout_s} + {BACKSTOP_S} s"
+                if result is not None and result.cut_at_s is not None:
+                    done = sum(s.ok for s in result.samples)
+                    status, reason = "timeout", (f"the load ran past timeout_s={cell.timeout_s}: {done} of "
+                                                 f"{len(result.samples)} requests had completed; the record keeps them, "
+                                                 "the rest are failed samples")
                 died = server.proc.poll() is not None
                 serving.update(server.memory.stop(), server_ready_s=server.ready_s)
             if status == "ok" and died:

@@ -132,6 +132,9 @@ class LoadResult:
     """Mean of sent_s - scheduled_s - queued_s: the client's delay in writing a due request."""
     warmup_failed: int
     """Warm-up requests that failed (not counted elsewhere)."""
+    cut_at_s: float | None = None
+    """Seconds after t0 at which the deadline cut the load (None: it ran to its end). The
+    requests unfinished then are failed samples (error CUT_ERROR); the rest are measured."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form (tuples become lists once serialised)."""
@@ -276,34 +279,46 @@ class _Request:
     scheduled_s: float
 
 
+#: a request the load's deadline cut (llmbench.serve.bench: the cell's timeout_s)
+CUT_ERROR = "cut: the load's deadline passed before this request finished"
+
+
 async def _send(session: aiohttp.ClientSession, req: _Request, dialect: Dialect, t0: float,
                 limit: asyncio.Semaphore | None, timeout: aiohttp.ClientTimeout) -> tuple[RequestSample, float]:
-    delay = t0 + req.scheduled_s - time.perf_counter()
-    if delay > 0:
-        await asyncio.sleep(delay)
-    due = time.perf_counter()
     progress, trace, status, error = _Progress(), {"sent": None}, None, ""
-    async with limit if limit is not None else contextlib.nullcontext():
-        start = time.perf_counter()
-        try:
-            async with session.post(req.url, data=req.body, headers={"Content-Type": "application/json"},
-                                    timeout=timeout, trace_request_ctx=trace) as resp:
-                status = resp.status
-                if status != 200:
-                    error = f"HTTP {status}: {(await resp.text(errors='replace'))[:300]}"
-                else:
-                    await _stream(resp, dialect, progress)
-                    if progress.first is None:
-                        error = "stream ended without any token"
-                    elif not progress.done:
-                        error = f"stream ended before the final event ({sum(progress.event_tokens)} tokens received)"
-        except StreamError as e:
-            error = str(e)
-        except TimeoutError:
-            error = f"timeout after {timeout.total} s"
-        except Exception as e:  # noqa: BLE001 - one request's failure must not end the load
-            error = f"{type(e).__name__}: {e}"
-        end = time.perf_counter()
+    due = start = None
+    try:
+        delay = t0 + req.scheduled_s - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        due = time.perf_counter()
+        async with limit if limit is not None else contextlib.nullcontext():
+            start = time.perf_counter()
+            try:
+                async with session.post(req.url, data=req.body, headers={"Content-Type": "application/json"},
+                                        timeout=timeout, trace_request_ctx=trace) as resp:
+                    status = resp.status
+                    if status != 200:
+                        error = f"HTTP {status}: {(await resp.text(errors='replace'))[:300]}"
+                    else:
+                        await _stream(resp, dialect, progress)
+                        if progress.first is None:
+                            error = "stream ended without any token"
+                        elif not progress.done:
+                            error = f"stream ended before the final event ({sum(progress.event_tokens)} tokens received)"
+            except StreamError as e:
+                error = str(e)
+            except TimeoutError:
+                error = f"timeout after {timeout.total} s"
+            except Exception as e:  # noqa: BLE001 - one request's failure must not end the load
+                error = f"{type(e).__name__}: {e}"
+    except asyncio.CancelledError:
+        # run_load cancels what is unfinished at its deadline: the request becomes a failed
+        # sample with what it had received (the others' measurements are kept)
+        error = CUT_ERROR
+    end = time.perf_counter()
+    due = end if due is None else due
+    start = end if start is None else start
     sent = trace["sent"] or start
     sample = RequestSample(
         index=req.index, input_tokens=req.prompt_len, scheduled_s=req.scheduled_s, queued_s=start - due,
@@ -329,8 +344,10 @@ def _raise_fd_limit(needed: int) -> None:
 
 
 async def run_load(base_url: str, dialect: Dialect, spec: LoadSpec, model: str, vocab_size: int,
-                   token_offset: int = 3) -> LoadResult:
-    """Send the warm-up, then the measured load, to ``base_url``; one sample per measured request."""
+                   token_offset: int = 3, deadline_s: float | None = None) -> LoadResult:
+    """Send the warm-up, then the measured load, to ``base_url``; one sample per measured
+    request. ``deadline_s`` after the measured load's start whatever is unfinished is cut
+    (cancelled, a failed sample each; ``cut_at_s`` says when)."""
     n_all = spec.warmup_requests + spec.num_requests
     _raise_fd_limit(spec.num_requests if spec.max_concurrency is None else spec.max_concurrency)
     prompts = make_prompts(n_all, spec.input_len, vocab_size, spec.seed, token_offset)
@@ -358,14 +375,19 @@ async def run_load(base_url: str, dialect: Dialect, spec: LoadSpec, model: str, 
         # Thread CPU time: the event loop runs in this thread; other threads of the process
         # (an in-process test server, a DNS resolver) are not the load generator's cost.
         cpu0, t0 = time.thread_time(), time.perf_counter()
-        results = await asyncio.gather(*(_send(session, r, dialect, t0, limit, timeout) for r in measured))
+        tasks = [asyncio.ensure_future(_send(session, r, dialect, t0, limit, timeout)) for r in measured]
+        _, pending = await asyncio.wait(tasks, timeout=deadline_s)
+        cut_at = time.perf_counter() - t0 if pending else None
+        for task in pending:
+            task.cancel()
+        results = [await task for task in tasks]  # a cut request returns its failed sample
         cpu = time.thread_time() - cpu0
     samples = tuple(s for s, _ in results)
     return LoadResult(
         samples=samples, duration_s=max(end for _, end in results), started_at=started_at,
         client_cpu_s=cpu, client_cpu_per_request_s=cpu / len(samples),
         send_lag_mean_s=float(np.mean([s.sent_s - s.scheduled_s - s.queued_s for s in samples])),
-        warmup_failed=warmup_failed,
+        warmup_failed=warmup_failed, cut_at_s=cut_at,
     )
 
 

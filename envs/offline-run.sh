@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Run the workflow on an offline GPU node (Python 3.12 with a CUDA torch, transformers,
+# peft and pandas, no package index) from a wheelhouse that envs/wheelhouse.sh built.
+# This is how the reference runs under results/reference/ ran on the lent GPU machines.
+#
+#   bash envs/offline-run.sh .whl pretrain --configfile config/gpu-h100.yaml --cores 16 --resources gpu_slots=1
+#
+# The wheels go to /tmp/site (added to PYTHONPATH); LightLLM's pinned set, where the
+# wheelhouse has it (SERVING=1), goes to /tmp/site-lightllm, and .venv-lightllm/bin/python
+# starts the engine with it in front (config engine_python.lightllm). Snakemake runs with
+# the greedy scheduler (pulp, its ILP solver, is not in the wheelhouse).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+whl=${1:?usage: offline-run.sh WHEELHOUSE [snakemake arguments]}
+shift
+site=/tmp/site
+want=$(ls "$whl" | sha256sum | cut -d' ' -f1)   # a wheelhouse that changed installs again
+if [[ $(cat "$site/.llmbench-installed" 2>/dev/null) != "$want" ]]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$whl"/*.whl
+    echo "$want" > "$site/.llmbench-installed"
+fi
+export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+if [[ -d $whl/lightllm && ! -x .venv-lightllm/bin/python ]]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-lightllm \
+        "$whl"/lightllm/*.whl
+    mkdir -p .venv-lightllm/bin
+    # its older fastapi/starlette/uvicorn must come before the workflow's newer ones
+    printf '#!/bin/sh\nexport PYTHONPATH=/tmp/site-lightllm:%s\nexec python3 "$@"\n' "$PYTHONPATH" \
+        > .venv-lightllm/bin/python
+    chmod +x .venv-lightllm/bin/python
+fi
+exec python3 -m snakemake --scheduler greedy "$@"

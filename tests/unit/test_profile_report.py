@@ -73,6 +73,13 @@ def test_profile_tables_beside_the_paper(tmp_path):
     assert naive_fwd.gemm_share_pct == pytest.approx(50.0) and naive_fwd.paper_gemm_share_pct == pytest.approx(66.4)
     assert phases[phases.technique == "Naive"]["share_pct"].sum() == pytest.approx(100.0)
     assert "| cpu | llama2-7b | Naive | 2 | forward | 100.00 |" in md
+    assert " !" not in md.split("\n\n")[1]  # no phase holds more kernel time than wall time
+    # a phase whose kernels add up past its wall time (one stream cannot) is flagged
+    over = df.copy()
+    over.loc[over.technique == "Naive", "optimizer_kernel_s"] = over.loc[over.technique == "Naive", "optimizer_wall_s"] * 1.5
+    _, md_over = profile.phases(over)
+    flagged = [line for line in md_over.splitlines() if line.endswith(" |") and " ! |" in line]
+    assert len(flagged) == 1 and "| Naive | 2 | optimizer |" in flagged[0]
 
     mods, md = profile.modules(df, rows)
     mlp = mods[(mods.technique == "Naive") & (mods.phase == "backward") & (mods.module == "mlp")].iloc[0]

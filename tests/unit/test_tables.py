@@ -1,5 +1,6 @@
 """Tidy table and paper layouts built from fixture records (no cell runs)."""
 
+import dataclasses
 import pandas as pd
 import pytest
 
@@ -154,6 +155,22 @@ def test_serving_rows_requests_table_and_figures(tmp_path):
     for name in ("serve-throughput", "serve-latency-cdf"):
         out = figures.save(figures.CHARTS[name](df, {"requests": req}), tmp_path / name)
         assert out[1].read_text().lstrip().startswith("<svg")
+
+
+def test_a_load_cut_at_its_timeout_is_plotted_as_a_fraction_of_all_its_requests(tmp_path):
+    """A timeout cell keeps the requests that completed before the cut: its CDF steps over
+    the completed ones and ends at completed / requests (the cut ones never finished); an
+    oom cell has no curve."""
+    paths = write_serve_records(tmp_path)
+    cut = record.read(paths[0])  # vllm, ok, three requests
+    samples = {**cut.samples, "ok": [True, False, True], "error": ["", "cut", ""], "e2e_s": [0.6, None, 0.5]}
+    record.write(dataclasses.replace(cut, status="timeout", reason="the load ran past timeout_s=1",
+                                     samples=samples), paths[0])
+    df = tidy.build(paths)
+    req = tidy.build_samples(paths, "serve")
+    values = next(iter(figures.serve_latency_cdf_chart(df, {"requests": req}).to_dict()["datasets"].values()))
+    assert sorted((v["e2e_s"], v["cdf"]) for v in values) == [(0.5, pytest.approx(1 / 3)), (0.6, pytest.approx(2 / 3))]
+    assert {v["engine"] for v in values} == {"vllm"}
 
 
 def test_every_figure_builds_from_a_table_without_its_cells(tmp_path):

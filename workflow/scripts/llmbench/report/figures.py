@@ -53,36 +53,46 @@ def finetune_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = 
     ).properties(title="Fine-tuning: throughput against memory per method (ok cells)")
 
 
+#: serving cells whose numbers a figure shows: complete loads, and loads cut at timeout_s
+#: (what completed before the cut; llmbench.serve.bench)
+MEASURED_LOADS = ("ok", "timeout")
+
+
 def serve_throughput_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
-    """Fig. 6: output-token throughput per engine, grouped by platform, one panel per model."""
-    df = tidy[(tidy["stage"] == "serve") & (tidy["status"] == "ok")].copy()
+    """Fig. 6: output-token throughput per engine, grouped by platform, one panel per model.
+    A load cut at its timeout shows what completed before the cut (status in the tooltip)."""
+    df = tidy[(tidy["stage"] == "serve") & tidy["status"].isin(MEASURED_LOADS)].copy()
     df["cell"] = df["platform"].astype(str) + " / " + df["load"].astype(str)
     bars = alt.Chart(df).mark_bar().encode(
         x=alt.X("cell:N", title="platform / load", sort=None),
         xOffset="engine:N",
         y=alt.Y("output_tokens_per_s:Q", title="output tokens/s"),
         color=alt.Color("engine:N", title="engine"),
-        tooltip=["platform", "model", "engine", "load", "gpus", "num_requests", "input_len", "output_len",
-                 alt.Tooltip("output_tokens_per_s:Q", format=",.1f"),
+        tooltip=["platform", "model", "engine", "load", "gpus", "status", "num_requests", "completed", "input_len",
+                 "output_len", alt.Tooltip("output_tokens_per_s:Q", format=",.1f"),
                  alt.Tooltip("request_throughput_per_s:Q", format=",.2f"),
                  alt.Tooltip("p50_e2e_latency_s:Q", format=".2f")],
     )
     return bars.properties(width=320, height=240).facet(column=alt.Column("model:N", title=None)).properties(
-        title="Serving: output-token throughput per engine (ok cells; Fig. 6)")
+        title="Serving: output-token throughput per engine (ok cells, and timeout cells up to the cut; Fig. 6)")
 
 
 def serve_latency_cdf_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
     """Figs. 7-10: exact CDF of end-to-end request latency, one line per engine, one panel
     per (platform, model, load): engines on one platform side by side (Figs. 7, 9) and,
-    reading across panels, one engine on several platforms (Figs. 8, 10)."""
+    reading across panels, one engine on several platforms (Figs. 8, 10). The fraction is
+    of all the cell's requests, so a load cut at its timeout (its unfinished requests count
+    as never done) ends below 1 rather than pretending its slowest requests did not exist."""
     req = (tables or {}).get("requests", pd.DataFrame())
-    ok_cells = tidy[(tidy["stage"] == "serve") & (tidy["status"] == "ok")][["platform", "model", "engine", "load"]]
+    keys = ["platform", "model", "engine", "load"]
+    cells = tidy[(tidy["stage"] == "serve") & tidy["status"].isin(MEASURED_LOADS)][keys]
     frames = []
     if not req.empty:
-        req = req[req["ok"].astype(bool)].merge(ok_cells, on=["platform", "model", "engine", "load"])
-        for _, grp in req.groupby(["platform", "model", "engine", "load"]):
-            grp = grp.sort_values("e2e_s")
-            frames.append(grp.assign(cdf=[(i + 1) / len(grp) for i in range(len(grp))]))
+        req = req.merge(cells, on=keys)
+        for _, grp in req.groupby(keys):
+            n = len(grp)
+            grp = grp[grp["ok"].astype(bool)].sort_values("e2e_s")
+            frames.append(grp.assign(cdf=[(i + 1) / n for i in range(len(grp))]))
     df = pd.concat(frames) if frames else pd.DataFrame(columns=["platform", "model", "engine", "load", "e2e_s", "cdf"])
     df = df[["platform", "model", "engine", "load", "e2e_s", "cdf"]].copy()
     df["panel"] = df["platform"].astype(str) + " / " + df["model"].astype(str) + " / " + df["load"].astype(str)
@@ -93,7 +103,7 @@ def serve_latency_cdf_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] 
         tooltip=["engine", alt.Tooltip("e2e_s:Q", format=".2f"), alt.Tooltip("cdf:Q", format=".3f")],
     )
     return lines.properties(width=300, height=220).facet(facet=alt.Facet("panel:N", title=None), columns=3).properties(
-        title="Serving: latency CDF per engine (ok cells; Figs. 7-10)")
+        title="Serving: latency CDF per engine, fraction of all requests (ok and timeout cells; Figs. 7-10)")
 
 
 def _bench_rows(tables: dict[str, pd.DataFrame] | None, bench: str, columns: list[str]) -> pd.DataFrame:

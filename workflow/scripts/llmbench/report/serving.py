@@ -27,7 +27,9 @@ NOTES = (
     "per request. ITL: gaps between streamed events that carry tokens (as `vllm bench serve`). "
     "Throughput: completed requests' tokens over the load's wall time (first send to last token). "
     "Memory: GPU memory in use on the engine's GPUs minus before start (nvidia-smi), or the "
-    "engine's process-tree RSS on a CPU platform. Failed > 0 makes a cell status error."
+    "engine's process-tree RSS on a CPU platform. Failed > 0 makes a cell status error; "
+    "a load cut at the cell's timeout_s is status timeout, its failed requests those unfinished then, its "
+    "numbers from the requests that completed before the cut."
 )
 
 

@@ -90,3 +90,26 @@ def test_launch_commands_are_argument_lists_with_the_cell_settings(tmp_path):
         argv = engine.command(x)
         assert all(isinstance(a, str) for a in argv)
         assert "127.0.0.1" in argv and "4321" in argv
+
+
+def test_random_weights_are_transformers_init_and_independent_of_threads(tmp_path):
+    """The model directory's weights: RMSNorm weights 1, the rest N(0, initializer_range);
+    filled one tensor per thread, the same values whatever the thread count."""
+    from safetensors.torch import load_file
+
+    from llmbench.models import ModelSpec
+    from llmbench.serve import model_dir
+
+    spec = ModelSpec.load("tiny")
+    weights = []
+    for threads in (1, 3):
+        out = model_dir.build(spec, tmp_path / f"t{threads}", threads=threads)
+        weights.append({k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(f).items()})
+    one, three = weights
+    assert one.keys() == three.keys() and all((one[k] == three[k]).all() for k in one)
+    norms = [k for k in one if k.endswith("norm.weight")]
+    assert norms and all((one[k] == 1).all() for k in norms)
+    q = one["model.layers.0.self_attn.q_proj.weight"].float()
+    std = spec.hf_config().initializer_range
+    assert abs(float(q.std()) - std) < 0.1 * std and abs(float(q.mean())) < 0.1 * std
+    assert not (one["model.layers.0.self_attn.q_proj.weight"] == one["model.layers.1.self_attn.q_proj.weight"]).all()

@@ -65,6 +65,8 @@ BOUNDING = ("ok", "oom", "tight")
 TOO_LARGE = ("oom", "tight")
 #: fitting batch sizes (with a peak) the memory model needs
 MODEL_POINTS = 2
+#: the command of a probe record answered from the frontier file (it ran nothing)
+FRONTIER_COMMAND = ["llmbench.search (frontier)"]
 
 
 def bound(max_batch: int) -> int:
@@ -195,6 +197,14 @@ class Frontier:
             return cls(path=path, fingerprint=fp)
         return cls(path=path, fingerprint=fp, probes={int(b): v for b, v in data.get("probes", {}).items()})
 
+    @staticmethod
+    def file_fingerprint(path: Path | str) -> str | None:
+        """The fingerprint of the frontier file at ``path`` (None: no readable file)."""
+        try:
+            return json.loads(Path(path).read_text()).get("fingerprint")
+        except (OSError, ValueError):
+            return None
+
     def known_oom(self, batch_size: int) -> tuple[int, dict[str, Any]] | None:
         """The smallest batch at or below ``batch_size`` known to run out of memory."""
         ooms = sorted(b for b, v in self.probes.items() if v["status"] == "oom" and b <= batch_size)
@@ -209,9 +219,12 @@ class Frontier:
     def add(self, probe: Probe) -> None:
         """Keep what a probe that ran showed (a tight probe ran ok: its peak decides later)."""
         if probe.status in BOUNDING and probe.source == "run":
-            status = "ok" if probe.status == "tight" else probe.status
-            self.probes[probe.batch_size] = {"status": status, "peak_gib": probe.peak_gib,
-                                             "at": datetime.now(timezone.utc).isoformat(), "reason": probe.reason}
+            self.keep(probe.batch_size, "ok" if probe.status == "tight" else probe.status, probe.peak_gib,
+                      datetime.now(timezone.utc).isoformat(), probe.reason)
+
+    def keep(self, batch_size: int, status: str, peak_gib: float | None, at: str, reason: str) -> None:
+        """Keep one batch's outcome (ok with its peak, or oom)."""
+        self.probes[batch_size] = {"status": status, "peak_gib": peak_gib, "at": at, "reason": reason}
 
     def save(self) -> None:
         from .record import write_json_atomic
@@ -291,7 +304,7 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
             record = Record(cell=Cell.from_dict(probe_spec["cell"]).to_dict(), status="ok", reason=reason,
                             metrics=Metrics(**{metric: fit["peak_gib"]}),
                             provenance={"started": datetime.now(timezone.utc).isoformat(),
-                                        "command": ["llmbench.search (frontier)"]})
+                                        "command": FRONTIER_COMMAND})
             write(record, record_path)
             source = "frontier"
         elif known is not None:
@@ -299,7 +312,7 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
             reason = (f"known out of memory: batch {b} ran out of memory at {v['at']} (frontier {frontier_path}); "
                       "not run again (reprobe: snakemake --configfile <grid> --config reprobe=true -R search_max_batch)")
             record = build_record(probe_spec, [Outcome(status="oom", reason=reason)], datetime.now(timezone.utc).isoformat(),
-                                  ["llmbench.search (frontier)"])
+                                  FRONTIER_COMMAND)
             write(record, record_path)
             source = "frontier"
         else:
@@ -341,21 +354,19 @@ def seed_frontier(records_root: Path | str, results_dir: Path | str) -> dict[str
     for path in sorted(Path(records_root).rglob("bs*/record.json")):
         rec = read(path)
         spec = rec.provenance.get("spec")
-        if rec.status not in ("ok", "oom") or not spec or rec.provenance.get("command") == ["llmbench.search (frontier)"]:
+        if rec.status not in ("ok", "oom") or not spec or rec.provenance.get("command") == FRONTIER_COMMAND:
             continue
         cell = Cell.from_dict(spec["cell"])
         target = Path(results_dir) / FRONTIER_PATTERN.format(**cell.key)
         fp = fingerprint(spec)
-        if target not in frontiers:
-            on_disk = json.loads(target.read_text()).get("fingerprint") if target.exists() else fp
-            frontiers[target] = Frontier.load(target, fp) if on_disk == fp else Frontier(path=target, fingerprint="")
-        frontier = frontiers[target]
+        if Frontier.file_fingerprint(target) not in (None, fp):
+            continue  # a frontier of another fingerprint is left as it is
+        frontier = frontiers.setdefault(target, Frontier.load(target, fp))
         _, metric = capacity_and_metric(spec)
         peak = getattr(rec.metrics, metric) if rec.status == "ok" else None
         if frontier.fingerprint != fp or cell.batch_size in frontier.probes or (rec.status == "ok" and peak is None):
             continue
-        frontier.probes[cell.batch_size] = {"status": rec.status, "peak_gib": peak,
-                                            "at": rec.provenance.get("finished", ""), "reason": rec.reason}
+        frontier.keep(cell.batch_size, rec.status, peak, rec.provenance.get("finished", ""), rec.reason)
         added[str(target)] = added.get(str(target), 0) + 1
     for target, frontier in frontiers.items():
         if str(target) in added:

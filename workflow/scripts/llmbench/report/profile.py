@@ -51,6 +51,18 @@ def _paper(table: str, root: Path | None) -> pd.DataFrame:
     return reference.load(table, **({"root": root} if root else {}))
 
 
+#: kernel time over a phase's wall time by more than this share is counted as over-counted
+OVERCOUNT_TOLERANCE = 0.01
+OVERCOUNT_NOTE = ("'!': the operators' kernel time exceeds the phase's wall time, which kernels of one stream "
+                  "cannot do: some kernel time is counted twice in this cell (an open attribution defect on GPU "
+                  "runs, README 'Known limits'); its module rows over-count by as much and its 'other' goes negative.")
+
+
+def overcounted(kernel_ms: float | None, wall_ms: float | None) -> bool:
+    """Kernel time a phase cannot hold (one stream): an attribution defect, flagged in tables."""
+    return kernel_ms is not None and wall_ms is not None and kernel_ms > wall_ms * (1 + OVERCOUNT_TOLERANCE)
+
+
 def phases(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | None = None) -> tuple[pd.DataFrame, str]:
     """One row per (profile cell, phase), the paper's Table V/VII/XIII values beside."""
     cells = _ok(tidy, "torch")
@@ -80,18 +92,6 @@ def phases(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | 
              "as a share of the phase (the paper's Table XIII). Paper: A800, 8 GPUs (its backward includes "
              "non-overlapped communication); ours: one process, plain PyTorch AdamW. " + OVERCOUNT_NOTE)
     return table, md
-
-
-#: kernel time over a phase's wall time by more than this share is counted as over-counted
-OVERCOUNT_TOLERANCE = 0.01
-OVERCOUNT_NOTE = ("'!': the operators' kernel time exceeds the phase's wall time, which kernels of one stream "
-                  "cannot do: some kernel time is counted twice in this cell (an open attribution defect on GPU "
-                  "runs, README 'Known limits'); its module rows over-count by as much and its 'other' goes negative.")
-
-
-def overcounted(kernel_ms: float | None, wall_ms: float | None) -> bool:
-    """Kernel time a phase cannot hold (one stream): an attribution defect, flagged in tables."""
-    return kernel_ms is not None and wall_ms is not None and kernel_ms > wall_ms * (1 + OVERCOUNT_TOLERANCE)
 
 
 def modules(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) -> tuple[pd.DataFrame, str]:

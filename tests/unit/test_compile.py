@@ -20,7 +20,7 @@ def test_compiled_layers_are_one_graph_and_train_like_eager(tmp_path):
     assert eager.summary == {}
     # both layers of the tiny model compiled, sharing one graph, with no break inside it
     assert compiled.summary == {"compiled_layers": 2, "compile_unique_graphs": 1, "compile_graph_breaks": 0}
-    # same seed, same data: the compiled step computes the eager one's loss (bf16 rounding apart)
+    # same seed, same data: the compiled step computes the eager one's loss (rounding apart)
     assert compiled.metrics.loss_last == pytest.approx(eager.metrics.loss_last, rel=1e-3)
 
 

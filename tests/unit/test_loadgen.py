@@ -258,6 +258,7 @@ def test_summarize_on_hand_made_samples():
     assert m["p90_e2e_latency_s"] == pytest.approx(4.7)
     assert (m["output_shortfall_requests"], m["output_tokens_expected"]) == (3, 20)
     assert m["mean_send_lag_s"] == pytest.approx(0.02) and m["client_cpu_per_request_s"] == 0.1
+    assert m["one_read_requests"] == 0  # the 1-token requests have no TPOT at all
     empty = summarize(LoadResult(samples=samples[4:], duration_s=1.0, started_at="", client_cpu_s=0.0,
                                  client_cpu_per_request_s=0.0, send_lag_mean_s=0.0, warmup_failed=0), 5)
     assert empty["completed"] == 0 and empty["p99_ttft_s"] is None and empty["mean_tpot_s"] is None
@@ -266,3 +267,15 @@ def test_summarize_on_hand_made_samples():
 def test_cdf_is_exact():
     xs, fs = cdf([3.0, 1.0, 2.0, 2.0])
     assert xs == (1.0, 2.0, 2.0, 3.0) and fs == (0.25, 0.5, 0.75, 1.0)
+
+
+def test_tokens_that_arrive_in_one_read_give_tpot_zero_and_are_counted():
+    """An overloaded host delivers a request's whole stream in one read: TPOT is 0 by
+    vLLM's definition, and the summary says how many requests that happened to."""
+    samples = (sample(0, 2.0, 2.0, 4, itl=(0.0, 0.0, 0.0)), sample(1, 1.0, 4.0, 4, itl=(1.0, 1.0, 1.0)),
+               sample(2, 3.0, 3.0, 4, itl=(0.0, 0.0, 0.0)))
+    res = LoadResult(samples=samples, duration_s=5.0, started_at="", client_cpu_s=0.0,
+                     client_cpu_per_request_s=0.0, send_lag_mean_s=0.0, warmup_failed=0)
+    m = summarize(res, output_len=4)
+    assert m["one_read_requests"] == 2
+    assert (m["p50_tpot_s"], m["mean_tpot_s"]) == pytest.approx((0.0, 1 / 3))

@@ -331,6 +331,7 @@ def build_record(spec: dict, outcomes: list[Outcome], started: str, command: lis
         mfu=mfu, mfu_formula=formula,
         total_params=last["total_params"], trainable_params=last["trainable_params"],
         trainable_desc=last["trainable_desc"], attention=last["attention"],
+        compute_dtype=last.get("compute_dtype"),
         frozen_params_unchanged=last.get("frozen_params_unchanged"),
         optimizer_param_numel=last.get("optimizer_param_numel"),
         global_batch_tokens=last["global_batch_tokens"], loss_last=last["loss_last"],

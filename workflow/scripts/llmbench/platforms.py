@@ -7,6 +7,9 @@ from pathlib import Path
 
 from .config import REPO_ROOT, load_named
 
+#: Short names of the compute dtypes a platform may ask for (its compute_dtype).
+DTYPE_NAMES = {"bfloat16": "bf16", "float32": "fp32"}
+
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Platform:
@@ -28,6 +31,8 @@ class Platform:
     """Datasheet row the peak comes from."""
     interconnect: str
     """GPU-GPU link."""
+    compute_dtype: str = "bfloat16"
+    """Dtype training and profile cells compute in: 'bfloat16' (the paper's) or 'float32'."""
     supports_4bit: bool = True
     """bitsandbytes 4-bit (Q, QL) runs on this platform."""
     env: dict = field(default_factory=dict)
@@ -43,3 +48,16 @@ class Platform:
     def to_dict(self) -> dict:
         """Plain-data form (for cell specs and provenance)."""
         return {f: getattr(self, f) for f in self.__slots__}
+
+
+def compute_dtype(platform: dict):
+    """The torch dtype a platform's training and profile cells compute in (the cell spec's
+    platform dict; ``compute_dtype`` is bfloat16, the paper's, unless the file says float32)."""
+    import torch
+
+    return getattr(torch, platform.get("compute_dtype", "bfloat16"))
+
+
+def dtype_name(dtype) -> str:
+    """'bf16' or 'fp32' for a torch dtype, as records and docs write it."""
+    return DTYPE_NAMES[str(dtype).removeprefix("torch.")]

@@ -55,6 +55,8 @@ class Metrics:
     """Elements the optimizer updates, summed over ranks (ZeRO pads partitions a little)."""
     attention: str | None = None
     """Attention implementation actually used (e.g. sdpa[flash], eager)."""
+    compute_dtype: str | None = None
+    """Dtype the model computed in: bf16 (the paper's) or fp32 (the platform's compute_dtype)."""
     global_batch_tokens: int | None = None
     """Tokens per optimizer step over all GPUs."""
     loss_last: float | None = None

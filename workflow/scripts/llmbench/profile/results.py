@@ -59,7 +59,7 @@ def build_record(spec: dict, outcomes: list[Outcome], started: str, command: lis
             summary[f"{phase}_{k}"] = fmean((r["phases"].get(phase) or {}).get(k) or 0.0 for r in results)
     metrics = Metrics(tokens_per_s_mean=tps.mean, tokens_per_s_std=tps.std, tokens_per_s_runs=tps.values,
                       step_time_s_mean=step.mean, step_time_s_runs=step.values,
-                      attention=results[-1].get("attention"),
+                      attention=results[-1].get("attention"), compute_dtype=results[-1].get("compute_dtype"),
                       global_batch_tokens=cell.batch_size * cell.protocol.seq_len * cell.gpus)
     return Record(cell=cell.to_dict(), status="ok", metrics=metrics, summary=summary,
                   samples=mean_rows(results), provenance=prov)

@@ -8,8 +8,9 @@ Contract with llmbench.launch (as llmbench.train.deepspeed_worker): rank 0 write
 message and exits with code OOM_EXIT (llmbench.train.contract). It also writes the Chrome trace of the profiled steps
 into ``--trace-dir`` (default: the folder of ``--out``).
 
-One process, plain PyTorch: the random-initialised Llama in bf16 (weights, gradients and
-AdamW state all bf16: no fp32 master copy, unlike DeepSpeed's bf16 mode), AdamW (fused on
+One process, plain PyTorch: the random-initialised Llama in the platform's compute dtype
+(llmbench.platforms.compute_dtype; bf16 on GPUs: weights, gradients and AdamW state all
+bf16, no fp32 master copy, unlike DeepSpeed's bf16 mode; fp32 on the CPU platform), AdamW (fused on
 CUDA, foreach on CPU) with gradient clipping at 1.0 as the DeepSpeed runs have, the
 technique flags F (attention kernel, llmbench.train.build.attention_choice) and R
 (non-reentrant gradient checkpointing of every decoder layer). ``protocol.warmup_steps``
@@ -178,14 +179,15 @@ def run(spec: dict, out: Path, trace_dir: Path) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from .. import provenance
+    from .. import platforms, provenance
     from ..train import build
 
     cuda = accelerator == "cuda"
     device, sync = _device(cuda)
     torch.manual_seed(proto.seed)
     attn_impl, attn_ctx, attn_label = build.attention_choice(tech, accelerator)
-    model = build.build_llama(model_spec, attn_impl, torch.bfloat16, device)
+    dtype = platforms.compute_dtype(spec["platform"])
+    model = build.build_llama(model_spec, attn_impl, dtype, device)
     if tech.recompute:
         build.enable_recompute(model)
     model.train()
@@ -246,6 +248,7 @@ def run(spec: dict, out: Path, trace_dir: Path) -> dict:
         "tokens_per_s": tokens / unprofiled,
         "global_batch_tokens": tokens,
         "attention": attn_label,
+        "compute_dtype": platforms.dtype_name(dtype),
         "technique": tech.name,
         "recompute": tech.recompute,
         "world_size": 1,
@@ -285,14 +288,15 @@ def run_inference(spec: dict, out: Path, trace_dir: Path) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from .. import provenance
+    from .. import platforms, provenance
     from ..train import build
 
     cuda = accelerator == "cuda"
     device, sync = _device(cuda)
     torch.manual_seed(proto.seed)
     attn_impl, attn_ctx, attn_label = build.attention_choice(tech, accelerator)
-    model = build.build_llama(model_spec, attn_impl, torch.bfloat16, device).eval()
+    dtype = platforms.compute_dtype(spec["platform"])
+    model = build.build_llama(model_spec, attn_impl, dtype, device).eval()
     gen = torch.Generator(device="cpu").manual_seed(proto.seed + 1000)
     prompts = torch.randint(0, model_spec.vocab_size, (cell.batch_size, proto.seq_len), generator=gen).to(device)
 
@@ -334,6 +338,7 @@ def run_inference(spec: dict, out: Path, trace_dir: Path) -> dict:
         "step_time_s": marks[-1] - marks[0], "unaccounted_s": (marks[-1] - marks[0]) - sum(walls.values()),
         "unprofiled_step_time_s": unprofiled, "tokens_per_s": tokens / unprofiled, "global_batch_tokens": tokens,
         "decode_steps": proto.measured_steps, "attention": attn_label, "technique": tech.name,
+        "compute_dtype": platforms.dtype_name(dtype),
         "recompute": False, "world_size": 1, "warmup_steps": proto.warmup_steps, "profiled_steps": 1,
         "loss_last": None, "trace": str(trace),
         "method": ("Serving forward passes: prefill of the batch's prompts, then decode steps with the KV cache "

@@ -17,7 +17,7 @@ COLUMNS = [
     "step_time_s_mean", "peak_mem_gib", "peak_mem_kind", "peak_mem_allocated_gib",
     "peak_mem_reserved_gib", "peak_rss_gib", "mfu", "model_tflops_per_gpu", "mfu_vs_gemm",
     "total_params", "trainable_params",
-    "attention", "warmup_steps", "measured_steps", "repeats", "git_sha", "record_path",
+    "attention", "compute_dtype", "warmup_steps", "measured_steps", "repeats", "git_sha", "record_path",
     "layout",  # Megatron-LM cells' parallel layout (llmbench.grid.layout_name); empty otherwise
 ]
 #: Serving cells' columns (empty for training rows): the load, then llmbench.serve.metrics
@@ -100,7 +100,7 @@ def row(record: Record, path: str) -> dict:
         "peak_mem_reserved_gib": m.peak_mem_reserved_gib, "peak_rss_gib": m.peak_rss_gib,
         "mfu": m.mfu, "model_tflops_per_gpu": _model_tflops_per_gpu(record),
         "total_params": m.total_params, "trainable_params": m.trainable_params,
-        "attention": m.attention, "warmup_steps": proto["warmup_steps"],
+        "attention": m.attention, "compute_dtype": m.compute_dtype, "warmup_steps": proto["warmup_steps"],
         "measured_steps": proto["measured_steps"], "repeats": proto["repeats"],
         "git_sha": (record.provenance.get("git") or {}).get("sha"), "record_path": path,
         "layout": layout_name(c.get("parallel")),

@@ -1,7 +1,9 @@
 """Throughput and latency of one load, with the definitions of ``vllm bench serve``.
 
 Latencies come from completed requests only. TPOT = (e2e - ttft) / (output_tokens - 1)
-for requests with more than one output token; ITL pools the per-event gaps of all
+for requests with more than one output token: 0 for a request whose tokens all reached the
+client in one read (the engine merged its stream's deltas, or the client read them late:
+an overloaded host), counted in ``one_read_requests``; ITL pools the per-event gaps of all
 completed requests (see loadgen.RequestSample). Percentiles interpolate linearly
 between order statistics (numpy's default), as vLLM's do.
 """
@@ -43,6 +45,8 @@ def summarize(result: LoadResult, output_len: int) -> dict[str, float | int | No
         "output_tokens_expected": output_len * len(done),
         # Engines without ignore_eos over HTTP (TGI) stop at EOS: fewer tokens, less work.
         "output_shortfall_requests": sum(s.output_tokens < output_len for s in done),
+        # their TPOT is 0: the client saw no decode pace (see the module docstring)
+        "one_read_requests": sum(s.output_tokens > 1 and s.e2e_s == s.ttft_s for s in done),
     }
     summary |= _stats("ttft_s", [s.ttft_s for s in done])
     summary |= _stats("tpot_s", [(s.e2e_s - s.ttft_s) / (s.output_tokens - 1) for s in done if s.output_tokens > 1])

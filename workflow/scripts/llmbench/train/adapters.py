@@ -16,6 +16,9 @@ def apply(model: torch.nn.Module, tech: Technique, settings: dict) -> tuple[torc
     """Wrap ``model`` for the cell's fine-tuning method; returns (model, what trains)."""
     from peft import LoraConfig, PromptTuningConfig, get_peft_model, prepare_model_for_kbit_training
 
+    from ..platforms import dtype_name
+
+    base_dtype = dtype_name(model.get_input_embeddings().weight.dtype)  # the platform's compute dtype
     if tech.quant4:
         # QLoRA's recipe: freeze the base, fp32 norms/embeddings, input grads for checkpointing
         model.is_loaded_in_4bit = True
@@ -40,7 +43,7 @@ def apply(model: torch.nn.Module, tech: Technique, settings: dict) -> tuple[torc
             if "lora_A" in name:
                 p.requires_grad_(False)
         return model, f"LoRA-FA: B matrices only (A frozen at init), {what}; base frozen"
-    base = "4-bit NF4 base (frozen)" if tech.quant4 else "bf16 base (frozen)"
+    base = "4-bit NF4 base (frozen)" if tech.quant4 else f"{base_dtype} base (frozen)"
     label = {"lora": "QLoRA" if tech.quant4 else "LoRA", "dora": "DoRA"}[kind]
     return model, f"{label}: adapters A and B, {what}; {base}"
 

@@ -15,16 +15,18 @@ import torch
 from transformers import LlamaForCausalLM
 
 from ..models import ModelSpec
+from ..platforms import dtype_name
 from ..techniques import Technique
 
 #: Linear layers of a Llama decoder layer that Q replaces by 4-bit NF4 layers.
 DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
-Q_TRAINABLE = (
-    "Q: the decoder's linear layers (q,k,v,o,gate,up,down) hold frozen 4-bit NF4 weights "
-    "with double quantization and bf16 compute (bitsandbytes, as QLoRA); the embeddings, "
-    "RMSNorm weights and lm_head stay bf16 and train"
-)
+def q_trainable(dtype: torch.dtype) -> str:
+    """What trains in a Q cell, in words (the record's trainable_desc)."""
+    d = dtype_name(dtype)
+    return (f"Q: the decoder's linear layers (q,k,v,o,gate,up,down) hold frozen 4-bit NF4 weights "
+            f"with double quantization and {d} compute (bitsandbytes, as QLoRA); the embeddings, "
+            f"RMSNorm weights and lm_head stay {d} and train")
 
 
 def attention_choice(tech: Technique, accelerator: str) -> tuple[str, Callable[[], Any], str]:
@@ -97,7 +99,7 @@ def quantize_4bit(model: torch.nn.Module, compute_dtype: torch.dtype, device: st
     """Replace every decoder linear layer by a frozen bitsandbytes NF4 layer (double quant).
 
     Returns the number of layers replaced. The weights are quantised from the random
-    bf16 ones on ``device`` (bitsandbytes quantises when a Params4bit moves to a device).
+    ones (in the compute dtype) on ``device`` (bitsandbytes quantises when a Params4bit moves to a device).
     """
     import bitsandbytes as bnb
 

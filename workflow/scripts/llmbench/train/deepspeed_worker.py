@@ -16,8 +16,9 @@ from pathlib import Path
 from . import contract
 
 
-def ds_config(tech, batch_size: int, accelerator: str) -> dict:
-    """The DeepSpeed config for a technique (bf16, AdamW, ZeRO stage and offload)."""
+def ds_config(tech, batch_size: int, accelerator: str, bf16: bool = True) -> dict:
+    """The DeepSpeed config for a technique (AdamW, ZeRO stage and offload; bf16 mode, with
+    fp32 master weights, unless the platform computes in fp32: then no mixed precision)."""
     zero: dict = {"stage": tech.zero_stage}
     pin = accelerator == "cuda"  # pinned host memory needs a CUDA device
     if tech.offload:
@@ -30,7 +31,7 @@ def ds_config(tech, batch_size: int, accelerator: str) -> dict:
     return {
         "train_micro_batch_size_per_gpu": batch_size,
         "gradient_accumulation_steps": 1,
-        "bf16": {"enabled": True},
+        "bf16": {"enabled": bf16},
         "optimizer": {
             "type": "AdamW",
             # On CPU without offload DeepSpeed's fused Adam (CUDA) is unavailable: torch's.
@@ -94,7 +95,7 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
     import torch.distributed as dist
     from deepspeed.accelerator import get_accelerator
 
-    from .. import provenance, techniques
+    from .. import platforms, provenance, techniques
     from ..grid import Cell
     from ..models import ModelSpec
     from ..protocol import run_window
@@ -111,8 +112,8 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
     device = contract.local_device(accelerator)
     torch.manual_seed(proto.seed)
     attn_impl, attn_ctx, attn_label = build.attention_choice(tech, accelerator)
-    config = ds_config(tech, cell.batch_size, accelerator)
-    dtype = torch.bfloat16
+    dtype = platforms.compute_dtype(platform)
+    config = ds_config(tech, cell.batch_size, accelerator, bf16=dtype == torch.bfloat16)
 
     if tech.zero_stage == 3 and not tech.quant4:
         # Parameters are partitioned as they are created: a 70B model never exists whole.
@@ -123,7 +124,7 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
     trainable_desc = "all parameters"
     if tech.quant4:
         build.quantize_4bit(model, dtype, device)
-        trainable_desc = build.Q_TRAINABLE
+        trainable_desc = build.q_trainable(dtype)
     if tech.adapter:
         model, trainable_desc = adapters.apply(model, tech, cell.adapter)
     if tech.recompute and not (tech.adapter and tech.quant4):  # QL: done by k-bit preparation
@@ -180,6 +181,7 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
             "trainable_params": int(trainable_params),
             "trainable_desc": trainable_desc,
             "attention": attn_label,
+            "compute_dtype": platforms.dtype_name(dtype),
             "frozen_params_unchanged": frozen_unchanged,
             "optimizer_param_numel": int(opt_numel.item()),
             "loss_last": float(losses[-1].float().item()),

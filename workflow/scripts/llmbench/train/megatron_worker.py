@@ -27,9 +27,10 @@ What runs (paper Section IV-A, Table II; megatron-core 0.16.1 on Python 3.11):
   Megatron's local DotProductAttention (explicit QK^T, softmax, PV: "unfused").
 - Megatron's optimizer: get_megatron_optimizer with Adam (decoupled weight decay, i.e.
   AdamW: lr 1e-5, betas 0.9/0.95, eps 1e-8, no weight decay, clipping at 1.0, as the
-  DeepSpeed cells), bf16 parameters with fp32 main (master) weights and fp32 gradient
-  reduction; ``use_distributed_optimizer`` from the cell (Megatron's ZeRO-1-like sharding
-  of the fp32 state over data-parallel ranks). Its Adam is TransformerEngine's or Apex's
+  DeepSpeed cells), in the platform's compute dtype: bf16 parameters with fp32 main
+  (master) weights and fp32 gradient reduction (the paper's), or fp32 throughout (the CPU
+  platform, config/platforms/cpu.yaml); ``use_distributed_optimizer`` from the cell
+  (Megatron's ZeRO-1-like sharding of the fp32 state over data-parallel ranks). Its Adam is TransformerEngine's or Apex's
   fused one where installed, else torch's AdamW (recorded in megatron_config).
 - GPU: NCCL, one device per local rank. CPU: gloo, and llmbench.train.megatron_cpu_compat
   stubs the hard-coded CUDA calls (applied only when the platform's accelerator is cpu).
@@ -57,8 +58,9 @@ from . import contract
 RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
 
 
-def transformer_config(model_spec, tech, parallel: dict[str, Any], accelerator: str):
-    """Megatron's TransformerConfig for a Llama 2 ModelSpec, a technique and a layout."""
+def transformer_config(model_spec, tech, parallel: dict[str, Any], accelerator: str, dtype):
+    """Megatron's TransformerConfig for a Llama 2 ModelSpec, a technique, a layout and the
+    platform's compute dtype (bf16 with fp32 main weights, or fp32 throughout)."""
     import torch
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -82,9 +84,9 @@ def transformer_config(model_spec, tech, parallel: dict[str, Any], accelerator: 
         tensor_model_parallel_size=parallel["tensor_parallel"],
         pipeline_model_parallel_size=parallel["pipeline_parallel"],
         sequence_parallel=False,
-        bf16=True,
-        params_dtype=torch.bfloat16,
-        pipeline_dtype=torch.bfloat16,
+        bf16=dtype == torch.bfloat16,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
         # Weights are initialised where they live: on a GPU by Megatron's own path (its
         # CUDA RNG tracker, seeded below); host initialisation of llama2-7b would make and
         # split a 27 GB fp32 copy per rank and cost every probe of a search a minute.
@@ -175,9 +177,12 @@ def run(spec: dict, out: Path) -> dict | None:
     from ..grid import Cell
     from ..models import ModelSpec
     from ..protocol import run_window
+    from .. import platforms
     from . import megatron_cpu_compat
 
     platform = spec["platform"]
+    dtype = platforms.compute_dtype(platform)
+    bf16 = dtype == torch.bfloat16
     accelerator = platform["accelerator"]
     cell = Cell.from_dict(spec["cell"])
     model_spec = ModelSpec(**spec["model"])
@@ -202,7 +207,7 @@ def run(spec: dict, out: Path) -> dict | None:
                                      pipeline_model_parallel_size=parallel["pipeline_parallel"])
         torch.manual_seed(proto.seed)
         model_parallel_cuda_manual_seed(proto.seed)
-        config = transformer_config(model_spec, tech, parallel, accelerator)
+        config = transformer_config(model_spec, tech, parallel, accelerator, dtype)
         model = GPTModel(
             config=config, transformer_layer_spec=layer_spec(tech, accelerator),
             vocab_size=model_spec.vocab_size, max_sequence_length=model_spec.max_position_embeddings,
@@ -212,7 +217,7 @@ def run(spec: dict, out: Path) -> dict | None:
         )
         model.to(device)
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True,  # Megatron-LM's default with bf16
+            grad_reduce_in_fp32=True,  # Megatron-LM's default with bf16 (a no-op in fp32)
             use_distributed_optimizer=parallel["distributed_optimizer"],
             overlap_grad_reduce=False, overlap_param_gather=False,  # no CUDA streams on a CPU; kept alike on GPUs
         )
@@ -220,7 +225,7 @@ def run(spec: dict, out: Path) -> dict | None:
         config.finalize_model_grads_func = finalize_model_grads  # the data-parallel gradient reduction
         optimizer = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=1e-5, min_lr=1e-5, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.95,
-                            adam_eps=1e-8, clip_grad=1.0, bf16=True, params_dtype=torch.bfloat16,
+                            adam_eps=1e-8, clip_grad=1.0, bf16=bf16, params_dtype=dtype,
                             use_distributed_optimizer=parallel["distributed_optimizer"]),
             [model],
         )
@@ -281,6 +286,7 @@ def run(spec: dict, out: Path) -> dict | None:
             "trainable_params": trainable,
             "trainable_desc": "all parameters",
             "attention": attention_label(tech, accelerator),
+            "compute_dtype": platforms.dtype_name(dtype),
             "frozen_params_unchanged": None,
             "optimizer_param_numel": int(counts[1].item()),
             "loss_last": last_loss.item(),
@@ -289,7 +295,8 @@ def run(spec: dict, out: Path) -> dict | None:
                 "layer_spec": "local (megatron-core's PyTorch modules; no TransformerEngine)",
                 "recompute": dict(RECOMPUTE) if tech.recompute else None,
                 "attention": attention_label(tech, accelerator),
-                "precision": "bf16 params and activations; fp32 main weights, Adam states and gradient reduction",
+                "precision": ("bf16 params and activations; fp32 main weights, Adam states and gradient reduction"
+                              if bf16 else "fp32 params, activations, Adam states and gradient reduction"),
                 "optimizer": optimizer_class,
                 "micro_batches_per_step": 1,
                 "process_group": "gloo" if accelerator == "cpu" else "nccl",

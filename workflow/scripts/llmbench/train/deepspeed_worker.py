@@ -117,7 +117,10 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
 
     if tech.zero_stage == 3 and not tech.quant4:
         # Parameters are partitioned as they are created: a 70B model never exists whole.
-        with deepspeed.zero.Init(config_dict_or_path=config, dtype=dtype):
+        # No dtype= here: zero.Init takes it from the config's bf16 section. DeepSpeed 0.19's
+        # Init._set_dtype ignores an explicit dtype where the accelerator has no fp16 (CPU:
+        # `dtype or fp16 if fp16_supported else bf16 ...`), so fp32 Z3 cells became bf16.
+        with deepspeed.zero.Init(config_dict_or_path=config):
             model = build.build_llama(model_spec, attn_impl, dtype, "cpu" if accelerator == "cpu" else device)
     else:
         model = build.build_llama(model_spec, attn_impl, dtype, device)
@@ -142,6 +145,10 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
     # logical parameter count from the spec: 4-bit layers store two weights per byte
     total_params, trainable_params = model_spec.param_counts()["total"], count(params)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config)
+    if not (tech.adapter and tech.quant4):  # QLoRA's k-bit preparation keeps the rest in fp32
+        built = engine.module.get_output_embeddings().weight.dtype
+        if built != dtype:
+            raise RuntimeError(f"the model trains in {built}, not the platform's compute dtype {dtype}")
     has_frozen = trainable_params < total_params
     frozen_before = adapters.frozen_checksum(engine.module) if has_frozen else None
 

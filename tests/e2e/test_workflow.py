@@ -114,7 +114,10 @@ def test_max_batch_search_finds_the_largest_batch_under_a_real_memory_cap(worksp
     assert s["status"] == "ok" and s["n_probes"] <= s["bound"] == 8
     largest, probes = s["largest_ok"], {p["batch_size"]: p["status"] for p in s["probes"]}
     assert largest >= 2 and probes[largest] == "ok" and probes.get(largest + 1) in ("oom", "tight")
-    assert s["smallest_oom"] == largest + 1 and "oom" in probes.values()  # the cap really stopped a probe
+    # the cap really stopped a probe: it ran out of memory, or ran with its peak inside the
+    # search's headroom below the cap (tight; with fp32 cells the memory model can land there
+    # first: 1, 2, 11 tight, 10 on 2026-11-23)
+    assert s["smallest_oom"] == largest + 1 and set(probes.values()) & {"oom", "tight"}
     assert all((st == "ok") == (b <= largest) for b, st in probes.items())  # monotone, as assumed
     for b, st in probes.items():
         rec = json.loads((folder / f"bs{b}/record.json").read_text())
@@ -123,6 +126,8 @@ def test_max_batch_search_finds_the_largest_batch_under_a_real_memory_cap(worksp
         assert rec["cell"]["protocol"]["measured_steps"] == 5  # probes run the cell's own steps
         if st == "oom":
             assert "mem_cap_gib=2" in rec["reason"]
+        if st == "tight":
+            assert rec["metrics"]["peak_rss_gib"] > s["fit_limit_gib"] == pytest.approx(2.0 * (1 - s["headroom"]))
     measured = json.loads((workspace / f"results/runs/pretrain/cpu/tiny/deepspeed/Naive/bs{largest}-g1/record.json").read_text())
     assert measured["status"] == "ok" and measured["cell"]["protocol"]["repeats"] == 1
     frontier = json.loads((workspace / "results/frontier/pretrain/cpu/tiny/deepspeed/Naive-g1.json").read_text())

@@ -32,7 +32,6 @@ import contextlib
 import functools
 import os
 import statistics
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -357,4 +356,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    contract.leave(main())

@@ -26,7 +26,7 @@ SERVE_LOAD_COLUMNS = ["engine", "load", "mode", "num_requests", "input_len", "ou
                       "rate_per_s", "max_concurrency"]
 SERVE_METRIC_COLUMNS = [
     "completed", "failed", "duration_s", "request_throughput_per_s", "output_tokens_per_s",
-    "total_tokens_per_s", "output_tokens_total", "output_shortfall_requests",
+    "total_tokens_per_s", "output_tokens_total", "output_shortfall_requests", "one_read_requests",
     *[f"{s}_{m}" for m in ("ttft_s", "tpot_s", "itl_s", "e2e_latency_s") for s in ("mean", "p50", "p90", "p99")],
     "server_peak_gpu_mem_gib", "server_peak_rss_gib", "server_ready_s", "client_cpu_per_request_s",
 ]

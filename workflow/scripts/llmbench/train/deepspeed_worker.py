@@ -15,7 +15,7 @@ from pathlib import Path
 from . import contract
 
 
-def ds_config(tech, batch_size: int, accelerator: str, bf16: bool = True) -> dict:
+def ds_config(tech, batch_size: int, accelerator: str, *, bf16: bool) -> dict:
     """The DeepSpeed config for a technique (AdamW, ZeRO stage and offload; bf16 mode, with
     fp32 master weights, unless the platform computes in fp32: then no mixed precision)."""
     zero: dict = {"stage": tech.zero_stage}

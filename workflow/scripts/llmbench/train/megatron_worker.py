@@ -30,8 +30,9 @@ What runs (paper Section IV-A, Table II; megatron-core 0.16.1 on Python 3.11):
   DeepSpeed cells), in the platform's compute dtype: bf16 parameters with fp32 main
   (master) weights and fp32 gradient reduction (the paper's), or fp32 throughout (the CPU
   platform, config/platforms/cpu.yaml); ``use_distributed_optimizer`` from the cell
-  (Megatron's ZeRO-1-like sharding of the fp32 state over data-parallel ranks). Its Adam is TransformerEngine's or Apex's
-  fused one where installed, else torch's AdamW (recorded in megatron_config).
+  (Megatron's ZeRO-1-like sharding of the fp32 state over data-parallel ranks). Its Adam
+  is TransformerEngine's or Apex's fused one where installed, else torch's AdamW
+  (recorded in megatron_config).
 - GPU: NCCL, one device per local rank. CPU: gloo, and llmbench.train.megatron_cpu_compat
   stubs the hard-coded CUDA calls (applied only when the platform's accelerator is cpu).
   bf16 with fp32 master weights, the distributed optimizer, TP and PP all run on a CPU
@@ -172,11 +173,10 @@ def run(spec: dict, out: Path) -> dict | None:
     import torch
     import torch.distributed as dist
 
-    from .. import provenance, techniques
+    from .. import platforms, provenance, techniques
     from ..grid import Cell
     from ..models import ModelSpec
     from ..protocol import run_window
-    from .. import platforms
     from . import megatron_cpu_compat
 
     platform = spec["platform"]

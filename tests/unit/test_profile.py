@@ -165,11 +165,14 @@ def test_aggregate_rows_sum_to_the_phase_wall_time_with_other_as_the_remainder()
         attr.aggregate(a, walls, steps=0)
 
 
+_ids = iter(range(1, 1 << 30))
+
+
 def _event(name, start, end, parent=None, *, activity="cpu_op", scope=0, seq=-1, thread=1, fwd_thread=0,
-           kernels=(), self_us=None, annotation=False):
-    e = NS(name=name, time_range=NS(start=start, end=end), cpu_parent=parent, activity_type=activity, scope=scope,
+           kernels=(), self_us=None, annotation=False, device="CPU", eid=None):
+    e = NS(id=next(_ids) if eid is None else eid, name=name, time_range=NS(start=start, end=end), cpu_parent=parent, activity_type=activity, scope=scope,
            sequence_nr=seq, thread=thread, fwd_thread=fwd_thread, kernels=list(kernels), is_async=False,
-           is_user_annotation=annotation, device_type=NS(name="CPU"),
+           is_user_annotation=annotation, device_type=NS(name=device),
            self_cpu_time_total=(end - start) if self_us is None else self_us)
     return e
 
@@ -178,17 +181,28 @@ def test_op_records_from_profiler_events():
     """The shape of torch 2.13's FunctionEvents: ranges are user annotations, the engine's
     nodes carry sequence_nr and fwd_thread, ops carry their own kernels (GPU)."""
     ann = dict(activity="user_annotation", scope=7, annotation=True)
-    fwd = _event("llmbench/phase/forward", 0, 100, **ann)
-    mlp = _event("llmbench/module/mlp", 10, 50, fwd, **ann)
+    # a range's kernels entry is kineto's gpu_user_annotation mirror of the range (named like
+    # it, spanning the kernels launched in it), not a kernel: it must not count again
+    fwd = _event("llmbench/phase/forward", 0, 100, **ann, kernels=[NS(name="llmbench/phase/forward", duration=40.0)])
+    mlp = _event("llmbench/module/mlp", 10, 50, fwd, **ann, kernels=[NS(name="llmbench/module/mlp", duration=30.0)])
     mm = _event("aten::mm", 20, 30, mlp, seq=7, self_us=9.0,
                 kernels=[NS(name="nvjet_tst_128x64", duration=5.0), NS(name="elementwise", duration=1.0)])
+    # a kernel a range launched outside every op (a library calling CUDA directly) does count
+    norm = _event("llmbench/module/rmsnorm", 60, 70, fwd, **ann,
+                  kernels=[NS(name="llmbench/module/rmsnorm", duration=9.0), NS(name="triton_rms", duration=2.0)])
     bwd = _event("llmbench/phase/backward", 100, 200, **ann)
     node = _event("autograd::engine::evaluate_function: MmBackward0", 110, 150, bwd, seq=7, fwd_thread=1, thread=2)
     fn = _event("MmBackward0", 111, 149, node, scope=1, seq=7, fwd_thread=1, thread=2)
     gmm = _event("aten::mm", 115, 140, fn, thread=2, self_us=20.0, kernels=[NS(name="ampere_gemm", duration=8.0)])
-    kernel = _event("ampere_gemm", 116, 124, activity="kernel")
     runtime = _event("cudaLaunchKernel", 117, 118, gmm, activity="cuda_runtime")
-    events = [fwd, mlp, mm, bwd, node, fn, gmm, kernel, runtime]
+    device = dict(device="CUDA")
+    on_device = [_event("nvjet_tst_128x64", 21, 26, activity="kernel", **device),
+                 _event("elementwise", 26, 27, activity="kernel", **device),
+                 _event("triton_rms", 62, 64, activity="kernel", **device),
+                 _event("Memcpy HtoD", 80, 83, activity="gpu_memcpy", **device),  # no op launched it
+                 _event("llmbench/module/mlp", 21, 51, activity="gpu_user_annotation", **device),
+                 _event("ampere_gemm", 116, 124, activity="kernel", **device)]
+    events = [fwd, mlp, mm, norm, bwd, node, fn, gmm, runtime] + on_device
 
     cpu = {r.start_us: r for r in attr.op_records(events, use_device=False)}
     assert set(cpu) == {20, 115}                       # ops only: no ranges, nodes, kernels, runtime calls
@@ -196,8 +210,39 @@ def test_op_records_from_profiler_events():
         "forward", (("llmbench/module/mlp", id(mlp)),), 7, 9.0, 9.0)
     assert (cpu[115].phase, cpu[115].ranges, cpu[115].node, cpu[115].thread) == ("backward", (), (1, 7), 2)
     gpu = {r.start_us: r for r in attr.op_records(events, use_device=True)}
-    assert (gpu[20].time_us, gpu[20].gemm_us, gpu[115].time_us) == (6.0, 5.0, 8.0)
-    assert [a.kind for a in attr.assign(gpu.values())] == ["mlp", "mlp"]
+    assert set(gpu) == {20, 60, 115}                   # the rmsnorm range's own kernel; no mirrors
+    assert (gpu[20].time_us, gpu[20].gemm_us, gpu[60].time_us, gpu[115].time_us) == (6.0, 5.0, 2.0, 8.0)
+    assert [a.kind for a in sorted(attr.assign(gpu.values()), key=lambda a: a.op.start_us)] == ["mlp", "rmsnorm", "mlp"]
+    # the independent total: device activities by phase, mirrors excluded, unlinked copies included
+    assert attr.device_time(events) == {"forward": 5.0 + 1.0 + 2.0 + 3.0, "backward": 8.0}
+    _, phases = attr.aggregate(attr.assign(gpu.values()), {"forward": 1e-4, "backward": 1e-4, "optimizer": 1e-4},
+                               steps=1, device_us=attr.device_time(events))
+    assert phases["forward"]["kernel_s"] == pytest.approx(8e-6) and phases["forward"]["device_s"] == pytest.approx(11e-6)
+    assert phases["optimizer"]["device_s"] == 0.0
+
+
+def test_op_records_without_activity_type():
+    """torch 2.11's FunctionEvents have no activity_type: the parser hands an op's kernels
+    to every CPU event with the op's id, kineto's own events (Buffer Flush) and runtime calls
+    included (their ids come from another counter). Only the op may count them (the H100
+    F cell's optimizer phase held 83.5 ms of kernels in 62.9 ms that way)."""
+    ann = dict(activity="user_annotation", scope=7, annotation=True)
+    opt = _event("llmbench/phase/optimizer", 0, 100, **ann)
+    adam = _event("aten::_fused_adamw_", 10, 40, opt, kernels=[NS(name="multi_tensor_apply_kernel", duration=30.0)])
+    copies = dict(kernels=list(adam.kernels), eid=adam.id)                  # the op's id, another counter's event
+    flush = _event("Buffer Flush", 50, 60, **copies)
+    request = _event("Activity Buffer Request", 61, 62, **copies)
+    launch = _event("cudaLaunchKernel", 12, 13, adam, **copies)
+    unknown = _event("Some New Kineto Event", 63, 64, **copies)              # no name rule knows it: the id does
+    launch_ex = _event("cuLaunchKernelEx", 14, 15, adam)
+    device = [_event("multi_tensor_apply_kernel", 20, 50, activity=None, device="CUDA"),
+              _event("llmbench/phase/optimizer", 20, 50, activity=None, device="CUDA", annotation=True)]
+    events = [opt, unknown, adam, flush, request, launch, launch_ex] + device
+    for e in events:
+        del e.activity_type
+    gpu = attr.op_records(events, use_device=True)
+    assert [(r.name, r.time_us) for r in gpu] == [("aten::_fused_adamw_", 30.0)]
+    assert attr.device_time(events) == {"optimizer": 30.0}   # the annotation span is no device time
 
 
 # --- the worker -----------------------------------------------------------------------

@@ -12,8 +12,27 @@ An op belongs to the phase whose range (on any thread) holds its start.
 
 Time of an op. On a GPU: the summed durations of the device activities (kernels, memcpy,
 memset) it launched itself; kineto links each to the innermost op that was running when it
-was launched (``FunctionEvent.kernels``), so every kernel is counted once (kernels a range
-holds outside any op count as a pseudo-op of that range). On a CPU: the
+was launched (``FunctionEvent.kernels``), so every kernel is counted once. Only operators
+count (``_is_op``): torch.profiler's parser hands a device activity to every CPU event
+whose id equals the activity's correlation id, and the CPU events other than operators
+(runtime calls such as cudaLaunchKernel, kineto's own "Activity Buffer Request" and "Buffer
+Flush") have ids from another counter, so some of them carry copies of an operator's
+kernels. torch 2.13 marks operators (``activity_type`` cpu_op); torch 2.11, which the H100
+runs used, has no ``activity_type``, so those events passed as operators there: the F cell
+of 2026-11-23 counted 83.5 ms of kernels in a 62.9 ms optimizer phase (a "Buffer Flush"
+and an "Activity Buffer Request" holding copies of the fused AdamW's kernels; the serving
+prefill 1.28 s in 0.98 s through "Command Buffer Full"). Without ``activity_type``, runtime
+calls and the kineto events seen so far are told by name, and of several events that share
+an id and hold kernels only the operator counts (``_shadowed``: the one named ``ns::op``,
+else one inside the op tree), so an event kineto adds later cannot double count. A range
+(``record_function``) holds no operator's kernels; an entry named like the range itself
+(kineto's gpu_user_annotation span of the kernels launched in it, where a torch version
+links it to the range) is not a kernel and is dropped; any other device activity a range
+holds outside every op counts as a pseudo-op of that range.
+The check: every GPU phase also carries ``device_s``, the summed durations of all device
+activities that started in it, read from the device events themselves, so the attributed
+``kernel_s`` can be held against it (``kernel_s`` <= ``device_s``, equal when every
+activity was launched by an op; tables flag a phase that holds more). On a CPU: the
 op's self CPU time (its span minus its child ops' spans), so nested ops (``aten::linear`` >
 ``aten::matmul`` > ``aten::mm``) are not counted twice.
 
@@ -103,6 +122,8 @@ MODULE_PREFIX = "llmbench/module/"
 ATTENTION_BLOCK = "llmbench/attention/block"
 ATTENTION_CORE = "llmbench/attention/core"
 _CONTEXT_PREFIXES = (MODULE_PREFIX, "llmbench/attention/")
+#: device activity types (torch.profiler ``activity_type``) that take device time
+DEVICE_ACTIVITIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 #: Matmul-class operators (CPU GEMM time; the attention core's matmul boundaries).
 MATMUL_OPS = frozenset({
@@ -271,12 +292,15 @@ def assign(ops: Iterable[OpRecord]) -> list[Attributed]:
 
 
 def aggregate(attributed: Iterable[Attributed], phase_wall_s: Mapping[str, float],
-              steps: int, phases_run: tuple[str, ...] = PHASES) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
+              steps: int, phases_run: tuple[str, ...] = PHASES,
+              device_us: Mapping[str, float] | None = None) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
     """Rows (phase, module kind, time per step, share of the phase, GEMM time, recomputed
     time) and per-phase totals, from the attributed ops of ``steps`` steps and each phase's
     mean wall time per step. Each phase ends with the row 'other' = wall - attributed, so
     its rows sum to its wall time and its shares to 1. ``phases_run``: the phases (PHASES
-    for a training step, INFERENCE_PHASES for serving forward passes)."""
+    for a training step, INFERENCE_PHASES for serving forward passes). ``device_us``
+    (``device_time``, GPU runs): each phase's total device activity, kept per step as
+    ``device_s`` beside the attributed ``kernel_s``."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     time: dict[str, dict[str, float]] = {p: defaultdict(float) for p in phases_run}
@@ -318,6 +342,8 @@ def aggregate(attributed: Iterable[Attributed], phase_wall_s: Mapping[str, float
             "unattributed_kernel_s": totals[phase]["kernel"] - attributed_s,
             "recompute_s": totals[phase]["recompute"],
         }
+        if device_us is not None:
+            phases[phase]["device_s"] = device_us.get(phase, 0.0) / 1e6 / steps
     return rows, phases
 
 
@@ -335,13 +361,49 @@ def _on_cpu(event: Any) -> bool:
     return getattr(event.device_type, "name", str(event.device_type)).upper().endswith("CPU")
 
 
+#: CPU events that are no operator, by name, for torch versions whose FunctionEvent has no
+#: activity_type (2.11): CUDA runtime and driver calls (cudaLaunchKernel, cuLaunchKernelEx,
+#: cudaStreamIsCapturing, ...) and kineto's own events
+_NOT_OP_NAME = re.compile(r"^(cuda|cu|nccl|cupti)[A-Z]\w*$|^(Activity Buffer Request|Buffer Flush|"
+                          r"Command Buffer Full|CUPTI Overhead|Overhead)$")
+
+
 def _is_op(event: Any) -> bool:
-    """A CPU operator: not a range, an autograd node, a runtime call or a device activity."""
+    """A CPU operator: not a range, an autograd node, a runtime call, one of the profiler's
+    own events or a device activity."""
     activity = getattr(event, "activity_type", None)
     if activity is not None and activity != "cpu_op":
         return False
+    if activity is None and _NOT_OP_NAME.match(event.name):
+        return False
     return (_on_cpu(event) and not event.is_async and not event.is_user_annotation and event.scope == 0
             and not event.name.startswith("autograd::"))
+
+
+def _shadowed(events: list[Any]) -> set[int]:
+    """Events (by Python id) that hold copies of an operator's kernels: of the operator
+    candidates that share a profiler id and hold kernels, all but the operator (named
+    ``ns::op``, else one with a parent in the op tree). Operators' ids come from one counter,
+    so a real group holds one operator and other events (see the module docstring)."""
+    groups: dict[int, list[Any]] = defaultdict(list)
+    for e in events:
+        if _is_op(e) and e.kernels:
+            groups[e.id].append(e)
+    out: set[int] = set()
+    for group in groups.values():
+        if len(group) > 1:
+            keep = max(group, key=lambda e: ("::" in e.name, e.cpu_parent is not None))
+            out.update(id(e) for e in group if e is not keep)
+    return out
+
+
+def _is_device_activity(event: Any) -> bool:
+    """A device activity that takes device time (kernel, memcpy, memset): on the device and
+    no user-annotation span (gpu_user_annotation)."""
+    activity = getattr(event, "activity_type", None)
+    if activity is not None:
+        return activity in DEVICE_ACTIVITIES
+    return not _on_cpu(event) and not event.is_user_annotation
 
 
 def _context(event: Any) -> tuple[tuple[tuple[str, int], ...], tuple[int, int] | None]:
@@ -358,13 +420,8 @@ def _context(event: Any) -> tuple[tuple[tuple[str, int], ...], tuple[int, int] |
     return tuple(reversed(ranges)), None
 
 
-def op_records(events: Iterable[Any], use_device: bool) -> list[OpRecord]:
-    """torch.profiler FunctionEvents (``prof.events()``) -> OpRecords.
-
-    use_device: time ops by the device activities they launched (a GPU run with CUDA
-    activity) rather than by their self CPU time.
-    """
-    events = list(events)
+def _phase_at(events: list[Any]):
+    """A function: profiler time -> the phase whose range holds it (None: outside)."""
     spans = sorted((e.time_range.start, e.time_range.end, e.name[len(PHASE_PREFIX):]) for e in events
                    if e.is_user_annotation and _on_cpu(e) and e.name.startswith(PHASE_PREFIX))
     starts = [s[0] for s in spans]
@@ -373,21 +430,59 @@ def op_records(events: Iterable[Any], use_device: bool) -> list[OpRecord]:
         i = bisect.bisect_right(starts, t) - 1
         return spans[i][2] if i >= 0 and t <= spans[i][1] else None
 
+    return phase_at
+
+
+def _launched(e: Any) -> list[Any]:
+    """The device activities an event launched: its ``kernels`` less a range's own
+    gpu_user_annotation mirror (named like the range; see the module docstring)."""
+    if e.is_user_annotation:
+        return [k for k in e.kernels if k.name != e.name]
+    return list(e.kernels)
+
+
+def device_time(events: Iterable[Any]) -> dict[str, float]:
+    """Microseconds of device activity (kernels, memcpy, memset) per phase, from the
+    device events themselves: each counts in the phase whose range holds its start (a
+    phase ends with a device synchronize, so its activities run inside its range). The
+    independent total the attributed kernel time is checked against."""
+    events = list(events)
+    phase_at = _phase_at(events)
+    out: dict[str, float] = defaultdict(float)
+    for e in events:
+        if _is_device_activity(e):
+            phase = phase_at(e.time_range.start)
+            if phase is not None:
+                out[phase] += e.time_range.end - e.time_range.start
+    return dict(out)
+
+
+def op_records(events: Iterable[Any], use_device: bool) -> list[OpRecord]:
+    """torch.profiler FunctionEvents (``prof.events()``) -> OpRecords.
+
+    use_device: time ops by the device activities they launched (a GPU run with CUDA
+    activity) rather than by their self CPU time.
+    """
+    events = list(events)
+    phase_at = _phase_at(events)
+    shadowed = _shadowed(events) if use_device else set()
     out = []
     for e in events:
         own: tuple[tuple[str, int], ...] = ()
         if _is_op(e):
-            pass
-        elif use_device and _on_cpu(e) and e.is_user_annotation and e.kernels:
-            # kernels launched inside a range but outside any operator (a library calling
-            # CUDA directly): a pseudo-op of the range itself, so their time is not lost
+            if id(e) in shadowed:
+                continue
+        elif use_device and _on_cpu(e) and e.is_user_annotation and _launched(e):
+            # device activity launched inside a range but outside any operator (a library
+            # calling CUDA directly): a pseudo-op of the range itself, so it is not lost
             own = ((e.name, id(e)),) if e.name.startswith(_CONTEXT_PREFIXES) else ()
         else:
             continue
         if use_device:
-            t = sum(k.duration for k in e.kernels)
-            g = sum(k.duration for k in e.kernels if is_gemm_kernel(k.name))
-            fused = any(_ATTENTION_KERNEL.search(k.name) for k in e.kernels)
+            launched = _launched(e)
+            t = sum(k.duration for k in launched)
+            g = sum(k.duration for k in launched if is_gemm_kernel(k.name))
+            fused = any(_ATTENTION_KERNEL.search(k.name) for k in launched)
         else:
             t = e.self_cpu_time_total
             g = t if is_matmul_op(e.name) else 0.0

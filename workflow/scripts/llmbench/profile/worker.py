@@ -229,9 +229,11 @@ def run(spec: dict, out: Path, trace_dir: Path) -> dict:
     trace_dir.mkdir(parents=True, exist_ok=True)
     trace = trace_dir / f"{out.stem}.trace.json"
     prof.export_chrome_trace(str(trace))
-    ops = attr.op_records(prof.events(), use_device=cuda)
+    events = prof.events()
+    ops = attr.op_records(events, use_device=cuda)
     walls = {p: statistics.fmean(m[i + 1] - m[i] for m in measured) for i, p in enumerate(attr.PHASES)}
-    rows, phases = attr.aggregate(attr.assign(ops), walls, proto.measured_steps)
+    rows, phases = attr.aggregate(attr.assign(ops), walls, proto.measured_steps,
+                                  device_us=attr.device_time(events) if cuda else None)
 
     step_time = statistics.fmean(m[-1] - m[0] for m in measured)
     # the first warm-up steps pay allocation and kernel selection: the later half counts
@@ -327,9 +329,11 @@ def run_inference(spec: dict, out: Path, trace_dir: Path) -> dict:
     trace_dir.mkdir(parents=True, exist_ok=True)
     trace = trace_dir / f"{out.stem}.trace.json"
     prof.export_chrome_trace(str(trace))
-    ops = attr.op_records(prof.events(), use_device=cuda)
+    events = prof.events()
+    ops = attr.op_records(events, use_device=cuda)
     walls = {p: marks[i + 1] - marks[i] for i, p in enumerate(attr.INFERENCE_PHASES)}
-    rows, phases = attr.aggregate(attr.assign(ops), walls, 1, attr.INFERENCE_PHASES)
+    rows, phases = attr.aggregate(attr.assign(ops), walls, 1, attr.INFERENCE_PHASES,
+                                  device_us=attr.device_time(events) if cuda else None)
     unprofiled = statistics.fmean(m[-1] - m[0] for m in warm) if warm else marks[-1] - marks[0]
     tokens = cell.batch_size * (proto.measured_steps + 1)  # the prefill makes each first token
     return {

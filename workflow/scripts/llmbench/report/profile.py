@@ -51,16 +51,19 @@ def _paper(table: str, root: Path | None) -> pd.DataFrame:
     return reference.load(table, **({"root": root} if root else {}))
 
 
-#: kernel time over a phase's wall time by more than this share is counted as over-counted
+#: attributed kernel time over what the phase holds by more than this share is flagged
 OVERCOUNT_TOLERANCE = 0.01
-OVERCOUNT_NOTE = ("'!': the operators' kernel time exceeds the phase's wall time, which kernels of one stream "
-                  "cannot do: some kernel time is counted twice in this cell (an open attribution defect on GPU "
-                  "runs, README 'Known limits'); its module rows over-count by as much and its 'other' goes negative.")
+OVERCOUNT_NOTE = ("'!': the operators' kernel time exceeds the device time the phase holds (its device "
+                  "activities, or its wall time where those are not known): kernel time counted twice, as "
+                  "profiler events sharing an operator's id did on torch 2.11 before the attribution dropped "
+                  "them (llmbench/profile/attribution.py).")
 
 
-def overcounted(kernel_ms: float | None, wall_ms: float | None) -> bool:
-    """Kernel time a phase cannot hold (one stream): an attribution defect, flagged in tables."""
-    return kernel_ms is not None and wall_ms is not None and kernel_ms > wall_ms * (1 + OVERCOUNT_TOLERANCE)
+def overcounted(kernel_ms: float | None, wall_ms: float | None, device_ms: float | None = None) -> bool:
+    """Kernel time a phase cannot hold: more than its device activities (GPU runs that
+    recorded them), else more than its wall time (one stream). Flagged in tables."""
+    ceiling = device_ms if device_ms is not None and not pd.isna(device_ms) else wall_ms
+    return kernel_ms is not None and ceiling is not None and kernel_ms > ceiling * (1 + OVERCOUNT_TOLERANCE)
 
 
 def phases(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | None = None) -> tuple[pd.DataFrame, str]:
@@ -70,25 +73,31 @@ def phases(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | 
     for c in cells.itertuples():
         step = sum(getattr(c, f"{p}_wall_s") or 0.0 for p in PHASES)
         for p in PHASES:
-            wall, kernel, gemm = (getattr(c, f"{p}_{k}_s") for k in ("wall", "kernel", "gemm"))
+            wall, kernel, gemm, device = (getattr(c, f"{p}_{k}_s") for k in ("wall", "kernel", "gemm", "device"))
             out.append({**{k: getattr(c, k) for k in CELL}, "attention": c.attention, "phase": p,
                         "wall_ms": wall * 1e3, "share_pct": 100 * wall / step if step else None,
                         "kernel_ms": None if kernel is None else kernel * 1e3,
+                        "device_ms": None if device is None or pd.isna(device) else device * 1e3,
                         "gemm_share_pct": None if gemm is None or not wall else 100 * gemm / wall})
-    ours = pd.DataFrame(out, columns=CELL + ["attention", "phase", "wall_ms", "share_pct", "kernel_ms", "gemm_share_pct"])
+    ours = pd.DataFrame(out, columns=CELL + ["attention", "phase", "wall_ms", "share_pct", "kernel_ms", "device_ms",
+                                             "gemm_share_pct"])
     paper = _paper("profile_phases", root).rename(columns={
         "wall_ms": "paper_wall_ms", "share_pct": "paper_share_pct", "kernel_ms": "paper_kernel_ms",
         "gemm_share_pct": "paper_gemm_share_pct", "platform": "paper_platform", "table": "paper_table"})
     table = ours.merge(paper.drop(columns=["method", "note"]), on=["model", "technique", "batch_size", "phase"], how="left")
     rows = [[r.platform, r.model, r.technique, fmt(r.batch_size, ".0f"), r.phase, fmt(r.wall_ms, ".2f"), fmt(r.share_pct, ".1f"),
-             fmt(r.kernel_ms, ".2f") + (" !" if overcounted(r.kernel_ms, r.wall_ms) else ""),
-             fmt(r.gemm_share_pct, ".1f"), fmt(r.paper_wall_ms, ".1f"),
+             fmt(r.kernel_ms, ".2f") + (" !" if overcounted(r.kernel_ms, r.wall_ms, r.device_ms) else ""),
+             fmt(r.device_ms, ".2f"), fmt(r.gemm_share_pct, ".1f"), fmt(r.paper_wall_ms, ".1f"),
              fmt(r.paper_share_pct, ".1f"), fmt(r.paper_kernel_ms, ".1f"), fmt(r.paper_gemm_share_pct, ".1f")]
             for r in table.itertuples()]
     md = md_table(TITLES["profile-phases"], ["Platform", "Model", "Method", "BS", "Phase", "ms", "% of step", "kernel ms",
-                                        "GEMM %", "paper ms", "paper %", "paper kernel ms", "paper GEMM %"], rows,
+                                        "device ms", "GEMM %", "paper ms", "paper %", "paper kernel ms", "paper GEMM %"],
+             rows,
              "Phase wall time: host clock with a device synchronize at each phase boundary, mean over the "
-             "profiled steps. Kernel: GPU kernel time (CPU: self time of the operators). GEMM %: matmul time "
+             "profiled steps. Kernel: GPU kernel time attributed to the operators that launched it (CPU: self time "
+             "of the operators). Device: all device activity (kernels, memcpy, memset) that started in the phase, "
+             "read from the device events (GPU runs; kernel ms <= device ms, the difference is activity no "
+             "operator launched). GEMM %: matmul time "
              "as a share of the phase (the paper's Table XIII). Paper: A800, 8 GPUs (its backward includes "
              "non-overlapped communication); ours: one process, plain PyTorch AdamW. " + OVERCOUNT_NOTE)
     return table, md
@@ -112,7 +121,7 @@ def modules(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) 
              "Per step, decoder modules summed over all layers. 'other' is the phase's wall time not inside "
              "any module range (Python, launch gaps, residual adds), so each phase's shares add up to 100%. "
              "attn_scores/attn_values are the paper's Bmm0/Bmm1; lm_head its 'Linear'. Attribution: "
-             "llmbench/profile/attribution.py. A negative 'other': kernel time counted twice (README 'Known limits').")
+             "llmbench/profile/attribution.py. A negative 'other' would mean kernel time counted twice ('!' in profile-phases).")
     return table, md
 
 
@@ -189,7 +198,7 @@ def serve(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) ->
                   "RoPE, RMSNorm, element-wise for the rest); other = outside every module. Paper: LightLLM, "
                   "llama2-7b, A800, batch 1024, prompt 512, 64 output tokens, one forward pass (it does not say "
                   "prefill or decode), its communication rows (tensor parallel) have no counterpart on one process. "
-                  "A negative 'other': kernel time counted twice (README 'Known limits').")
+                  "'other' is the phase's wall time less the parts: launch gaps and work outside every module.")
     return table, md
 
 

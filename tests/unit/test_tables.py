@@ -10,11 +10,11 @@ from llmbench.report import figures, paper_tables, tidy
 
 
 def write_records(tmp_path, rows, stage="pretrain"):
-    """rows: (platform, model, technique, batch_size, status, tokens_per_s, mem_gib)."""
+    """rows: (platform, model, technique, batch_size, status, tokens_per_s, mem_gib[, gpus])."""
     paths = []
-    for plat, model, tech, bs, status, tps, mem in rows:
-        g = grid.expand({"protocol": {"repeats": 2}, stage: [
-            {"platforms": [plat], "models": [model], "techniques": [tech], "batch_sizes": [bs]}]})
+    for plat, model, tech, bs, status, tps, mem, *gpus in rows:
+        block = {"platforms": [plat], "models": [model], "techniques": [tech], "batch_sizes": [bs]}
+        g = grid.expand({"protocol": {"repeats": 2}, stage: [{**block, **({"gpus": gpus} if gpus else {})}]})
         cell = g.cells[0]
         m = Metrics(tokens_per_s_mean=tps, tokens_per_s_std=1.0, tokens_per_s_runs=(tps - 1, tps + 1),
                     peak_mem_reserved_gib=mem, peak_mem_allocated_gib=mem, peak_rss_gib=3.0) if status == "ok" else Metrics()
@@ -75,6 +75,22 @@ def test_table4_picks_best_batch(table):
     assert f_z3.paper_batch_size == 16
     md = paper_tables.markdown(long, "Table IV", with_bs=True)
     assert "a800 BS" in md
+
+
+def test_table4_compares_cells_of_the_most_gpus(tmp_path):
+    """Global tokens/s of different GPU counts do not compare: the table shows the cells
+    with the most GPUs (ranks on a CPU) run, as Table III does, even where a 1-rank cell at
+    a larger batch had more tokens/s."""
+    paths = write_records(tmp_path, [
+        ("cpu", "tiny", "Q", 1, "ok", 100.0, 1.0, 1), ("cpu", "tiny", "Q", 8, "ok", 200.0, 1.6, 1),
+        ("cpu", "tiny", "Q", 1, "ok", 150.0, 1.0, 2), ("cpu", "tiny", "Q", 2, "ok", 180.0, 1.1, 2),
+        ("cpu", "tiny", "Z2", 4, "ok", 90.0, 1.5, 1),
+    ])
+    long = paper_tables.build(tidy.build(paths), "table4")
+    q = long[(long.technique == "Q") & (long.platform == "cpu")]
+    assert len(q) == 1 and (q.iloc[0].batch_size, q.iloc[0].tokens_per_s) == (2, 180.0)
+    z2 = long[(long.technique == "Z2") & (long.platform == "cpu")].iloc[0]
+    assert (z2.batch_size, z2.tokens_per_s) == (4, 90.0)
 
 
 def test_figure_saves_offline(table, tmp_path):

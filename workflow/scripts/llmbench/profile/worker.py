@@ -157,6 +157,16 @@ def _device(cuda: bool) -> tuple[Any, Callable[[], None]]:
     return device, (torch.cuda.synchronize if cuda else (lambda: None))
 
 
+def _attribute(prof: Any, walls: dict[str, float], steps: int, phases_run: tuple[str, ...],
+               cuda: bool) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
+    """A finished profiler's events -> rows and phase totals (llmbench.profile.attribution);
+    on a GPU each phase also gets its device activity, the check on the attributed time."""
+    events = prof.events()
+    ops = attr.op_records(events, use_device=cuda)
+    return attr.aggregate(attr.assign(ops), walls, steps, phases_run,
+                          device_us=attr.device_time(events) if cuda else None)
+
+
 def run(spec: dict, out: Path, trace_dir: Path) -> dict:
     """Build the model, run warm-up and profiled steps, attribute, write the result (rank 0)."""
     from ..grid import Cell
@@ -229,11 +239,8 @@ def run(spec: dict, out: Path, trace_dir: Path) -> dict:
     trace_dir.mkdir(parents=True, exist_ok=True)
     trace = trace_dir / f"{out.stem}.trace.json"
     prof.export_chrome_trace(str(trace))
-    events = prof.events()
-    ops = attr.op_records(events, use_device=cuda)
     walls = {p: statistics.fmean(m[i + 1] - m[i] for m in measured) for i, p in enumerate(attr.PHASES)}
-    rows, phases = attr.aggregate(attr.assign(ops), walls, proto.measured_steps,
-                                  device_us=attr.device_time(events) if cuda else None)
+    rows, phases = _attribute(prof, walls, proto.measured_steps, attr.PHASES, cuda)
 
     step_time = statistics.fmean(m[-1] - m[0] for m in measured)
     # the first warm-up steps pay allocation and kernel selection: the later half counts
@@ -329,11 +336,8 @@ def run_inference(spec: dict, out: Path, trace_dir: Path) -> dict:
     trace_dir.mkdir(parents=True, exist_ok=True)
     trace = trace_dir / f"{out.stem}.trace.json"
     prof.export_chrome_trace(str(trace))
-    events = prof.events()
-    ops = attr.op_records(events, use_device=cuda)
     walls = {p: marks[i + 1] - marks[i] for i, p in enumerate(attr.INFERENCE_PHASES)}
-    rows, phases = attr.aggregate(attr.assign(ops), walls, 1, attr.INFERENCE_PHASES,
-                                  device_us=attr.device_time(events) if cuda else None)
+    rows, phases = _attribute(prof, walls, 1, attr.INFERENCE_PHASES, cuda)
     unprofiled = statistics.fmean(m[-1] - m[0] for m in warm) if warm else marks[-1] - marks[0]
     tokens = cell.batch_size * (proto.measured_steps + 1)  # the prefill makes each first token
     return {

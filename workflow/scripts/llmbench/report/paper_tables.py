@@ -38,10 +38,10 @@ def _ours(tidy: pd.DataFrame, table: str) -> pd.DataFrame:
         # one record per (platform, model, technique): the one with most GPUs
         pre = pre.sort_values("gpus").groupby(["platform", "model", "technique"]).tail(1)
         return pre
-    # table4: among the cells with the most GPUs of each (platform, model, technique)
+    # table4: of the cells with the most GPUs of each method, the best ok one; a method with
+    # no ok cell shows its worst status
     most = pre.groupby(["platform", "model", "technique"])["gpus"].transform("max")
     pre = pre[pre["gpus"] == most]
-    # table4: the best ok cell per method; a method with no ok cell shows its worst status
     ok = pre[pre["status"] == "ok"].sort_values("tokens_per_s_mean")
     best = ok.groupby(["platform", "model", "technique"]).tail(1)
     rest = pre[~pre.set_index(["platform", "model", "technique"]).index.isin(

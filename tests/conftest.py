@@ -13,3 +13,13 @@ BIN = Path(sys.executable).parent
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _stop_fork_servers():
+    """Fork servers started by the tests' CPU cells (llmbench.forkserver) exit once idle;
+    at the end of the session they are asked to now rather than after IDLE_S."""
+    yield
+    from llmbench import forkserver
+
+    forkserver.stop_all()

@@ -49,5 +49,7 @@ def test_pipeline_through_slurm(tmp_path):
     # every cell ran inside a Slurm job of the test cluster
     job_ids = {r["provenance"]["host"]["slurm_job_id"] for r in records.values()}
     assert None not in job_ids and len(job_ids) == 4
+    # a Slurm job execs its worker: no fork server outlives a job on a node it does not keep
+    assert {tuple(r["provenance"]["launchers"]) for r in records.values()} == {("exec",)}
     assert any("run_training_cell" in str(p) for p in logs)
     assert (ws / "results/tables/table3.md").exists() and (ws / "results/figures/pretrain.svg").exists()

@@ -44,6 +44,8 @@ def test_default_grid_runs_end_to_end(workspace):
         assert len(m["tokens_per_s_runs"]) == rec["cell"]["protocol"]["repeats"]  # each its own process
         assert m["peak_rss_gib"] > 0
         assert rec["provenance"]["versions"]["deepspeed"] and rec["provenance"]["spec"]["cell"]
+        # the CPU platform forks each repeat from the warm server (llmbench.forkserver)
+        assert rec["provenance"]["launchers"] == ["fork server"] * rec["cell"]["protocol"]["repeats"], path
     pre = [r for r in records.values() if r["cell"]["stage"] == "pretrain" and r["cell"]["backend"] == "deepspeed"]
     by_tech = {(r["cell"]["technique"], r["cell"]["batch_size"]): r for r in pre}
     # DeepSpeed really ran the stage the technique asks for

@@ -128,6 +128,16 @@ def test_platform_file_schema_error_names_key(tmp_path, repo):
         grid.expand(cfg(), root=tmp_path)
 
 
+def test_fork_server_on_a_gpu_platform_is_rejected_by_name(tmp_path, repo):
+    shutil.copytree(repo / "config", tmp_path / "config")
+    path = tmp_path / "config" / "platforms" / "h100.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["fork_server"] = True
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"h100\.yaml: invalid platform config:\n  fork_server: .*CPU platforms"):
+        grid.expand(cfg(platforms=["h100"]), root=tmp_path)
+
+
 def test_shipped_configs_expand(repo):
     default = grid.load(repo / "config" / "config.yaml")
     train = [c for c in default.cells if c.stage in ("pretrain", "finetune")]

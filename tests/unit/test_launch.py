@@ -117,10 +117,11 @@ def test_each_rank_gets_its_share_of_the_jobs_threads(monkeypatch):
 
 
 def test_one_rank_runs_without_torchrun_with_the_env_torchrun_gives(tmp_path):
-    argv, env = launch.rank_launch(1, "llmbench.train.deepspeed_worker", tmp_path / "s.json", tmp_path / "o.json")
+    argv, env = launch.rank_launch(1, "llmbench.train.deepspeed_worker",
+                                   launch.worker_args(tmp_path / "s.json", tmp_path / "o.json"))
     assert argv[1:3] == ["-m", "llmbench.train.deepspeed_worker"] and "torch.distributed.run" not in argv
     assert env["RANK"] == env["LOCAL_RANK"] == "0" and env["WORLD_SIZE"] == "1"
     assert env["MASTER_ADDR"] == "127.0.0.1" and 0 < int(env["MASTER_PORT"]) < 65536
-    argv, env = launch.rank_launch(2, "m", tmp_path / "s.json", tmp_path / "o.json", "--trace-dir", "t")
+    argv, env = launch.rank_launch(2, "m", launch.worker_args(tmp_path / "s.json", tmp_path / "o.json", "--trace-dir", "t"))
     assert argv[1:3] == ["-m", "torch.distributed.run"] and "--nproc-per-node=2" in argv and env == {}
     assert argv[-2:] == ["--trace-dir", "t"]

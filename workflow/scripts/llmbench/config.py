@@ -71,6 +71,9 @@ def _describe(err: jsonschema.ValidationError) -> str:
         return f"{where}: unknown key(s) {', '.join(map(repr, extra))}; allowed keys: {', '.join(allowed)}"
     if err.validator == "enum":
         return f"{where}: {err.instance!r} is not allowed; allowed values: {', '.join(map(repr, err.validator_value))}"
+    if err.validator == "const":  # a value another key rules out (if/then): the schema says why
+        why = err.schema.get("description")
+        return f"{where}: must be {err.validator_value!r} here" + (f": {why}" if why else "")
     if err.validator in ("oneOf", "anyOf") and err.context:
         # the branch of the right type, and within it the deepest error
         same_type = [e for e in err.context if e.validator != "type" or len(e.relative_path) > 0]

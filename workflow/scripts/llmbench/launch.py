@@ -33,7 +33,7 @@ from typing import Any, Iterator
 
 import psutil
 
-from . import provenance, techniques
+from . import forkserver, provenance, techniques
 from .grid import Cell
 from .models import MFU_FORMULA, ModelSpec, flops_per_token
 from .protocol import summarize
@@ -59,6 +59,7 @@ class Outcome:
     reason: str = ""
     result: dict | None = None
     log_tail: str = ""
+    launcher: str = "not started"
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -205,31 +206,73 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def rank_launch(ranks: int, module: str, spec_path: Path, out: Path, *extra: str) -> tuple[list[str], dict[str, str]]:
-    """The argument list that runs ``module`` on ``ranks`` local processes, and the variables
-    it needs besides the worker environment.
+def rank_env(rank: int, ranks: int, master_port: int) -> dict[str, str]:
+    """The variables torchrun --standalone gives a rank of a one-node job."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(ranks),
+            "LOCAL_WORLD_SIZE": str(ranks), "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)}
+
+
+def rank_launch(ranks: int, module: str, args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The argument list that execs ``module`` with ``args`` on ``ranks`` local processes, and
+    the variables it needs besides the worker environment.
 
     Several ranks: torchrun --standalone. One rank: the module itself, with the variables
     torchrun would give its only rank. torchrun's own process (an interpreter importing
     torch, ~2 s of a CPU) bought nothing there, and the embedded default starts ~70 of them."""
-    args = ["-m", module, "--spec", str(spec_path), "--out", str(out), *extra]
     if ranks > 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *args], {}
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    return [sys.executable, *args], env
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+                "-m", module, *args], {}
+    return [sys.executable, "-m", module, *args], rank_env(0, 1, free_port())
 
 
-def run_worker(argv: list[str], *, env: dict[str, str], log: Path, workdir: Path, out: Path,
-               timeout_s: float, mem_cap_gib: float | None = None, label: str = "run") -> Outcome:
-    """Run a worker in its own process group and classify how it ended.
+def worker_args(spec_path: Path, out: Path, *extra: str) -> list[str]:
+    """A worker's arguments (llmbench.train.contract)."""
+    return ["--spec", str(spec_path), "--out", str(out), *extra]
+
+
+def start_ranks(ranks: int, module: str, args: list[str], *, env: dict[str, str], log: Path, workdir: Path,
+                fork_server: bool = False) -> tuple[Any, str]:
+    """Start ``ranks`` processes of worker ``module`` in one new session; returns the process
+    that leads it (Popen or forkserver.Forked) and how it was started.
+
+    ``fork_server`` (forkserver.usable: the platform's key, CPU only, not under Slurm): fork
+    the ranks from a server that has torch, DeepSpeed and transformers imported. If that
+    server cannot be had, the log says why and the ranks are exec'ed as without it."""
+    if fork_server:
+        try:
+            port = free_port()
+            proc = forkserver.launch(module, args, [{**env, **rank_env(r, ranks, port)} for r in range(ranks)],
+                                     cwd=workdir, log=log, server_env=env)
+            _ACTIVE.append(proc)
+            return proc, "fork server"
+        except forkserver.Unavailable as exc:
+            with open(log, "a") as fh:
+                fh.write(f"=== fork server unavailable, exec instead: {exc}\n")
+    argv, rank_vars = rank_launch(ranks, module, args)
+    return start_group(argv, env={**env, **rank_vars}, log=log, cwd=workdir), "exec"
+
+
+def run_worker(ranks: int, module: str, args: list[str], *, env: dict[str, str], log: Path, workdir: Path,
+               out: Path, timeout_s: float, mem_cap_gib: float | None = None, label: str = "run",
+               fork_server: bool = False) -> Outcome:
+    """Run a worker's ranks in their own process group (start_ranks) and classify how it ended.
 
     Contract: the worker writes ``out`` (JSON) on success; a rank that runs out of memory
     may write ``<out>.oom.rank<r>`` with the message.
     """
     with open(log, "a") as fh:
         fh.write(f"\n=== {label}\n")
-    proc = start_group(argv, env=env, log=log, cwd=workdir)
+    proc, launcher = start_ranks(ranks, module, args, env=env, log=log, workdir=workdir, fork_server=fork_server)
+    outcome = _classify(proc, log=log, workdir=workdir, out=out, timeout_s=timeout_s,
+                        mem_cap_gib=mem_cap_gib, label=label)
+    outcome.launcher = launcher
+    return outcome
+
+
+def _classify(proc, *, log: Path, workdir: Path, out: Path, timeout_s: float, mem_cap_gib: float | None,
+              label: str) -> Outcome:
+    """Wait for a started worker (timeout, memory cap) and say how it ended."""
     dog = None
     if mem_cap_gib:
         dog = _Watchdog(proc, mem_cap_gib * 2**30)
@@ -270,11 +313,10 @@ def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int,
     spec_path.write_text(json.dumps(spec, indent=2))
     out = workdir / f"repeat-{index}.json"
     extra = ("--trace-dir", str(keep_dir)) if cell.stage == "profile" and keep_dir else ()
-    argv, rank_env = rank_launch(cell.gpus, WORKERS[cell.backend], spec_path, out, *extra)
-    return run_worker(argv, env={**worker_env(spec["platform"]["env"], threads, cell.gpus), **rank_env},
-                      log=log, workdir=workdir,
+    return run_worker(cell.gpus, WORKERS[cell.backend], worker_args(spec_path, out, *extra),
+                      env=worker_env(spec["platform"]["env"], threads, cell.gpus), log=log, workdir=workdir,
                       out=out, timeout_s=cell.protocol.timeout_s, mem_cap_gib=cell.mem_cap_gib,
-                      label=f"repeat {index}")
+                      label=f"repeat {index}", fork_server=forkserver.usable(spec["platform"]))
 
 
 def _max(values: list[Any]) -> float | None:
@@ -282,8 +324,10 @@ def _max(values: list[Any]) -> float | None:
     return max(vals) if vals else None
 
 
-def provenance_of(spec: dict, results: list[dict], started: str, command: list[str]) -> dict[str, Any]:
-    """A training or profile cell's provenance: the last ok repeat's versions and devices."""
+def provenance_of(spec: dict, results: list[dict], started: str, command: list[str],
+                  launchers: list[str] | None = None) -> dict[str, Any]:
+    """A training or profile cell's provenance: the last ok repeat's versions and devices,
+    and how each repeat was started (exec, or forked from llmbench.forkserver)."""
     return {
         "git": provenance.git_state(),
         "host": provenance.host(),
@@ -294,6 +338,7 @@ def provenance_of(spec: dict, results: list[dict], started: str, command: list[s
         **({"megatron_config": results[-1]["megatron_config"]} if results and "megatron_config" in results[-1] else {}),
         "spec": spec,
         "command": command,
+        "launchers": launchers or [],
         "started": started,
         "finished": datetime.now(timezone.utc).isoformat(),
     }
@@ -304,7 +349,7 @@ def build_record(spec: dict, outcomes: list[Outcome], started: str, command: lis
     cell = Cell.from_dict(spec["cell"])
     results = [o.result for o in outcomes if o.status == "ok"]
     bad = next((o for o in outcomes if o.status != "ok"), None)
-    prov = provenance_of(spec, results, started, command)
+    prov = provenance_of(spec, results, started, command, [o.launcher for o in outcomes])
     if bad is not None:
         return Record(cell=cell.to_dict(), status=bad.status, reason=bad.reason,
                       log_tail=bad.log_tail, provenance=prov)

@@ -35,6 +35,8 @@ class Platform:
     """Dtype training and profile cells compute in: 'bfloat16' (the paper's) or 'float32'."""
     supports_4bit: bool = True
     """bitsandbytes 4-bit (Q, QL) runs on this platform."""
+    fork_server: bool = False
+    """CPU: fork each repeat's ranks from a warm server (llmbench.forkserver), not exec them."""
     env: dict = field(default_factory=dict)
     """Environment variables for every process of a cell."""
     slurm: dict = field(default_factory=dict)

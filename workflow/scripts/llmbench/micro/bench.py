@@ -16,7 +16,8 @@ from pathlib import Path
 
 from .. import provenance
 from ..grid import MicroCell
-from ..launch import rank_launch, run_worker, stop_groups_on_signal, worker_env
+from .. import forkserver
+from ..launch import run_worker, stop_groups_on_signal, worker_args, worker_env
 from ..record import Record, write
 
 WORKER = "llmbench.micro.worker"
@@ -64,10 +65,10 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1) -> Reco
         spec_path, out = workdir / "spec.json", workdir / "result.json"
         spec_path.write_text(json.dumps(spec, indent=2))
         with stop_groups_on_signal():
-            argv, rank_env = rank_launch(cell.gpus, WORKER, spec_path, out)
-            outcome = run_worker(argv, env={**worker_env(env_vars, threads, cell.gpus), **rank_env},
-                                 log=log, workdir=workdir,
-                                 out=out, timeout_s=cell.timeout_s, label=f"{cell.bench} {cell.case}")
+            outcome = run_worker(cell.gpus, WORKER, worker_args(spec_path, out),
+                                 env=worker_env(env_vars, threads, cell.gpus), log=log, workdir=workdir,
+                                 out=out, timeout_s=cell.timeout_s, label=f"{cell.bench} {cell.case}",
+                                 fork_server=forkserver.usable(spec["platform"]))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     rows = (outcome.result or {}).get("rows") or []
@@ -83,6 +84,7 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1) -> Reco
         "env": env_vars,
         "spec": spec,
         "command": [sys.executable, *sys.argv],
+        "launchers": [outcome.launcher],
         "started": started,
         "finished": datetime.now(timezone.utc).isoformat(),
     }

@@ -1,0 +1,134 @@
+"""llmbench.forkserver: ranks forked from a warm server see their own environment, working
+directory and arguments, lead their own session, fail together, stop together, and the
+launcher falls back to exec when no server can start. A light preload (json; torch where
+threads are checked) keeps these fast; the real preload runs in tests/e2e."""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from llmbench import forkserver, launch
+
+FIXTURES = str(Path(__file__).resolve().parents[1] / "fixtures")
+SCRIPTS = str(Path(__file__).resolve().parents[2] / "workflow" / "scripts")
+
+
+def env(**extra):
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([FIXTURES, SCRIPTS]), **extra}
+
+
+def start(tmp_path, ranks=2, preload=("json",), idle_s=30.0, **extra):
+    base = env(**extra)
+    envs = [{**base, **launch.rank_env(r, ranks, 29999)} for r in range(ranks)]
+    log = tmp_path / "run.log"
+    proc = forkserver.launch("fork_probe", ["--out", str(tmp_path)], envs, cwd=tmp_path, log=log,
+                             server_env=base, preload=preload, idle_s=idle_s)
+    return proc, log
+
+
+def ranks_seen(tmp_path, n):
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all((tmp_path / f"rank{r}.json").exists() for r in range(n)):
+        time.sleep(0.05)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+def test_each_rank_gets_its_environment_cwd_arguments_and_the_log(tmp_path):
+    proc, log = start(tmp_path, PROBE_VAR="seen")
+    assert proc.wait(timeout=60) == 0
+    seen = ranks_seen(tmp_path, 2)
+    assert [s["rank"] for s in seen] == [0, 1] and {s["world"] for s in seen} == {"2"}
+    assert {s["probe_var"] for s in seen} == {"seen"} and {s["port"] for s in seen} == {"29999"}
+    assert {s["cwd"] for s in seen} == {str(tmp_path)}
+    assert all(s["argv"] == ["--out", str(tmp_path)] for s in seen)
+    # one new session per repeat, led by the pid the launcher holds; ranks are its members
+    assert all(s["sid"] == s["pgid"] == proc.pid for s in seen) and len({s["pid"] for s in seen}) == 2
+    text = log.read_text()
+    assert "rank 0 says hello" in text and "rank 1 says hello" in text
+
+
+def test_every_repeat_is_a_new_process(tmp_path):
+    pids = set()
+    for i in range(2):
+        d = tmp_path / str(i)
+        d.mkdir()
+        proc, _ = start(d, ranks=1)
+        assert proc.wait(timeout=60) == 0
+        pids.add(ranks_seen(d, 1)[0]["pid"])
+        assert not psutil.pid_exists(proc.pid) or psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE
+    assert len(pids) == 2
+
+
+def test_a_failing_rank_stops_the_others_and_sets_the_exit_code(tmp_path):
+    proc, log = start(tmp_path, PROBE_MODE="fail-rank1")
+    assert proc.wait(timeout=60) == 3  # rank 0 sleeps 600 s unless stopped
+    assert "rank 1" in log.read_text() and "stopping the other ranks" in log.read_text()
+
+
+def test_kill_group_stops_every_rank(tmp_path):
+    proc, _ = start(tmp_path, PROBE_MODE="sleep")
+    pids = [s["pid"] for s in ranks_seen(tmp_path, 2)]
+    launch.kill_group(proc)
+    assert proc.returncode is not None and proc.returncode < 0
+    time.sleep(0.2)
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+def test_wait_times_out_like_popen(tmp_path):
+    import subprocess
+
+    proc, _ = start(tmp_path, ranks=1, PROBE_MODE="sleep")
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.3)
+    launch.kill_group(proc)
+
+
+def test_thread_count_comes_from_the_request_not_the_server(tmp_path):
+    proc, _ = start(tmp_path, ranks=1, preload=("torch",), OMP_NUM_THREADS="2")
+    assert proc.wait(timeout=120) == 0
+    assert ranks_seen(tmp_path, 1)[0]["threads"] == 2  # the server imported torch with 1
+
+
+def test_an_idle_server_exits_and_removes_its_socket(tmp_path):
+    proc, _ = start(tmp_path, ranks=1, preload=("json", "os"), idle_s=0.5)
+    assert proc.wait(timeout=60) == 0
+    path = forkserver.socket_path(forkserver._key(os.sys.executable, ("json", "os"), env()))
+    deadline = time.monotonic() + 20
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not path.exists()
+
+
+def test_a_server_that_cannot_start_is_unavailable_and_the_launcher_execs(tmp_path, monkeypatch):
+    with pytest.raises(forkserver.Unavailable, match="no_such_module"):
+        start(tmp_path, ranks=1, preload=("no_such_module",))
+    # start_ranks falls back to exec and says so in the log
+    monkeypatch.setattr(forkserver, "PRELOAD", ("no_such_module",))
+    out = tmp_path / "x"
+    out.mkdir()
+    proc, how = launch.start_ranks(1, "fork_probe", ["--out", str(out)], env=env(), log=tmp_path / "fb.log",
+                                   workdir=out, fork_server=True)
+    assert how == "exec" and proc.wait(timeout=60) == 0
+    assert "fork server unavailable, exec instead" in (tmp_path / "fb.log").read_text()
+    assert ranks_seen(out, 1)[0]["rank"] == 0
+
+
+def test_gpu_platforms_and_slurm_jobs_exec(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert forkserver.usable({"accelerator": "cpu", "fork_server": True})
+    assert not forkserver.usable({"accelerator": "cpu", "fork_server": False})
+    assert not forkserver.usable({"accelerator": "cuda", "fork_server": True})
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    assert not forkserver.usable({"accelerator": "cpu", "fork_server": True})
+
+
+def test_the_key_ignores_per_rank_and_thread_variables_but_not_import_time_ones():
+    base = {"PYTHONPATH": "x", "HOME": "/root"}
+    k = forkserver._key("py", ("json",), base)
+    assert k == forkserver._key("py", ("json",), {**base, "RANK": "1", "OMP_NUM_THREADS": "2", "FAKE": "y"})
+    assert k != forkserver._key("py", ("json",), {**base, "TORCH_LOGS": "+dynamo"})
+    assert k != forkserver._key("py", ("json",), {**base, "PYTHONPATH": "z"})

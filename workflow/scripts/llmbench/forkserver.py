@@ -1,0 +1,409 @@
+"""Warm start for CPU cells: a fork server that imports torch, DeepSpeed, transformers and
+PEFT once and forks every repeat's ranks from that state.
+
+Why: on the 2-core CPU machines a tiny cell's repeat computes for ~2 s after ~10 s of
+imports (torch ~3 s, transformers' Llama ~5 s, DeepSpeed ~2 s: ``python -X importtime``).
+The embedded default runs ~40 such repeats, so imports were most of its time. A repeat
+forked from a process that has them imported starts its worker in ~0.1 s.
+
+What stays as it was: each repeat is its own process (a fork), in its own session (the
+launcher stops it with ``os.killpg`` as before), with its own environment (``os.environ``
+is replaced by the request's before the worker's code runs; thread counts are applied
+through ``torch.set_num_threads``), its own working directory and log. Ranks are forked
+by a per-repeat leader, which plays torchrun's part: every rank gets RANK, WORLD_SIZE,
+MASTER_ADDR/PORT from the request, and when one rank fails the others are stopped; the
+leader exits with the first failure's code (a rank killed by signal s: 128 + s, as torchrun
+reports it). ``launch.run_worker`` classifies that exit as it classifies a torchrun's.
+
+Where it is used: platforms with ``fork_server: true`` (config/platforms/cpu.yaml), CPU
+only (CUDA must not be initialised in a process that forks; imports are seconds of a GPU
+cell's minutes), and never inside a Slurm job (a job is one cell on a node it does not
+keep). If the server cannot start, the launcher execs the worker as before and says so in
+the log. The record's provenance names the launcher that ran each repeat.
+
+Lifetime: the first launcher that needs a server starts it (its own session, log beside
+the socket) and waits until it has imported everything; later launchers connect. It exits
+after ``IDLE_S`` seconds with no request and no repeat running. The socket's name hashes
+the interpreter, this package's sources, the preload list and the variables an import may
+read (import_env), so an edited checkout, another venv or another TORCH_*/HF_* setting
+never runs in a stale server. Its socket, lock and
+start-up log are in $TMPDIR/llmbench-fork-<uid>/ (mode 0700: the user's only). ``python -m llmbench.forkserver stop`` ends this user's servers
+once they are idle.
+
+Protocol (one JSON line each way over a Unix socket): request ``{"module", "args",
+"envs": [env of rank 0, ...], "cwd", "log"}``, reply ``{"pid": leader}``, then, when the
+leader has exited, ``{"rc": exit code}`` (Popen's convention: -s for a signal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import importlib
+import json
+import os
+import runpy
+import select
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+#: What the server imports before it accepts a request: the heavy libraries a CPU worker
+#: imports before its first step, less Megatron (its CPU stubs patch torch.cuda first, per
+#: process). Not the worker modules themselves: each rank runs its module afresh as
+#: ``__main__`` (runpy), as ``python -m`` would.
+PRELOAD = ("torch", "torch.distributed", "deepspeed", "transformers", "peft",
+           "transformers.models.llama.modeling_llama", "llmbench.train.build", "llmbench.train.adapters")
+IDLE_S = 60.0
+START_TIMEOUT_S = 300.0
+#: returncode of a repeat whose server went away while it ran (its exit code is unknown)
+LOST = -1
+#: variables read at import time: a server is shared only by launchers that agree on them
+IMPORT_ENV = ("PYTHONPATH", "PYTHONHASHSEED", "LD_LIBRARY_PATH", "LD_PRELOAD")
+IMPORT_ENV_PREFIXES = ("TORCH", "PYTORCH", "DS_", "DEEPSPEED", "HF_", "TRANSFORMERS", "PEFT", "BNB_",
+                       "CUDA", "KMP_", "GOMP_", "MALLOC_")
+#: what the server's environment sets whatever the first launcher's says
+SERVER_ENV = {"DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+class Unavailable(RuntimeError):
+    """The fork server could not be started or reached (the launcher execs instead)."""
+
+
+def usable(platform: dict) -> bool:
+    """Whether a repeat on ``platform`` (a cell spec's platform dict) starts from the fork server."""
+    return bool(platform.get("fork_server")) and platform["accelerator"] == "cpu" and "SLURM_JOB_ID" not in os.environ
+
+
+# ---------------------------------------------------------------- client (the launcher)
+
+def import_env(env: dict[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that the preloaded modules may read while importing (the
+    rest, per-rank variables and thread counts included, each rank gets before its worker
+    code runs)."""
+    return {k: v for k, v in env.items() if k in IMPORT_ENV or k.startswith(IMPORT_ENV_PREFIXES)}
+
+
+def _key(python: str, preload: tuple[str, ...], env: dict[str, str]) -> str:
+    pkg = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for part in (python, str(pkg), *preload, json.dumps(import_env(env), sort_keys=True)):
+        h.update(part.encode() + b"\0")
+    for src in sorted(pkg.rglob("*.py")):
+        h.update(str(src.relative_to(pkg)).encode() + b"\0" + src.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def server_dir() -> Path:
+    """This user's servers' sockets, locks and start-up logs (mode 0700)."""
+    path = Path(tempfile.gettempdir()) / f"llmbench-fork-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def socket_path(key: str) -> Path:
+    return server_dir() / f"{key}.sock"
+
+
+class Forked:
+    """A repeat forked by the server: the part of subprocess.Popen the launcher uses
+    (pid, poll, wait, returncode); ``pid`` leads the repeat's process group. Thread-safe
+    (the launcher's memory watchdog polls while the launcher waits)."""
+
+    def __init__(self, sock: socket.socket, pid: int, args: list[str]):
+        self._sock: socket.socket | None = sock
+        self._buf = b""
+        self._lock = threading.Lock()
+        self.pid, self.args, self.returncode = pid, args, None
+
+    def _read(self, timeout: float) -> None:
+        with self._lock:
+            if self.returncode is None:
+                self._read_locked(timeout)
+
+    def _read_locked(self, timeout: float) -> None:
+        if self._sock is None:  # the server went away: all that is left is whether pid lives
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                self.returncode = LOST
+                return
+            time.sleep(min(timeout, 0.1))
+            return
+        ready, _, _ = select.select([self._sock], [], [], timeout)
+        if not ready:
+            return
+        data = self._sock.recv(4096)
+        if not data:
+            self._sock.close()
+            self._sock = None
+            return
+        self._buf += data
+        if b"\n" in self._buf:
+            self.returncode = int(json.loads(self._buf.split(b"\n", 1)[0])["rc"])
+            self._sock.close()
+            self._sock = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._read(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = 0.5 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._read(min(left, 0.1))
+        return self.returncode
+
+
+def _connect(path: Path) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+        return sock
+    except OSError:
+        sock.close()
+        return None
+
+
+def _ensure_server(path: Path, python: str, preload: tuple[str, ...], env: dict[str, str],
+                   start_timeout_s: float, idle_s: float) -> socket.socket:
+    sock = _connect(path)
+    if sock is not None:
+        return sock
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one launcher starts it; the others wait here
+        sock = _connect(path)
+        if sock is not None:
+            return sock
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a dead server's socket
+        log = path.with_suffix(".log")
+        with open(log, "w") as fh:
+            server = subprocess.Popen(
+                [python, "-m", "llmbench.forkserver", "serve", "--socket", str(path),
+                 "--preload", ",".join(preload), "--idle-s", str(idle_s)],
+                env={**env, **SERVER_ENV}, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                cwd="/", start_new_session=True)
+        deadline = time.monotonic() + start_timeout_s
+        while time.monotonic() < deadline:
+            sock = _connect(path)
+            if sock is not None:
+                return sock
+            if server.poll() is not None:
+                raise Unavailable(f"the fork server exited with code {server.returncode} while starting: "
+                                  f"{log.read_text(errors='replace')[-1500:]}")
+            time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        raise Unavailable(f"the fork server did not start within {start_timeout_s:g} s (log: {log})")
+
+
+def launch(module: str, args: list[str], envs: list[dict[str, str]], *, cwd: Path, log: Path,
+           server_env: dict[str, str], python: str = sys.executable, preload: tuple[str, ...] | None = None,
+           start_timeout_s: float = START_TIMEOUT_S, idle_s: float = IDLE_S) -> Forked:
+    """Fork ``python -m module args`` once per environment in ``envs`` (one per rank) from a
+    warm server, all in one new session; output appended to ``log``. ``server_env``: the
+    environment a new server starts with (its import_env part of the server's key); a new
+    server exits after ``idle_s`` without work."""
+    preload = tuple(PRELOAD if preload is None else preload)
+    path = socket_path(_key(python, preload, server_env))
+    sock = _ensure_server(path, python, preload, server_env, start_timeout_s, idle_s)
+    try:
+        request = {"module": module, "args": list(args), "envs": envs, "cwd": str(cwd), "log": str(log)}
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        sock.settimeout(30)
+        line = sock.makefile("rb").readline()
+        sock.settimeout(None)
+        reply = json.loads(line) if line else {"error": "the server closed the connection"}
+    except (OSError, ValueError) as exc:
+        sock.close()
+        raise Unavailable(f"fork server request failed: {exc}") from exc
+    if "pid" not in reply:
+        sock.close()
+        raise Unavailable(f"fork server refused the request: {reply.get('error')}")
+    return Forked(sock, int(reply["pid"]), [module, *args])
+
+
+def stop_all() -> int:
+    """Ask every fork server of this user to exit once idle; returns how many were asked."""
+    asked = 0
+    for path in server_dir().glob("*.sock"):
+        sock = _connect(path)
+        if sock is None:
+            continue
+        with sock:
+            sock.sendall(b'{"stop": true}\n')
+            asked += 1
+    return asked
+
+
+# ---------------------------------------------------------------- server
+
+def _exit_code(status: int) -> int:
+    """A wait status as Popen's returncode (-s for signal s)."""
+    return os.waitstatus_to_exitcode(status)
+
+
+def _rank(module: str, args: list[str], env: dict[str, str]) -> int:
+    """Become one rank: the request's environment and thread count, then the module as
+    ``python -m`` runs it. Returns its exit code."""
+    os.environ.clear()
+    os.environ.update(env)
+    threads = env.get("OMP_NUM_THREADS")
+    if threads and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(threads))
+    sys.argv = [module, *args]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return 0
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - print as python would, exit 1
+        traceback.print_exc()
+        return 1
+
+
+def _lead(request: dict) -> int:
+    """The repeat's leader (session leader, its process group's id): fork the ranks, wait,
+    stop the others when one fails; exit with the first failure's code (signal s: 128 + s)."""
+    pids = []
+    for env in request["envs"]:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _rank(request["module"], request["args"], env)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        pids.append(pid)
+    first, pending = 0, set(pids)
+    while pending:
+        pid, status = os.wait()
+        pending.discard(pid)
+        code = _exit_code(status)
+        code = 128 - code if code < 0 else code
+        if code and not first:
+            first = code
+            print(f"[fork server] rank {pids.index(pid)} (pid {pid}) exited with code {code}; "
+                  f"stopping the other ranks", flush=True)
+            for other in pending:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(other, signal.SIGTERM)
+    return first
+
+
+def _fork_repeat(request: dict, close: list) -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        for s in close:
+            s.close()
+        os.setsid()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        fd = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        os.chdir(request["cwd"])
+        code = _lead(request)
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def serve(path: Path, preload: list[str], idle_s: float) -> None:
+    started = time.monotonic()
+    for name in preload:
+        importlib.import_module(name)
+    print(f"[fork server] imported {len(preload)} modules in {time.monotonic() - started:.1f} s; "
+          f"serving on {path}", flush=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    tmp = Path(f"{path}.{os.getpid()}.tmp")
+    listener.bind(str(tmp))
+    os.chmod(tmp, 0o600)
+    listener.listen(64)
+    os.replace(tmp, path)  # connectable only now, once everything is imported
+    ino = path.stat().st_ino
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ)
+    children: dict[int, socket.socket] = {}
+    last, stopping = time.monotonic(), False
+    while True:
+        for _key_, _ in sel.select(timeout=0.05):
+            conn, _ = listener.accept()
+            try:
+                conn.settimeout(10)
+                line = conn.makefile("rb").readline()
+                request = json.loads(line)
+                if request.get("stop"):
+                    stopping = True
+                    conn.close()
+                    continue
+                pid = _fork_repeat(request, [listener, *children.values()])
+                conn.settimeout(None)
+                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+                children[pid] = conn
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                with contextlib.suppress(OSError):
+                    conn.sendall(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode() + b"\n")
+                conn.close()
+            last = time.monotonic()
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            conn = children.pop(pid, None)
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.sendall(json.dumps({"rc": _exit_code(status)}).encode() + b"\n")
+                conn.close()
+            last = time.monotonic()
+        if not children and (stopping or time.monotonic() - last > idle_s):
+            break
+    with contextlib.suppress(OSError):
+        if path.stat().st_ino == ino:  # not a successor's socket
+            path.unlink()
+            path.with_suffix(".log").unlink()  # kept only when a server failed to start
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run a server (launchers start it themselves)")
+    s.add_argument("--socket", required=True, type=Path)
+    s.add_argument("--preload", default=",".join(PRELOAD), help="comma-separated modules to import first")
+    s.add_argument("--idle-s", type=float, default=IDLE_S)
+    sub.add_parser("stop", help="ask this user's servers to exit once idle")
+    args = ap.parse_args(argv)
+    if args.command == "stop":
+        print(f"asked {stop_all()} fork server(s) to stop")
+        return 0
+    serve(args.socket, [m for m in args.preload.split(",") if m], args.idle_s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

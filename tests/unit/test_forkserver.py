@@ -132,3 +132,33 @@ def test_the_key_ignores_per_rank_and_thread_variables_but_not_import_time_ones(
     assert k == forkserver._key("py", ("json",), {**base, "RANK": "1", "OMP_NUM_THREADS": "2", "FAKE": "y"})
     assert k != forkserver._key("py", ("json",), {**base, "TORCH_LOGS": "+dynamo"})
     assert k != forkserver._key("py", ("json",), {**base, "PYTHONPATH": "z"})
+
+
+def test_a_server_folder_others_can_write_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(forkserver.tempfile, "gettempdir", lambda: str(tmp_path))
+    shared = tmp_path / f"llmbench-fork-{os.getuid()}"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(forkserver.Unavailable, match="not this user's alone"):
+        start(tmp_path, ranks=1)
+    assert forkserver.stop_all() == 0
+
+
+def test_relative_paths_are_the_launchers_not_the_servers(tmp_path, monkeypatch):
+    """Snakemake hands the launcher paths relative to the workflow's folder; the server runs
+    in /. (The first fresh-clone run of the default grid failed every cell this way.)"""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "w").mkdir()
+    base = env()
+    proc = forkserver.launch("fork_probe", ["--out", "."], [{**base, **launch.rank_env(0, 1, 29999)}],
+                             cwd=Path("w"), log=Path("run.log"), server_env=base, preload=("json",), idle_s=30)
+    assert proc.wait(timeout=60) == 0
+    assert "rank 0 says hello" in (tmp_path / "run.log").read_text()
+    assert ranks_seen(tmp_path / "w", 1)[0]["cwd"] == str(tmp_path / "w")
+
+
+def test_a_request_the_server_cannot_start_is_refused_with_the_reason(tmp_path):
+    base = env()
+    with pytest.raises(forkserver.Unavailable, match="a folder"):
+        forkserver.launch("fork_probe", ["--out", "."], [{**base, **launch.rank_env(0, 1, 29999)}],
+                          cwd=tmp_path / "missing", log=tmp_path / "run.log", server_env=base, preload=("json",))

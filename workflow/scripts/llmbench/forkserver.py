@@ -107,6 +107,9 @@ def server_dir() -> Path:
     """This user's servers' sockets, locks and start-up logs (mode 0700)."""
     path = Path(tempfile.gettempdir()) / f"llmbench-fork-{os.getuid()}"
     path.mkdir(mode=0o700, exist_ok=True)
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:  # whoever can write here can run code as us
+        raise Unavailable(f"{path} is not this user's alone (owner uid {st.st_uid}, mode {st.st_mode & 0o777:o})")
     return path
 
 
@@ -222,7 +225,9 @@ def launch(module: str, args: list[str], envs: list[dict[str, str]], *, cwd: Pat
     path = socket_path(_key(python, preload, server_env))
     sock = _ensure_server(path, python, preload, server_env, start_timeout_s, idle_s)
     try:
-        request = {"module": module, "args": list(args), "envs": envs, "cwd": str(cwd), "log": str(log)}
+        # absolute: the server's working directory is not the launcher's
+        request = {"module": module, "args": list(args), "envs": envs, "cwd": str(Path(cwd).absolute()),
+                   "log": str(Path(log).absolute())}
         sock.sendall(json.dumps(request).encode() + b"\n")
         sock.settimeout(30)
         line = sock.makefile("rb").readline()
@@ -240,7 +245,11 @@ def launch(module: str, args: list[str], envs: list[dict[str, str]], *, cwd: Pat
 def stop_all() -> int:
     """Ask every fork server of this user to exit once idle; returns how many were asked."""
     asked = 0
-    for path in server_dir().glob("*.sock"):
+    try:
+        paths = list(server_dir().glob("*.sock"))
+    except Unavailable:
+        return 0
+    for path in paths:
         sock = _connect(path)
         if sock is None:
             continue
@@ -308,22 +317,27 @@ def _lead(request: dict) -> int:
 
 
 def _fork_repeat(request: dict, close: list) -> int:
+    """Fork the repeat's leader; what can fail before its output goes to the cell's log (the
+    log itself, the working directory) fails here, as the reply to the launcher."""
+    if not os.path.isabs(request["log"]) or not os.path.isdir(request["cwd"]):
+        raise ValueError(f"log {request['log']!r} must be absolute and cwd {request['cwd']!r} a folder")
+    fd = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid:
+        os.close(fd)
         return pid
     code = 1
     try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
         for s in close:
             s.close()
         os.setsid()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
-        fd = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
         os.chdir(request["cwd"])
         code = _lead(request)
     except BaseException:  # noqa: BLE001

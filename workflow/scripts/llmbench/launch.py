@@ -4,7 +4,9 @@ Each repeat runs ``torchrun --standalone --nproc-per-node <gpus> -m <worker>`` (
 ``python -m <worker>`` with the environment torchrun gives a rank, see ``rank_launch``) in a
 new session, so the whole group (torchrun and every rank) can be stopped together: on a
 timeout, on a per-rank memory cap, or when this process is told to stop (Snakemake
-cancelling the job, Ctrl-C). Status is data:
+cancelling the job, Ctrl-C). On a platform with ``fork_server`` (the CPU's) the ranks are
+forked instead from a server that has the heavy imports done (llmbench.forkserver), in a
+new session too, with the same classification (start_ranks). Status is data:
   ok       every repeat wrote its result
   oom      a rank reported an out-of-memory error, exceeded the cell's mem_cap_gib
            (killed by the watchdog) or was killed by SIGKILL (the kernel's OOM killer)

@@ -7,6 +7,7 @@ Every error is a ConfigError whose message names the file, the key path (e.g.
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,11 @@ def load_yaml(path: Path) -> Any:
         raise ConfigError(f"{path}: malformed YAML: {exc}") from None
 
 
-def _schema(name: str) -> dict:
-    return load_yaml(SCHEMA_DIR / f"{name}.schema.yaml")
+@functools.lru_cache(maxsize=None)
+def _validator(name: str):
+    """The validator of workflow/schemas/<name>.schema.yaml, parsed once per process (the
+    paper grid validates ~600 platform and model files against two schemas)."""
+    return _Validator(load_yaml(SCHEMA_DIR / f"{name}.schema.yaml"))
 
 
 def _with_defaults(validator_cls):
@@ -84,7 +88,7 @@ def _describe(err: jsonschema.ValidationError) -> str:
 
 def validate(instance: Any, schema_name: str, source: str) -> Any:
     """Validate (and fill defaults into) ``instance``; raise ConfigError listing every problem."""
-    errors = sorted(_Validator(_schema(schema_name)).iter_errors(instance), key=lambda e: list(map(str, e.absolute_path)))
+    errors = sorted(_validator(schema_name).iter_errors(instance), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         lines = "\n  ".join(_describe(e) for e in errors)
         raise ConfigError(f"{source}: invalid {schema_name} config:\n  {lines}")

@@ -307,6 +307,20 @@ class Grid:
     """Interpreter of each serving engine's environment (absent: the workflow's own)."""
     searches: list[Search] = field(default_factory=list)
     """Max-batch searches; the cells they measure are known only once they ran."""
+    _indexed: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    """find's index of cells and how many cells it covers."""
+
+    def platform(self, name: str, root: Path) -> Platform:
+        """config/platforms/<name>.yaml, loaded and validated once per grid."""
+        if name not in self.platforms:
+            self.platforms[name] = Platform.load(name, root)
+        return self.platforms[name]
+
+    def model(self, name: str, root: Path) -> ModelSpec:
+        """config/models/<name>.yaml, loaded and validated once per grid."""
+        if name not in self.models:
+            self.models[name] = ModelSpec.load(name, root)
+        return self.models[name]
 
     def by_path(self) -> dict[str, Cell | ServeCell | MicroCell]:
         """Record path -> Cell."""
@@ -316,14 +330,28 @@ class Grid:
         """The cell whose path fields equal ``key`` (values compared as strings; a serving
         cell's path has no stage field, so it may be left out)."""
         want = {k: str(v) for k, v in key.items() if k in WILDCARD_CONSTRAINTS}
-        for c in self.cells:
-            have = {k: str(v) for k, v in c.key.items()}
-            if set(have) - set(want) <= {"stage"} and all(have.get(k) == v for k, v in want.items()):
-                return c
+        wanted = frozenset(want.items())
+        for index in self._index():  # exact fields first, then fields less the stage
+            if wanted in index:
+                return index[wanted]
         if "batch_size" in want:  # the cell a search measures at the batch it found
             search = self.find_search(**want)
             return search.measured(int(want["batch_size"]))
         raise KeyError(f"no cell with {want}")
+
+    def _index(self) -> tuple[dict[frozenset, Any], dict[frozenset, Any]]:
+        """Cells by their path fields (as strings), and by those less ``stage``: Snakemake
+        asks ``find`` once per job and rule function (~1,200 times for the paper grid)."""
+        size = len(self.cells)
+        if self._indexed is None or self._indexed[1] != size:  # cells are appended while expanding
+            full: dict[frozenset, Any] = {}
+            bare: dict[frozenset, Any] = {}
+            for c in self.cells:
+                have = {k: str(v) for k, v in c.key.items()}
+                full.setdefault(frozenset(have.items()), c)
+                bare.setdefault(frozenset((k, v) for k, v in have.items() if k != "stage"), c)
+            self._indexed = ((full, bare), size)
+        return self._indexed[0]
 
     def find_search(self, **key: Any) -> Search:
         """The search whose path fields equal ``key`` (other keys ignored)."""
@@ -506,13 +534,13 @@ def expand(config: dict[str, Any], root: Path = REPO_ROOT, source: str = "config
             for plat_name in block["platforms"]:
                 if only is not None and plat_name not in only:
                     continue
-                platform = grid.platforms.setdefault(plat_name, Platform.load(plat_name, root))
+                platform = grid.platform(plat_name, root)
                 gpu_counts = _gpu_counts(block["gpus"], platform, f"{where}.gpus")
                 for model_name, tech, gpus in itertools.product(block["models"], names, gpu_counts):
                     if techniques.parse(tech).quant4 and not platform.supports_4bit:
                         raise ConfigError(f"{where}: technique {tech!r} needs bitsandbytes 4-bit, which "
                                           f"platform {plat_name!r} does not support (supports_4bit: false)")
-                    model = grid.models.setdefault(model_name, ModelSpec.load(model_name, root))
+                    model = grid.model(model_name, root)
                     gpus_key = f"{where}.gpus" + (f"[{block['gpus'].index(gpus)}]" if isinstance(block["gpus"], list) else "")
                     parallel = _parallel(block, where, backend, model, gpus, gpus_key)
                     if search is not None:
@@ -576,7 +604,7 @@ def _serve_cells(config: dict[str, Any], grid: Grid, root: Path, seen: dict[str,
             for plat_name in block["platforms"]:
                 if only is not None and plat_name not in only:
                     continue
-                platform = grid.platforms.setdefault(plat_name, Platform.load(plat_name, root))
+                platform = grid.platform(plat_name, root)
                 if platform.accelerator not in engine.accelerators:
                     raise ConfigError(
                         f"{where}.engines[{e}]: engine {engine_name!r} runs on {' or '.join(engine.accelerators)}, "
@@ -585,7 +613,7 @@ def _serve_cells(config: dict[str, Any], grid: Grid, root: Path, seen: dict[str,
                 if gpus > 1 and not engine.tensor_parallel:
                     raise ConfigError(f"{where}.gpus: engine {engine_name!r} has no tensor parallelism; use gpus: 1")
                 for model_name, (load_name, load) in itertools.product(block["models"], block["loads"].items()):
-                    grid.models.setdefault(model_name, ModelSpec.load(model_name, root))
+                    grid.model(model_name, root)
                     cell = ServeCell(
                         platform=plat_name, model=model_name, engine=engine_name, load=load_name, gpus=gpus,
                         load_spec=dict(load), weights=block["weights"],
@@ -615,7 +643,7 @@ def _micro_cells(config: dict[str, Any], grid: Grid, root: Path, seen: dict[str,
         for plat_name in block["platforms"]:
             if only is not None and plat_name not in only:
                 continue
-            platform = grid.platforms.setdefault(plat_name, Platform.load(plat_name, root))
+            platform = grid.platform(plat_name, root)
             common = dict(platform=plat_name, warmup=block["warmup"], iters=block["iters"], timeout_s=block["timeout_s"])
             cells = []
             gemm = block.get("gemm")

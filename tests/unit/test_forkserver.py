@@ -162,3 +162,14 @@ def test_a_request_the_server_cannot_start_is_refused_with_the_reason(tmp_path):
     with pytest.raises(forkserver.Unavailable, match="a folder"):
         forkserver.launch("fork_probe", ["--out", "."], [{**base, **launch.rank_env(0, 1, 29999)}],
                           cwd=tmp_path / "missing", log=tmp_path / "run.log", server_env=base, preload=("json",))
+
+
+def test_stop_asks_an_idle_server_to_exit_now(tmp_path):
+    proc, _ = start(tmp_path, ranks=1, preload=("json", "sys"), idle_s=600)
+    assert proc.wait(timeout=60) == 0
+    path = forkserver.socket_path(forkserver._key(os.sys.executable, ("json", "sys"), env()))
+    assert path.exists() and forkserver.stop_all() >= 1
+    deadline = time.monotonic() + 20
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not path.exists()  # well before its 600 s of idleness

@@ -261,11 +261,6 @@ def stop_all() -> int:
 
 # ---------------------------------------------------------------- server
 
-def _exit_code(status: int) -> int:
-    """A wait status as Popen's returncode (-s for signal s)."""
-    return os.waitstatus_to_exitcode(status)
-
-
 def _rank(module: str, args: list[str], env: dict[str, str]) -> int:
     """Become one rank: the request's environment and thread count, then the module as
     ``python -m`` runs it. Returns its exit code."""
@@ -304,8 +299,8 @@ def _lead(request: dict) -> int:
     while pending:
         pid, status = os.wait()
         pending.discard(pid)
-        code = _exit_code(status)
-        code = 128 - code if code < 0 else code
+        code = os.waitstatus_to_exitcode(status)
+        code = 128 - code if code < 0 else code  # killed by signal s: 128 + s, as torchrun says
         if code and not first:
             first = code
             print(f"[fork server] rank {pids.index(pid)} (pid {pid}) exited with code {code}; "
@@ -366,7 +361,7 @@ def serve(path: Path, preload: list[str], idle_s: float) -> None:
     children: dict[int, socket.socket] = {}
     last, stopping = time.monotonic(), False
     while True:
-        for _key_, _ in sel.select(timeout=0.05):
+        for _ in sel.select(timeout=0.05):
             conn, _ = listener.accept()
             try:
                 conn.settimeout(10)
@@ -392,7 +387,7 @@ def serve(path: Path, preload: list[str], idle_s: float) -> None:
             conn = children.pop(pid, None)
             if conn is not None:
                 with contextlib.suppress(OSError):
-                    conn.sendall(json.dumps({"rc": _exit_code(status)}).encode() + b"\n")
+                    conn.sendall(json.dumps({"rc": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
                 conn.close()
             last = time.monotonic()
         if not children and (stopping or time.monotonic() - last > idle_s):

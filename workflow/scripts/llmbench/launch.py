@@ -326,10 +326,10 @@ def _max(values: list[Any]) -> float | None:
     return max(vals) if vals else None
 
 
-def provenance_of(spec: dict, results: list[dict], started: str, command: list[str],
-                  launchers: list[str] | None = None) -> dict[str, Any]:
+def provenance_of(spec: dict, outcomes: list[Outcome], started: str, command: list[str]) -> dict[str, Any]:
     """A training or profile cell's provenance: the last ok repeat's versions and devices,
     and how each repeat was started (exec, or forked from llmbench.forkserver)."""
+    results = [o.result for o in outcomes if o.status == "ok"]
     return {
         "git": provenance.git_state(),
         "host": provenance.host(),
@@ -340,7 +340,7 @@ def provenance_of(spec: dict, results: list[dict], started: str, command: list[s
         **({"megatron_config": results[-1]["megatron_config"]} if results and "megatron_config" in results[-1] else {}),
         "spec": spec,
         "command": command,
-        "launchers": launchers or [],
+        "launchers": [o.launcher for o in outcomes],
         "started": started,
         "finished": datetime.now(timezone.utc).isoformat(),
     }
@@ -351,7 +351,7 @@ def build_record(spec: dict, outcomes: list[Outcome], started: str, command: lis
     cell = Cell.from_dict(spec["cell"])
     results = [o.result for o in outcomes if o.status == "ok"]
     bad = next((o for o in outcomes if o.status != "ok"), None)
-    prov = provenance_of(spec, results, started, command, [o.launcher for o in outcomes])
+    prov = provenance_of(spec, outcomes, started, command)
     if bad is not None:
         return Record(cell=cell.to_dict(), status=bad.status, reason=bad.reason,
                       log_tail=bad.log_tail, provenance=prov)

@@ -14,9 +14,8 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import provenance
+from .. import forkserver, provenance
 from ..grid import MicroCell
-from .. import forkserver
 from ..launch import run_worker, stop_groups_on_signal, worker_args, worker_env
 from ..record import Record, write
 

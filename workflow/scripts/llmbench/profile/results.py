@@ -38,7 +38,7 @@ def build_record(spec: dict, outcomes: list[Outcome], started: str, command: lis
     """Aggregate a profile cell's repeat outcomes into its Record."""
     cell = Cell.from_dict(spec["cell"])
     results = [o.result for o in outcomes if o.status == "ok"]
-    prov = provenance_of(spec, results, started, command, [o.launcher for o in outcomes])
+    prov = provenance_of(spec, outcomes, started, command)
     bad = next((o for o in outcomes if o.status != "ok"), None)
     if bad is not None:
         return Record(cell=cell.to_dict(), status=bad.status, reason=bad.reason, log_tail=bad.log_tail,

@@ -12,6 +12,9 @@
 #   python3 -m snakemake pretrain --configfile config/gpu-h100.yaml --cores 16 --resources gpu_slots=1
 #
 # SERVING=1 adds `transformers serve`'s and LightLLM's wheels (see below).
+# FIGURES=1 adds altair and vl-convert (SVG/PNG export, 33 MB) so the figures build there
+# too; without it, build the tables there and the figures where the records are copied to
+# (`snakemake figures --config results_dir=<copied folder>`), as the reference runs did.
 # SLIM_BNB=1 keeps only bitsandbytes' CUDA 13.0 and CPU libraries (43 MB -> 3.6 MB; the
 # GPU machines have torch cu130): only for a transfer limit, never for a shared cluster.
 # pulp (16 MB, Snakemake's ILP scheduler) is left out: run with --scheduler greedy.
@@ -63,6 +66,11 @@ if [[ "${SERVING:-0}" == 1 ]]; then
     #       > .venv-lightllm/bin/python && chmod +x .venv-lightllm/bin/python   # engine_python of gpu-h100-serve.yaml
     fetch "$out/lightllm" lightllm==0.0.1 rpyc plumbum pyzmq fastapi==0.115.12 starlette==0.46.2 uvicorn==0.27.1 \
         uvloop==0.19.0
+fi
+if [[ "${FIGURES:-0}" == 1 ]]; then
+    # the figure rule's closure beyond a CUDA PyTorch image (jinja2, packaging and
+    # typing-extensions come with torch; jsonschema is above)
+    fetch "$out" altair==6.3.0 narwhals==2.29.0 vl-convert-python==1.9.0.post1
 fi
 if [[ "${SLIM_BNB:-0}" == 1 ]]; then
     whl=$(ls "$out"/bitsandbytes-*.whl)

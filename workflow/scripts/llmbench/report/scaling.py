@@ -24,6 +24,8 @@ COLUMNS = KEY + ["gpus", "tokens_per_s", "ideal_tokens_per_s", "efficiency_pct",
 def build(tidy: pd.DataFrame, root: Path | None = None) -> pd.DataFrame:
     """One row per GPU count of every training cell run on two or more counts."""
     ok = tidy[tidy["stage"].isin(["pretrain", "finetune"]) & (tidy["status"] == "ok")]
+    # integers again: the tidy table's other stages (micro, serve) leave these columns NaN
+    ok = ok.astype({"batch_size": "int64", "gpus": "int64"})
     out = []
     for key, grp in ok.groupby(KEY, sort=True, dropna=False):
         if grp["gpus"].nunique() < 2:

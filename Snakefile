@@ -15,6 +15,7 @@
 #   tables/records.{csv,parquet}         the tidy table of every Record
 #   tables/requests.parquet              one row per measured request of every serving cell
 #   tables/{table2,table3,table4,table9}.{csv,md}  the paper's layouts, ours beside the published values
+#   tables/*.html                        every .md table as a page of the report (snakemake --report)
 #   tables/serving.{csv,md}              throughput and TTFT/TPOT/ITL/latency percentiles per cell
 #   tables/scaling.{csv,md}              Fig. 4: tokens/s and efficiency per GPU count
 #   tables/micro.parquet                 one row per measured microbenchmark point
@@ -32,6 +33,10 @@ min_version("9.0")
 
 
 configfile: "config/config.yaml"
+
+
+# `snakemake --report results/report.html`: every table and figure in one offline page
+report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
@@ -56,6 +61,7 @@ localrules:
     build_scaling_table,
     build_search_table,
     plot_figure,
+    render_report_tables,
     finetune,
     serve,
     micro,

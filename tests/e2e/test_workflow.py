@@ -8,6 +8,7 @@ Tests in this module run in order on one workspace (the first one runs the grid)
 
 from __future__ import annotations
 
+import html
 import json
 import math
 
@@ -21,6 +22,11 @@ from conftest import record_mtimes, snakemake
 pytestmark = pytest.mark.e2e
 
 OOM_CELL = "results/runs/pretrain/cpu/tiny/deepspeed/Naive/bs64-g1/record.json"
+FIGURES = ("pretrain", "finetune", "serve-throughput", "serve-latency-cdf", "micro-gemm", "micro-memcpy",
+           "micro-collectives", "profile-modules", "profile-serve", "profile-comm", "scaling")
+TABLES = ("table2", "table3", "table4", "table9", "serving", "scaling", "search", "micro-gemm", "micro-memcpy",
+          "micro-collectives", "table12", "profile-phases", "profile-modules", "profile-attention",
+          "profile-serve", "profile-comm")
 
 
 def training_records(workspace):
@@ -102,10 +108,24 @@ def test_default_grid_runs_end_to_end(workspace):
     best = naive_ok.loc[naive_ok["tokens_per_s_mean"].idxmax()]
     row = t4[(t4.technique == "Naive") & (t4.platform == "cpu")].iloc[0]
     assert (row.batch_size, row.tokens_per_s) == (best.batch_size, pytest.approx(best.tokens_per_s_mean))
-    for fig in ("pretrain", "finetune", "serve-throughput", "serve-latency-cdf", "micro-gemm", "micro-memcpy",
-                "micro-collectives", "profile-modules", "profile-serve", "profile-comm", "scaling"):
+    for fig in FIGURES:
         assert "cdn.jsdelivr" not in (workspace / f"results/figures/{fig}.html").read_text()
         assert (workspace / f"results/figures/{fig}.png").stat().st_size > 0
+
+
+def test_report_has_every_table_and_figure(workspace):
+    """`snakemake --report` (the end of `make run`): one self-contained page with each table
+    (its HTML page, built by the default target) and each figure (SVG)."""
+    for table in TABLES:
+        page = (workspace / f"results/tables/{table}.html").read_text()
+        md_title = (workspace / f"results/tables/{table}.md").read_text().splitlines()[0].lstrip("# ")
+        assert md_title and f"<h3>{md_title}" in html.unescape(page), table
+    res = snakemake(workspace, "--report", "results/report.html")
+    assert res.returncode == 0, res.stderr[-4000:]
+    report = (workspace / "results/report.html").read_text()
+    for name in [f"{t}.html" for t in TABLES] + [f"{f}.svg" for f in FIGURES]:
+        assert f'"name": "{name}"' in report, name
+    assert "<script src=" not in report  # everything inline: it opens offline
 
 
 def test_max_batch_search_finds_the_largest_batch_under_a_real_memory_cap(workspace):

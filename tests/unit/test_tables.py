@@ -68,6 +68,61 @@ def test_table3_beside_paper(table):
     assert "h100 tok/s" in md and "llama2-13b" not in md
 
 
+def test_report_page_of_a_paper_table_keeps_every_cell(table):
+    """The report's HTML page of a table has its title, each row's cells in order (OOM '-'
+    and empty cells kept), its note, and escapes what HTML would read as markup."""
+    from html.parser import HTMLParser
+
+    from llmbench.report import markdown
+
+    md = paper_tables.markdown(paper_tables.build(table, "table3"), "Table III", with_bs=False)
+    md += "\nnote with <b>markup</b> & a `code` span\n"
+
+    class Rows(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.rows, self.tags, self.cell = [], [], None
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append(tag)
+            if tag == "tr":
+                self.rows.append([])
+            elif tag in ("td", "th"):
+                self.cell = ""
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th"):
+                self.rows[-1].append(self.cell)
+                self.cell = None
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell += data
+
+    page = markdown.to_html(md)
+    parsed = Rows()
+    parsed.feed(page)
+    table_lines = [line for line in md.splitlines() if line.startswith("|")]
+    expected = [[c.strip() for c in line.strip()[1:-1].split("|")] for line in table_lines]
+    assert parsed.rows == [expected[0]] + expected[2:]  # the separator row is not a row
+    assert "<title>Table III" in page and "<h3>Table III" in page
+    assert "&lt;b&gt;markup&lt;/b&gt; &amp; a <code>code</code> span" in page and "b" not in parsed.tags
+
+
+def test_scaling_table_prints_batch_sizes_as_integers():
+    """A tidy table with micro or serving rows has NaN batch sizes, so the column is float
+    there; Fig. 4's table still says batch 2, not 2.0 (the default grid printed 2.0)."""
+    from llmbench.report import scaling
+
+    base = dict(stage="pretrain", platform="cpu", model="tiny", backend="deepspeed", layout=None,
+                technique="Q", batch_size=2.0, status="ok")
+    tidy = pd.DataFrame([{**base, "gpus": 1.0, "tokens_per_s_mean": 1000.0},
+                         {**base, "gpus": 2.0, "tokens_per_s_mean": 1900.0},
+                         {**base, "stage": "micro", "batch_size": None, "gpus": 1.0, "tokens_per_s_mean": None}])
+    md = scaling.markdown(scaling.build(tidy))
+    assert "| cpu | tiny | pretrain | Q | 2 | 2 | 1,900.0 | 2,000.0 | 95.0 |" in md
+
+
 def test_table4_picks_best_batch(table):
     long = paper_tables.build(table, "table4")
     f_z3 = long[(long.technique == "F+Z3") & (long.platform == "a800")].iloc[0]

@@ -26,6 +26,19 @@ FIGURES = ["pretrain", "finetune", "serve-throughput", "serve-latency-cdf", "mic
            "micro-collectives", "profile-modules", "profile-serve", "profile-comm", "scaling"]
 MICRO_TABLES = ["micro-gemm", "micro-memcpy", "micro-collectives", "table12"]
 PROFILE_TABLES = ["profile-phases", "profile-modules", "profile-attention", "profile-serve", "profile-comm"]
+OTHER_TABLES = ["serving", "scaling", "search"]
+REPORT_TABLES = PAPER_TABLES + OTHER_TABLES + MICRO_TABLES + PROFILE_TABLES
+# `snakemake --report`: each table (as HTML) and figure (SVG) under the part of the paper it belongs to
+REPORT_SECTIONS = {
+    "Pre-training (Tables II-IV, Fig. 4)": ["table2", "table3", "table4", "scaling", "search", "pretrain"],
+    "Fine-tuning (Table IX)": ["table9", "finetune"],
+    "Serving (Figs. 6-10)": ["serving", "serve-throughput", "serve-latency-cdf"],
+    "Microbenchmarks (Figs. 11-15, Table XII)": MICRO_TABLES + ["micro-gemm", "micro-memcpy", "micro-collectives"],
+    "Profiles (Tables V-VIII, X, XI, XIII-XVI, Fig. 5)": PROFILE_TABLES + ["profile-modules", "profile-serve", "profile-comm"],
+}
+SECTION_OF = {name: section for section, names in REPORT_SECTIONS.items() for name in names}
+if set(SECTION_OF) != set(REPORT_TABLES + FIGURES):
+    raise WorkflowError(f"REPORT_SECTIONS must place every table and figure (and nothing else): {sorted(set(SECTION_OF) ^ set(REPORT_TABLES + FIGURES))}")
 
 
 wildcard_constraints:
@@ -66,9 +79,10 @@ def table_targets():
         [f"{R}/tables/records.csv", f"{R}/tables/records.parquet", f"{R}/tables/requests.parquet",
          f"{R}/tables/micro.parquet", f"{R}/tables/profile.parquet"]
         + [f"{R}/tables/{t}.{ext}" for t in PAPER_TABLES for ext in ("csv", "md")]
-        + [f"{R}/tables/{t}.{ext}" for t in ("serving", "scaling", "search") for ext in ("csv", "md")]
+        + [f"{R}/tables/{t}.{ext}" for t in OTHER_TABLES for ext in ("csv", "md")]
         + [f"{R}/tables/{t}.{ext}" for t in MICRO_TABLES for ext in ("csv", "md")]
         + [f"{R}/tables/{t}.{ext}" for t in PROFILE_TABLES for ext in ("csv", "md")]
+        + [f"{R}/tables/{t}.html" for t in REPORT_TABLES]
     )
 
 

@@ -110,6 +110,20 @@ rule build_profile_table:
         "../scripts/build_profile_table.py"
 
 
+rule render_report_tables:
+    input:
+        md=[f"{R}/tables/{t}.md" for t in REPORT_TABLES],
+    output:
+        [report(f"{R}/tables/{t}.html", category=SECTION_OF[t], subcategory="Tables", labels={"table": t})
+         for t in REPORT_TABLES],
+    log:
+        f"{R}/logs/report/render_report_tables.log",
+    conda:
+        "../../envs/report.yaml"
+    script:
+        "../scripts/render_report_tables.py"
+
+
 rule plot_figure:
     input:
         tidy=f"{R}/tables/records.csv",
@@ -118,7 +132,9 @@ rule plot_figure:
         profile=f"{R}/tables/profile.parquet",
     output:
         html=f"{R}/figures/{{figure}}.html",
-        svg=f"{R}/figures/{{figure}}.svg",
+        svg=report(f"{R}/figures/{{figure}}.svg", caption="../report/figure.rst",
+                   category=lambda wildcards: SECTION_OF[wildcards.figure], subcategory="Figures",
+                   labels={"figure": "{figure}"}),
         png=f"{R}/figures/{{figure}}.png",
     log:
         f"{R}/logs/report/plot_figure-{{figure}}.log",

@@ -165,6 +165,27 @@ def test_aggregate_rows_sum_to_the_phase_wall_time_with_other_as_the_remainder()
         attr.aggregate(a, walls, steps=0)
 
 
+def test_gpu_rows_add_up_to_the_unprofiled_steps_and_cpu_rows_to_the_profiled_ones():
+    """step_walls: on a GPU the settled warm-up steps (later half) set the phase walls, so the
+    profiler's host cost stays out of 'other'; on a CPU, or with one warm-up step (the cold
+    one), the profiled steps do. Marks: a step's start, then each phase's end."""
+    def marks(f, b, o, t0=0.0):
+        return [t0, t0 + f, t0 + f + b, t0 + f + b + o]
+
+    warm = [marks(9.0, 9.0, 9.0), marks(5.0, 5.0, 5.0), marks(1.0, 2.0, 3.0), marks(3.0, 4.0, 5.0)]
+    measured = [marks(4.0, 6.0, 4.0, t0=100.0), marks(6.0, 8.0, 4.0, t0=200.0)]
+    walls, profiled, basis = attr.step_walls(warm, measured, attr.PHASES, use_device=True)
+    assert basis == "unprofiled"
+    assert walls == pytest.approx({"forward": 2.0, "backward": 3.0, "optimizer": 4.0})  # warm[2:] only
+    assert profiled == pytest.approx({"forward": 5.0, "backward": 7.0, "optimizer": 4.0})
+    assert attr.step_walls(warm, measured, attr.PHASES, use_device=False) == (profiled, profiled, "profiled")
+    assert attr.step_walls(warm[:1], measured, attr.PHASES, use_device=True) == (profiled, profiled, "profiled")
+    a = attr.assign([op("aten::mm", 1, time=1.5e6, gemm_us=1.5e6, ranges=[(attr.module_range("mlp"), 1)])])
+    rows, _ = attr.aggregate(a, walls, steps=1)
+    fwd = {r["module"]: r["time_s"] for r in rows if r["phase"] == "forward"}
+    assert fwd == pytest.approx({"mlp": 1.5, "other": 0.5})  # adds up to the unprofiled forward
+
+
 _ids = iter(range(1, 1 << 30))
 
 
@@ -322,6 +343,9 @@ def test_worker_phases_add_up(runs):
             assert 0 < totals["gemm_s"] <= totals["kernel_s"] or phase == "optimizer"
             assert 0 < totals["kernel_s"] <= totals["wall_s"]
         assert sum(t["wall_s"] for t in res["phases"].values()) == pytest.approx(res["step_time_s"], rel=1e-9)
+        # a CPU's op times are host times under the profiler: the profiled steps' walls
+        assert res["wall_basis"] == "profiled"
+        assert all(t["profiled_wall_s"] == t["wall_s"] for t in res["phases"].values())
         assert abs(res["unaccounted_s"]) < 1e-9
         assert res["unprofiled_step_time_s"] > 0 and res["tokens_per_s"] == pytest.approx(
             64 / res["unprofiled_step_time_s"])

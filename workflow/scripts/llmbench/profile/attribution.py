@@ -88,9 +88,19 @@ GPU: the time of kernels named like GEMMs (gemm, cutlass, cublas, nvjet, xmma, s
 less attention kernels (flash, fmha), whose matmuls are counted with attention.
 
 other. In every phase ``other`` = wall time - attributed time: ops outside every module
-(residual adds, mask and position set-up, AccumulateGrad), Python and launch overhead, the
-profiler's own cost and device idle time. So each phase's rows add up to its wall time and
-its shares to 1. On a GPU, kernels of several streams that overlap can make it negative.
+(residual adds, mask and position set-up, AccumulateGrad), Python and launch overhead and
+device idle time. So each phase's rows add up to its wall time and its shares to 1. On a
+GPU, kernels of several streams that overlap can make it negative.
+
+Which wall time (``step_walls``). torch.profiler costs host time per operator and kernel: on
+an H100, llama2-7b at batch 2 (F) took 180 ms a step with a sync per phase, 240 ms under the
+profiler and 288 ms with the module hooks as well; R at batch 8 443 and 625 ms (session
+measurement of 2026-11-24). Op times on a GPU are device times, which that host cost does
+not change, so on a GPU the phases take the wall times of the settled unprofiled steps (the
+later half of the warm-up, run with the same syncs) and the rows add up to the step the
+profiler did not slow down; 'other' there is mostly the device waiting for the host. On a
+CPU op times are host times taken under the profiler, so the phases keep the profiled
+steps' walls (the unprofiled ones are recorded beside them).
 
 Everything here is pure (no torch import): the worker hands over torch.profiler events,
 ``op_records`` reduces them to OpRecords, ``assign`` gives each a kind, ``aggregate`` makes
@@ -103,6 +113,7 @@ import bisect
 import re
 from collections import defaultdict
 from dataclasses import dataclass
+from statistics import fmean
 from typing import Any, Iterable, Mapping
 
 PHASES = ("forward", "backward", "optimizer")
@@ -151,8 +162,28 @@ METHOD = (
     "the backward row of their module and in recompute_s. Optimizer-phase ops are "
     "'optimizer'. GEMM time: matmul ops (CPU) or GEMM-named kernels (GPU). 'other' is each "
     "phase's wall time minus the attributed time (ops outside modules, overhead, idle), so a "
-    "phase's rows sum to its wall time. Details: llmbench/profile/attribution.py."
+    "phase's rows sum to its wall time. Wall times: GPU, the unprofiled steps' (the later half "
+    "of the warm-up; the profiler's host cost would otherwise land in 'other'); CPU, the "
+    "profiled steps'. Details: llmbench/profile/attribution.py."
 )
+
+
+def step_walls(warm: list[list[float]], measured: list[list[float]], phases: tuple[str, ...],
+               use_device: bool) -> tuple[dict[str, float], dict[str, float], str]:
+    """(the walls the rows add up to, the profiled steps' walls, which of the two), each the
+    mean wall time per phase from steps' host-clock marks (a step's start, then each phase's
+    end). GPU (``use_device``): the settled unprofiled steps, the later half of the warm-up
+    (the first ones pay allocation and kernel selection); CPU, or no warm-up: the profiled
+    steps (see the module docstring); also with fewer than two warm-up steps, whose first
+    one is the cold one."""
+    def walls(marks: list[list[float]]) -> dict[str, float]:
+        return {p: fmean(m[i + 1] - m[i] for m in marks) for i, p in enumerate(phases)}
+
+    profiled = walls(measured)
+    settled = warm[len(warm) // 2:] if len(warm) >= 2 else []
+    if use_device and settled:
+        return walls(settled), profiled, "unprofiled"
+    return profiled, profiled, "profiled"
 
 
 def phase_range(phase: str) -> str:

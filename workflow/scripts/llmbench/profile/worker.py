@@ -239,8 +239,10 @@ def run(spec: dict, out: Path, trace_dir: Path) -> dict:
     trace_dir.mkdir(parents=True, exist_ok=True)
     trace = trace_dir / f"{out.stem}.trace.json"
     prof.export_chrome_trace(str(trace))
-    walls = {p: statistics.fmean(m[i + 1] - m[i] for m in measured) for i, p in enumerate(attr.PHASES)}
+    walls, profiled, basis = attr.step_walls(warm, measured, attr.PHASES, cuda)
     rows, phases = _attribute(prof, walls, proto.measured_steps, attr.PHASES, cuda)
+    for phase in phases:
+        phases[phase]["profiled_wall_s"] = profiled[phase]
 
     step_time = statistics.fmean(m[-1] - m[0] for m in measured)
     # the first warm-up steps pay allocation and kernel selection: the later half counts
@@ -250,8 +252,9 @@ def run(spec: dict, out: Path, trace_dir: Path) -> dict:
         "schema_version": SCHEMA_VERSION,
         "rows": rows,
         "phases": phases,
+        "wall_basis": basis,
         "step_time_s": step_time,
-        "unaccounted_s": step_time - sum(walls.values()),
+        "unaccounted_s": step_time - sum(profiled.values()),
         "unprofiled_step_time_s": unprofiled,
         "tokens_per_s": tokens / unprofiled,
         "global_batch_tokens": tokens,
@@ -336,13 +339,15 @@ def run_inference(spec: dict, out: Path, trace_dir: Path) -> dict:
     trace_dir.mkdir(parents=True, exist_ok=True)
     trace = trace_dir / f"{out.stem}.trace.json"
     prof.export_chrome_trace(str(trace))
-    walls = {p: marks[i + 1] - marks[i] for i, p in enumerate(attr.INFERENCE_PHASES)}
+    walls, profiled, basis = attr.step_walls(warm, [marks], attr.INFERENCE_PHASES, cuda)
     rows, phases = _attribute(prof, walls, 1, attr.INFERENCE_PHASES, cuda)
+    for phase in phases:
+        phases[phase]["profiled_wall_s"] = profiled[phase]
     unprofiled = statistics.fmean(m[-1] - m[0] for m in warm) if warm else marks[-1] - marks[0]
     tokens = cell.batch_size * (proto.measured_steps + 1)  # the prefill makes each first token
     return {
-        "schema_version": SCHEMA_VERSION, "rows": rows, "phases": phases,
-        "step_time_s": marks[-1] - marks[0], "unaccounted_s": (marks[-1] - marks[0]) - sum(walls.values()),
+        "schema_version": SCHEMA_VERSION, "rows": rows, "phases": phases, "wall_basis": basis,
+        "step_time_s": marks[-1] - marks[0], "unaccounted_s": (marks[-1] - marks[0]) - sum(profiled.values()),
         "unprofiled_step_time_s": unprofiled, "tokens_per_s": tokens / unprofiled, "global_batch_tokens": tokens,
         "decode_steps": proto.measured_steps, "attention": attn_label, "technique": tech.name,
         "compute_dtype": platforms.dtype_name(dtype),

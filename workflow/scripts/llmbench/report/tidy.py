@@ -34,8 +34,8 @@ SERVE_METRIC_COLUMNS = [
 MICRO_COLUMNS = ["bench", "case", "points", "all_correct", "best_tflops", "best_pct_of_peak"]
 #: Profile cells' phase times (empty elsewhere; their module rows are in the per-row table).
 PROFILE_COLUMNS = [f"{p}_{k}_s" for p in ("forward", "backward", "optimizer", "prefill", "decode")
-                   for k in ("wall", "kernel", "gemm", "device")] + [
-    "profiled_step_time_s", "unaccounted_s", "decode_steps"] + kernels.COLUMNS
+                   for k in ("wall", "profiled_wall", "kernel", "gemm", "device")] + [
+    "wall_basis", "profiled_step_time_s", "unaccounted_s", "decode_steps"] + kernels.COLUMNS
 ALL_COLUMNS = COLUMNS + SERVE_LOAD_COLUMNS + SERVE_METRIC_COLUMNS + MICRO_COLUMNS + PROFILE_COLUMNS
 #: Per-sample tables (one row per request, or per microbenchmark point): the cell's path
 #: fields, then the record's samples columns.

@@ -65,3 +65,17 @@ def test_serving_record_round_trip(tmp_path):
                samples={"ttft_s": [0.1, 0.2], "ok": [True, False]})
     record.write(r, tmp_path / "record.json")
     assert record.read(tmp_path / "record.json") == r
+
+
+def test_git_state_takes_the_senders_sha_over_a_copy_s_git(monkeypatch):
+    """A tree copied to a GPU host may carry an older .git (the lent machines' did, so their
+    records named a commit the code was not): LLMBENCH_GIT_SHA, when set, is the sha."""
+    import re
+
+    from llmbench import provenance
+
+    monkeypatch.delenv("LLMBENCH_GIT_SHA", raising=False)
+    own = provenance.git_state()
+    assert re.fullmatch(r"[0-9a-f]{40}", own["sha"] or "") and "source" not in own
+    monkeypatch.setenv("LLMBENCH_GIT_SHA", "f" * 40)
+    assert provenance.git_state() == {"sha": "f" * 40, "dirty": None, "source": "LLMBENCH_GIT_SHA"}

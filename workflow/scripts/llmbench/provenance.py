@@ -38,10 +38,11 @@ def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
                                   text=True, timeout=10, check=True).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return None
-    sha = git("rev-parse", "HEAD")
-    if sha is None and os.environ.get("LLMBENCH_GIT_SHA"):
-        # a copy of the tree without .git (e.g. shipped to a GPU host): the sender says
+    if os.environ.get("LLMBENCH_GIT_SHA"):
+        # a copy of the tree shipped to a GPU host: the sender says. It wins over a .git the
+        # copy may carry (the lent machines keep an older one: records there said 83e1eb8, dirty)
         return {"sha": os.environ["LLMBENCH_GIT_SHA"], "dirty": None, "source": "LLMBENCH_GIT_SHA"}
+    sha = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no")
     return {"sha": sha, "dirty": None if status is None else bool(status)}
 

@@ -125,7 +125,9 @@ def modules(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) 
     md = md_table(TITLES["profile-modules"], ["Platform", "Model", "Method", "BS", "Phase", "Module", "ms", "% of phase",
                                          "paper ms", "paper %"], rows,
              "Per step, decoder modules summed over all layers. 'other' is the phase's wall time not inside "
-             "any module range (Python, launch gaps, residual adds), so each phase's shares add up to 100%. "
+             "any module range (Python, launch gaps, residual adds), so each phase's shares add up to 100%; "
+             "on a GPU the wall time is the unprofiled step's (profile-phases), so there 'other' is mostly the "
+             "device waiting for the host. "
              "attn_scores/attn_values are the paper's Bmm0/Bmm1; lm_head its 'Linear'. Attribution: "
              "llmbench/profile/attribution.py. A negative 'other' would mean kernel time counted twice ('!' in profile-phases).")
     return table, md

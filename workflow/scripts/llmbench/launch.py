@@ -327,17 +327,18 @@ def _max(values: list[Any]) -> float | None:
 
 
 def provenance_of(spec: dict, outcomes: list[Outcome], started: str, command: list[str]) -> dict[str, Any]:
-    """A training or profile cell's provenance: the last ok repeat's versions and devices,
-    and how each repeat was started (exec, or forked from llmbench.forkserver)."""
+    """A cell's provenance (training, profile and microbenchmark cells): the last ok
+    repeat's versions and devices, and how each repeat was started (exec, or forked from
+    llmbench.forkserver)."""
     results = [o.result for o in outcomes if o.status == "ok"]
     return {
         "git": provenance.git_state(),
         "host": provenance.host(),
         "versions": results[-1]["versions"] if results else provenance.versions(),
         "devices": results[-1]["devices"] if results else None,
-        "ds_config": results[-1].get("ds_config") if results else None,
-        # a Megatron cell's layout, recomputation, precision and optimizer as built
-        **({"megatron_config": results[-1]["megatron_config"]} if results and "megatron_config" in results[-1] else {}),
+        # the backend's configuration as built: DeepSpeed's ds_config; a Megatron cell's layout,
+        # recomputation, precision and optimizer
+        **{k: results[-1][k] for k in ("ds_config", "megatron_config") if results and k in results[-1]},
         "spec": spec,
         "command": command,
         "launchers": [o.launcher for o in outcomes],

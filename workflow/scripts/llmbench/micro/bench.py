@@ -14,9 +14,9 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import forkserver, provenance
+from .. import forkserver
 from ..grid import MicroCell
-from ..launch import run_worker, stop_groups_on_signal, worker_args, worker_env
+from ..launch import provenance_of, run_worker, stop_groups_on_signal, worker_args, worker_env
 from ..record import Record, write
 
 WORKER = "llmbench.micro.worker"
@@ -75,18 +75,7 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1) -> Reco
     wrong = [r for r in rows if r.get("correct") is False]
     if status == "ok" and wrong:
         status, reason = "error", f"{len(wrong)} of {len(rows)} points computed a wrong result; first: {wrong[0]}"
-    prov = {
-        "git": provenance.git_state(),
-        "host": provenance.host(),
-        "versions": (outcome.result or {}).get("versions") or provenance.versions(),
-        "devices": (outcome.result or {}).get("devices"),
-        "env": env_vars,
-        "spec": spec,
-        "command": [sys.executable, *sys.argv],
-        "launchers": [outcome.launcher],
-        "started": started,
-        "finished": datetime.now(timezone.utc).isoformat(),
-    }
+    prov = {**provenance_of(spec, [outcome], started, [sys.executable, *sys.argv]), "env": env_vars}
     record = Record(cell=cell.to_dict(), status=status, reason=reason,
                     log_tail=outcome.log_tail if status != "ok" else "",
                     summary=summarize(cell.bench, rows), samples=columns(rows), provenance=prov)

@@ -168,21 +168,24 @@ METHOD = (
 )
 
 
+def settled(warm: list) -> list:
+    """The warm-up steps that count as unprofiled steps: the later half (the first ones pay
+    allocation and kernel selection)."""
+    return warm[len(warm) // 2:]
+
+
 def step_walls(warm: list[list[float]], measured: list[list[float]], phases: tuple[str, ...],
                use_device: bool) -> tuple[dict[str, float], dict[str, float], str]:
     """(the walls the rows add up to, the profiled steps' walls, which of the two), each the
     mean wall time per phase from steps' host-clock marks (a step's start, then each phase's
-    end). GPU (``use_device``): the settled unprofiled steps, the later half of the warm-up
-    (the first ones pay allocation and kernel selection); CPU, or no warm-up: the profiled
-    steps (see the module docstring); also with fewer than two warm-up steps, whose first
-    one is the cold one."""
+    end). GPU (``use_device``): the ``settled`` warm-up steps; CPU, or fewer than two warm-up
+    steps (the only one is the cold one): the profiled steps (see the module docstring)."""
     def walls(marks: list[list[float]]) -> dict[str, float]:
         return {p: fmean(m[i + 1] - m[i] for m in marks) for i, p in enumerate(phases)}
 
     profiled = walls(measured)
-    settled = warm[len(warm) // 2:] if len(warm) >= 2 else []
-    if use_device and settled:
-        return walls(settled), profiled, "unprofiled"
+    if use_device and len(warm) >= 2:
+        return walls(settled(warm)), profiled, "unprofiled"
     return profiled, profiled, "profiled"
 
 

@@ -52,7 +52,7 @@ def build_record(spec: dict, outcomes: list[Outcome], started: str, command: lis
         # file names: the traces sit beside the record (paths would tie it to one machine)
         "traces": [Path(r["trace"]).name for r in results if r.get("trace")],
         "method": results[-1].get("method"),
-        # which steps' walls the rows add up to (attribution.step_walls); records before it: profiled
+        # which steps' walls the rows add up to (attribution.step_walls)
         "wall_basis": results[-1].get("wall_basis", "profiled"),
         **({"decode_steps": results[-1]["decode_steps"]} if "decode_steps" in results[-1] else {}),
     }

@@ -157,14 +157,18 @@ def _device(cuda: bool) -> tuple[Any, Callable[[], None]]:
     return device, (torch.cuda.synchronize if cuda else (lambda: None))
 
 
-def _attribute(prof: Any, walls: dict[str, float], steps: int, phases_run: tuple[str, ...],
-               cuda: bool) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
-    """A finished profiler's events -> rows and phase totals (llmbench.profile.attribution);
-    on a GPU each phase also gets its device activity, the check on the attributed time."""
+def _attribute(prof: Any, walls: dict[str, float], profiled: dict[str, float], steps: int,
+               phases_run: tuple[str, ...], cuda: bool) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
+    """A finished profiler's events -> rows adding up to ``walls`` and phase totals
+    (llmbench.profile.attribution), each phase with its ``profiled`` wall time beside; on a
+    GPU each phase also gets its device activity, the check on the attributed time."""
     events = prof.events()
     ops = attr.op_records(events, use_device=cuda)
-    return attr.aggregate(attr.assign(ops), walls, steps, phases_run,
-                          device_us=attr.device_time(events) if cuda else None)
+    rows, phases = attr.aggregate(attr.assign(ops), walls, steps, phases_run,
+                                  device_us=attr.device_time(events) if cuda else None)
+    for phase in phases:
+        phases[phase]["profiled_wall_s"] = profiled[phase]
+    return rows, phases
 
 
 def run(spec: dict, out: Path, trace_dir: Path) -> dict:
@@ -240,13 +244,10 @@ def run(spec: dict, out: Path, trace_dir: Path) -> dict:
     trace = trace_dir / f"{out.stem}.trace.json"
     prof.export_chrome_trace(str(trace))
     walls, profiled, basis = attr.step_walls(warm, measured, attr.PHASES, cuda)
-    rows, phases = _attribute(prof, walls, proto.measured_steps, attr.PHASES, cuda)
-    for phase in phases:
-        phases[phase]["profiled_wall_s"] = profiled[phase]
+    rows, phases = _attribute(prof, walls, profiled, proto.measured_steps, attr.PHASES, cuda)
 
     step_time = statistics.fmean(m[-1] - m[0] for m in measured)
-    # the first warm-up steps pay allocation and kernel selection: the later half counts
-    unprofiled = statistics.fmean([m[-1] - m[0] for m in warm][len(warm) // 2:])
+    unprofiled = statistics.fmean(m[-1] - m[0] for m in attr.settled(warm))
     tokens = cell.batch_size * proto.seq_len
     return {
         "schema_version": SCHEMA_VERSION,
@@ -340,9 +341,7 @@ def run_inference(spec: dict, out: Path, trace_dir: Path) -> dict:
     trace = trace_dir / f"{out.stem}.trace.json"
     prof.export_chrome_trace(str(trace))
     walls, profiled, basis = attr.step_walls(warm, [marks], attr.INFERENCE_PHASES, cuda)
-    rows, phases = _attribute(prof, walls, 1, attr.INFERENCE_PHASES, cuda)
-    for phase in phases:
-        phases[phase]["profiled_wall_s"] = profiled[phase]
+    rows, phases = _attribute(prof, walls, profiled, 1, attr.INFERENCE_PHASES, cuda)
     unprofiled = statistics.fmean(m[-1] - m[0] for m in warm) if warm else marks[-1] - marks[0]
     tokens = cell.batch_size * (proto.measured_steps + 1)  # the prefill makes each first token
     return {

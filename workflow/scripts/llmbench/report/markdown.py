@@ -53,7 +53,7 @@ def to_html(md_text: str) -> str:
     """A report table's Markdown (what ``table`` writes: a ``###`` title, one pipe table, a
     note) as a standalone HTML page, for the Snakemake report. Only that subset is read:
     headings, pipe tables (the second row is the separator), paragraphs, `code`."""
-    body, rows, title = [], [], "llmbench table"
+    body, rows, title = [], [], None
 
     def flush_table() -> None:
         if rows:
@@ -72,9 +72,9 @@ def to_html(md_text: str) -> str:
         if line.startswith("#"):
             text = line.lstrip("#")
             level = min(len(line) - len(text), 6)
-            title = text.strip() if title == "llmbench table" else title
+            title = title or text.strip()
             body.append(f"<h{level}>{_inline(text)}</h{level}>")
         elif line.strip():
             body.append(f"<p>{_inline(line)}</p>")
     flush_table()
-    return _PAGE.format(title=html.escape(title), body="\n".join(body))
+    return _PAGE.format(title=html.escape(title or "llmbench table"), body="\n".join(body))

@@ -79,7 +79,7 @@ def phases(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | 
                 profiled = wall
             out.append({**{k: getattr(c, k) for k in CELL}, "attention": c.attention, "phase": p,
                         "wall_ms": wall * 1e3, "share_pct": 100 * wall / step if step else None,
-                        "profiled_wall_ms": None if profiled is None else profiled * 1e3,
+                        "profiled_wall_ms": profiled * 1e3,
                         "kernel_ms": None if kernel is None else kernel * 1e3,
                         "device_ms": None if device is None or pd.isna(device) else device * 1e3,
                         "gemm_share_pct": None if gemm is None or not wall else 100 * gemm / wall})

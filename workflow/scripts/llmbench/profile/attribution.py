@@ -92,10 +92,11 @@ other. In every phase ``other`` = wall time - attributed time: ops outside every
 device idle time. So each phase's rows add up to its wall time and its shares to 1. On a
 GPU, kernels of several streams that overlap can make it negative.
 
-Which wall time (``step_walls``). torch.profiler costs host time per operator and kernel: on
-an H100, llama2-7b at batch 2 (F) took 180 ms a step with a sync per phase, 240 ms under the
-profiler and 288 ms with the module hooks as well; R at batch 8 443 and 625 ms (session
-measurement of 2026-11-24). Op times on a GPU are device times, which that host cost does
+Which wall time (``step_walls``). torch.profiler costs host time per operator and kernel
+(tests/bench_profiler_overhead.py): on H100s, llama2-7b at batch 2 (F) took 180 and 162 ms
+a step with a sync per phase, 240 and 240 ms under the profiler, 288 and 255 ms with the
+module hooks as well; R at batch 8 443 and 452 ms, then 625 and 506 ms (two machines,
+2026-11-24). Op times on a GPU are device times, which that host cost does
 not change, so on a GPU the phases take the wall times of the settled unprofiled steps (the
 later half of the warm-up, run with the same syncs) and the rows add up to the step the
 profiler did not slow down; 'other' there is mostly the device waiting for the host. On a

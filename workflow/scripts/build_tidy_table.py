@@ -8,7 +8,8 @@ from llmbench.report import tidy
 
 def main(smk) -> None:
     logging.basicConfig(filename=smk.log[0], level=logging.INFO)
-    records = [*smk.input.records, *smk.input.measured]  # measured: the cells max-batch searches found
+    # measured: the cells max-batch searches found; evidence: other results folders' records
+    records = [*smk.input.records, *smk.input.measured, *smk.input.evidence]
     df = tidy.build(records)
     tidy.write(df, smk.output.csv, smk.output.parquet)
     tidy.build_samples(records, "serve").to_parquet(smk.output.requests, index=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Iterable
 
@@ -19,6 +20,12 @@ COLUMNS = [
     "total_params", "trainable_params",
     "attention", "compute_dtype", "warmup_steps", "measured_steps", "repeats", "git_sha", "record_path",
     "layout",  # Megatron-LM cells' parallel layout (llmbench.grid.layout_name); empty otherwise
+    # where the record comes from: the results folder ("run") and whether it is a measured
+    # cell or a max-batch search's probe ("kind"); several folders feed the combined view
+    "run", "kind",
+    # training cells: the largest batch a max-batch search of the same method found (empty
+    # where none ran: Table IV then says "not maximised"); per-GPU throughput; memory in GB
+    "searched_max_batch", "tokens_per_s_per_gpu", "peak_mem_allocated_gb",
 ]
 #: Serving cells' columns (empty for training rows): the load, then llmbench.serve.metrics
 #: names (units in the names), then the server's memory and start-up.
@@ -133,15 +140,49 @@ def _gemm_ceiling(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def origin(path: str | Path) -> tuple[str, str]:
+    """(run, kind) of a record path: the name of the results folder that holds its runs/,
+    and 'probe' for a max-batch search's probe (runs/search/...), else 'cell'."""
+    parts = Path(path).parts
+    i = len(parts) - 1 - parts[::-1].index("runs") if "runs" in parts else None
+    run = parts[i - 1] if i else ""
+    kind = "probe" if i is not None and i + 1 < len(parts) and parts[i + 1] == "search" else "cell"
+    return run, kind
+
+
+def searched_max_batch(path: str | Path) -> int | None:
+    """The largest batch the max-batch search of this training cell's method found, read
+    from the search folder beside it (runs/search/<stage>/.../<technique>-g<gpus>/search.json)."""
+    parts = Path(path).parts
+    if "runs" not in parts:
+        return None
+    i = len(parts) - 1 - parts[::-1].index("runs")
+    rel = parts[i + 1:]
+    if len(rel) != 7 or rel[0] not in ("pretrain", "finetune"):
+        return None
+    gpus = rel[5].rsplit("-g", 1)[-1]
+    summary = Path(*parts[:i + 1], "search", *rel[:4], f"{rel[4]}-g{gpus}", "search.json")
+    if not summary.exists():
+        return None
+    return json.loads(summary.read_text()).get("largest_ok")
+
+
 def build(paths: Iterable[str | Path]) -> pd.DataFrame:
     """The tidy table of the given record files (sorted by their path fields)."""
     rows = []
     for p in paths:
         rec = read(p)
-        rows.append(ROWS.get(rec.cell.get("stage"), row)(rec, str(p)))
+        r = ROWS.get(rec.cell.get("stage"), row)(rec, str(p))
+        r["run"], r["kind"] = origin(p)
+        rows.append(r)
     df = _gemm_ceiling(pd.DataFrame(rows, columns=ALL_COLUMNS))
+    train = df["stage"].isin(["pretrain", "finetune"]) & (df["kind"] == "cell")
+    df["searched_max_batch"] = pd.array(
+        [searched_max_batch(p) if t else None for p, t in zip(df["record_path"], train)], dtype="Int64")
+    df["tokens_per_s_per_gpu"] = df["tokens_per_s_mean"] / df["gpus"]
+    df["peak_mem_allocated_gb"] = df["peak_mem_allocated_gib"] * 2**30 / 1e9
     return df.sort_values(["stage", "platform", "model", "backend", "technique", "load", "bench", "case",
-                           "batch_size", "gpus"], ignore_index=True, na_position="first")
+                           "batch_size", "gpus", "run"], ignore_index=True, na_position="first")
 
 
 def build_samples(paths: Iterable[str | Path], stage: str) -> pd.DataFrame:

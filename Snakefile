@@ -12,7 +12,9 @@
 #   logs/<same as runs, .log>            benchmarks/<same as runs, .tsv> (harness overhead)
 #   logs/serve/<same as runs>.server.log the engine's own output
 #   models/{model}/{weights}/            model directory an engine loads (config, weights, tokenizer)
-#   tables/records.{csv,parquet}         the tidy table of every Record
+#   tables/records.{csv,parquet}         the tidy table of every Record (and of evidence_dirs' records)
+#   tables/findings.{csv,md,html}        the verdict: every finding of the paper judged on these records;
+#   tables/findings-missing.csv          the cells that would decide the most undecided findings
 #   tables/requests.parquet              one row per measured request of every serving cell
 #   tables/{table2,table3,table4,table9}.{csv,md}  the paper's layouts, ours beside the published values
 #   tables/*.html                        every .md table as a page of the report (snakemake --report)
@@ -60,6 +62,8 @@ localrules:
     build_profile_table,
     build_scaling_table,
     build_search_table,
+    build_findings_table,
+    findings,
     plot_figure,
     render_report_tables,
     finetune,
@@ -101,6 +105,12 @@ rule micro:
 rule profile:
     input:
         records("profile"),
+
+
+rule findings:
+    input:
+        findings_targets(),
+        f"{R}/tables/findings.html",
 
 
 rule tables:

@@ -10,9 +10,13 @@ from llmbench import grid as lbgrid  # noqa: E402
 from llmbench import search as lbsearch  # noqa: E402
 from llmbench.serve import engines as lbengines  # noqa: E402
 from llmbench.config import ConfigError  # noqa: E402
+from llmbench.report import findings as lbfindings  # noqa: E402
 
+FINDINGS_FILE = "config/reference/findings.yaml"
 try:
     GRID = lbgrid.expand(config, Path(workflow.basedir), source="config")
+    # the findings are data: a bad entry stops the workflow here, naming it
+    lbfindings.load(Path(workflow.basedir) / FINDINGS_FILE)
 except ConfigError as exc:
     raise WorkflowError(f"invalid configuration (nothing was run):\n{exc}") from None
 
@@ -27,9 +31,12 @@ FIGURES = ["pretrain", "finetune", "serve-throughput", "serve-latency-cdf", "mic
 MICRO_TABLES = ["micro-gemm", "micro-memcpy", "micro-collectives", "table12"]
 PROFILE_TABLES = ["profile-phases", "profile-modules", "profile-attention", "profile-serve", "profile-comm"]
 OTHER_TABLES = ["serving", "scaling", "search"]
-REPORT_TABLES = PAPER_TABLES + OTHER_TABLES + MICRO_TABLES + PROFILE_TABLES
-# `snakemake --report`: each table (as HTML) and figure (SVG) under the part of the paper it belongs to
+VERDICT_TABLES = ["findings"]
+REPORT_TABLES = VERDICT_TABLES + PAPER_TABLES + OTHER_TABLES + MICRO_TABLES + PROFILE_TABLES
+# `snakemake --report`: each table (as HTML) and figure (SVG) under the part of the paper it
+# belongs to; the verdict first
 REPORT_SECTIONS = {
+    "1. The verdict: the paper's findings on this hardware": VERDICT_TABLES,
     "Pre-training (Tables II-IV, Fig. 4)": ["table2", "table3", "table4", "scaling", "search", "pretrain"],
     "Fine-tuning (Table IX)": ["table9", "finetune"],
     "Serving (Figs. 6-10)": ["serving", "serve-throughput", "serve-latency-cdf"],
@@ -47,6 +54,20 @@ wildcard_constraints:
     micro_table="|".join(MICRO_TABLES),
     profile_table="|".join(PROFILE_TABLES),
     figure="|".join(FIGURES),
+
+
+def evidence_records():
+    """Records of the other results folders this config reads (evidence_dirs: the combined
+    view). A pattern that matches no folder with records is an error, before any job."""
+    out = []
+    for pattern in config.get("evidence_dirs") or []:
+        dirs = sorted(p for p in Path().glob(pattern) if p.is_dir() and (p / "runs").is_dir()
+                      and p.resolve() != Path(R).resolve())
+        if not dirs:
+            raise WorkflowError(f"evidence_dirs: {pattern!r} matches no results folder with a runs/ folder")
+        for d in dirs:
+            out += sorted(str(p) for p in (d / "runs").rglob("record.json"))
+    return out
 
 
 def records(stage=None):
@@ -83,7 +104,12 @@ def table_targets():
         + [f"{R}/tables/{t}.{ext}" for t in MICRO_TABLES for ext in ("csv", "md")]
         + [f"{R}/tables/{t}.{ext}" for t in PROFILE_TABLES for ext in ("csv", "md")]
         + [f"{R}/tables/{t}.html" for t in REPORT_TABLES]
+        + findings_targets()
     )
+
+
+def findings_targets():
+    return [f"{R}/tables/findings.{ext}" for ext in ("csv", "md")] + [f"{R}/tables/findings-missing.csv"]
 
 
 def figure_targets():

@@ -4,6 +4,7 @@
 rule build_tidy_table:
     input:
         records=records(),
+        evidence=evidence_records(),
         searches=search_folders(),
         measured=lambda wildcards: searched_records(),
     output:
@@ -18,6 +19,28 @@ rule build_tidy_table:
         "../../envs/report.yaml"
     script:
         "../scripts/build_tidy_table.py"
+
+
+rule build_findings_table:
+    input:
+        tidy=f"{R}/tables/records.csv",
+        profile=f"{R}/tables/profile.parquet",
+        micro=f"{R}/tables/micro.parquet",
+        findings=FINDINGS_FILE,
+        reference=expand("config/reference/{table}.csv", table=["table2", "table3", "table4", "table9", "fig4",
+                         "table12", "profile_phases", "profile_attention", "profile_comm"]),
+    output:
+        csv=f"{R}/tables/findings.csv",
+        md=f"{R}/tables/findings.md",
+        missing=f"{R}/tables/findings-missing.csv",
+    params:
+        models=config.get("findings_models"),
+    log:
+        f"{R}/logs/report/build_findings_table.log",
+    conda:
+        "../../envs/report.yaml"
+    script:
+        "../scripts/build_findings_table.py"
 
 
 rule build_search_table:

@@ -1,0 +1,202 @@
+"""The findings engine (llmbench.report.findings) on fixture tidy rows, and the findings
+file itself: every entry loads, quotes the paper verbatim, and a bad entry is rejected
+before any job, naming it."""
+
+import shutil
+import subprocess
+
+import pandas as pd
+import pytest
+import yaml
+from conftest import BIN, REPO
+from test_transcription import normalise, paper_text
+
+from llmbench.config import ConfigError
+from llmbench.report import findings, paper_frame
+
+FINDINGS = REPO / "config" / "reference" / "findings.yaml"
+
+
+def rows(*cells, stage="pretrain", run="r1"):
+    """Tidy-like rows: (platform, model, technique, batch_size, gpus, status, tokens/s, allocated GiB)."""
+    out = []
+    for plat, model, tech, bs, gpus, status, tps, mem in cells:
+        out.append({"stage": stage, "platform": plat, "model": model, "backend": "deepspeed", "technique": tech,
+                    "batch_size": bs, "gpus": gpus, "status": status, "tokens_per_s_mean": tps,
+                    "peak_mem_allocated_gib": mem, "peak_rss_gib": None, "run": run, "kind": "cell", "layout": None})
+    return pd.DataFrame(out)
+
+
+def finding(**over) -> findings.Finding:
+    """One finding from a YAML-like entry, through the loader's checks."""
+    entry = {"id": "t", "section": "IV", "claim": "c", "quote": "a quote of ten", "how": "h", "stage": "pretrain",
+             "where": {"batch_size": 1, "backend": "deepspeed"}, "checks": [{"metric": "peak_mem_gb", "relation": "ratio", "a": {"technique": "Z2"},
+                                                    "b": {"technique": "Naive"}, "expect": {"max": 0.7}}]}
+    entry.update(over)
+    return entry
+
+
+def load_entries(tmp_path, *entries):
+    path = tmp_path / "findings.yaml"
+    path.write_text(yaml.safe_dump({"findings": list(entries)}))
+    return findings.load(path)
+
+
+def judge(tmp_path, frame, *entries):
+    fs = load_entries(tmp_path, *entries)
+    return findings.evaluate(fs, findings.facts(frame), findings.derive(paper_frame.frame()))
+
+
+def test_the_committed_findings_load_and_cover_the_paper():
+    fs = findings.load(FINDINGS)
+    assert 35 <= len(fs) <= 60
+    assert {f.section.split()[0] for f in fs} >= {"I", "IV-A.1", "IV-A.2", "IV-A.3", "V", "VI-A", "VII-A", "VII-C"}
+    numbered = {f.section for f in fs if f.section.startswith("I (")}
+    assert numbered == {f"I ({i})" for i in range(1, 9)}  # the eight findings of Section I
+
+
+def test_every_quote_is_the_papers_own_words():
+    text = normalise(paper_text())
+    for f in findings.load(FINDINGS):
+        assert normalise(f.quote) in text, f"{f.id}: quote not in paper.md: {f.quote!r}"
+
+
+@pytest.mark.parametrize("bad, says", [
+    ({"checks": [{"metric": "tokens_per_s", "relation": "ratio", "a": {"technique": "Z2"}, "b": {"technique": "Z3"},
+                  "expect": {"min": 1}}]}, "unknown metric 'tokens_per_s'"),
+    ({"checks": [{"metric": "mfu", "relation": "faster", "a": {"technique": "Z2"}, "expect": {"min": 1}}]},
+     "unknown relation 'faster'"),
+    ({"checks": [{"metric": "mfu", "relation": "value", "a": {"technique": "Z4"}, "expect": {"min": 1}}]},
+     "unknown technique"),
+    ({"where": {"model": "llama2-8b"}}, "unknown model 'llama2-8b'"),
+    ({"checks": [{"metric": "mfu", "relation": "ratio", "a": {"technique": "Z2"}, "expect": {"min": 1}}]},
+     "needs b"),
+])
+def test_a_bad_entry_is_rejected_naming_it(tmp_path, bad, says):
+    with pytest.raises(ConfigError, match=says) as err:
+        load_entries(tmp_path, finding(id="good"), finding(id="the-bad-one", **bad))
+    assert "finding 'the-bad-one'" in str(err.value)
+
+
+def test_a_bad_findings_file_stops_the_workflow_before_any_job(tmp_path):
+    """The Snakefile loads the findings at parse time: a dry run fails, naming the entry."""
+    work = tmp_path / "repo"
+    work.mkdir()
+    for part in ("Snakefile", "workflow", "config", "profiles"):
+        copy = shutil.copytree if (REPO / part).is_dir() else shutil.copy
+        copy(REPO / part, work / part)
+    f = work / "config" / "reference" / "findings.yaml"
+    f.write_text(yaml.safe_dump({"findings": [finding(id="broken", where={"technique": "Z9"})]}))
+    out = subprocess.run([BIN / "snakemake", "-n", "--nolock", "--cores", "1"], cwd=work, capture_output=True,
+                         text=True)
+    assert out.returncode != 0
+    said = out.stdout + out.stderr
+    assert "invalid configuration (nothing was run)" in said and "finding 'broken'" in said
+    assert not (work / "results").exists()
+
+
+def test_holds_and_the_papers_own_value_beside_it(tmp_path):
+    frame = rows(("h100", "llama2-7b", "Z2", 1, 1, "ok", 100.0, 30.0), ("h100", "llama2-7b", "Naive", 1, 1, "ok", 110.0, 60.0))
+    t = judge(tmp_path, frame, finding(where={"batch_size": 1, "backend": "deepspeed", "model": "llama2-7b"}))
+    r = t.iloc[0]
+    assert (r.platform, r.model, r.verdict, r.ours_value) == ("h100", "llama2-7b", "holds", "0.5")
+    # the same comparison on the paper's numbers: A800 Z2 37.8 GB over Naive's 66.7 GB (Table III)
+    # and 66.76 GB (Table II prints the same cell), 0.566
+    assert "a800 0.566" in r.paper_value and "a800 holds" in r.paper_check
+    assert r.missing == "" and r.runs == "r1"
+
+
+def test_contradicts(tmp_path):
+    frame = rows(("h100", "llama2-7b", "Z2", 1, 1, "ok", 100.0, 55.0), ("h100", "llama2-7b", "Naive", 1, 1, "ok", 110.0, 60.0))
+    r = judge(tmp_path, frame, finding()).iloc[0]
+    assert r.verdict == "contradicts" and r.ours_value == "0.917"
+
+
+def test_partly_when_some_checks_hold_and_others_cannot_be_decided(tmp_path):
+    entry = finding(checks=[
+        {"metric": "tokens_per_s_per_gpu", "relation": "ratio", "a": {"technique": "F+Z2"}, "b": {"technique": "Z2"},
+         "expect": {"min": 1.0}},
+        {"metric": "tokens_per_s_per_gpu", "relation": "ratio", "a": {"technique": "F"}, "b": {"technique": "Naive"},
+         "expect": {"min": 1.0}}])
+    frame = rows(("h200", "llama2-7b", "F+Z2", 1, 2, "ok", 3000.0, 75.0), ("h200", "llama2-7b", "Z2", 1, 2, "ok", 2400.0, 75.0),
+                 ("h200", "llama2-7b", "Naive", 1, 2, "oom", None, None))
+    r = judge(tmp_path, frame, entry).iloc[0]
+    assert r.verdict == "partly" and r.ours_value == "1.25, n/a"
+    # F was not run and Naive ran out of memory: both named, with why
+    assert "pretrain h200 llama2-7b deepspeed F bs1 g2: not run" in r.missing
+    assert "pretrain h200 llama2-7b deepspeed Naive bs1 g2: out of memory" in r.missing
+
+
+def test_untestable_names_the_cells_that_would_decide_it(tmp_path):
+    frame = rows(("h100", "llama2-7b", "Q", 1, 1, "ok", 1700.0, 9.0), ("h100", "llama2-7b", "Naive", 1, 1, "oom", None, None))
+    r = judge(tmp_path, frame, finding()).iloc[0]
+    assert r.verdict == "untestable" and r.ours_value == "n/a"
+    assert r.missing == ("pretrain h100 llama2-7b deepspeed Z2 bs1 g1: not run; "
+                         "pretrain h100 llama2-7b deepspeed Naive bs1 g1: out of memory")
+
+
+def test_a_finding_no_cell_speaks_to_is_one_untestable_row(tmp_path):
+    r = judge(tmp_path, rows(("cpu", "tiny", "Q", 4, 1, "ok", 500.0, 1.0)), finding(stage="finetune")).iloc[0]
+    assert (r.platform, r.verdict) == ("-", "untestable") and "finetune any platform" in r.missing
+
+
+def test_a_platform_filter_and_a_cross_platform_check(tmp_path):
+    entry = finding(group_by=["model"], where={"batch_size": 1, "technique": "Q"}, checks=[
+        {"metric": "tokens_per_s_per_gpu", "relation": "ratio", "a": {"platform": "rtx4090"}, "b": {"platform": "a800"},
+         "expect": {"about": 0.5}}])
+    frame = rows(("h100", "llama2-7b", "Q", 1, 1, "ok", 1700.0, 9.0))
+    r = judge(tmp_path, frame, entry).iloc[0]
+    assert r.verdict == "untestable" and "rtx4090" in r.missing and r.tolerance == "in [0.375, 0.625]"
+    assert "0.451" in r.paper_value  # the paper's own: 4879.2 / 10813.4
+
+
+def test_the_larger_of_two_runs_of_one_cell_does_not_hide_the_other(tmp_path):
+    """Two results folders measured the same cell: the verdict uses both (their mean) and
+    names both runs."""
+    frame = pd.concat([rows(("h100", "llama2-7b", "Z2", 1, 1, "ok", 1.0, 30.0), run="a"),
+                       rows(("h100", "llama2-7b", "Z2", 1, 1, "ok", 1.0, 34.0), run="b"),
+                       rows(("h100", "llama2-7b", "Naive", 1, 1, "ok", 1.0, 64.0), run="a")])
+    r = judge(tmp_path, frame, finding()).iloc[0]
+    assert r.ours_value == "0.5" and r.runs == "a, b"
+
+
+def test_missing_cells_rank_what_would_decide_the_most_on_the_lent_gpus(tmp_path):
+    fs = load_entries(tmp_path, finding(id="one"), finding(id="two", checks=[
+        {"metric": "tokens_per_s_per_gpu", "relation": "ratio", "a": {"technique": "Z2"}, "b": {"technique": "Z3"},
+         "expect": {"min": 1.0}}]))
+    ranked = findings.missing_cells(fs, findings.facts(rows(("h100", "llama2-7b", "Naive", 1, 1, "ok", 1.0, 60.0))))
+    top = ranked.set_index("cell").loc["pretrain h100 llama2-7b deepspeed Z2 bs1 g1"]
+    assert top.findings == 2 and top.finding_ids == "one, two" and top.why == "not run"
+    assert ranked["findings"].is_monotonic_decreasing
+    assert set(ranked["cell"].str.split().str[1]) == {"h100", "h200"}
+
+
+def test_the_committed_findings_on_the_papers_own_numbers():
+    """The engine applied to the paper's tables: the claims its own numbers bear out hold
+    there, and those the tables contradict (found while transcribing) say so."""
+    paper = findings.derive(paper_frame.frame())
+    by = {f.id: f for f in findings.load(FINDINGS)}
+    verdict = {fid: {r["group"].get("platform"): r["verdict"] for r in findings.evaluate_finding(by[fid], paper)
+                     if r["group"].get("model") in (None, "llama2-7b")} for fid in by}
+    assert verdict["zero2-57pct-of-naive-memory"]["a800"] == "holds"
+    assert verdict["megatron-faster-at-batch-1"]["a800"] == "holds"
+    assert verdict["deepspeed-beats-megatron"]["a800"] == "partly"  # its batch-1 row says otherwise
+    assert verdict["quantization-fastest"] == {p: "holds" for p in ("a800", "rtx4090", "rtx3090", "rtx3090-nonvlink")}
+    assert verdict["optimizer-37pct-of-step"]["a800"] == "holds"
+
+
+def test_the_typo_of_table4_enters_no_comparison():
+    p = paper_frame.frame()
+    typo = p[(p["table"] == "table4") & (p["model"] == "llama2-13b") & (p["technique"] == "R+Z2+O")
+             & (p["platform"] == "a800")].iloc[0]
+    assert typo.tokens_per_s_mean == 640435 and typo.flag == "typo"
+    assert pd.isna(typo.tokens_per_s_per_gpu) and pd.isna(typo.mfu)
+
+
+def test_paper_mfu_uses_the_platforms_peak():
+    p = paper_frame.frame()
+    naive = p[(p["table"] == "table3") & (p["technique"] == "Naive") & (p["platform"] == "a800")].iloc[0]
+    fpt = paper_frame.flops_per_token_of("llama2-7b", "Naive", 350)
+    assert naive.mfu == pytest.approx(7488.3 * fpt / (8 * 312e12))
+    q = p[(p["table"] == "table3") & (p["technique"] == "Q") & (p["platform"] == "a800")].iloc[0]
+    assert pd.isna(q.mfu)  # not reported for 4-bit cells (DESIGN.md)

@@ -24,9 +24,16 @@ pytestmark = pytest.mark.e2e
 OOM_CELL = "results/runs/pretrain/cpu/tiny/deepspeed/Naive/bs64-g1/record.json"
 FIGURES = ("pretrain", "finetune", "serve-throughput", "serve-latency-cdf", "micro-gemm", "micro-memcpy",
            "micro-collectives", "profile-modules", "profile-serve", "profile-comm", "scaling")
-TABLES = ("table2", "table3", "table4", "table9", "serving", "scaling", "search", "micro-gemm", "micro-memcpy",
+TABLES = ("findings", "table2", "table3", "table4", "table9", "serving", "scaling", "search", "micro-gemm", "micro-memcpy",
           "micro-collectives", "table12", "profile-phases", "profile-modules", "profile-attention",
           "profile-serve", "profile-comm")
+
+
+def md_rows(md: str) -> list[dict]:
+    """The rows of the first pipe table in ``md``, as dicts keyed by its header."""
+    lines = [line for line in md.splitlines() if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip()[1:-1].split("|")] for line in lines]
+    return [dict(zip(cells[0], row)) for row in cells[2:]]
 
 
 def training_records(workspace):
@@ -94,14 +101,16 @@ def test_default_grid_runs_end_to_end(workspace):
         ("deepspeed", "", "1", 1), ("deepspeed", "", "max", searched)}
     assert (ours.status == "ok").all() and (ours.tokens_per_s > 0).all()
     assert len(t2[t2.platform == "a800"]) == 4  # the paper's rows
-    assert "| Megatron-LM | tp1pp1 | cpu | tiny |" in (workspace / "results/tables/table2.md").read_text()
+    t2_rows = md_rows((workspace / "results/tables/table2.md").read_text())
+    assert any((r["Framework"], r["Layout"], r["Platform"], r["Model"]) == ("Megatron-LM", "tp1pp1", "cpu", "tiny")
+               for r in t2_rows)
     # Fig. 4: the 4-bit cell on 1 and 2 gloo processes, efficiency against linear scaling
     scaling = pd.read_csv(workspace / "results/tables/scaling.csv")
     assert list(scaling["gpus"]) == [1, 2] and set(scaling["technique"]) == {"Q"}
     assert scaling["efficiency_pct"].iloc[0] == pytest.approx(100.0) and scaling["efficiency_pct"].iloc[1] > 0
-    t3 = (workspace / "results/tables/table3.md").read_text()
+    t3 = {(r["Model"], r["Method"]) for r in md_rows((workspace / "results/tables/table3.md").read_text())}
     for tech in ("Naive", "Z2", "Z2+O", "Z3", "Z3+O", "Q", "R", "F", "R+Q", "F+R+Z3"):
-        assert f"| tiny | {tech} |" in t3
+        assert ("tiny", tech) in t3
     t4 = pd.read_csv(workspace / "results/tables/table4.csv")
     naive_ok = tidy[(tidy.stage == "pretrain") & (tidy.backend == "deepspeed") & (tidy.technique == "Naive")
                     & (tidy.status == "ok")]
@@ -126,6 +135,33 @@ def test_report_has_every_table_and_figure(workspace):
     for name in [f"{t}.html" for t in TABLES] + [f"{f}.svg" for f in FIGURES]:
         assert f'"name": "{name}"' in report, name
     assert "<script src=" not in report  # everything inline: it opens offline
+    # the verdict first: its section leads the report, and its page opens with the counts
+    sections = [m for m in ("1. The verdict", "Pre-training (Tables II-IV", "Fine-tuning (Table IX)") if m in report]
+    assert sections and report.index(sections[0]) < min(report.index(m) for m in sections[1:])
+    page = html.unescape((workspace / "results/tables/findings.html").read_text())
+    assert page.index("holds") < page.index("<table")
+
+
+def test_the_findings_table_judges_every_finding(workspace):
+    """The default grid writes the verdict: one row per finding and group, each with one of
+    the four verdicts; an undecided one names the cells that would decide it."""
+    import sys
+
+    sys.path.insert(0, str(workspace / "workflow" / "scripts"))
+    from llmbench.report import findings
+
+    t = pd.read_csv(workspace / "results/tables/findings.csv", keep_default_na=False)
+    ids = {f.id for f in findings.load(workspace / "config/reference/findings.yaml")}
+    assert set(t["finding"]) == ids
+    assert set(t["verdict"]) <= set(findings.VERDICTS)
+    undecided = t[t["verdict"].isin(["untestable", "partly"])]
+    assert (undecided["missing"] != "").all()
+    decided = t[t["verdict"].isin(["holds", "contradicts"])]
+    assert len(decided) and (decided["ours_value"] != "n/a").all()
+    md = (workspace / "results/tables/findings.md").read_text()
+    assert md.startswith("### The verdict") and "holds" in md.splitlines()[2]
+    missing = pd.read_csv(workspace / "results/tables/findings-missing.csv")
+    assert missing["findings"].is_monotonic_decreasing
 
 
 def test_max_batch_search_finds_the_largest_batch_under_a_real_memory_cap(workspace):
@@ -181,9 +217,9 @@ def test_fine_tuning_cells_train_adapters_only(workspace):
     assert by["PT"]["metrics"]["trainable_params"] == 20 * 64
     assert by["L+Z3+O"]["provenance"]["ds_config"]["zero_optimization"]["offload_param"]["device"] == "cpu"
     assert "NF4" not in by["L"]["metrics"]["trainable_desc"] and "4-bit" in by["QL"]["metrics"]["trainable_desc"]
-    t9 = (workspace / "results/tables/table9.md").read_text()
+    t9 = {(r["Model"], r["Method"]) for r in md_rows((workspace / "results/tables/table9.md").read_text())}
     for tech in ("L", "QL", "QL+R", "L+Z3+O", "PT"):
-        assert f"| tiny | {tech} |" in t9
+        assert ("tiny", tech) in t9
 
 
 def test_serving_cells_measure_every_request_and_leave_no_engine_behind(workspace):

@@ -9,7 +9,7 @@ from llmbench.record import Metrics, Record
 from llmbench.report import figures, paper_tables, tidy
 
 
-def write_records(tmp_path, rows, stage="pretrain"):
+def write_records(tmp_path, rows, stage="pretrain", results="results"):
     """rows: (platform, model, technique, batch_size, status, tokens_per_s, mem_gib[, gpus])."""
     paths = []
     for plat, model, tech, bs, status, tps, mem, *gpus in rows:
@@ -19,10 +19,17 @@ def write_records(tmp_path, rows, stage="pretrain"):
         m = Metrics(tokens_per_s_mean=tps, tokens_per_s_std=1.0, tokens_per_s_runs=(tps - 1, tps + 1),
                     peak_mem_reserved_gib=mem, peak_mem_allocated_gib=mem, peak_rss_gib=3.0) if status == "ok" else Metrics()
         r = Record(cell=cell.to_dict(), status=status, reason="" if status == "ok" else "CUDA out of memory", metrics=m)
-        path = tmp_path / cell.record_path("results")
+        path = tmp_path / cell.record_path(results)
         record.write(r, path)
         paths.append(path)
     return paths
+
+
+def md_rows(md: str) -> list[dict]:
+    """The rows of the (first) pipe table in ``md`` as dicts keyed by its header."""
+    lines = [line for line in md.splitlines() if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip()[1:-1].split("|")] for line in lines]
+    return [dict(zip(cells[0], row)) for row in cells[2:]]
 
 
 @pytest.fixture
@@ -58,12 +65,12 @@ def test_table3_beside_paper(table):
     assert f_z3.tokens_per_s == 5000.0 and f_z3.paper_tokens_per_s == pytest.approx(5590.1)
     oom = long[(long.technique == "Naive") & (long.platform == "rtx4090")].iloc[0]
     assert oom.status == "oom" and oom.paper_status == "oom"
-    md = paper_tables.markdown(long, "Table III", with_bs=False)
-    row = next(line for line in md.splitlines() if line.startswith("| llama2-7b | Naive |"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    # a800: ours, paper, ratio, ours M, paper M; then rtx4090 all "-"
-    assert cells[2].startswith("7000.0") and cells[3] == "7488.3" and cells[4] == "0.93"
-    assert cells[7:12] == ["-", "-", "", "-", "-"]
+    md = paper_tables.markdown(long, "Table III", "table3")
+    row = next(r for r in md_rows(md) if (r["Model"], r["Method"]) == ("llama2-7b", "Naive"))
+    # a800: ours, the paper's, ratio; rtx4090 (the paper's only, ours OOM too): "-"
+    assert row["a800 tok/s"].startswith("7000.0") and row["a800 paper tok/s"] == "7488.3"
+    assert row["a800 ratio"] == "0.93" and row["a800 tok/s/GPU"] == "875.0"
+    assert row["rtx4090 tok/s"] == "-" and row["rtx4090 paper tok/s"] == "-" and row["rtx4090 paper M GB"] == "-"
     # our extra platform (h100) has a column, the paper's rows for 13B are not shown
     assert "h100 tok/s" in md and "llama2-13b" not in md
 
@@ -75,7 +82,7 @@ def test_report_page_of_a_paper_table_keeps_every_cell(table):
 
     from llmbench.report import markdown
 
-    md = paper_tables.markdown(paper_tables.build(table, "table3"), "Table III", with_bs=False)
+    md = paper_tables.markdown(paper_tables.build(table, "table3"), "Table III", "table3")
     md += "\nnote with <b>markup</b> & a `code` span\n"
 
     class Rows(HTMLParser):
@@ -128,8 +135,10 @@ def test_table4_picks_best_batch(table):
     f_z3 = long[(long.technique == "F+Z3") & (long.platform == "a800")].iloc[0]
     assert f_z3.batch_size == 8 and f_z3.tokens_per_s == 20000.0
     assert f_z3.paper_batch_size == 16
-    md = paper_tables.markdown(long, "Table IV", with_bs=True)
-    assert "a800 BS" in md
+    md = paper_tables.markdown(long, "Table IV", "table4")
+    row = next(r for r in md_rows(md) if (r["Model"], r["Method"]) == ("llama2-7b", "F+Z3"))
+    # no max-batch search ran: the best batch run is not the largest that fits
+    assert row["a800 BS"] == "8 (not maximised)" and row["a800 paper BS"] == "16"
 
 
 def test_table4_compares_cells_of_the_most_gpus(tmp_path):
@@ -290,3 +299,63 @@ def test_mfu_against_the_measured_gemm_ceiling(tmp_path):
     assert df.loc["Naive", "model_tflops_per_gpu"] == pytest.approx(8000 * fpt / 8 / 1e12)
     assert df.loc["Naive", "mfu_vs_gemm"] == pytest.approx(8000 * fpt / 8 / 1e12 / 200.0)
     assert pd.isna(df.loc["Q", "mfu_vs_gemm"])  # 4-bit matmuls are no bf16 GEMMs
+
+
+def test_an_h100_row_meets_the_a800_column_through_per_gpu_mfu_and_relatives(tmp_path):
+    """Nobody has the paper's A800s: an H100 cell compares with them through tokens/s per
+    GPU, MFU against each platform's peak and the method's throughput relative to Z3 (Table
+    III's baseline), ours beside the paper's; the raw ratio stays empty (other hardware)."""
+    from llmbench.report import paper_frame
+
+    paths = write_records(tmp_path, [("h100", "llama2-7b", "Q", 1, "ok", 1800.0, 9.0),
+                                     ("h100", "llama2-7b", "Z3", 1, "ok", 600.0, 20.0)])
+    long = paper_tables.build(tidy.build(paths), "table3")
+    at = {(r.technique, r.platform): r for r in long.itertuples()}
+    q, z3, paper_q = at[("Q", "h100")], at[("Z3", "h100")], at[("Q", "a800")]
+    assert (q.gpus, q.tokens_per_s_per_gpu, q.relative_tokens_per_s) == (1, 1800.0, 3.0)
+    assert pd.isna(q.mfu) and pd.isna(q.ratio_tokens_per_s)  # no MFU for 4-bit; no ratio across hardware
+    assert z3.relative_tokens_per_s == 1.0
+    assert paper_q.paper_tokens_per_s_per_gpu == pytest.approx(10813.4 / 8)
+    assert paper_q.paper_relative_tokens_per_s == pytest.approx(10813.4 / 5491.4)
+    row = next(r for r in md_rows(paper_tables.markdown(long, "Table III", "table3")) if r["Method"] == "Q")
+    assert row["h100 x Z3"] == "3.00" and row["a800 (paper) x Z3"] == f"{10813.4 / 5491.4:.2f}"
+    assert row["h100 tok/s/GPU"] == "1800.0" and row["a800 (paper) tok/s/GPU"] == f"{10813.4 / 8:.1f}"
+    assert row["h100 M GB"] == f"{9.0 * 2**30 / 1e9:.1f}" and row["h100 GPUs"] == "1"
+
+
+def test_a_missing_baseline_is_said_not_substituted(tmp_path):
+    paths = write_records(tmp_path, [("h100", "llama2-7b", "Q", 1, "ok", 1800.0, 9.0)])
+    long = paper_tables.build(tidy.build(paths), "table3")
+    assert long[long.platform == "h100"]["relative_tokens_per_s"].isna().all()
+    assert "Baseline Z3 missing (its relatives empty, no other method substituted): h100 llama2-7b 1 GPU(s) (not run)" \
+        in paper_tables.markdown(long, "Table III", "table3")
+
+
+def test_the_papers_typo_is_printed_and_never_compared(tmp_path):
+    paths = write_records(tmp_path, [("h200", "llama2-13b", "R+Z2+O", 64, "ok", 6000.0, 70.0)])
+    long = paper_tables.build(tidy.build(paths), "table4")
+    typo = long[(long.technique == "R+Z2+O") & (long.platform == "a800") & (long.model == "llama2-13b")].iloc[0]
+    assert typo.paper_tokens_per_s == 640435 and typo.paper_flag == "typo"
+    assert pd.isna(typo.paper_tokens_per_s_per_gpu) and pd.isna(typo.paper_relative_tokens_per_s)
+    row = next(r for r in md_rows(paper_tables.markdown(long, "Table IV", "table4")) if r["Method"] == "R+Z2+O")
+    assert row["a800 (paper) tok/s"] == "640435.0 (typo, not compared)"
+
+
+def test_two_runs_of_one_cell_both_stay_with_their_run(tmp_path):
+    """The combined view reads several results folders: a cell two of them measured keeps
+    a row for each, saying which run it came from."""
+    a = write_records(tmp_path, [("h100", "llama2-7b", "Q", 1, "ok", 1800.0, 9.0)], results="run-a")
+    b = write_records(tmp_path, [("h100", "llama2-7b", "Q", 1, "ok", 1700.0, 9.1)], results="run-b")
+    df = tidy.build(a + b)
+    assert sorted(df["run"]) == ["run-a", "run-b"]
+    long = paper_tables.build(df, "table3")
+    ours = long[long.platform == "h100"]
+    assert len(ours) == 2 and set(ours["tokens_per_s"]) == {1800.0, 1700.0}
+    rows = [r for r in md_rows(paper_tables.markdown(long, "Table III", "table3")) if r["Method"] == "Q"]
+    assert len(rows) == 2 and {r["h100 run"] for r in rows} == {"run-a", "run-b"}
+
+
+def test_origin_names_the_results_folder_and_tells_probes_apart():
+    assert tidy.origin("results/reference/2026-11-22-h100/runs/pretrain/h100/x/deepspeed/Q/bs1-g1/record.json") \
+        == ("2026-11-22-h100", "cell")
+    assert tidy.origin("res/runs/search/pretrain/h100/x/deepspeed/Q-g1/bs8/record.json") == ("res", "probe")

@@ -51,8 +51,8 @@ METRICS: dict[str, str] = {
     "forward_idle_share": "1 - kernel time / wall time of the forward phase",
     "backward_idle_share": "1 - kernel time / wall time of the backward phase",
     "optimizer_idle_share": "1 - kernel time / wall time of the optimizer phase",
-    "forward_gemm_share": "GEMM kernel time / all kernel time of the forward phase",
-    "backward_gemm_share": "GEMM kernel time / all kernel time of the backward phase",
+    "forward_gemm_share": "GEMM kernel time / wall time of the forward phase (Table XIII; as tables/profile-phases)",
+    "backward_gemm_share": "GEMM kernel time / wall time of the backward phase",
     "attention_core_forward_s": "forward time of the attention core (QK^T, softmax, PV, or the fused kernel)",
     "attention_core_backward_s": "backward time of the attention core",
     "mlp_over_next_module": "forward time of the MLP / that of the next most expensive decoder module",
@@ -269,7 +269,7 @@ def derive(df: pd.DataFrame) -> pd.DataFrame:
     for phase in ("forward", "backward", "optimizer"):
         df[f"{phase}_idle_share"] = 1 - df[f"{phase}_kernel_s"] / df[f"{phase}_wall_s"]
     for phase in ("forward", "backward"):
-        df[f"{phase}_gemm_share"] = df[f"{phase}_gemm_s"] / df[f"{phase}_kernel_s"]
+        df[f"{phase}_gemm_share"] = df[f"{phase}_gemm_s"] / df[f"{phase}_wall_s"]
     for m in METRICS:
         if m not in df:
             df[m] = float("nan")
@@ -405,18 +405,19 @@ def _measure(grp: pd.DataFrame, sel: dict, metric: str, stage: str, group: dict)
     """The metric of the cells ``sel`` picks in ``grp`` (mean over ok runs), or why not."""
     rows = _match(grp, sel)
     cell = _cell_text(stage, group, sel)
+    spec = {"stage": stage, **group, **sel}
     if rows.empty:
         need = sel.get("gpus")
         have = _platform_facts(group.get("platform", "")).get("gpus_per_node") if "platform" in group else None
         why = f"needs {need} GPUs, the platform has {have}" if need and have and need > have else "not run"
-        return None, [(cell, why)], set()
+        return None, [(cell, why, spec)], set()
     ok = rows[rows["status"] == "ok"]
     if ok.empty:
         st = sorted(set(rows["status"].astype(str)))
-        return None, [(cell, "out of memory" if st == ["oom"] else "status " + "/".join(st))], set(rows["run"])
+        return None, [(cell, "out of memory" if st == ["oom"] else "status " + "/".join(st), spec)], set(rows["run"])
     vals = ok[metric].dropna() if metric in ok else pd.Series(dtype=float)
     if vals.empty:
-        return None, [(cell, f"{metric} not measured")], set(ok["run"])
+        return None, [(cell, f"{metric} not measured", spec)], set(ok["run"])
     return float(vals.mean()), [], set(ok["run"])
 
 
@@ -437,8 +438,9 @@ def evaluate_check(check: Check, finding: Finding, grp: pd.DataFrame, group: dic
             return Outcome(1.0, _judge(check, 1.0), [], set(rows["run"]))
         if (rows["status"] == "oom").any():
             return Outcome(0.0, _judge(check, 0.0), [], set(rows["run"]))
-        return Outcome(None, "missing", [(cell, "not run" if rows.empty else "status " + "/".join(
-            sorted(set(rows["status"].astype(str)))))], set(rows["run"]) if len(rows) else set())
+        why = "not run" if rows.empty else "status " + "/".join(sorted(set(rows["status"].astype(str))))
+        return Outcome(None, "missing", [(cell, why, {"stage": finding.stage, **group, **sel_a})],
+                       set(rows["run"]) if len(rows) else set())
     a, miss, runs = _measure(grp, sel_a, check.metric, finding.stage, group)
     if check.relation == "value":
         return Outcome(a, _judge(check, a), miss, runs)
@@ -452,8 +454,9 @@ def evaluate_check(check: Check, finding: Finding, grp: pd.DataFrame, group: dic
     others = among.drop(index=mine)
     others = others[(others["status"] == "ok") & others[check.metric].notna()]
     if others.empty:
-        miss = miss + [(_cell_text(finding.stage, group, {**finding.where, **(check.among or {})}),
-                        "no other cell to compare with")]
+        among_sel = {**finding.where, **(check.among or {})}
+        miss = miss + [(_cell_text(finding.stage, group, among_sel), "no other cell to compare with",
+                        {"stage": finding.stage, **group, **among_sel})]
         return Outcome(None, "missing", miss, runs)
     by = ["technique", "backend", "engine", "case", "batch_size"]
     best = others.groupby([k for k in by if k in others], dropna=False)[check.metric].mean().max()
@@ -567,7 +570,7 @@ def evaluate(findings: list[Finding], ours: pd.DataFrame, paper: pd.DataFrame) -
         for r in kept:
             g = r["group"]
             paper_value, paper_check = _paper_text(f, theirs, g.get("model", f.where.get("model")))
-            missing = [f"{cell}: {why}" for o in r["outcomes"] for cell, why in o.missing]
+            missing = [f"{cell}: {why}" for o in r["outcomes"] for cell, why, _ in o.missing]
             rows.append({
                 "finding": f.id, "section": f.section, "claim": f.claim, "compares": f.compares(),
                 "platform": g.get("platform", "-"), "model": g.get("model", f.where.get("model", "-")),
@@ -578,7 +581,6 @@ def evaluate(findings: list[Finding], ours: pd.DataFrame, paper: pd.DataFrame) -
                 "missing": "; ".join(dict.fromkeys(missing)) if r["verdict"] in ("untestable", "partly") else "",
                 "runs": ", ".join(sorted(set().union(*(o.runs for o in r["outcomes"])) - {"paper"})),
                 "paper_check": paper_check, "how": f.how,
-                "missing_cells": [c for o in r["outcomes"] for c in o.missing],
             })
     df = pd.DataFrame(rows)
     return df
@@ -591,43 +593,89 @@ COLUMNS = ["finding", "section", "claim", "compares", "platform", "model", "gpus
 
 #: The GPUs this project is lent for its runs (one H100, one H200): where missing cells are ranked.
 LENT = (("h100", 1), ("h200", 1))
+#: Engines no longer maintained upstream (TGI: archived in March 2026): kept runnable and
+#: judged where they ran, never ranked as a cell worth GPU time.
+LEGACY_ENGINES = ("tgi",)
 #: The paper's models, for ranking cells a finding names without a model.
 PAPER_MODELS = ("llama2-7b", "llama2-13b", "llama2-70b")
 
 
+def _fit_note(spec: dict) -> str:
+    """'' where the cell may fit its GPU, else why it cannot (its model states alone)."""
+    from .. import memory
+    from ..models import ModelSpec
+
+    tech, model, plat = spec.get("technique"), spec.get("model"), spec.get("platform")
+    cap = _platform_facts(plat).get("gpu_memory_gib") if plat else None
+    if not model or not cap:
+        return ""
+    try:
+        spec_model = ModelSpec.load(model)
+        if spec.get("stage") == "serve":  # bf16 weights alone
+            need, what = spec_model.param_counts()["total"] * memory.WEIGHTS_BF16 / memory.GIB, "bf16 weights"
+        elif spec.get("stage") in ("pretrain", "finetune") and isinstance(tech, str):
+            need, what = memory.model_states_gib(spec_model, tech, int(spec.get("gpus") or 1)), "model states"
+        else:
+            return ""
+    except (ConfigError, techniques.TechniqueError):
+        return ""
+    return f"cannot fit: {what} {need:.0f} GiB > {cap:g} GiB" if need > cap else ""
+
+
 def missing_cells(findings: list[Finding], ours: pd.DataFrame, lent=LENT) -> pd.DataFrame:
-    """The cells that would turn the most undecided findings into verdicts on the lent
-    GPUs, ranked: for every finding, every lent (platform, GPUs) and model, the cells its
-    checks name that did not run (or did not run ok) there."""
+    """The cells that would decide the most undecided findings on the lent GPUs, ranked.
+
+    A finding some group of ours already decided (holds or contradicts) counts no more;
+    one only partly decided counts the cells its partly groups miss; one no group decided
+    counts, for every lent (platform, GPUs) and model, the cells its checks name that did
+    not run (or not ok) there. A cell whose model states alone exceed the GPU
+    (llmbench.memory) is ranked after those that may fit: it would only confirm an OOM."""
     count: dict[tuple[str, str], set] = {}
+    spec_of: dict[tuple[str, str], dict] = {}
+
+    lent_gpus = dict(lent)
+
+    def add(f: Finding, outcomes: list[Outcome]) -> None:
+        for o in outcomes:
+            for cell, why, spec in o.missing:
+                # only cells a lent GPU can run; an out-of-memory cell already ran (rerunning
+                # it cannot decide anything)
+                plat = spec.get("platform")
+                if plat not in lent_gpus or (spec.get("gpus") or lent_gpus[plat]) > lent_gpus[plat] \
+                        or why == "out of memory" or "any platform" in cell or spec.get("engine") in LEGACY_ENGINES:
+                    continue
+                count.setdefault((cell, why), set()).add(f.id)
+                spec_of[(cell, why)] = spec
+
     for f in findings:
+        real = [r for r in evaluate_finding(f, ours) if r["relevant"]]
+        if any(r["verdict"] in ("holds", "contradicts") for r in real):
+            continue
+        partly = [r for r in real if r["verdict"] == "partly"]
+        if partly:
+            for r in partly:
+                add(f, r["outcomes"])
+            continue
         models = [f.where["model"]] if isinstance(f.where.get("model"), str) else list(PAPER_MODELS)
         if "model" not in f.group_by:
             models = [None]
         for plat, gpus in lent:
-            facts = _platform_facts(plat)
-            lo, hi = (f.platforms.get("gpu_memory_gib") or {}).get("min"), (f.platforms.get("gpu_memory_gib") or {}).get("max")
-            mem = facts.get("gpu_memory_gib")
-            if mem is None or (lo is not None and mem < lo) or (hi is not None and mem > hi):
+            mem = _platform_facts(plat).get("gpu_memory_gib")
+            bounds = f.platforms.get("gpu_memory_gib") or {}
+            if mem is None or mem < bounds.get("min", -math.inf) or mem > bounds.get("max", math.inf):
                 continue
             for model in models:
                 group = {k: v for k, v in (("platform", plat), ("model", model), ("gpus", gpus)) if k in f.group_by}
-                rows = ours
+                rows = ours[ours["stage"] == f.stage] if "stage" in ours else ours.iloc[0:0]
                 for k, v in group.items():
                     rows = rows[rows[k] == v] if k in rows else rows.iloc[0:0]
-                rows = rows[rows["stage"] == f.stage] if "stage" in rows else rows
-                res = [evaluate_check(c, f, rows, group) for c in f.checks]
-                if combine([o.verdict for o in res]) not in ("untestable", "partly"):
-                    continue
-                for o in res:
-                    for cell, why in o.missing:
-                        if "GPUs, the platform has" in why or "any platform" in cell:
-                            continue
-                        count.setdefault((cell, why), set()).add(f.id)
-    rows = [{"cell": c, "why": w, "findings": len(ids), "finding_ids": ", ".join(sorted(ids))}
-            for (c, w), ids in count.items()]
-    df = pd.DataFrame(rows, columns=["cell", "why", "findings", "finding_ids"])
-    return df.sort_values(["findings", "cell"], ascending=[False, True], ignore_index=True)
+                add(f, [evaluate_check(c, f, rows, group) for c in f.checks])
+    out = [{"cell": c, "why": w, "findings": len(ids), "finding_ids": ", ".join(sorted(ids)),
+            "predicted": _fit_note(spec_of[(c, w)])} for (c, w), ids in count.items()]
+    df = pd.DataFrame(out, columns=["cell", "why", "findings", "finding_ids", "predicted"])
+    df["_cannot"] = df["predicted"] != ""
+    df = df.sort_values(["_cannot", "findings", "cell"], ascending=[True, False, True], ignore_index=True)
+    return df.drop(columns="_cannot")
 
 
 def counts(table: pd.DataFrame) -> dict[str, int]:
@@ -662,8 +710,9 @@ def markdown(table: pd.DataFrame, missing: pd.DataFrame) -> str:
               "`compares`, `paper_check` (does the paper's own table bear the claim out?) and `how`.", ""]
     if len(missing):
         lines += ["#### Cells that would decide the most undecided findings on the lent GPUs (one H100, one H200)",
-                  "", "Ranked by how many findings each would decide; a cell that runs out of memory decides "
-                  "them too (an OOM is a result).", "",
+                  "", "Ranked by how many findings no run has decided yet each would decide; an out-of-memory "
+                  "result decides them too, but a cell whose model states alone exceed the GPU (`predicted`) "
+                  "is ranked last: it could only confirm the OOM.", "",
                   missing.head(15).to_markdown(index=False, disable_numparse=True), ""]
     return "\n".join(lines)
 

@@ -301,6 +301,14 @@ def test_mfu_against_the_measured_gemm_ceiling(tmp_path):
     assert pd.isna(df.loc["Q", "mfu_vs_gemm"])  # 4-bit matmuls are no bf16 GEMMs
 
 
+def test_table3_takes_batch_1_at_the_most_gpus_it_ran(tmp_path):
+    """A scaling axis at batch 2 on more GPUs must not hide a method's batch-1 cell."""
+    paths = write_records(tmp_path, [("cpu", "tiny", "Q", 1, "ok", 100.0, 1.0, 1), ("cpu", "tiny", "Q", 2, "ok", 180.0, 1.1, 2)])
+    long = paper_tables.build(tidy.build(paths), "table3")
+    q = long[(long.technique == "Q") & (long.platform == "cpu")]
+    assert len(q) == 1 and (q.iloc[0].batch_size, q.iloc[0].gpus, q.iloc[0].tokens_per_s) == (1, 1, 100.0)
+
+
 def test_an_h100_row_meets_the_a800_column_through_per_gpu_mfu_and_relatives(tmp_path):
     """Nobody has the paper's A800s: an H100 cell compares with them through tokens/s per
     GPU, MFU against each platform's peak and the method's throughput relative to Z3 (Table

@@ -63,12 +63,14 @@ def _cells(tidy: pd.DataFrame) -> pd.DataFrame:
 def _ours(tidy: pd.DataFrame, table: str) -> pd.DataFrame:
     pre = _cells(tidy)
     pre = pre[(pre["stage"] == STAGE[table]) & (pre["backend"] == "deepspeed")]
+    if table in ("table3", "table9"):
+        pre = pre[pre["batch_size"] == 1]
     most = pre.groupby(KEY)["gpus"].transform("max")
     pre = pre[pre["gpus"] == most]
     cell = KEY + ["run"]
     if table in ("table3", "table9"):
-        # one record per (platform, model, technique, run) at batch 1, of the most GPUs run
-        return pre[pre["batch_size"] == 1].groupby(cell).tail(1)
+        # one record per (platform, model, technique, run) at batch 1, of the most GPUs run at batch 1
+        return pre.groupby(cell).tail(1)
     # table4: per run, the best ok cell of the most GPUs; a method with no ok cell shows its worst status
     ok = pre[pre["status"] == "ok"].sort_values("tokens_per_s_mean")
     best = ok.groupby(cell).tail(1)
@@ -106,7 +108,7 @@ def build(tidy: pd.DataFrame, table: str, root=None) -> pd.DataFrame:
         "model": p["model"], "technique": p["technique"], "platform": p["platform"],
         "paper_status": p["status"], "paper_batch_size": p["batch_size"], "paper_tokens_per_s": p["tokens_per_s_mean"],
         "paper_tokens_per_s_std": p["tokens_per_s_std"], "paper_tokens_per_s_per_gpu": p["tokens_per_s_per_gpu"],
-        "paper_mfu": p["mfu"], "paper_relative_tokens_per_s": p["relative"], "paper_mem_gb": p["peak_mem_gb"],
+        "paper_mfu": p["mfu"], "paper_relative_tokens_per_s": p["relative"], "paper_mem_gb": p["peak_mem_gb_printed"],
         "paper_flag": p["flag"],
     })
     long = ours.merge(paper, on=KEY, how="outer")

@@ -202,3 +202,9 @@ def test_paper_mfu_uses_the_platforms_peak():
     assert naive.mfu == pytest.approx(7488.3 * fpt / (8 * 312e12))
     q = p[(p["table"] == "table3") & (p["technique"] == "Q") & (p["platform"] == "a800")].iloc[0]
     assert pd.isna(q.mfu)  # not reported for 4-bit cells (DESIGN.md)
+
+
+def test_a_platform_filter_by_interconnect(tmp_path):
+    f = load_entries(tmp_path, finding(platforms={"gpu_memory_gib": {"min": 20}, "interconnect": "NVLink"}))[0]
+    assert [p for p in ("a800", "h200", "rtx3090", "rtx3090-nonvlink", "rtx4090", "cpu") if findings.platform_ok(f, p)] \
+        == ["a800", "h200", "rtx3090"]

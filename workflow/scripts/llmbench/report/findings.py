@@ -254,7 +254,8 @@ def _platform_facts(name: str) -> dict:
         p = load_named("platform", name)
     except ConfigError:
         return {}
-    return {"gpu_memory_gib": p.get("gpu_memory_gib"), "gpus_per_node": p.get("gpus_per_node")}
+    return {"gpu_memory_gib": p.get("gpu_memory_gib"), "gpus_per_node": p.get("gpus_per_node"),
+            "interconnect": p.get("interconnect", "")}
 
 
 def derive(df: pd.DataFrame) -> pd.DataFrame:
@@ -476,18 +477,28 @@ def combine(verdicts: list[str]) -> str:
     return "contradicts"
 
 
+def platform_ok(f: Finding, platform: str) -> bool:
+    """Whether a platform is one the finding is about (its ``platforms`` filter: bounds on a
+    number such as gpu_memory_gib, or a word its interconnect names)."""
+    facts = _platform_facts(platform)
+    for attr, want in f.platforms.items():
+        have = facts.get(attr)
+        if isinstance(want, str):
+            if want.lower() not in str(have or "").lower() or "disabled" in str(have or "").lower():
+                return False
+        elif have is None or have < want.get("min", -math.inf) or have > want.get("max", math.inf):
+            return False
+    return True
+
+
 def _candidates(df: pd.DataFrame, f: Finding) -> pd.DataFrame:
     df = df[df["stage"] == f.stage] if "stage" in df else df.iloc[0:0]
     for k in ("model", "platform", "backend"):
         v = f.where.get(k)
         if v is not None and all(k not in c.a and k not in (c.b or {}) for c in f.checks):
             df = df[df[k].isin(v) if isinstance(v, list) else df[k] == v]
-    for attr, bounds in f.platforms.items():
-        vals = df["platform"].map(lambda p: _platform_facts(p).get(attr))
-        if "min" in bounds:
-            df = df[vals.astype(float) >= bounds["min"]]
-        if "max" in bounds:
-            df = df[vals.astype(float) <= bounds["max"]]
+    if f.platforms:
+        df = df[df["platform"].map(lambda p: platform_ok(f, p))]
     return df
 
 
@@ -660,9 +671,7 @@ def missing_cells(findings: list[Finding], ours: pd.DataFrame, lent=LENT) -> pd.
         if "model" not in f.group_by:
             models = [None]
         for plat, gpus in lent:
-            mem = _platform_facts(plat).get("gpu_memory_gib")
-            bounds = f.platforms.get("gpu_memory_gib") or {}
-            if mem is None or mem < bounds.get("min", -math.inf) or mem > bounds.get("max", math.inf):
+            if not platform_ok(f, plat):
                 continue
             for model in models:
                 group = {k: v for k, v in (("platform", plat), ("model", model), ("gpus", gpus)) if k in f.group_by}

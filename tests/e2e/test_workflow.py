@@ -161,8 +161,9 @@ def test_the_findings_table_judges_every_finding(workspace):
     assert len(decided) and (decided["ours_value"] != "n/a").all()
     md = (workspace / "results/tables/findings.md").read_text()
     assert md.startswith("### The verdict") and "holds" in md.splitlines()[2]
-    missing = pd.read_csv(workspace / "results/tables/findings-missing.csv")
-    assert missing["findings"].is_monotonic_decreasing
+    missing = pd.read_csv(workspace / "results/tables/findings-missing.csv", keep_default_na=False)
+    fits = missing[missing["predicted"] == ""]  # ranked first, by how many findings each decides
+    assert fits["findings"].is_monotonic_decreasing and (missing["predicted"].iloc[:len(fits)] == "").all()
 
 
 def test_max_batch_search_finds_the_largest_batch_under_a_real_memory_cap(workspace):

@@ -106,11 +106,29 @@ def markdown(table: Table) -> str:
 _STYLE = """
 body { font: 13px/1.4 system-ui, sans-serif; margin: 1em; }
 table { border-collapse: collapse; }
-th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; white-space: nowrap; }
-th { background: #f3f3f3; position: sticky; top: 0; }
+th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; vertical-align: top; }
+th { background: #f3f3f3; position: sticky; top: 0; white-space: nowrap; }
+td { white-space: nowrap; }
+td.long { white-space: normal; min-width: 20em; max-width: 40em; text-align: left; }
 td:nth-child(-n+2), th:nth-child(-n+2) { text-align: left; }
 p { max-width: 60em; color: #444; }
 """
+
+
+#: a cell longer than this wraps (claims, reasons, the cells a finding misses): numbers stay on one line
+LONG_CELL = 40
+
+
+def _styled(frame: pd.DataFrame) -> str:
+    """The display frame as an HTML table (pandas' Styler): text escaped, no index, columns
+    with long text allowed to wrap."""
+    long = [c for c in frame.columns if frame[c].str.len().max() > LONG_CELL]
+    styler = frame.style.hide(axis="index").format(escape="html")
+    if long:
+        styler = styler.set_td_classes(pd.DataFrame(
+            [["long" if c in long else "" for c in frame.columns]] * len(frame), index=frame.index,
+            columns=frame.columns))
+    return styler.to_html()
 
 
 def _paragraphs(text: str) -> str:
@@ -128,7 +146,7 @@ def page(table: Table) -> str:
             body.append(_paragraphs(p.lead))
         frame = _display(p.frame)
         if len(frame.columns) and len(frame):
-            body.append(frame.style.hide(axis="index").format(escape="html").to_html())
+            body.append(_styled(frame))
         else:
             body.append("<p>(no rows)</p>")
         if p.note:

@@ -333,20 +333,29 @@ def profile_serve_chart(tables: Tables | None = None) -> alt.FacetChart:
 
 
 def profile_comm_chart(tables: Tables | None = None) -> alt.Chart:
-    """Tables XIV-XVI: memcpy, communication and AllReduce share of a DeepSpeed step."""
-    df = _get(tables, "profile-comm", ["platform", "model", "technique", "batch_size", "gpus", "memcpy_pct",
-                                       "comm_pct", "allreduce_pct"])
+    """Tables XIV-XVI: what share of a DeepSpeed step goes to memory copies, communication
+    and AllReduce, ours beside the paper's A800 value of the same ZeRO stage (or method)."""
+    parts = ["memcpy", "comm", "allreduce"]
+    df = _get(tables, "profile-comm", ["platform", "model", "technique", "batch_size", "gpus"]
+              + [f"{w}_pct" for w in parts] + [f"paper_{w}_pct" for w in parts])
     title = _title("profile-comm")
     if df.empty:
         return _empty(title, "% of the step", "no DeepSpeed profile cell")
     df["cell"] = _profile_cell(df) + " g" + _ints(df["gpus"])
-    long = df.melt(id_vars=["cell"], value_vars=["memcpy_pct", "comm_pct", "allreduce_pct"], var_name="what",
-                   value_name="pct")
-    long["what"] = long["what"].str.replace("_pct", "", regex=False)
+    long = pd.concat([pd.DataFrame({"cell": df["cell"], "what": w, "source": src, "pct": df[col].astype(float)})
+                      for w in parts for src, col in (("ours", f"{w}_pct"), ("paper (A800, 8 GPUs)", f"paper_{w}_pct"))],
+                     ignore_index=True).dropna(subset=["pct"])
+    long["bar"] = long["what"] + " · " + long["source"]
     bars = alt.Chart(long).mark_bar().encode(
-        y=alt.Y("cell:N", title=None), yOffset="what:N", x=alt.X("pct:Q", title="% of the step"),
-        color=alt.Color("what:N", title=None), tooltip=["cell", "what", alt.Tooltip("pct:Q", format=".1f")])
-    return bars.properties(width=420, height=alt.Step(12), title=title)
+        y=alt.Y("cell:N", title=None), yOffset=alt.YOffset("bar:N", sort=[f"{w} · {s}" for w in parts for s in (
+            "ours", "paper (A800, 8 GPUs)")]),
+        x=alt.X("pct:Q", title="% of the step"), color=alt.Color("what:N", title=None, sort=parts),
+        opacity=alt.Opacity("source:N", title=None, scale=alt.Scale(domain=["ours", "paper (A800, 8 GPUs)"],
+                                                                     range=[1.0, 0.4])),
+        tooltip=["cell", "what", "source", alt.Tooltip("pct:Q", format=".1f")])
+    return bars.properties(width=420, height=alt.Step(10), title=alt.Title(
+        title, subtitle="Solid: ours; pale: the paper's value for the same ZeRO stage (Tables XIV, XVI) or method "
+                        "(Table XV)."))
 
 
 def save(chart: alt.TopLevelMixin, stem: Path | str) -> list[Path]:

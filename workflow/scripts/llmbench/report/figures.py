@@ -304,17 +304,24 @@ def _profile_cell(df: pd.DataFrame) -> pd.Series:
 
 def profile_modules_chart(tables: Tables | None = None) -> alt.FacetChart:
     """Fig. 5: each module's share of the forward and backward phases, one bar per profile
-    cell (technique, batch size), one panel per phase."""
+    cell (technique, batch size) and, beneath it, the paper's A800 bar of the same model,
+    method and batch where Table VI has one; one panel per phase."""
     df = _get(tables, "profile-modules", ["platform", "model", "technique", "batch_size", "phase", "module",
-                                          "share_pct", "time_ms"])
+                                          "share_pct", "time_ms", "paper_share_pct", "paper_time_ms"])
     df = df[df["phase"].isin(["forward", "backward"])].copy()
     df["cell"] = _profile_cell(df)
-    bars = alt.Chart(df).mark_bar().encode(
-        y=alt.Y("cell:N", title=None), x=alt.X("share_pct:Q", title="share of the phase", stack="normalize"),
-        color=alt.Color("module:N", title="module"),
+    paper = df[df["paper_share_pct"].notna()].drop_duplicates(["model", "technique", "batch_size", "phase", "module"])
+    paper = paper.assign(cell="paper a800 " + paper["model"].astype(str) + " " + paper["technique"].astype(str)
+                         + " bs" + _ints(paper["batch_size"]), share_pct=paper["paper_share_pct"],
+                         time_ms=paper["paper_time_ms"])
+    both = pd.concat([df, paper], ignore_index=True)[["cell", "phase", "module", "share_pct", "time_ms"]]
+    bars = alt.Chart(both).mark_bar().encode(
+        y=alt.Y("cell:N", title=None, sort=list(dict.fromkeys(both["cell"]))),
+        x=alt.X("share_pct:Q", title="share of the phase", stack="normalize"),
+        color=alt.Color("module:N", title="module", scale=alt.Scale(scheme="tableau20")),  # 13 kinds: no repeats
         tooltip=["cell", "phase", "module", alt.Tooltip("share_pct:Q", format=".1f", title="% of phase"),
                  alt.Tooltip("time_ms:Q", format=".3f", title="ms")])
-    return bars.properties(width=420, height=160).facet(row=alt.Row("phase:N", title=None)).properties(
+    return bars.properties(width=420, height=alt.Step(18)).facet(row=alt.Row("phase:N", title=None)).properties(
         title=_title("profile-modules"))
 
 

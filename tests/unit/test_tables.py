@@ -221,7 +221,8 @@ def test_pretrain_figure_puts_each_cell_apart_ours_beside_the_papers(tmp_path):
     paths = write_records(tmp_path, [("h100", "llama2-7b", "Q", 1, "ok", 1800.0, 9.0, 1),
                                      ("h100", "llama2-7b", "Z3", 1, "ok", 600.0, 20.0, 1),
                                      ("h200", "llama2-7b", "Q", 1, "ok", 3000.0, 9.0, 2),
-                                     ("h200", "llama2-7b", "Z3", 1, "ok", 1500.0, 20.0, 2)])
+                                     ("h200", "llama2-7b", "Z3", 1, "ok", 1500.0, 20.0, 2),
+                                     ("h100", "llama2-7b", "Naive", 1, "oom", None, None, 1)])
     values = chart_values(chart_of(tmp_path, tidy.build(paths), "pretrain"))
     rel = {(v["series"], v["table"]): v["value"] for v in values
            if v["method"] == "Q" and v["metric"].startswith("relative to Z3")}
@@ -234,6 +235,10 @@ def test_pretrain_figure_puts_each_cell_apart_ours_beside_the_papers(tmp_path):
     assert {v["batch"] for v in values if v["source"] == "ours"} == {"1"}
     assert {v["source"] for v in values} == {"ours", "paper"}
     assert not any(v["metric"] == "MFU %" and v["method"] == "Q" for v in values)  # none for 4-bit
+    # an out-of-memory cell is a result: a mark at 0 in every metric, ours and the paper's (RTX4090 Naive)
+    oom = {(v["series"], v["metric"]): v["value"] for v in values
+           if (v["method"], v["status"], v["table"]) == ("Naive", "oom", "Table III: batch 1")}
+    assert oom[("h100 · 1 GPU", "tokens/s per GPU")] == 0 and oom[("rtx4090 (paper) · 8 GPUs", "MFU %")] == 0
 
 
 def test_summary_lists_every_record(tmp_path):

@@ -70,7 +70,8 @@ METHOD_METRICS = ("tokens/s per GPU", "relative to {base} (tokens/s per GPU)", "
 
 def _method_points(long: pd.DataFrame, label: str, base: str) -> pd.DataFrame:
     """One point per (model, method, series, metric) of a paper table's long CSV: ours per
-    platform, GPU count and run, the paper's per paper platform (8 GPUs); ok cells only."""
+    platform, GPU count and run, the paper's per paper platform (8 GPUs); ok cells, and
+    out-of-memory cells at 0 (an OOM is a result: no tokens) with status 'oom'."""
     cols = ["model", "technique", "platform", "run", "gpus", "status", "batch_size", "tokens_per_s_per_gpu",
             "relative_tokens_per_s", "mfu", "paper_status", "paper_batch_size", "paper_tokens_per_s_per_gpu",
             "paper_relative_tokens_per_s", "paper_mfu"]
@@ -81,29 +82,26 @@ def _method_points(long: pd.DataFrame, label: str, base: str) -> pd.DataFrame:
     models = (set(ran["model"]) & set(printed["model"])) or set(ran["model"]) or set(printed["model"])
     methods = set(zip(ran["model"], ran["technique"])) or set(zip(printed["model"], printed["technique"]))
     long = long[[(m, t) in methods and m in models for m, t in zip(long["model"], long["technique"])]]
-    ours = long[long["status"] == "ok"]
-    # a platform and GPU count that several runs measured: each run its own series (colour)
-    runs = ours.groupby(["platform", "gpus"], dropna=False)["run"].transform("nunique")
-    gpus = pd.Series([f"{_bs(g)} GPU" + ("" if g == 1 else "s") for g in ours["gpus"]], index=ours.index,
-                     dtype=object)
-    series = ours["platform"].astype(str) + " · " + gpus
-    series = series.where(runs.le(1), series + " · " + ours["run"].astype(str))
-    mine = pd.DataFrame({"model": ours["model"], "method": ours["technique"], "series": series, "source": "ours",
-                         "batch": _ints(ours["batch_size"]), "gpus": ours["gpus"],
+    ours = long[long["status"].isin(["ok", "oom"])]
+    mine = pd.DataFrame({"model": ours["model"], "method": ours["technique"], "platform": ours["platform"],
+                         "run": ours["run"].astype(object).where(ours["run"].notna(), ""), "source": "ours",
+                         "status": ours["status"], "batch": _ints(ours["batch_size"]), "gpus": ours["gpus"],
                          METHOD_METRICS[0]: ours["tokens_per_s_per_gpu"],
                          METHOD_METRICS[1].format(base=base): ours["relative_tokens_per_s"],
                          METHOD_METRICS[2]: 100 * ours["mfu"].astype(float)})
-    paper = long[long["paper_status"] == "ok"].drop_duplicates(
-        ["model", "technique", "platform"])
-    theirs = pd.DataFrame({"model": paper["model"], "method": paper["technique"],
-                           "series": paper["platform"].astype(str) + " (paper) · 8 GPUs", "source": "paper",
+    paper = long[long["paper_status"].isin(["ok", "oom"])].drop_duplicates(["model", "technique", "platform"])
+    theirs = pd.DataFrame({"model": paper["model"], "method": paper["technique"], "platform": paper["platform"],
+                           "run": "paper", "source": "paper",
+                           "status": paper["paper_status"],
                            "batch": _ints(paper["paper_batch_size"]), "gpus": 8,
                            METHOD_METRICS[0]: paper["paper_tokens_per_s_per_gpu"],
                            METHOD_METRICS[1].format(base=base): paper["paper_relative_tokens_per_s"],
                            METHOD_METRICS[2]: 100 * paper["paper_mfu"].astype(float)})
     both = pd.concat([mine, theirs], ignore_index=True)
     metrics = [m.format(base=base) for m in METHOD_METRICS]
-    points = both.melt(id_vars=["model", "method", "series", "source", "batch", "gpus"], value_vars=metrics,
+    both.loc[both["status"] == "oom", metrics] = 0.0
+    points = both.melt(id_vars=["model", "method", "platform", "run", "source", "status", "batch", "gpus"],
+                       value_vars=metrics,
                        var_name="metric", value_name="value").dropna(subset=["value"])
     points["table"] = label
     several = points["model"].nunique() > 1
@@ -111,29 +109,49 @@ def _method_points(long: pd.DataFrame, label: str, base: str) -> pd.DataFrame:
     return points
 
 
+def _series(points: pd.DataFrame) -> pd.Series:
+    """A colour per platform and GPU count (ours) or paper platform; where several runs
+    measured one platform and GPU count (the combined view), a colour per run, the same in
+    every panel."""
+    ours = points["source"] == "ours"
+    runs = points[ours].groupby(["platform", "gpus"], dropna=False)["run"].nunique()
+    out = []
+    for r in points.itertuples():
+        if r.source != "ours":
+            out.append(f"{r.platform} (paper) · 8 GPUs")
+            continue
+        label = f"{r.platform} · {_bs(r.gpus)} GPU" + ("" if r.gpus == 1 else "s")
+        out.append(label + (f" · {r.run}" if runs.get((r.platform, r.gpus), 1) > 1 else ""))
+    return pd.Series(out, index=points.index, dtype=object)
+
+
 def _methods_chart(points: pd.DataFrame, title: str, base_note: str) -> alt.TopLevelMixin:
-    """Dots per method (rows), one colour per platform series, filled: ours, hollow: the
-    paper's; one column per metric (each its own scale), one row per table."""
+    """Dots per method (rows), one colour per platform series, filled circle: ours, hollow
+    triangle: the paper's, cross at 0: out of memory; one column per metric (each its own
+    scale), one row per table."""
     if points.empty:
-        return _empty(title, "value", "no ok cell of ours or of the paper for these models")
+        return _empty(title, "value", "no measured cell of ours or of the paper for these models")
     order = list(dict.fromkeys(points["row"]))
+    points = points.assign(series=_series(points))
     base = alt.Chart().encode(
         y=alt.Y("row:N", title=None, sort=order),
         x=alt.X("value:Q", title=None, scale=alt.Scale(zero=False)),
-        color=alt.Color("series:N", title="platform · GPUs [· run]"),
-        shape=alt.Shape("source:N", title=None, scale=alt.Scale(domain=["ours", "paper"],
-                                                                range=["circle", "triangle-up"])),
-        tooltip=["table", "model", "method", "series", "source", "batch", "gpus", "metric",
+        color=alt.Color("series:N", title="platform · GPUs [· run]", legend=alt.Legend(labelLimit=360)),
+        tooltip=["table", "model", "method", "series", "source", "status", "batch", "gpus", "metric",
                  alt.Tooltip("value:Q", format=",.3~f")])
-    ours = base.transform_filter(alt.datum.source == "ours").mark_point(size=70, filled=True, opacity=0.9)
-    paper = base.transform_filter(alt.datum.source == "paper").mark_point(size=70, filled=False, strokeWidth=2)
+    ok = alt.datum.status == "ok"
+    ours = base.transform_filter(ok & (alt.datum.source == "ours")).mark_point(
+        shape="circle", size=70, filled=True, opacity=0.9)
+    paper = base.transform_filter(ok & (alt.datum.source == "paper")).mark_point(
+        shape="triangle-up", size=70, filled=False, strokeWidth=2)
+    oom = base.transform_filter(alt.datum.status == "oom").mark_point(shape="cross", size=70, filled=True)
     metrics = [m for m in dict.fromkeys(points["metric"])]
-    return alt.layer(ours, paper, data=points).properties(width=230, height=alt.Step(16)).facet(
+    return alt.layer(ours, paper, oom, data=points).properties(width=230, height=alt.Step(16)).facet(
         row=alt.Row("table:N", title=None), column=alt.Column("metric:N", title=None, sort=metrics),
     ).resolve_scale(x="independent", y="independent").properties(
-        title=alt.Title(title, subtitle=[base_note, "Filled: ours (platform · GPUs of the cell); hollow: the "
-                                         "paper's (8-GPU node). Out-of-memory or missing cells have no dot: see "
-                                         "the table."]))
+        title=alt.Title(title, subtitle=[base_note, "Filled circle: ours (platform · GPUs of the cell); hollow "
+                                         "triangle: the paper's (8-GPU node); cross at 0: out of memory (ours or "
+                                         "the paper's '-'). A cell not run has no mark: see the table."]))
 
 
 def pretrain_chart(tables: Tables | None = None) -> alt.TopLevelMixin:

@@ -13,22 +13,19 @@
 #   logs/serve/<same as runs>.server.log the engine's own output
 #   models/{model}/{weights}/            model directory an engine loads (config, weights, tokenizer)
 #   tables/records.{csv,parquet}         the tidy table of every Record (and of evidence_dirs' records)
-#   tables/findings.{csv,md,html}        the verdict: every finding of the paper judged on these records;
-#   tables/findings-missing.csv          the cells that would decide the most undecided findings
-#   tables/requests.parquet              one row per measured request of every serving cell
-#   tables/{table2,table3,table4,table9}.{csv,md}  the paper's layouts, ours beside the published values
-#   tables/*.html                        every .md table as a page of the report (snakemake --report)
-#   tables/serving.{csv,md}              throughput and TTFT/TPOT/ITL/latency percentiles per cell
-#   tables/scaling.{csv,md}              Fig. 4: tokens/s and efficiency per GPU count
-#   tables/micro.parquet                 one row per measured microbenchmark point
-#   tables/{micro-gemm,micro-memcpy,micro-collectives,table12}.{csv,md}  Section VII
-#   tables/profile.parquet, tables/{profile-phases,profile-modules,profile-attention}.{csv,md}
-#                                        Tables V-VIII, XIII: module-wise profile of a training step
-#   figures/{pretrain,finetune}.{html,svg,png}  throughput and memory per technique and platform
-#   figures/serve-throughput, serve-latency-cdf  Figs. 6-10: throughput, latency CDFs
-#   figures/micro-gemm, micro-memcpy, micro-collectives  Figs. 11-15
-#   figures/profile-modules              Fig. 5: module shares per phase
-#   figures/scaling                      Fig. 4: tokens/s against GPUs, with the linear ideal
+#   tables/records-{stage}.csv           its rows of one stage (pretrain, finetune, serve, profile)
+#   tables/requests.parquet, micro.parquet, profile.parquet  per-row tables: requests, microbenchmark
+#                                        points, profile rows
+#   tables/<table>.{csv,md,html}         every table of workflow/scripts/llmbench/report/catalog.py: its
+#                                        long form, its Markdown and its report page. The verdict
+#                                        (findings, + findings-missing.csv: the cells that would decide the
+#                                        most), the paper's layouts table2-4, table9 (ours beside the published
+#                                        values), serving, scaling (Fig. 4), search, micro-gemm, micro-memcpy,
+#                                        micro-collectives, table12, profile-phases, -modules, -attention,
+#                                        -serve, -comm
+#   figures/<figure>.{html,svg,png}      every figure of the catalog, drawn from the tables it plots:
+#                                        pretrain, finetune (per method: ours against the paper's), scaling,
+#                                        serve-throughput, serve-latency-cdf, micro-*, profile-*
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -56,16 +53,12 @@ localrules:
     tables,
     figures,
     build_tidy_table,
-    build_paper_table,
-    build_serving_table,
-    build_micro_table,
-    build_profile_table,
-    build_scaling_table,
-    build_search_table,
+    build_tidy_slice,
+    build_sample_table,
+    build_table,
     build_findings_table,
     findings,
     plot_figure,
-    render_report_tables,
     finetune,
     serve,
     micro,
@@ -110,7 +103,6 @@ rule profile:
 rule findings:
     input:
         findings_targets(),
-        f"{R}/tables/findings.html",
 
 
 rule tables:

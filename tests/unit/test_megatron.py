@@ -14,7 +14,7 @@ import pytest
 from llmbench import grid, launch, record
 from llmbench.config import ConfigError
 from llmbench.record import Metrics, Record
-from llmbench.report import paper_tables, tidy
+from llmbench.report import paper_tables, render, tidy
 
 from conftest import REPO
 
@@ -347,7 +347,7 @@ def test_table2_beside_the_paper(tmp_path):
     h = row[("megatron", "tp2pp1", "h200", "1")]
     assert pd.isna(h.paper_tokens_per_s) and pd.isna(h.ratio_tokens_per_s)  # no paper value on h200
     assert len(long) == 5
-    md = paper_tables.markdown_table2(long, "Table II")
+    md = render.markdown(paper_tables.table2(long))
     assert md.startswith("### Table II")
     rows = [[c.strip() for c in line.strip()[1:-1].split("|")] for line in md.splitlines() if line.startswith("|")]
     head, body = rows[0], [dict(zip(rows[0], r)) for r in rows[2:]]
@@ -363,7 +363,7 @@ def test_table2_builds_without_megatron_cells(tmp_path):
     empty = tidy.build([])
     long = paper_tables.build_table2(empty)
     assert len(long) == 4 and long["status"].isna().all()  # the paper's four rows, ours empty
-    paper_tables.write_table2(long, tmp_path / "t2.csv", tmp_path / "t2.md", "Table II")
+    render.write(paper_tables.table2(long), tmp_path / "t2.csv", tmp_path / "t2.md")
     assert (tmp_path / "t2.md").read_text().count("| Megatron-LM ") == 2
     assert len(pd.read_csv(tmp_path / "t2.csv")) == 4
 
@@ -376,10 +376,14 @@ def test_scaling_series_never_mix_layouts_and_the_figure_tells_backends_apart(tm
         ("megatron", {}, "a800", 1, 2, "ok", 1900.0),
         ("megatron", {"distributed_optimizer": True}, "a800", 1, 4, "ok", 3000.0),
         ("deepspeed", {}, "a800", 1, 1, "ok", 900.0),
+        ("deepspeed", {}, "a800", 1, 2, "ok", 1700.0),
     ])
     s = scaling.build(t)
-    assert list(zip(s.backend, s.layout, s.gpus)) == [("megatron", "tp1pp1", 1), ("megatron", "tp1pp1", 2)]
-    assert s.efficiency_pct.iloc[1] == pytest.approx(95.0)
-    chart = figures.pretrain_chart(t).to_dict()
+    assert list(zip(s.backend, s.layout.fillna(""), s.gpus)) == [
+        ("deepspeed", "", 1), ("deepspeed", "", 2), ("megatron", "tp1pp1", 1), ("megatron", "tp1pp1", 2)]
+    assert s.efficiency_pct.iloc[3] == pytest.approx(95.0)
+    # the figure reads the scaling table's CSV, as the workflow does: one line per backend and layout
+    render.write(scaling.table(s), tmp_path / "scaling.csv", tmp_path / "scaling.md")
+    chart = figures.scaling_chart({"scaling": render.read_csv(tmp_path / "scaling.csv")}).to_dict()
     cells = {r["cell"] for r in next(iter(chart["datasets"].values()))}
-    assert cells == {"Naive bs1", "Naive bs1 megatron-tp1pp1", "Naive bs1 megatron-tp1pp1-distopt"}
+    assert cells == {"llama2-7b Naive bs1 pretrain", "llama2-7b Naive bs1 pretrain megatron-tp1pp1"}

@@ -241,7 +241,11 @@ def test_micro_figures_build_when_a_benchmark_is_absent(only):
         "collectives": {"bench": "collectives", "platform": "h200", "case": "p2p", "op": "all_reduce",
                         "bytes": 1 << 20, "busbw_gb_per_s": 100.0, "time_s": 1e-5},
     }
-    tables = {"micro": pd.DataFrame([rows[only]])}
+    from llmbench.report import micro
+
+    # each figure reads its table's long form (micro.points: what the table's CSV holds)
+    frame = pd.DataFrame([rows[only]])
+    tables = {f"micro-{bench}": micro.points(frame, bench) for bench in ("gemm", "memcpy", "collectives")}
     for chart in (figures.micro_gemm_chart, figures.micro_memcpy_chart, figures.micro_collectives_chart):
-        spec = chart(pd.DataFrame(), tables).to_dict()
+        spec = chart(tables).to_dict()
         assert spec["facet"]

@@ -429,17 +429,21 @@ def test_comm_table_puts_the_papers_tables_xiv_xv_xvi_beside_ours(tmp_path):
 
     df = pd.DataFrame([row("F+R+Z2+O"), row("R+Z3"), row("F", comm_AllReduce_s_per_iter=0.2, comm_AllReduce_share=0.4),
                        {**row("Naive"), "backend": "torch"}])
-    table, md = profile.comm(df)
+    built = profile.comm(df)
+    table = built.long
     assert len(table) == 3  # the torch profile cell is the module-wise tables'
     z2 = table[table.technique == "F+R+Z2+O"].iloc[0]
     assert (z2.paper_memcpy_s, z2.paper_comm_pct, z2.comm_pct) == (0.596, 41.8, 40.0)
     assert table[table.technique == "R+Z3"].iloc[0].paper_comm_s == 4.576
     f = table[table.technique == "F"].iloc[0]
     assert f.paper_allreduce_pct == 44.97 and f.allreduce_pct == 40.0 and pd.isna(f.paper_comm_s)
-    assert md.startswith("### Tables XIV, XV, XVI")
-    from llmbench.report import figures
+    from llmbench.report import figures, render
 
-    out = figures.save(figures.CHARTS["profile-comm"](df), tmp_path / "comm")
+    assert render.markdown(built).startswith("### Tables XIV, XV, XVI")
+    # the figure reads the table's CSV, as the workflow does
+    render.write(built, tmp_path / "profile-comm.csv", tmp_path / "profile-comm.md")
+    out = figures.save(figures.CHARTS["profile-comm"]({"profile-comm": render.read_csv(tmp_path / "profile-comm.csv")}),
+                       tmp_path / "comm")
     assert out[1].read_text().lstrip().startswith("<svg") and "F+R+Z2+O" in out[0].read_text()
 
 

@@ -7,7 +7,8 @@ from llmbench import grid, record
 from llmbench.config import ConfigError
 from llmbench.launch import Outcome
 from llmbench.profile.results import build_record
-from llmbench.report import figures, profile, tidy
+from llmbench.report import figures, profile, render, tidy
+from test_tables import chart_of, md_rows
 
 MODULES = {"forward": {"qkv": 0.02, "attn_scores": 0.01, "softmax": 0.004, "attn_values": 0.006, "mlp": 0.05, "other": 0.01},
            "backward": {"qkv": 0.04, "attn_scores": 0.02, "softmax": 0.008, "attn_values": 0.012, "mlp": 0.1, "other": 0.02},
@@ -67,40 +68,48 @@ def test_profile_tables_beside_the_paper(tmp_path):
     assert set(rows["technique"]) == {"Naive", "F"} and len(rows) == 2 * 13 - 2 * 3 + 2 * 1
     assert rec.summary["forward_wall_s"] == pytest.approx(0.1 * 10) and rec.metrics.tokens_per_s_runs == (700.0, 700.0)
 
-    phases, md = profile.phases(df)
+    built = profile.phases(df)
+    phases, md = built.long, render.markdown(built)
     naive_fwd = phases[(phases.technique == "Naive") & (phases.phase == "forward")].iloc[0]
     assert naive_fwd.wall_ms == pytest.approx(100.0) and naive_fwd.paper_wall_ms == pytest.approx(75.0)
     assert naive_fwd.gemm_share_pct == pytest.approx(50.0) and naive_fwd.paper_gemm_share_pct == pytest.approx(66.4)
     assert phases[phases.technique == "Naive"]["share_pct"].sum() == pytest.approx(100.0)
-    assert "| cpu | llama2-7b | Naive | 2 | forward | 100.00 |" in md
-    assert " !" not in md.split("\n\n")[1]  # no phase holds more kernel time than wall time
+    row = next(r for r in md_rows(md) if (r["Method"], r["Phase"]) == ("Naive", "forward"))
+    assert (row["Platform"], row["Model"], row["BS"], row["ms"]) == ("cpu", "llama2-7b", "2", "100.00")
+    assert not any(r["kernel ms"].endswith(" !") for r in md_rows(md))  # no phase holds more kernel time than wall time
     # a phase whose kernels add up past its wall time (one stream cannot) is flagged
     over = df.copy()
     over.loc[over.technique == "Naive", "optimizer_kernel_s"] = over.loc[over.technique == "Naive", "optimizer_wall_s"] * 1.5
-    _, md_over = profile.phases(over)
-    flagged = [line for line in md_over.splitlines() if line.endswith(" |") and " ! |" in line]
-    assert len(flagged) == 1 and "| Naive | 2 | optimizer |" in flagged[0]
+    flagged = [r for r in md_rows(render.markdown(profile.phases(over))) if r["kernel ms"].endswith(" !")]
+    assert [(r["Method"], r["BS"], r["Phase"]) for r in flagged] == [("Naive", "2", "optimizer")]
     # where the device activities are known (GPU runs) they are the ceiling: kernel time
     # under the wall time but over the phase's device time is counted twice
     dev = df.copy()
     naive = dev.technique == "Naive"
     dev.loc[naive, "forward_device_s"] = dev.loc[naive, "forward_kernel_s"] * 0.5
     dev.loc[naive, "backward_device_s"] = dev.loc[naive, "backward_kernel_s"]
-    dev_table, md_dev = profile.phases(dev)
-    flagged = [line for line in md_dev.splitlines() if line.endswith(" |") and " ! |" in line]
-    assert len(flagged) == 1 and "| Naive | 2 | forward |" in flagged[0]
+    dev_built = profile.phases(dev)
+    dev_table = dev_built.long
+    flagged = [r for r in md_rows(render.markdown(dev_built)) if r["kernel ms"].endswith(" !")]
+    assert [(r["Method"], r["BS"], r["Phase"]) for r in flagged] == [("Naive", "2", "forward")]
     assert dev_table[(dev_table.technique == "Naive") & (dev_table.phase == "optimizer")].device_ms.isna().all()
 
-    mods, md = profile.modules(df, rows)
+    mods = profile.modules(df, rows).long
     mlp = mods[(mods.technique == "Naive") & (mods.phase == "backward") & (mods.module == "mlp")].iloc[0]
     assert mlp.time_ms == pytest.approx(100.0) and mlp.paper_time_ms == pytest.approx(88.70)
 
-    att, md = profile.attention(df, rows)
+    att_built = profile.attention(df, rows)
+    att, md = att_built.long, render.markdown(att_built)
     fwd = att[att.phase == "forward"].iloc[0]
     assert (fwd.base, fwd.naive_ms, fwd.flash_ms) == ("Naive", pytest.approx(20.0), pytest.approx(10.0))
-    assert fwd.improvement_pct == pytest.approx(50.0) and "| paper: a800 | llama2-7b | Naive | 2 | forward | 1.06 | 0.69 | 34.9 |" in md
+    assert fwd.improvement_pct == pytest.approx(50.0)
+    assert ["paper: a800", "llama2-7b", "Naive", "2", "forward", "1.06", "0.69", "34.9"] in [list(r.values()) for r in md_rows(md)]
 
-    out = figures.save(figures.CHARTS["profile-modules"](df, {"profile": rows}), tmp_path / "fig5")
+    chart = chart_of(tmp_path, df, "profile-modules", profile=rows)
+    # Fig. 5: the paper's Table VI bar (llama2-7b, Naive, batch 2) beneath ours, never for a cell it lacks
+    bars = {v["cell"] for v in next(iter(chart.to_dict()["datasets"].values()))}
+    assert bars == {"cpu llama2-7b Naive bs2", "cpu llama2-7b F bs2", "paper a800 llama2-7b Naive bs2"}
+    out = figures.save(chart, tmp_path / "fig5")
     assert out[1].read_text().lstrip().startswith("<svg")
 
 
@@ -122,7 +131,8 @@ def test_serving_forward_table_groups_modules_as_tables_x_and_xi(tmp_path):
     t = {k: None for k in tidy.ALL_COLUMNS}
     t.update(stage="profile", backend="inference", status="ok", platform="cpu", model="tiny", technique="F",
              batch_size=8, gpus=1, decode_steps=4)
-    table, md = profile.serve(pd.DataFrame([t]), points)
+    built = profile.serve(pd.DataFrame([t]), points)
+    table, md = built.long, render.markdown(built)
     for phase in ("prefill", "decode"):  # decode: 4 steps of 4x the time -> the prefill's ms per pass
         view = table[(table.phase == phase)].set_index(["view", "group"])
         assert view.loc[("timeline", "attention"), "ms"] == pytest.approx(4 + 1 + 6 + 2)
@@ -134,5 +144,6 @@ def test_serving_forward_table_groups_modules_as_tables_x_and_xi(tmp_path):
     assert md.startswith("### Tables X, XI")
     from llmbench.report import figures
 
-    out = figures.save(figures.CHARTS["profile-serve"](pd.DataFrame([t]), {"profile": points}), tmp_path / "serve")
+    out = figures.save(chart_of(tmp_path, pd.DataFrame([t]).reindex(columns=tidy.ALL_COLUMNS), "profile-serve",
+                                profile=points), tmp_path / "serve")
     assert out[1].read_text().lstrip().startswith("<svg") and "attention" in out[0].read_text()

@@ -6,7 +6,7 @@ import pytest
 
 from llmbench import grid, record
 from llmbench.record import Metrics, Record
-from llmbench.report import figures, paper_tables, tidy
+from llmbench.report import catalog, figures, paper_tables, render, tables, tidy
 
 
 def write_records(tmp_path, rows, stage="pretrain", results="results"):
@@ -30,6 +30,11 @@ def md_rows(md: str) -> list[dict]:
     lines = [line for line in md.splitlines() if line.startswith("|")]
     cells = [[c.strip() for c in line.strip()[1:-1].split("|")] for line in lines]
     return [dict(zip(cells[0], row)) for row in cells[2:]]
+
+
+def md(long: pd.DataFrame, name: str) -> str:
+    """A paper table's Markdown, as the workflow writes it."""
+    return render.markdown(paper_tables.table(long, name))
 
 
 @pytest.fixture
@@ -65,25 +70,25 @@ def test_table3_beside_paper(table):
     assert f_z3.tokens_per_s == 5000.0 and f_z3.paper_tokens_per_s == pytest.approx(5590.1)
     oom = long[(long.technique == "Naive") & (long.platform == "rtx4090")].iloc[0]
     assert oom.status == "oom" and oom.paper_status == "oom"
-    md = paper_tables.markdown(long, "Table III", "table3")
-    row = next(r for r in md_rows(md) if (r["Model"], r["Method"]) == ("llama2-7b", "Naive"))
+    text = md(long, "table3")
+    row = next(r for r in md_rows(text) if (r["Model"], r["Method"]) == ("llama2-7b", "Naive"))
     # a800: ours, the paper's, ratio; rtx4090 (the paper's only, ours OOM too): "-"
     assert row["a800 tok/s"].startswith("7000.0") and row["a800 paper tok/s"] == "7488.3"
     assert row["a800 ratio"] == "0.93" and row["a800 tok/s/GPU"] == "875.0"
     assert row["rtx4090 tok/s"] == "-" and row["rtx4090 paper tok/s"] == "-" and row["rtx4090 paper M GB"] == "-"
     # our extra platform (h100) has a column, the paper's rows for 13B are not shown
-    assert "h100 tok/s" in md and "llama2-13b" not in md
+    assert "h100 tok/s" in text and "llama2-13b" not in text
 
 
 def test_report_page_of_a_paper_table_keeps_every_cell(table):
-    """The report's HTML page of a table has its title, each row's cells in order (OOM '-'
-    and empty cells kept), its note, and escapes what HTML would read as markup."""
+    """The report's HTML page of a table (pandas' Styler) has its title, each row's cells in
+    order (OOM '-' and empty cells kept), its note, and escapes what HTML would read as markup."""
     from html.parser import HTMLParser
 
-    from llmbench.report import markdown
-
-    md = paper_tables.markdown(paper_tables.build(table, "table3"), "Table III", "table3")
-    md += "\nnote with <b>markup</b> & a `code` span\n"
+    built = paper_tables.table(paper_tables.build(table, "table3"), "table3")
+    part = built.parts[0]
+    built = render.Table(title=built.title, long=built.long, parts=(
+        render.Part(frame=part.frame, note=part.note + "\n\nnote with <b>markup</b> & a `code` span"),))
 
     class Rows(HTMLParser):
         def __init__(self):
@@ -99,35 +104,48 @@ def test_report_page_of_a_paper_table_keeps_every_cell(table):
 
         def handle_endtag(self, tag):
             if tag in ("td", "th"):
-                self.rows[-1].append(self.cell)
+                self.rows[-1].append(self.cell.strip())
                 self.cell = None
 
         def handle_data(self, data):
             if self.cell is not None:
                 self.cell += data
 
-    page = markdown.to_html(md)
+    page = render.page(built)
     parsed = Rows()
     parsed.feed(page)
-    table_lines = [line for line in md.splitlines() if line.startswith("|")]
-    expected = [[c.strip() for c in line.strip()[1:-1].split("|")] for line in table_lines]
-    assert parsed.rows == [expected[0]] + expected[2:]  # the separator row is not a row
-    assert "<title>Table III" in page and "<h3>Table III" in page
-    assert "&lt;b&gt;markup&lt;/b&gt; &amp; a <code>code</code> span" in page and "b" not in parsed.tags
+    frame = part.frame
+    assert parsed.rows[0] == list(frame.columns)
+    assert parsed.rows[1:] == [[str(v) for v in row] for row in frame.itertuples(index=False)]
+    assert any("-" in row for row in parsed.rows[1:]) and any("" in row for row in parsed.rows[1:])
+    assert "<title>Table III" in page and "<h3>Table III" in page and "<script" not in page
+    assert "&lt;b&gt;markup&lt;/b&gt; &amp; a `code` span" in page and "b" not in parsed.tags
+    # the Markdown of the same table: the same rows, title first
+    text = render.markdown(built)
+    assert text.startswith("### Table III") and [list(r.values()) for r in md_rows(text)] == parsed.rows[1:]
 
 
-def test_scaling_table_prints_batch_sizes_as_integers():
+def test_scaling_table_prints_batch_sizes_as_integers(tmp_path):
     """A tidy table with micro or serving rows has NaN batch sizes, so the column is float
-    there; Fig. 4's table still says batch 2, not 2.0 (the default grid printed 2.0)."""
+    there; Fig. 4's table still says batch 2, not 2.0 (the default grid printed 2.0), in its
+    Markdown and its CSV; per GPU and MFU stand beside the efficiency."""
     from llmbench.report import scaling
 
     base = dict(stage="pretrain", platform="cpu", model="tiny", backend="deepspeed", layout=None,
-                technique="Q", batch_size=2.0, status="ok")
-    tidy = pd.DataFrame([{**base, "gpus": 1.0, "tokens_per_s_mean": 1000.0},
-                         {**base, "gpus": 2.0, "tokens_per_s_mean": 1900.0},
+                technique="Q", batch_size=2.0, status="ok", mfu=None)
+    tidy = pd.DataFrame([{**base, "gpus": 1.0, "tokens_per_s_mean": 1000.0, "mfu": 0.25},
+                         {**base, "gpus": 2.0, "tokens_per_s_mean": 1900.0, "mfu": 0.2375},
                          {**base, "stage": "micro", "batch_size": None, "gpus": 1.0, "tokens_per_s_mean": None}])
-    md = scaling.markdown(scaling.build(tidy))
-    assert "| cpu | tiny | pretrain | Q | 2 | 2 | 1,900.0 | 2,000.0 | 95.0 |" in md
+    built = scaling.table(scaling.build(tidy))
+    rows = md_rows(render.markdown(built))
+    assert [(r["BS"], r["GPUs"], r["tok/s"], r["linear tok/s"], r["efficiency %"], r["tok/s/GPU"], r["MFU %"])
+            for r in rows] == [("2", "1", "1,000.0", "1,000.0", "100.0", "1,000.0", "25.0"),
+                               ("2", "2", "1,900.0", "2,000.0", "95.0", "950.0", "23.8")]
+    assert "prints only the efficiency" in built.parts[0].note
+    render.write(built, tmp_path / "s.csv", tmp_path / "s.md")
+    csv = (tmp_path / "s.csv").read_text().splitlines()
+    assert csv[0].split(",")[:8] == ["stage", "platform", "model", "backend", "layout", "technique", "batch_size", "gpus"]
+    assert [line.split(",")[6:8] for line in csv[1:]] == [["2", "1"], ["2", "2"]]
 
 
 def test_table4_picks_best_batch(table):
@@ -135,8 +153,7 @@ def test_table4_picks_best_batch(table):
     f_z3 = long[(long.technique == "F+Z3") & (long.platform == "a800")].iloc[0]
     assert f_z3.batch_size == 8 and f_z3.tokens_per_s == 20000.0
     assert f_z3.paper_batch_size == 16
-    md = paper_tables.markdown(long, "Table IV", "table4")
-    row = next(r for r in md_rows(md) if (r["Model"], r["Method"]) == ("llama2-7b", "F+Z3"))
+    row = next(r for r in md_rows(md(long, "table4")) if (r["Model"], r["Method"]) == ("llama2-7b", "F+Z3"))
     # no max-batch search ran: the best batch run is not the largest that fits
     assert row["a800 BS"] == "8 (not maximised)" and row["a800 paper BS"] == "16"
 
@@ -157,12 +174,71 @@ def test_table4_compares_cells_of_the_most_gpus(tmp_path):
     assert (z2.batch_size, z2.tokens_per_s) == (4, 90.0)
 
 
+def built(tmp_path, tidy_df: pd.DataFrame, name: str, kind: str = "table", **frames) -> dict:
+    """The workflow's inputs of catalog entry ``name``, made from ``tidy_df`` (and per-row
+    ``frames``: profile, micro, requests): the tidy table written and read back as CSV, each
+    table a figure reads built by its builder and written by render.write. Returns the
+    named input paths (as the rule passes them)."""
+    out = tmp_path / "results" / "tables"
+    out.mkdir(parents=True, exist_ok=True)
+    tidy.write(tidy_df, out / "records.csv", out / "records.parquet")
+    samples = {"profile": tidy.build_samples([], "profile"), "micro": tidy.build_samples([], "micro"),
+               "requests": tidy.build_samples([], "serve"), **frames}
+    for key, frame in samples.items():
+        frame.to_parquet(out / f"{key}.parquet", index=False)
+    sources = {"tidy": out / "records.csv", **{k: out / f"{k}.parquet" for k in samples}}
+    paths = {k: str(v) for k, v in catalog.inputs(catalog.get(kind, name), str(tmp_path / "results")).items()
+             if k != "reference"}
+    for t in catalog.get(kind, name).tables if kind == "figure" else ():
+        render.write(tables.build(t, tables.Inputs(sources)), out / f"{t}.csv", out / f"{t}.md", out / f"{t}.html")
+    return paths
+
+
+def chart_of(tmp_path, tidy_df: pd.DataFrame, name: str, **frames):
+    """Figure ``name`` as the workflow draws it: from the CSVs of the tables it reads."""
+    return figures.CHARTS[name](figures.load(name, built(tmp_path, tidy_df, name, "figure", **frames)))
+
+
+def chart_values(chart) -> list[dict]:
+    """The rows a chart plots (its one dataset)."""
+    datasets = chart.to_dict()["datasets"]
+    assert len(datasets) == 1
+    return next(iter(datasets.values()))
+
+
 def test_figure_saves_offline(table, tmp_path):
-    out = figures.save(figures.pretrain_chart(table), tmp_path / "fig" / "pretrain")
+    out = figures.save(chart_of(tmp_path, table, "pretrain"), tmp_path / "fig" / "pretrain")
     html = out[0].read_text()
     assert "cdn.jsdelivr" not in html and "vega-lite" in html.lower()
     assert out[1].read_text().lstrip().startswith("<svg")
     assert out[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_pretrain_figure_puts_each_cell_apart_ours_beside_the_papers(tmp_path):
+    """One dot per (method, platform, GPU count, metric): a 1-GPU and a 2-GPU cell of one
+    method are two series, never one bar; ours beside the paper's through tokens/s per GPU,
+    the relative to Z3 and MFU; batch sizes are labelled as integers."""
+    paths = write_records(tmp_path, [("h100", "llama2-7b", "Q", 1, "ok", 1800.0, 9.0, 1),
+                                     ("h100", "llama2-7b", "Z3", 1, "ok", 600.0, 20.0, 1),
+                                     ("h200", "llama2-7b", "Q", 1, "ok", 3000.0, 9.0, 2),
+                                     ("h200", "llama2-7b", "Z3", 1, "ok", 1500.0, 20.0, 2),
+                                     ("h100", "llama2-7b", "Naive", 1, "oom", None, None, 1)])
+    values = chart_values(chart_of(tmp_path, tidy.build(paths), "pretrain"))
+    rel = {(v["series"], v["table"]): v["value"] for v in values
+           if v["method"] == "Q" and v["metric"].startswith("relative to Z3")}
+    assert rel[("h100 · 1 GPU", "Table III: batch 1")] == pytest.approx(3.0)
+    assert rel[("h200 · 2 GPUs", "Table III: batch 1")] == pytest.approx(2.0)
+    assert rel[("a800 (paper) · 8 GPUs", "Table III: batch 1")] == pytest.approx(10813.4 / 5491.4)
+    per_gpu = {v["series"]: v["value"] for v in values
+               if (v["method"], v["metric"], v["table"]) == ("Q", "tokens/s per GPU", "Table III: batch 1")}
+    assert per_gpu["h200 · 2 GPUs"] == pytest.approx(1500.0) and per_gpu["h100 · 1 GPU"] == pytest.approx(1800.0)
+    assert {v["batch"] for v in values if v["source"] == "ours"} == {"1"}
+    assert {v["source"] for v in values} == {"ours", "paper"}
+    assert not any(v["metric"] == "MFU %" and v["method"] == "Q" for v in values)  # none for 4-bit
+    # an out-of-memory cell is a result: a mark at 0 in every metric, ours and the paper's (RTX4090 Naive)
+    oom = {(v["series"], v["metric"]): v["value"] for v in values
+           if (v["method"], v["status"], v["table"]) == ("Naive", "oom", "Table III: batch 1")}
+    assert oom[("h100 · 1 GPU", "tokens/s per GPU")] == 0 and oom[("rtx4090 (paper) · 8 GPUs", "MFU %")] == 0
 
 
 def test_summary_lists_every_record(tmp_path):
@@ -185,7 +261,10 @@ def test_table9_and_finetune_figure(tmp_path):
     assert ql.tokens_per_s == 1500.0 and ql.paper_tokens_per_s > 0
     assert ql.ratio_tokens_per_s == pytest.approx(1500.0 / ql.paper_tokens_per_s)
     assert paper_tables.build(df, "table3")["status"].isna().all()  # fine-tuning is not Table III
-    out = figures.save(figures.CHARTS["finetune"](df), tmp_path / "ft")
+    chart = chart_of(tmp_path, df, "finetune")
+    rel = {(v["method"], v["source"]): v["value"] for v in chart_values(chart) if v["metric"].startswith("relative to L")}
+    assert rel[("QL+F+R", "ours")] == pytest.approx(0.5) and rel[("L", "ours")] == 1.0 and ("L", "paper") in rel
+    out = figures.save(chart, tmp_path / "ft")
     assert out[1].read_text().lstrip().startswith("<svg")
 
 
@@ -223,17 +302,18 @@ def test_serving_rows_requests_table_and_figures(tmp_path):
     assert len(req) == 3 and set(req.engine) == {"vllm"} and list(req.e2e_s) == [0.6, 0.4, 0.5]
     table = serving.build(df)
     assert list(table.engine) == ["transformers", "vllm"] and list(table.status) == ["oom", "ok"]
-    md = serving.markdown(table)
-    assert "| cpu | tiny | vllm | burst (burst, 8 in / 4 out) | 1 | ok | 3 (0) | 30.00 | 120.0 | 0.100 / 0.200 / 0.300 |" in md
-    assert "| transformers | burst (burst, 8 in / 4 out) | 1 | - (oom) |" in md
+    rows = md_rows(render.markdown(serving.table(table)))
+    assert [(r["Engine"], r["Load"], r["GPUs"], r["Status"]) for r in rows] == [
+        ("transformers", "burst (burst, 8 in / 4 out)", "1", "- (oom)"), ("vllm", "burst (burst, 8 in / 4 out)", "1", "ok")]
+    assert [rows[1][k] for k in ("Platform", "Model", "Requests (failed)", "req/s", "out tok/s", "TTFT p50/p90/p99 s")] \
+        == ["cpu", "tiny", "3 (0)", "30.00", "120.0", "0.100 / 0.200 / 0.300"]
     assert "vllm" in summary.render(tmp_path / "results" / "runs")
     # the CDF is exact: one step per request, ending at 1
-    chart = figures.serve_latency_cdf_chart(df, {"requests": req}).to_dict()
-    values = next(iter(chart["datasets"].values()))
+    values = chart_values(chart_of(tmp_path, df, "serve-latency-cdf", requests=req))
     assert sorted(v["cdf"] for v in values) == pytest.approx([1 / 3, 2 / 3, 1.0])
     assert [v["e2e_s"] for v in sorted(values, key=lambda v: v["cdf"])] == [0.4, 0.5, 0.6]
     for name in ("serve-throughput", "serve-latency-cdf"):
-        out = figures.save(figures.CHARTS[name](df, {"requests": req}), tmp_path / name)
+        out = figures.save(chart_of(tmp_path, df, name, requests=req), tmp_path / name)
         assert out[1].read_text().lstrip().startswith("<svg")
 
 
@@ -248,33 +328,71 @@ def test_a_load_cut_at_its_timeout_is_plotted_as_a_fraction_of_all_its_requests(
                                      samples=samples), paths[0])
     df = tidy.build(paths)
     req = tidy.build_samples(paths, "serve")
-    values = next(iter(figures.serve_latency_cdf_chart(df, {"requests": req}).to_dict()["datasets"].values()))
+    values = chart_values(chart_of(tmp_path, df, "serve-latency-cdf", requests=req))
     assert sorted((v["e2e_s"], v["cdf"]) for v in values) == [(0.5, pytest.approx(1 / 3)), (0.6, pytest.approx(2 / 3))]
     assert {v["engine"] for v in values} == {"vllm"}
 
 
 def test_every_figure_builds_from_a_table_without_its_cells(tmp_path):
     """A config without pre-training (or serving, or micro) cells still gets every figure."""
-    empty = tidy.build([])
-    tables = {"requests": tidy.build_samples([], "serve"), "micro": tidy.build_samples([], "micro")}
-    for name, chart in figures.CHARTS.items():
-        out = figures.save(chart(empty, tables), tmp_path / name)
+    for name in catalog.names("figure"):
+        out = figures.save(chart_of(tmp_path / name, tidy.build([]), name), tmp_path / name / "fig")
         assert out[1].read_text().lstrip().startswith("<svg"), name
 
 
 def test_every_table_builds_without_its_cells(tmp_path):
-    """A config without serving, micro or profile cells still gets every table (empty)."""
-    from llmbench.report import micro, profile, scaling, search, serving
-
+    """A config without serving, micro or profile cells still gets every table (empty), each
+    with its catalog title, as CSV, Markdown and an HTML page."""
     empty = tidy.build([])
-    assert serving.build(empty).empty and scaling.build(empty).empty
-    assert search.build([], []).empty and search.markdown(search.build([], [])).startswith("### ")
-    for name, builder in micro.BUILDERS.items():
-        table, md = builder(tidy.build_samples([], "micro"))
-        assert md.startswith("### "), name
-    for name, builder in profile.BUILDERS.items():
-        table, md = builder(empty, tidy.build_samples([], "profile"))
-        assert md.startswith("### ") and table.empty, name
+    built(tmp_path, empty, "table3")
+    out = tmp_path / "results" / "tables"
+    sources = {"tidy": out / "records.csv", "profile": out / "profile.parquet", "micro": out / "micro.parquet",
+               "searches": [], "measured": []}
+    for name in catalog.names("table"):
+        t = tables.build(name, tables.Inputs(sources))
+        render.write(t, out / f"{name}.csv", out / f"{name}.md", out / f"{name}.html")
+        title = catalog.get("table", name).title
+        assert (out / f"{name}.md").read_text().startswith(f"### {title}\n"), name
+        assert f"<h3>{html_escape(title)}</h3>" in (out / f"{name}.html").read_text(), name
+        assert (out / f"{name}.csv").exists() and len(t.long.columns), name
+
+
+def html_escape(text: str) -> str:
+    import html
+
+    return html.escape(text, quote=False)
+
+
+def test_the_catalog_places_every_table_and_figure_once():
+    """One list: every table and figure has a section (the verdict first), a builder, and
+    a figure reads only tables of the catalog (never the records), so a new record rebuilds
+    a figure only through the tables it plots."""
+    assert catalog.SECTIONS[0].startswith("1. The verdict") and catalog.TABLES[0].name == "findings"
+    assert list(catalog.by_section()) == list(catalog.SECTIONS)
+    assert sum(len(v) for v in catalog.by_section().values()) == len(catalog.ENTRIES)
+    for e in catalog.TABLES:
+        assert callable(getattr(tables, e.function)), e.name
+    assert list(figures.CHARTS) == catalog.names("figure")
+    for e in catalog.FIGURES:
+        assert e.tables and set(e.reads) <= {f"table:{t}" for t in catalog.names("table")} | {"requests"}, e.name
+    assert catalog.inputs(catalog.get("figure", "scaling"), "R") == {"scaling": "R/tables/scaling.csv"}
+    with pytest.raises(ValueError, match="reads 'records'"):
+        catalog.Entry(name="x", kind="figure", section=catalog.PRETRAIN, title="x", reads=("records",))
+    with pytest.raises(KeyError, match="no figure 'fig9'"):
+        catalog.get("figure", "fig9")
+
+
+def test_the_tidy_table_writes_counts_as_integers(tmp_path):
+    """A serving or micro row has no batch size, so the column is float in memory; the CSV
+    still says 1, not 1.0, and Parquet keeps a nullable integer."""
+    paths = write_records(tmp_path, [("h100", "llama2-7b", "Q", 1, "ok", 1800.0, 9.0)]) + write_serve_records(tmp_path)
+    df = tidy.build(paths)
+    assert df["batch_size"].dtype == float  # NaN for the serving rows
+    tidy.write(df, tmp_path / "t.csv", tmp_path / "t.parquet")
+    csv = pd.read_csv(tmp_path / "t.csv", dtype=str, keep_default_na=False)
+    assert set(csv["batch_size"]) == {"1", ""} and "1.0" not in set(csv["gpus"])
+    assert str(pd.read_parquet(tmp_path / "t.parquet")["batch_size"].dtype) == "Int64"
+    assert render.read_csv(tmp_path / "t.csv")["batch_size"].dtype == "Int64"
 
 
 def test_mfu_against_the_measured_gemm_ceiling(tmp_path):
@@ -325,7 +443,7 @@ def test_an_h100_row_meets_the_a800_column_through_per_gpu_mfu_and_relatives(tmp
     assert z3.relative_tokens_per_s == 1.0
     assert paper_q.paper_tokens_per_s_per_gpu == pytest.approx(10813.4 / 8)
     assert paper_q.paper_relative_tokens_per_s == pytest.approx(10813.4 / 5491.4)
-    row = next(r for r in md_rows(paper_tables.markdown(long, "Table III", "table3")) if r["Method"] == "Q")
+    row = next(r for r in md_rows(md(long, "table3")) if r["Method"] == "Q")
     assert row["h100 x Z3"] == "3.00" and row["a800 (paper) x Z3"] == f"{10813.4 / 5491.4:.2f}"
     assert row["h100 tok/s/GPU"] == "1800.0" and row["a800 (paper) tok/s/GPU"] == f"{10813.4 / 8:.1f}"
     assert row["h100 M GB"] == f"{9.0 * 2**30 / 1e9:.1f}" and row["h100 GPUs"] == "1"
@@ -336,7 +454,7 @@ def test_a_missing_baseline_is_said_not_substituted(tmp_path):
     long = paper_tables.build(tidy.build(paths), "table3")
     assert long[long.platform == "h100"]["relative_tokens_per_s"].isna().all()
     assert "Baseline Z3 missing (its relatives empty, no other method substituted): h100 llama2-7b 1 GPU(s) (not run)" \
-        in paper_tables.markdown(long, "Table III", "table3")
+        in md(long, "table3")
 
 
 def test_the_papers_typo_is_printed_and_never_compared(tmp_path):
@@ -345,7 +463,7 @@ def test_the_papers_typo_is_printed_and_never_compared(tmp_path):
     typo = long[(long.technique == "R+Z2+O") & (long.platform == "a800") & (long.model == "llama2-13b")].iloc[0]
     assert typo.paper_tokens_per_s == 640435 and typo.paper_flag == "typo"
     assert pd.isna(typo.paper_tokens_per_s_per_gpu) and pd.isna(typo.paper_relative_tokens_per_s)
-    row = next(r for r in md_rows(paper_tables.markdown(long, "Table IV", "table4")) if r["Method"] == "R+Z2+O")
+    row = next(r for r in md_rows(md(long, "table4")) if r["Method"] == "R+Z2+O")
     assert row["a800 (paper) tok/s"] == "640435.0 (typo, not compared)"
 
 
@@ -359,7 +477,7 @@ def test_two_runs_of_one_cell_both_stay_with_their_run(tmp_path):
     long = paper_tables.build(df, "table3")
     ours = long[long.platform == "h100"]
     assert len(ours) == 2 and set(ours["tokens_per_s"]) == {1800.0, 1700.0}
-    rows = [r for r in md_rows(paper_tables.markdown(long, "Table III", "table3")) if r["Method"] == "Q"]
+    rows = [r for r in md_rows(md(long, "table3")) if r["Method"] == "Q"]
     assert len(rows) == 2 and {r["h100 run"] for r in rows} == {"run-a", "run-b"}
 
 
@@ -367,3 +485,31 @@ def test_origin_names_the_results_folder_and_tells_probes_apart():
     assert tidy.origin("results/reference/2026-11-22-h100/runs/pretrain/h100/x/deepspeed/Q/bs1-g1/record.json") \
         == ("2026-11-22-h100", "cell")
     assert tidy.origin("res/runs/search/pretrain/h100/x/deepspeed/Q-g1/bs8/record.json") == ("res", "probe")
+
+
+def planned(target: str) -> dict[str, int]:
+    """Jobs per rule that Snakemake's dry run of the embedded default plans to make ``target``
+    from nothing (--forceall): everything the target depends on."""
+    import re
+    import subprocess
+
+    from conftest import BIN, REPO
+
+    out = subprocess.run([BIN / "snakemake", "-n", "--nolock", "--cores", "2", "--forceall", "-d", str(REPO), target],
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout
+    stats = out.split("Job stats:", 1)[1].split("\n\n", 1)[0]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M) if m.group(1) != "total"}
+
+
+def test_a_figure_depends_only_on_the_cells_it_plots():
+    """A figure reads the tables it plots, and those tables their stage's rows: a serving
+    figure needs no training or microbenchmark cell, a microbenchmark figure no serving or
+    training cell, the fine-tuning figure no serving cell and fewer training cells than the
+    pre-training one. (Before, every figure read the tidy table of every record.)"""
+    serve = planned("results/figures/serve-latency-cdf.svg")
+    assert serve.get("run_serving_cell") and not {"run_training_cell", "run_micro_cell", "build_tidy_table"} & set(serve)
+    micro = planned("results/figures/micro-gemm.svg")
+    assert micro.get("run_micro_cell") and not {"run_training_cell", "run_serving_cell", "build_tidy_table"} & set(micro)
+    finetune, pretrain = planned("results/figures/finetune.svg"), planned("results/figures/pretrain.svg")
+    assert "run_serving_cell" not in finetune and "run_serving_cell" not in pretrain
+    assert 0 < finetune["run_training_cell"] < pretrain["run_training_cell"]

@@ -10,13 +10,13 @@ from llmbench import grid as lbgrid  # noqa: E402
 from llmbench import search as lbsearch  # noqa: E402
 from llmbench.serve import engines as lbengines  # noqa: E402
 from llmbench.config import ConfigError  # noqa: E402
+from llmbench.report import catalog as lbcatalog  # noqa: E402
 from llmbench.report import findings as lbfindings  # noqa: E402
 
-FINDINGS_FILE = "config/reference/findings.yaml"
 try:
     GRID = lbgrid.expand(config, Path(workflow.basedir), source="config")
     # the findings are data: a bad entry stops the workflow here, naming it
-    lbfindings.load(Path(workflow.basedir) / FINDINGS_FILE)
+    lbfindings.load(Path(workflow.basedir) / lbcatalog.FINDINGS_FILE)
 except ConfigError as exc:
     raise WorkflowError(f"invalid configuration (nothing was run):\n{exc}") from None
 
@@ -25,40 +25,26 @@ CELL_DIR = "{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gp
 SERVE_CELL_DIR = "{platform}/{model}/{engine}/{load}-g{gpus}"
 MICRO_CELL_DIR = "{platform}/{bench}/{case}-g{gpus}"
 SEARCH_DIR = "{stage}/{platform}/{model}/{backend}/{technique}-g{gpus}"
-PAPER_TABLES = ["table2", "table3", "table4", "table9"]
-FIGURES = ["pretrain", "finetune", "serve-throughput", "serve-latency-cdf", "micro-gemm", "micro-memcpy",
-           "micro-collectives", "profile-modules", "profile-serve", "profile-comm", "scaling"]
-MICRO_TABLES = ["micro-gemm", "micro-memcpy", "micro-collectives", "table12"]
-PROFILE_TABLES = ["profile-phases", "profile-modules", "profile-attention", "profile-serve", "profile-comm"]
-OTHER_TABLES = ["serving", "scaling", "search"]
-VERDICT_TABLES = ["findings"]
-REPORT_TABLES = VERDICT_TABLES + PAPER_TABLES + OTHER_TABLES + MICRO_TABLES + PROFILE_TABLES
-# `snakemake --report`: each table (as HTML) and figure (SVG) under the part of the paper it
-# belongs to; the verdict first
-REPORT_SECTIONS = {
-    "1. The verdict: the paper's findings on this hardware": VERDICT_TABLES,
-    "Pre-training (Tables II-IV, Fig. 4)": ["table2", "table3", "table4", "scaling", "search", "pretrain"],
-    "Fine-tuning (Table IX)": ["table9", "finetune"],
-    "Serving (Figs. 6-10)": ["serving", "serve-throughput", "serve-latency-cdf"],
-    "Microbenchmarks (Figs. 11-15, Table XII)": MICRO_TABLES,  # the figures share the tables' names
-    "Profiles (Tables V-VIII, X, XI, XIII-XVI, Fig. 5)": PROFILE_TABLES,
-}
-SECTION_OF = {name: section for section, names in REPORT_SECTIONS.items() for name in names}
-if set(SECTION_OF) != set(REPORT_TABLES + FIGURES):
-    raise WorkflowError(f"REPORT_SECTIONS must place every table and figure (and nothing else): {sorted(set(SECTION_OF) ^ set(REPORT_TABLES + FIGURES))}")
+# Every table and figure, its report section and its inputs: llmbench/report/catalog.py.
+# The findings table has a rule of its own (it also writes the ranked missing cells); every
+# other table is one job of build_table.
+TABLES = lbcatalog.names("table")
+FIGURES = lbcatalog.names("figure")
+BUILT_TABLES = [t for t in TABLES if t != "findings"]
 
 
 wildcard_constraints:
     **lbgrid.WILDCARD_CONSTRAINTS,
-    table="|".join(PAPER_TABLES),
-    micro_table="|".join(MICRO_TABLES),
-    profile_table="|".join(PROFILE_TABLES),
+    table="|".join(BUILT_TABLES),
     figure="|".join(FIGURES),
+    slice="|".join(lbcatalog.SLICES),
+    sample="|".join(lbcatalog.SAMPLES),
 
 
-def evidence_records():
+def evidence_records(stage=None):
     """Records of the other results folders this config reads (evidence_dirs: the combined
-    view). A pattern that matches no folder with records is an error, before any job."""
+    view), or those of one stage (its cells and its max-batch searches' probes). A pattern
+    that matches no folder with records is an error, before any job."""
     out = []
     for pattern in config.get("evidence_dirs") or []:
         dirs = sorted(p for p in Path().glob(pattern) if p.is_dir() and (p / "runs").is_dir()
@@ -66,8 +52,23 @@ def evidence_records():
         if not dirs:
             raise WorkflowError(f"evidence_dirs: {pattern!r} matches no results folder with a runs/ folder")
         for d in dirs:
-            out += sorted(str(p) for p in (d / "runs").rglob("record.json"))
+            folders = [d / "runs"] if stage is None else [d / "runs" / stage, d / "runs" / "search" / stage]
+            out += sorted(str(p) for f in folders if f.is_dir() for p in f.rglob("record.json"))
     return out
+
+
+def slice_records(wildcards):
+    """Every record of one stage of the tidy table (tables/records-<stage>.csv): the grid's
+    and the other results folders'; a training stage adds the microbenchmark records (MFU
+    against the GEMM ceiling measured on the same platform)."""
+    stages = [wildcards.slice] + (["micro"] if wildcards.slice in lbgrid.SEARCH_STAGES else [])
+    return [p for s in stages for p in records(s) + evidence_records(s)]
+
+
+def sample_records(wildcards):
+    """The records whose samples a per-row table holds (requests: serving, micro, profile)."""
+    stage = lbcatalog.SAMPLES[wildcards.sample]
+    return records(stage) + evidence_records(stage)
 
 
 def records(stage=None):
@@ -96,24 +97,53 @@ def search_folders(stage=None):
 
 
 def table_targets():
+    """The tidy table (whole and by stage), the per-row tables, every catalog table (CSV,
+    Markdown, HTML) and the ranked missing cells of the findings."""
     return (
-        [f"{R}/tables/records.csv", f"{R}/tables/records.parquet", f"{R}/tables/requests.parquet",
-         f"{R}/tables/micro.parquet", f"{R}/tables/profile.parquet"]
-        + [f"{R}/tables/{t}.{ext}" for t in PAPER_TABLES for ext in ("csv", "md")]
-        + [f"{R}/tables/{t}.{ext}" for t in OTHER_TABLES for ext in ("csv", "md")]
-        + [f"{R}/tables/{t}.{ext}" for t in MICRO_TABLES for ext in ("csv", "md")]
-        + [f"{R}/tables/{t}.{ext}" for t in PROFILE_TABLES for ext in ("csv", "md")]
-        + [f"{R}/tables/{t}.html" for t in REPORT_TABLES]
-        + findings_targets()
+        [f"{R}/tables/records.csv", f"{R}/tables/records.parquet"]
+        + [f"{R}/tables/records-{s}.csv" for s in lbcatalog.SLICES]
+        + [f"{R}/tables/{s}.parquet" for s in lbcatalog.SAMPLES]
+        + [f"{R}/tables/{t}.{ext}" for t in TABLES for ext in ("csv", "md", "html")]
+        + [f"{R}/tables/findings-missing.csv"]
     )
 
 
 def findings_targets():
-    return [f"{R}/tables/findings.{ext}" for ext in ("csv", "md")] + [f"{R}/tables/findings-missing.csv"]
+    return [f"{R}/tables/findings.{ext}" for ext in ("csv", "md", "html")] + [f"{R}/tables/findings-missing.csv"]
 
 
 def figure_targets():
     return [f"{R}/figures/{f}.{ext}" for f in FIGURES for ext in ("html", "svg", "png")]
+
+
+def table_inputs(wildcards):
+    """A table's inputs as the catalog names them; the search table's searches as plain
+    inputs (the records they measured come from measured_inputs, after the checkpoints)."""
+    entry = lbcatalog.get("table", wildcards.table)
+    out = lbcatalog.inputs(entry, R)
+    if "searches" in entry.reads:
+        out["searches"] = search_folders()
+    return out
+
+
+def measured_inputs(wildcards):
+    """The records the max-batch searches measured, for the tables that read the searches."""
+    return searched_records() if "searches" in lbcatalog.get("table", wildcards.table).reads else []
+
+
+def figure_inputs(wildcards):
+    """The tables a figure plots (catalog): a record reaches a figure only through them."""
+    return lbcatalog.inputs(lbcatalog.get("figure", wildcards.figure), R)
+
+
+def table_section(wildcards):
+    """The report section of a table (catalog)."""
+    return lbcatalog.get("table", wildcards.table).section
+
+
+def figure_section(wildcards):
+    """The report section of a figure (catalog)."""
+    return lbcatalog.get("figure", wildcards.figure).section
 
 
 def all_targets():

@@ -10,9 +10,6 @@ rule build_tidy_table:
     output:
         csv=f"{R}/tables/records.csv",
         parquet=f"{R}/tables/records.parquet",
-        requests=f"{R}/tables/requests.parquet",
-        micro=f"{R}/tables/micro.parquet",
-        profile=f"{R}/tables/profile.parquet",
     log:
         f"{R}/logs/report/build_tidy_table.log",
     conda:
@@ -21,17 +18,46 @@ rule build_tidy_table:
         "../scripts/build_tidy_table.py"
 
 
+# One stage's rows of the tidy table: the tables of that stage read it, so a record of
+# another stage does not rebuild them (nor the figures that plot them).
+rule build_tidy_slice:
+    input:
+        records=slice_records,
+        searches=lambda wildcards: search_folders(wildcards.slice),
+        measured=lambda wildcards: searched_records(wildcards.slice),
+    output:
+        csv=f"{R}/tables/records-{{slice}}.csv",
+    log:
+        f"{R}/logs/report/build_tidy_slice-{{slice}}.log",
+    conda:
+        "../../envs/report.yaml"
+    script:
+        "../scripts/build_tidy_table.py"
+
+
+# Per-row tables (serving requests, microbenchmark points, profile rows), each from its
+# stage's records only.
+rule build_sample_table:
+    input:
+        records=sample_records,
+    output:
+        f"{R}/tables/{{sample}}.parquet",
+    log:
+        f"{R}/logs/report/build_sample_table-{{sample}}.log",
+    conda:
+        "../../envs/report.yaml"
+    script:
+        "../scripts/build_sample_table.py"
+
+
 rule build_findings_table:
     input:
-        tidy=f"{R}/tables/records.csv",
-        profile=f"{R}/tables/profile.parquet",
-        micro=f"{R}/tables/micro.parquet",
-        findings=FINDINGS_FILE,
-        reference=expand("config/reference/{table}.csv", table=["table2", "table3", "table4", "table9", "fig4",
-                         "table12", "profile_phases", "profile_attention", "profile_comm"]),
+        **lbcatalog.inputs(lbcatalog.get("table", "findings"), R),
     output:
         csv=f"{R}/tables/findings.csv",
         md=f"{R}/tables/findings.md",
+        html=report(f"{R}/tables/findings.html", category=lbcatalog.get("table", "findings").section,
+                    subcategory="Tables", labels={"table": "findings"}),
         missing=f"{R}/tables/findings-missing.csv",
     params:
         models=config.get("findings_models"),
@@ -43,121 +69,33 @@ rule build_findings_table:
         "../scripts/build_findings_table.py"
 
 
-rule build_search_table:
+# Every other table of the catalog: its own inputs (llmbench/report/catalog.py), its CSV,
+# Markdown and report page.
+rule build_table:
     input:
-        searches=search_folders(),
-        measured=lambda wildcards: searched_records(),
-    output:
-        csv=f"{R}/tables/search.csv",
-        md=f"{R}/tables/search.md",
-    log:
-        f"{R}/logs/report/build_search_table.log",
-    conda:
-        "../../envs/report.yaml"
-    script:
-        "../scripts/build_search_table.py"
-
-
-rule build_paper_table:
-    input:
-        tidy=f"{R}/tables/records.csv",
-        reference="config/reference/{table}.csv",
+        unpack(table_inputs),
+        measured=measured_inputs,
     output:
         csv=f"{R}/tables/{{table}}.csv",
         md=f"{R}/tables/{{table}}.md",
+        html=report(f"{R}/tables/{{table}}.html", category=table_section, subcategory="Tables",
+                    labels={"table": "{table}"}),
     log:
-        f"{R}/logs/report/build_paper_table-{{table}}.log",
+        f"{R}/logs/report/build_table-{{table}}.log",
     conda:
         "../../envs/report.yaml"
     script:
-        "../scripts/build_paper_table.py"
+        "../scripts/build_table.py"
 
 
-rule build_serving_table:
-    input:
-        tidy=f"{R}/tables/records.csv",
-    output:
-        csv=f"{R}/tables/serving.csv",
-        md=f"{R}/tables/serving.md",
-    log:
-        f"{R}/logs/report/build_serving_table.log",
-    conda:
-        "../../envs/report.yaml"
-    script:
-        "../scripts/build_serving_table.py"
-
-
-rule build_scaling_table:
-    input:
-        tidy=f"{R}/tables/records.csv",
-        reference="config/reference/fig4.csv",
-    output:
-        csv=f"{R}/tables/scaling.csv",
-        md=f"{R}/tables/scaling.md",
-    log:
-        f"{R}/logs/report/build_scaling_table.log",
-    conda:
-        "../../envs/report.yaml"
-    script:
-        "../scripts/build_scaling_table.py"
-
-
-rule build_micro_table:
-    input:
-        micro=f"{R}/tables/micro.parquet",
-        reference="config/reference/table12.csv",
-    output:
-        csv=f"{R}/tables/{{micro_table}}.csv",
-        md=f"{R}/tables/{{micro_table}}.md",
-    log:
-        f"{R}/logs/report/build_micro_table-{{micro_table}}.log",
-    conda:
-        "../../envs/report.yaml"
-    script:
-        "../scripts/build_micro_table.py"
-
-
-rule build_profile_table:
-    input:
-        tidy=f"{R}/tables/records.csv",
-        profile=f"{R}/tables/profile.parquet",
-        reference=expand("config/reference/{table}.csv", table=["profile_phases", "profile_modules", "profile_attention", "profile_serve", "profile_comm"]),
-    output:
-        csv=f"{R}/tables/{{profile_table}}.csv",
-        md=f"{R}/tables/{{profile_table}}.md",
-    log:
-        f"{R}/logs/report/build_profile_table-{{profile_table}}.log",
-    conda:
-        "../../envs/report.yaml"
-    script:
-        "../scripts/build_profile_table.py"
-
-
-rule render_report_tables:
-    input:
-        md=[f"{R}/tables/{t}.md" for t in REPORT_TABLES],
-    output:
-        [report(f"{R}/tables/{t}.html", category=SECTION_OF[t], subcategory="Tables", labels={"table": t})
-         for t in REPORT_TABLES],
-    log:
-        f"{R}/logs/report/render_report_tables.log",
-    conda:
-        "../../envs/report.yaml"
-    script:
-        "../scripts/render_report_tables.py"
-
-
+# A figure reads the tables it plots (catalog), so a new record rebuilds it only through them.
 rule plot_figure:
     input:
-        tidy=f"{R}/tables/records.csv",
-        requests=f"{R}/tables/requests.parquet",
-        micro=f"{R}/tables/micro.parquet",
-        profile=f"{R}/tables/profile.parquet",
+        unpack(figure_inputs),
     output:
         html=f"{R}/figures/{{figure}}.html",
-        svg=report(f"{R}/figures/{{figure}}.svg", caption="../report/figure.rst",
-                   category=lambda wildcards: SECTION_OF[wildcards.figure], subcategory="Figures",
-                   labels={"figure": "{figure}"}),
+        svg=report(f"{R}/figures/{{figure}}.svg", caption="../report/figure.rst", category=figure_section,
+                   subcategory="Figures", labels={"figure": "{figure}"}),
         png=f"{R}/figures/{{figure}}.png",
     log:
         f"{R}/logs/report/plot_figure-{{figure}}.log",

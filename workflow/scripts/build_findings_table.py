@@ -1,19 +1,18 @@
-"""Snakemake adapter: tidy tables + config/reference/findings.yaml -> the findings table."""
+"""Snakemake adapter: tidy tables + config/reference/findings.yaml -> the findings table
+(tables/findings.{csv,md,html}) and the ranked missing cells (findings-missing.csv)."""
 
 import logging
 
-import pandas as pd
-
-from llmbench.report import findings
+from llmbench.report import findings, render, tables
 
 
 def main(smk) -> None:
     logging.basicConfig(filename=smk.log[0], level=logging.INFO)
-    table, missing = findings.build(pd.read_csv(smk.input.tidy), pd.read_parquet(smk.input.profile),
-                                    pd.read_parquet(smk.input.micro), path=smk.input.findings,
-                                    models=smk.params.models)
-    findings.write(table, missing, smk.output.csv, smk.output.md, smk.output.missing)
-    logging.info("%s", findings.summary_line(table))
+    inputs = tables.Inputs(dict(smk.input.items()), findings_models=smk.params.models)
+    table, missing = tables.findings_and_missing(inputs)
+    render.write(table, smk.output.csv, smk.output.md, smk.output.html)
+    missing.to_csv(smk.output.missing, index=False)
+    logging.info("%s", findings.summary_line(table.long))
 
 
 if __name__ == "__main__":

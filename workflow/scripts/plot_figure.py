@@ -1,18 +1,17 @@
-"""Snakemake adapter: tidy tables (records, requests) -> one figure (HTML with inline JS, SVG, PNG)."""
+"""Snakemake adapter: the tables a figure plots (catalog) -> the figure (HTML with inline JS, SVG, PNG)."""
 
 import logging
 from pathlib import Path
-
-import pandas as pd
 
 from llmbench.report import figures
 
 
 def main(smk) -> None:
     logging.basicConfig(filename=smk.log[0], level=logging.INFO)
-    tables = {name: pd.read_parquet(smk.input[name]) for name in ("requests", "micro", "profile")}
-    chart = figures.CHARTS[smk.wildcards.figure](pd.read_csv(smk.input.tidy), tables)
+    name = smk.wildcards.figure
+    chart = figures.CHARTS[name](figures.load(name, dict(smk.input.items())))
     figures.save(chart, Path(smk.output.html).with_suffix(""))
+    logging.info("%s from %s", name, ", ".join(map(str, smk.input)))
 
 
 if __name__ == "__main__":

@@ -1,67 +1,234 @@
-"""Altair figures from the tidy table, saved so they open offline (inline JS, SVG, PNG)."""
+"""Altair figures, each from the tables it plots (llmbench.report.catalog names them), saved so
+they open offline (inline JS, SVG, PNG).
+
+A chart builder takes ``tables``: the catalog tables it reads, by name (their CSVs as
+render.read_csv loads them: integer columns as Int64), and ``requests`` where it reads the
+per-request table. Each figure answers one question; its title says which.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
 import altair as alt
 import pandas as pd
 
+from . import catalog, render
+from .render import fmt
 
-def pretrain_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.VConcatChart:
-    """Throughput and peak memory per technique, coloured by platform, one column per model."""
-    df = tidy[(tidy["stage"] == "pretrain") & (tidy["status"] == "ok")].copy()
-    # astype(str): with no such cells the columns are empty floats
-    df["cell"] = df["technique"].astype(str) + " bs" + df["batch_size"].astype(str)
-    # Megatron-LM cells apart from DeepSpeed's: "Naive bs1 megatron-tp1pp1"
-    meg = df["layout"].notna()
-    if meg.any():
-        df.loc[meg, "cell"] = (df.loc[meg, "cell"] + " " + df.loc[meg, "backend"].astype(str) + "-"
-                               + df.loc[meg, "layout"].astype(str))
-    base = alt.Chart(df).encode(
-        x=alt.X("cell:N", title="technique, batch size", sort=None),
-        color=alt.Color("platform:N", title="platform"),
-        xOffset="platform:N",
-        tooltip=["platform", "model", "technique", "batch_size", "gpus",
-                 alt.Tooltip("tokens_per_s_mean:Q", format=",.1f"),
-                 alt.Tooltip("peak_mem_gib:Q", format=".2f"), "peak_mem_kind", "mfu",
-                 alt.Tooltip("mfu_vs_gemm:Q", format=".1%", title="MFU vs measured GEMM")],
-    )
-    tps = base.mark_bar().encode(y=alt.Y("tokens_per_s_mean:Q", title="tokens/s (all GPUs)"))
-    mem = base.mark_bar().encode(y=alt.Y("peak_mem_gib:Q", title="peak memory per GPU (GiB)"))
-    column = alt.Column("model:N", title=None)
-    return alt.vconcat(
-        tps.properties(width=360, height=220).facet(column=column),
-        mem.properties(width=360, height=160).facet(column=column),
-    ).properties(title="Pre-training: throughput and peak memory per technique (ok cells)")
+Tables = Mapping[str, pd.DataFrame]
 
 
-def finetune_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
-    """Throughput against peak memory per fine-tuning method (Table IX), one panel per model."""
-    df = tidy[(tidy["stage"] == "finetune") & (tidy["status"] == "ok")].copy()
-    base = alt.Chart(df).encode(
-        x=alt.X("peak_mem_gib:Q", title="peak memory per GPU (GiB)"),
-        y=alt.Y("tokens_per_s_mean:Q", title="tokens/s (all GPUs)"),
-        color=alt.Color("platform:N"),
-        tooltip=["platform", "model", "technique", "batch_size", "trainable_params",
-                 alt.Tooltip("tokens_per_s_mean:Q", format=",.1f"), alt.Tooltip("peak_mem_gib:Q", format=".2f")],
-    )
-    points = base.mark_point(filled=True, size=60)
-    labels = base.mark_text(align="left", dx=6, fontSize=9).encode(text="technique:N")
-    return alt.layer(points, labels, data=df).properties(width=360, height=260).facet(
-        column=alt.Column("model:N", title=None)
-    ).properties(title="Fine-tuning: throughput against memory per method (ok cells)")
+def load(name: str, paths: Mapping[str, str]) -> dict[str, pd.DataFrame]:
+    """The inputs of figure ``name`` (catalog) from ``paths`` (the rule's named inputs)."""
+    out = {}
+    for source in catalog.get("figure", name).reads:
+        key = catalog.input_key(source)
+        if source.startswith("table:"):
+            out[source.split(":", 1)[1]] = render.read_csv(paths[key])
+        else:
+            out[source] = pd.read_parquet(paths[key])
+    return out
 
+
+def _title(name: str) -> str:
+    return catalog.get("figure", name).title
+
+
+def _get(tables: Tables | None, name: str, columns: list[str]) -> pd.DataFrame:
+    """Table ``name`` with at least ``columns`` (an absent table or column is empty, so a run
+    without those cells still gets its figure)."""
+    df = (tables or {}).get(name)
+    df = pd.DataFrame(columns=columns) if df is None else df
+    return df.reindex(columns=list(dict.fromkeys(list(df.columns) + columns))).copy()
+
+
+def _empty(title: str, x: str, why: str) -> alt.Chart:
+    """An empty panel that says why (an empty facet renders to a zero-size SVG)."""
+    empty = pd.DataFrame({"value": pd.Series(dtype=float)})
+    return alt.Chart(empty).mark_point().encode(x=alt.X("value:Q", title=x)).properties(
+        width=420, height=60, title=f"{title}: {why}")
+
+
+def _bs(v) -> str:
+    """A batch size label: '8', never '8.0'."""
+    return fmt(v, ".0f")
+
+
+def _ints(s: pd.Series) -> pd.Series:
+    """Integer labels of a column of counts ('8', never '8.0'; empty where missing), as text
+    that joins with other text even when the column is empty."""
+    return pd.Series([_bs(v) for v in s], index=s.index, dtype=object)
+
+
+# Pre-training and fine-tuning: per method and platform, ours against the paper's -----------
+
+#: the metrics a method figure shows; each compares across hardware (per GPU, relative, MFU)
+METHOD_METRICS = ("tokens/s per GPU", "relative to {base} (tokens/s per GPU)", "MFU %")
+
+
+def _method_points(long: pd.DataFrame, label: str, base: str) -> pd.DataFrame:
+    """One point per (model, method, series, metric) of a paper table's long CSV: ours per
+    platform, GPU count and run, the paper's per paper platform (8 GPUs); ok cells, and
+    out-of-memory cells at 0 (an OOM is a result: no tokens) with status 'oom'."""
+    cols = ["model", "technique", "platform", "run", "gpus", "status", "batch_size", "tokens_per_s_per_gpu",
+            "relative_tokens_per_s", "mfu", "paper_status", "paper_batch_size", "paper_tokens_per_s_per_gpu",
+            "paper_relative_tokens_per_s", "paper_mfu"]
+    long = long.reindex(columns=cols)
+    # the question is ours against the paper's: the models both have (a run of only the
+    # paper's models' smoke model shows its own), the methods we ran (the paper's all if none)
+    ran, printed = long[long["status"].notna()], long[long["paper_status"].notna()]
+    models = (set(ran["model"]) & set(printed["model"])) or set(ran["model"]) or set(printed["model"])
+    methods = set(zip(ran["model"], ran["technique"])) or set(zip(printed["model"], printed["technique"]))
+    long = long[[(m, t) in methods and m in models for m, t in zip(long["model"], long["technique"])]]
+    ours = long[long["status"].isin(["ok", "oom"])]
+    mine = pd.DataFrame({"model": ours["model"], "method": ours["technique"], "platform": ours["platform"],
+                         "run": ours["run"].astype(object).where(ours["run"].notna(), ""), "source": "ours",
+                         "status": ours["status"], "batch": _ints(ours["batch_size"]), "gpus": ours["gpus"],
+                         METHOD_METRICS[0]: ours["tokens_per_s_per_gpu"],
+                         METHOD_METRICS[1].format(base=base): ours["relative_tokens_per_s"],
+                         METHOD_METRICS[2]: 100 * ours["mfu"].astype(float)})
+    paper = long[long["paper_status"].isin(["ok", "oom"])].drop_duplicates(["model", "technique", "platform"])
+    theirs = pd.DataFrame({"model": paper["model"], "method": paper["technique"], "platform": paper["platform"],
+                           "run": "paper", "source": "paper",
+                           "status": paper["paper_status"],
+                           "batch": _ints(paper["paper_batch_size"]), "gpus": 8,
+                           METHOD_METRICS[0]: paper["paper_tokens_per_s_per_gpu"],
+                           METHOD_METRICS[1].format(base=base): paper["paper_relative_tokens_per_s"],
+                           METHOD_METRICS[2]: 100 * paper["paper_mfu"].astype(float)})
+    both = pd.concat([mine, theirs], ignore_index=True)
+    metrics = [m.format(base=base) for m in METHOD_METRICS]
+    both.loc[both["status"] == "oom", metrics] = 0.0
+    points = both.melt(id_vars=["model", "method", "platform", "run", "source", "status", "batch", "gpus"],
+                       value_vars=metrics,
+                       var_name="metric", value_name="value").dropna(subset=["value"])
+    points["table"] = label
+    several = points["model"].nunique() > 1
+    points["row"] = (points["model"].astype(str) + " " + points["method"].astype(str)) if several else points["method"]
+    return points
+
+
+def _series(points: pd.DataFrame) -> pd.Series:
+    """A colour per platform and GPU count (ours) or paper platform; where several runs
+    measured one platform and GPU count (the combined view), a colour per run, the same in
+    every panel."""
+    ours = points["source"] == "ours"
+    runs = points[ours].groupby(["platform", "gpus"], dropna=False)["run"].nunique()
+    out = []
+    for r in points.itertuples():
+        if r.source != "ours":
+            out.append(f"{r.platform} (paper) · 8 GPUs")
+            continue
+        label = f"{r.platform} · {_bs(r.gpus)} GPU" + ("" if r.gpus == 1 else "s")
+        out.append(label + (f" · {r.run}" if runs.get((r.platform, r.gpus), 1) > 1 else ""))
+    return pd.Series(out, index=points.index, dtype=object)
+
+
+def _methods_chart(points: pd.DataFrame, title: str, base_note: str) -> alt.TopLevelMixin:
+    """Dots per method (rows), one colour per platform series, filled circle: ours, hollow
+    triangle: the paper's, cross at 0: out of memory; one column per metric (each its own
+    scale), one row per table."""
+    if points.empty:
+        return _empty(title, "value", "no measured cell of ours or of the paper for these models")
+    order = list(dict.fromkeys(points["row"]))
+    points = points.assign(series=_series(points))
+    base = alt.Chart().encode(
+        y=alt.Y("row:N", title=None, sort=order),
+        x=alt.X("value:Q", title=None, scale=alt.Scale(zero=False)),
+        color=alt.Color("series:N", title="platform · GPUs [· run]", legend=alt.Legend(labelLimit=360)),
+        tooltip=["table", "model", "method", "series", "source", "status", "batch", "gpus", "metric",
+                 alt.Tooltip("value:Q", format=",.3~f")])
+    ok = alt.datum.status == "ok"
+    ours = base.transform_filter(ok & (alt.datum.source == "ours")).mark_point(
+        shape="circle", size=70, filled=True, opacity=0.9)
+    paper = base.transform_filter(ok & (alt.datum.source == "paper")).mark_point(
+        shape="triangle-up", size=70, filled=False, strokeWidth=2)
+    oom = base.transform_filter(alt.datum.status == "oom").mark_point(shape="cross", size=70, filled=True)
+    metrics = [m for m in dict.fromkeys(points["metric"])]
+    return alt.layer(ours, paper, oom, data=points).properties(width=230, height=alt.Step(16)).facet(
+        row=alt.Row("table:N", title=None), column=alt.Column("metric:N", title=None, sort=metrics),
+    ).resolve_scale(x="independent", y="independent").properties(
+        title=alt.Title(title, subtitle=[base_note, "Filled circle: ours (platform · GPUs of the cell); hollow "
+                                         "triangle: the paper's (8-GPU node); cross at 0: out of memory (ours or "
+                                         "the paper's '-'). A cell not run has no mark: see the table."]))
+
+
+def pretrain_chart(tables: Tables | None = None) -> alt.TopLevelMixin:
+    """Per pre-training method and platform, ours against the paper's, through what compares
+    across hardware: tokens/s per GPU, the relative to Z3 and MFU, at batch 1 (Table III) and
+    at the best batch (Table IV). One dot per cell: a 1-GPU and a 2-GPU cell are two dots."""
+    from .paper_tables import BASELINE
+
+    points = pd.concat([_method_points(_get(tables, "table3", []), "Table III: batch 1", BASELINE["table3"]),
+                        _method_points(_get(tables, "table4", []), "Table IV: best batch", BASELINE["table4"])],
+                       ignore_index=True)
+    return _methods_chart(points, _title("pretrain"),
+                          f"Relative: a method's tokens/s per GPU over {BASELINE['table3']}'s on the same platform, "
+                          "model and GPU count (ours), or the paper's platform. MFU: none for 4-bit methods.")
+
+
+def finetune_chart(tables: Tables | None = None) -> alt.TopLevelMixin:
+    """Per fine-tuning method and platform, ours against the paper's (Table IX, batch 1):
+    tokens/s per GPU, the relative to LoRA (L) and MFU."""
+    from .paper_tables import BASELINE
+
+    points = _method_points(_get(tables, "table9", []), "Table IX: batch 1", BASELINE["table9"])
+    return _methods_chart(points, _title("finetune"),
+                          f"Relative: a method's tokens/s per GPU over {BASELINE['table9']}'s on the same platform, "
+                          "model and GPU count. MFU with a frozen base (4N + attention); none for 4-bit methods.")
+
+
+# Fig. 4 ----------------------------------------------------------------------------------
+
+def scaling_chart(tables: Tables | None = None) -> alt.TopLevelMixin:
+    """Fig. 4: how tokens/s per GPU holds up as GPUs are added, per training cell run on
+    several counts; the linear ideal (the fewest GPUs' per-GPU rate) dashed."""
+    df = _get(tables, "scaling", ["stage", "platform", "model", "backend", "layout", "technique", "batch_size", "gpus",
+                                  "tokens_per_s",
+                                  "ideal_tokens_per_s", "efficiency_pct", "tokens_per_s_per_gpu", "mfu",
+                                  "paper_efficiency_pct"])
+    title = _title("scaling")
+    if df.empty:
+        return _empty(title, "GPUs", "no cell ran on several GPU counts")
+    # a Megatron-LM series names its backend and layout (two layouts are two series)
+    layout = pd.Series([f" {b}-{lay}" if isinstance(lay, str) and lay else "" for b, lay in
+                        zip(df["backend"], df["layout"])], index=df.index, dtype=object)
+    df["cell"] = (df["model"].astype(str) + " " + df["technique"].astype(str) + " bs" + _ints(df["batch_size"])
+                  + " " + df["stage"].astype(str) + layout)
+    df["ideal_per_gpu"] = df["ideal_tokens_per_s"] / df["gpus"].astype(float)
+    long = pd.concat([df.assign(series="measured", value=df["tokens_per_s_per_gpu"]),
+                      df.assign(series="linear", value=df["ideal_per_gpu"])], ignore_index=True)
+    long["mfu_pct"] = 100 * long["mfu"].astype(float)
+    lines = alt.Chart(long).mark_line(point=True).encode(
+        x=alt.X("gpus:Q", title="GPUs", axis=alt.Axis(values=sorted({int(g) for g in df["gpus"]}), format="d")),
+        y=alt.Y("value:Q", title="tokens/s per GPU"),
+        color=alt.Color("cell:N", title="cell"),
+        strokeDash=alt.StrokeDash("series:N", title=None, scale=alt.Scale(domain=["measured", "linear"],
+                                                                         range=[[1, 0], [5, 4]])),
+        tooltip=["cell", "gpus", "series", alt.Tooltip("value:Q", format=",.1f"),
+                 alt.Tooltip("efficiency_pct:Q", format=".1f", title="efficiency %"),
+                 alt.Tooltip("mfu_pct:Q", format=".1f", title="MFU %"),
+                 alt.Tooltip("paper_efficiency_pct:Q", format=".1f", title="paper efficiency %")])
+    return lines.properties(width=320, height=240).facet(column=alt.Column("platform:N", title=None)).properties(
+        title=alt.Title(title, subtitle="Efficiency = the measured line over the linear one; the paper prints only "
+                                        "its 8-GPU efficiencies (tooltip), no throughput."))
+
+
+# Serving ---------------------------------------------------------------------------------
 
 #: serving cells whose numbers a figure shows: complete loads, and loads cut at timeout_s
 #: (what completed before the cut; llmbench.serve.bench)
 MEASURED_LOADS = ("ok", "timeout")
+SERVING = ["platform", "model", "engine", "load", "gpus", "status", "num_requests", "completed", "input_len",
+           "output_len", "output_tokens_per_s", "request_throughput_per_s", "p50_e2e_latency_s"]
 
 
-def serve_throughput_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
+def serve_throughput_chart(tables: Tables | None = None) -> alt.FacetChart:
     """Fig. 6: output-token throughput per engine, grouped by platform, one panel per model.
     A load cut at its timeout shows what completed before the cut (status in the tooltip)."""
-    df = tidy[(tidy["stage"] == "serve") & tidy["status"].isin(MEASURED_LOADS)].copy()
+    df = _get(tables, "serving", SERVING)
+    df = df[df["status"].isin(MEASURED_LOADS)].copy()
     df["cell"] = df["platform"].astype(str) + " / " + df["load"].astype(str)
     bars = alt.Chart(df).mark_bar().encode(
         x=alt.X("cell:N", title="platform / load", sort=None),
@@ -74,18 +241,19 @@ def serve_throughput_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] |
                  alt.Tooltip("p50_e2e_latency_s:Q", format=".2f")],
     )
     return bars.properties(width=320, height=240).facet(column=alt.Column("model:N", title=None)).properties(
-        title="Serving: output-token throughput per engine (ok cells, and timeout cells up to the cut; Fig. 6)")
+        title=_title("serve-throughput"))
 
 
-def serve_latency_cdf_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
+def serve_latency_cdf_chart(tables: Tables | None = None) -> alt.FacetChart:
     """Figs. 7-10: exact CDF of end-to-end request latency, one line per engine, one panel
     per (platform, model, load): engines on one platform side by side (Figs. 7, 9) and,
     reading across panels, one engine on several platforms (Figs. 8, 10). The fraction is
     of all the cell's requests, so a load cut at its timeout (its unfinished requests count
     as never done) ends below 1 rather than pretending its slowest requests did not exist."""
-    req = (tables or {}).get("requests", pd.DataFrame())
     keys = ["platform", "model", "engine", "load"]
-    cells = tidy[(tidy["stage"] == "serve") & tidy["status"].isin(MEASURED_LOADS)][keys]
+    req = _get(tables, "requests", keys + ["e2e_s", "ok"])
+    cells = _get(tables, "serving", SERVING)
+    cells = cells[cells["status"].isin(MEASURED_LOADS)][keys]
     frames = []
     if not req.empty:
         req = req.merge(cells, on=keys)
@@ -93,8 +261,8 @@ def serve_latency_cdf_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] 
             n = len(grp)
             grp = grp[grp["ok"].astype(bool)].sort_values("e2e_s")
             frames.append(grp.assign(cdf=[(i + 1) / n for i in range(len(grp))]))
-    df = pd.concat(frames) if frames else pd.DataFrame(columns=["platform", "model", "engine", "load", "e2e_s", "cdf"])
-    df = df[["platform", "model", "engine", "load", "e2e_s", "cdf"]].copy()
+    df = pd.concat(frames) if frames else pd.DataFrame(columns=keys + ["e2e_s", "cdf"])
+    df = df[keys + ["e2e_s", "cdf"]].copy()
     df["panel"] = df["platform"].astype(str) + " / " + df["model"].astype(str) + " / " + df["load"].astype(str)
     lines = alt.Chart(df).mark_line(interpolate="step-after").encode(
         x=alt.X("e2e_s:Q", title="end-to-end latency (s)"),
@@ -103,43 +271,38 @@ def serve_latency_cdf_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] 
         tooltip=["engine", alt.Tooltip("e2e_s:Q", format=".2f"), alt.Tooltip("cdf:Q", format=".3f")],
     )
     return lines.properties(width=300, height=220).facet(facet=alt.Facet("panel:N", title=None), columns=3).properties(
-        title="Serving: latency CDF per engine, fraction of all requests (ok and timeout cells; Figs. 7-10)")
+        title=_title("serve-latency-cdf"))
 
 
-def _bench_rows(tables: dict[str, pd.DataFrame] | None, bench: str, columns: list[str]) -> pd.DataFrame:
-    """One microbenchmark's rows of the micro table, with exactly ``columns``: a run without
-    that benchmark (a collectives-only GPU pair, say) gives an empty frame, not a KeyError."""
-    micro = (tables or {}).get("micro", pd.DataFrame())
-    rows = micro[micro["bench"] == bench] if "bench" in micro.columns else micro.iloc[0:0]
-    return rows.reindex(columns=columns).copy()
+# Microbenchmarks -------------------------------------------------------------------------
 
-
-def micro_gemm_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
+def micro_gemm_chart(tables: Tables | None = None) -> alt.FacetChart:
     """Fig. 11: GEMM TFLOP/s against M, one line per curve (N, K), one panel per platform."""
-    df = _bench_rows(tables, "gemm", ["platform", "case", "m", "n", "k", "tflops", "pct_of_peak"])
+    df = _get(tables, "micro-gemm", ["platform", "case", "m", "n", "k", "tflops", "pct_of_peak"])
     lines = alt.Chart(df).mark_line(point=True).encode(
         x=alt.X("m:Q", title="M"), y=alt.Y("tflops:Q", title="TFLOP/s"), color=alt.Color("case:N", title="case"),
         tooltip=["case:N", "m:Q", "n:Q", "k:Q", alt.Tooltip("tflops:Q", format=".1f"),
                  alt.Tooltip("pct_of_peak:Q", format=".1f")])
     return lines.properties(width=360, height=240).facet(column=alt.Column("platform:N", title=None)).properties(
-        title="GEMM throughput against M (Fig. 11)")
+        title=_title("micro-gemm"))
 
 
-def micro_memcpy_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
+def micro_memcpy_chart(tables: Tables | None = None) -> alt.FacetChart:
     """Fig. 12: copy bandwidth against size, one line per direction and host memory kind."""
-    df = _bench_rows(tables, "memcpy", ["platform", "direction", "pinned", "bytes", "gb_per_s", "time_s"])
-    df["copy"] = df["direction"].astype(str) + " " + df["pinned"].map({True: "pinned", False: "pageable"}).astype(str)
+    df = _get(tables, "micro-memcpy", ["platform", "direction", "pinned", "bytes", "gb_per_s", "time_s"])
+    pinned = df["pinned"].map(lambda v: v if isinstance(v, bool) else str(v).lower() == "true")
+    df["copy"] = df["direction"].astype(str) + " " + pinned.map({True: "pinned", False: "pageable"}).astype(str)
     lines = alt.Chart(df).mark_line(point=True).encode(
         x=alt.X("bytes:Q", title="bytes", scale=alt.Scale(type="log", base=2)),
         y=alt.Y("gb_per_s:Q", title="GB/s"), color=alt.Color("copy:N", title="copy"),
         tooltip=["copy:N", "bytes:Q", alt.Tooltip("gb_per_s:Q", format=".2f"), alt.Tooltip("time_s:Q", format=".2e")])
     return lines.properties(width=360, height=240).facet(column=alt.Column("platform:N", title=None)).properties(
-        title="Memory copies: bandwidth against size (Fig. 12; h2h on a CPU platform is a host copy)")
+        title=_title("micro-memcpy"))
 
 
-def micro_collectives_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
+def micro_collectives_chart(tables: Tables | None = None) -> alt.FacetChart:
     """Figs. 13-15: bus bandwidth against size per collective, with and without P2P."""
-    df = _bench_rows(tables, "collectives", ["platform", "case", "op", "bytes", "busbw_gb_per_s", "time_s"])
+    df = _get(tables, "micro-collectives", ["platform", "case", "op", "bytes", "busbw_gb_per_s", "time_s"])
     lines = alt.Chart(df).mark_line(point=True).encode(
         x=alt.X("bytes:Q", title="bytes", scale=alt.Scale(type="log", base=2)),
         y=alt.Y("busbw_gb_per_s:Q", title="bus bandwidth (GB/s)"), color=alt.Color("op:N", title="collective"),
@@ -147,86 +310,77 @@ def micro_collectives_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] 
         tooltip=["op:N", "case:N", "bytes:Q", alt.Tooltip("busbw_gb_per_s:Q", format=".2f"),
                  alt.Tooltip("time_s:Q", format=".2e")])
     return lines.properties(width=360, height=240).facet(column=alt.Column("platform:N", title=None)).properties(
-        title="Collectives: bus bandwidth against size (Figs. 13-15)")
+        title=_title("micro-collectives"))
 
 
-def profile_modules_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
+# Profiles --------------------------------------------------------------------------------
+
+def _profile_cell(df: pd.DataFrame) -> pd.Series:
+    return (df["platform"].astype(str) + " " + df["model"].astype(str) + " " + df["technique"].astype(str)
+            + " bs" + _ints(df["batch_size"]))
+
+
+def profile_modules_chart(tables: Tables | None = None) -> alt.FacetChart:
     """Fig. 5: each module's share of the forward and backward phases, one bar per profile
-    cell (technique, batch size), one panel per phase."""
-    rows = (tables or {}).get("profile", pd.DataFrame())
-    cols = ["platform", "model", "technique", "batch_size", "phase", "module", "share", "time_s"]
-    df = rows[rows["backend"] == "torch"][cols].copy() if len(rows) else pd.DataFrame(columns=cols)
-    df = df[df["phase"].isin(["forward", "backward"])]
-    df["cell"] = (df["platform"].astype(str) + " " + df["model"].astype(str) + " " + df["technique"].astype(str)
-                  + " bs" + df["batch_size"].astype(str))
-    bars = alt.Chart(df).mark_bar().encode(
-        y=alt.Y("cell:N", title=None), x=alt.X("share:Q", title="share of the phase", stack="normalize"),
-        color=alt.Color("module:N", title="module"),
-        tooltip=["cell", "phase", "module", alt.Tooltip("share:Q", format=".1%"), alt.Tooltip("time_s:Q", format=".2e")])
-    return bars.properties(width=420, height=160).facet(row=alt.Row("phase:N", title=None)).properties(
-        title="Module-wise time of a training step (Fig. 5, Table VI)")
+    cell (technique, batch size) and, beneath it, the paper's A800 bar of the same model,
+    method and batch where Table VI has one; one panel per phase."""
+    df = _get(tables, "profile-modules", ["platform", "model", "technique", "batch_size", "phase", "module",
+                                          "share_pct", "time_ms", "paper_share_pct", "paper_time_ms"])
+    df = df[df["phase"].isin(["forward", "backward"])].copy()
+    df["cell"] = _profile_cell(df)
+    paper = df[df["paper_share_pct"].notna()].drop_duplicates(["model", "technique", "batch_size", "phase", "module"])
+    paper = paper.assign(cell="paper a800 " + paper["model"].astype(str) + " " + paper["technique"].astype(str)
+                         + " bs" + _ints(paper["batch_size"]), share_pct=paper["paper_share_pct"],
+                         time_ms=paper["paper_time_ms"])
+    both = pd.concat([df, paper], ignore_index=True)[["cell", "phase", "module", "share_pct", "time_ms"]]
+    bars = alt.Chart(both).mark_bar().encode(
+        y=alt.Y("cell:N", title=None, sort=list(dict.fromkeys(both["cell"]))),
+        x=alt.X("share_pct:Q", title="share of the phase", stack="normalize"),
+        color=alt.Color("module:N", title="module", scale=alt.Scale(scheme="tableau20")),  # 13 kinds: no repeats
+        tooltip=["cell", "phase", "module", alt.Tooltip("share_pct:Q", format=".1f", title="% of phase"),
+                 alt.Tooltip("time_ms:Q", format=".3f", title="ms")])
+    return bars.properties(width=420, height=alt.Step(18)).facet(row=alt.Row("phase:N", title=None)).properties(
+        title=_title("profile-modules"))
 
 
-def profile_serve_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.FacetChart:
+def profile_serve_chart(tables: Tables | None = None) -> alt.FacetChart:
     """Tables X-XI: a serving forward pass (prefill; one decode step) by part of the model
     and by kernel class, one bar per inference cell and phase."""
-    from . import profile
-
-    rows = (tables or {}).get("profile", pd.DataFrame())
-    df, _ = profile.serve(tidy, rows if len(rows) else pd.DataFrame())
-    df["cell"] = (df["platform"].astype(str) + " " + df["model"].astype(str) + " " + df["technique"].astype(str)
-                  + " bs" + df["batch_size"].astype(str) + " " + df["phase"].astype(str))
+    df = _get(tables, "profile-serve", ["platform", "model", "technique", "batch_size", "phase", "view", "group",
+                                        "ms", "pct"])
+    df["cell"] = _profile_cell(df) + " " + df["phase"].astype(str)
     bars = alt.Chart(df).mark_bar().encode(
         y=alt.Y("cell:N", title=None), x=alt.X("ms:Q", title="ms per forward pass", stack="zero"),
         color=alt.Color("group:N", title="part / class"),
         tooltip=["cell", "view", "group", alt.Tooltip("ms:Q", format=".3f"), alt.Tooltip("pct:Q", format=".1f")])
     return bars.properties(width=420, height=140).facet(row=alt.Row("view:N", title=None)).properties(
-        title="Serving forward passes: timeline (Table XI) and kernel classes (Table X)")
+        title=_title("profile-serve"))
 
 
-def profile_comm_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.Chart:
-    """Tables XIV-XVI: memcpy, communication and AllReduce share of a DeepSpeed step."""
-    from . import profile
-
-    df, _ = profile.comm(tidy)
-    df["cell"] = (df["platform"].astype(str) + " " + df["model"].astype(str) + " " + df["technique"].astype(str)
-                  + " bs" + df["batch_size"].astype(str) + " g" + df["gpus"].astype(str))
-    long = df.melt(id_vars=["cell"], value_vars=["memcpy_pct", "comm_pct", "allreduce_pct"], var_name="what",
-                   value_name="pct")
-    long["what"] = long["what"].str.replace("_pct", "", regex=False)
+def profile_comm_chart(tables: Tables | None = None) -> alt.Chart:
+    """Tables XIV-XVI: what share of a DeepSpeed step goes to memory copies, communication
+    and AllReduce, ours beside the paper's A800 value of the same ZeRO stage (or method)."""
+    parts = ["memcpy", "comm", "allreduce"]
+    df = _get(tables, "profile-comm", ["platform", "model", "technique", "batch_size", "gpus"]
+              + [f"{w}_pct" for w in parts] + [f"paper_{w}_pct" for w in parts])
+    title = _title("profile-comm")
+    if df.empty:
+        return _empty(title, "% of the step", "no DeepSpeed profile cell")
+    df["cell"] = _profile_cell(df) + " g" + _ints(df["gpus"])
+    long = pd.concat([pd.DataFrame({"cell": df["cell"], "what": w, "source": src, "pct": df[col].astype(float)})
+                      for w in parts for src, col in (("ours", f"{w}_pct"), ("paper (A800, 8 GPUs)", f"paper_{w}_pct"))],
+                     ignore_index=True).dropna(subset=["pct"])
+    long["bar"] = long["what"] + " · " + long["source"]
     bars = alt.Chart(long).mark_bar().encode(
-        y=alt.Y("cell:N", title=None), yOffset="what:N", x=alt.X("pct:Q", title="% of the step"),
-        color=alt.Color("what:N", title=None), tooltip=["cell", "what", alt.Tooltip("pct:Q", format=".1f")])
-    title = "Memory copies and communication per DeepSpeed step (Tables XIV-XVI)"
-    if long.empty:  # bands without a domain render to a zero-size SVG: an empty panel instead
-        empty = pd.DataFrame({"pct": pd.Series(dtype=float)})
-        return alt.Chart(empty).mark_bar().encode(x=alt.X("pct:Q", title="% of the step")).properties(
-            width=420, height=60, title=f"{title}: no DeepSpeed profile cell")
-    return bars.properties(width=420, height=alt.Step(12), title=title)
-
-
-def scaling_chart(tidy: pd.DataFrame, tables: dict[str, pd.DataFrame] | None = None) -> alt.Chart | alt.FacetChart:
-    """Fig. 4: tokens/s against GPUs per training cell run on several counts, with the
-    linear ideal from the fewest GPUs dashed."""
-    from . import scaling
-
-    df = scaling.build(tidy)
-    df["cell"] = df["technique"].astype(str) + " bs" + df["batch_size"].astype(str) + " " + df["stage"].astype(str)
-    long = pd.concat([df.assign(series="measured", value=df["tokens_per_s"]),
-                      df.assign(series="linear", value=df["ideal_tokens_per_s"])])
-    lines = alt.Chart(long).mark_line(point=True).encode(
-        x=alt.X("gpus:Q", title="GPUs"), y=alt.Y("value:Q", title="tokens/s (all GPUs)"),
-        color=alt.Color("cell:N", title="cell"), strokeDash=alt.StrokeDash("series:N", title=None),
-        tooltip=["cell", "gpus", "series", alt.Tooltip("value:Q", format=",.1f"),
-                 alt.Tooltip("efficiency_pct:Q", format=".1f")])
-    title = "Data-parallel scaling (Fig. 4)"
-    if long.empty:  # an empty facet (or untyped columns) renders to a zero-size SVG: an empty panel
-        empty = pd.DataFrame({"gpus": pd.Series(dtype=float), "value": pd.Series(dtype=float)})
-        return alt.Chart(empty).mark_line().encode(x=alt.X("gpus:Q", title="GPUs"), y=alt.Y("value:Q", title="tokens/s")
-                                                   ).properties(width=320, height=240,
-                                                                title=f"{title}: no cell ran on several GPU counts")
-    return lines.properties(width=320, height=240).facet(column=alt.Column("platform:N", title=None)).properties(
-        title=title)
+        y=alt.Y("cell:N", title=None), yOffset=alt.YOffset("bar:N", sort=[f"{w} · {s}" for w in parts for s in (
+            "ours", "paper (A800, 8 GPUs)")]),
+        x=alt.X("pct:Q", title="% of the step"), color=alt.Color("what:N", title=None, sort=parts),
+        opacity=alt.Opacity("source:N", title=None, scale=alt.Scale(domain=["ours", "paper (A800, 8 GPUs)"],
+                                                                     range=[1.0, 0.4])),
+        tooltip=["cell", "what", "source", alt.Tooltip("pct:Q", format=".1f")])
+    return bars.properties(width=420, height=alt.Step(10), title=alt.Title(
+        title, subtitle="Solid: ours; pale: the paper's value for the same ZeRO stage (Tables XIV, XVI) or method "
+                        "(Table XV)."))
 
 
 def save(chart: alt.TopLevelMixin, stem: Path | str) -> list[Path]:
@@ -240,9 +394,5 @@ def save(chart: alt.TopLevelMixin, stem: Path | str) -> list[Path]:
     return out
 
 
-#: figure name (path stem under figures/) -> chart builder
-CHARTS = {"pretrain": pretrain_chart, "finetune": finetune_chart,
-          "serve-throughput": serve_throughput_chart, "serve-latency-cdf": serve_latency_cdf_chart,
-          "micro-gemm": micro_gemm_chart, "micro-memcpy": micro_memcpy_chart,
-          "micro-collectives": micro_collectives_chart, "profile-modules": profile_modules_chart,
-          "profile-serve": profile_serve_chart, "profile-comm": profile_comm_chart, "scaling": scaling_chart}
+#: figure name -> chart builder, one per catalog figure (figures.<name>_chart)
+CHARTS = {e.name: globals()[e.function] for e in catalog.FIGURES}

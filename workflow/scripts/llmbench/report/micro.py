@@ -12,26 +12,20 @@ from pathlib import Path
 import pandas as pd
 
 from . import reference
-from .markdown import fmt
-from .markdown import table as md_table
-from . import markdown
+from . import render
+from .render import fmt
 
 KEY = ["platform", "bench", "case", "gpus"]
-TITLES = {
-    "micro-gemm": "GEMM throughput (Fig. 11): best point per platform and case",
-    "micro-memcpy": "Memory copies (Fig. 12): latency at the smallest size, bandwidth at the largest",
-    "micro-collectives": "Collectives (Figs. 13-15): latency at the smallest size, bus bandwidth at the largest",
-    "table12": "Table XII: the first MLP GEMM of a llama2-7b step, ours beside the paper's (A800)",
-}
 
 
 def points(micro: pd.DataFrame, bench: str) -> pd.DataFrame:
     """The measured points of one benchmark, all columns that benchmark has."""
-    df = micro[micro["bench"] == bench]
-    return df.dropna(axis=1, how="all").reset_index(drop=True)
+    df = micro[micro["bench"] == bench] if "bench" in micro else micro.iloc[0:0]
+    # a benchmark's own columns (the table holds every benchmark's); none run: the keys only
+    return (df.dropna(axis=1, how="all") if len(df) else df).reset_index(drop=True)
 
 
-def gemm(micro: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+def gemm(micro: pd.DataFrame) -> render.Table:
     """Every GEMM point (CSV) and the best point per platform and case (Markdown)."""
     df = points(micro, "gemm")
     rows = []
@@ -41,17 +35,16 @@ def gemm(micro: pd.DataFrame) -> tuple[pd.DataFrame, str]:
                      fmt(best.get("pct_of_peak"), ".1f"), fmt(g["tflops"].median(), ".2f"),
                      fmt(best.get("plain_tflops"), ".2f"), fmt(100 * best.get("vs_plain", float("nan")), ".1f"),
                      "yes" if g["correct"].astype(bool).all() else "NO"])
-    md = md_table(TITLES["micro-gemm"], ["Platform", "Case", "Points", "Best M x N x K", "Best TFLOP/s", "% of peak",
+    return render.simple("micro-gemm", df, ["Platform", "Case", "Points", "Best M x N x K", "Best TFLOP/s", "% of peak",
                                     "Median TFLOP/s", "Plain matmul TFLOP/s", "% of plain", "Correct"], rows,
-             "TFLOP/s = 2·M·N·K / median time of `torch.matmul` (bf16 unless the case says otherwise); "
-             "% of the platform's datasheet dense peak. Plain matmul: the same shape as back-to-back "
-             "`torch.matmul` calls timed as one window (no events, no out=), right after, in shape sets "
-             "only; '% of plain' is the harness's best point against it (issue 5's bar: within 3%). "
-             "'Correct': each shape checked against float64.")
-    return df, md
+                         "TFLOP/s = 2·M·N·K / median time of `torch.matmul` (bf16 unless the case says otherwise); "
+                         "% of the platform's datasheet dense peak. Plain matmul: the same shape as back-to-back "
+                         "`torch.matmul` calls timed as one window (no events, no out=), right after, in shape sets "
+                         "only; '% of plain' is the harness's best point against it (issue 5's bar: within 3%). "
+                         "'Correct': each shape checked against float64.")
 
 
-def memcpy(micro: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+def memcpy(micro: pd.DataFrame) -> render.Table:
     """Every copy point (CSV) and per direction the small-copy latency and large-copy bandwidth."""
     df = points(micro, "memcpy")
     rows = []
@@ -61,14 +54,13 @@ def memcpy(micro: pd.DataFrame) -> tuple[pd.DataFrame, str]:
             rows.append([plat, direction, "pinned" if pinned else "pageable", fmt(small.bytes, ".0f"),
                          fmt(small.time_s * 1e6, ".1f"), fmt(large.bytes, ".0f"), fmt(large.gb_per_s, ".2f"),
                          str(g["label"].iloc[0]) if "label" in g else ""])
-    md = md_table(TITLES["micro-memcpy"], ["Platform", "Direction", "Host memory", "Smallest B", "Latency µs",
+    return render.simple("micro-memcpy", df, ["Platform", "Direction", "Host memory", "Smallest B", "Latency µs",
                                       "Largest B", "GB/s", "What"], rows,
-             "GB/s = 1e9 bytes per second (decimal), median over iterations. On a CPU platform there is no "
-             "device: the rows are host-memory copies, NOT host<->device transfers.")
-    return df, md
+                         "GB/s = 1e9 bytes per second (decimal), median over iterations. On a CPU platform there is no "
+                         "device: the rows are host-memory copies, NOT host<->device transfers.")
 
 
-def collectives(micro: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+def collectives(micro: pd.DataFrame) -> render.Table:
     """Every collective point (CSV) and per op the small-size latency and large-size bus bandwidth."""
     df = points(micro, "collectives")
     rows = []
@@ -78,15 +70,14 @@ def collectives(micro: pd.DataFrame) -> tuple[pd.DataFrame, str]:
             rows.append([plat, case, op, fmt(large.world_size, ".0f"), fmt(small.time_s * 1e6, ".1f"),
                          fmt(large.bytes, ".0f"), fmt(large.algbw_gb_per_s, ".2f"), fmt(large.busbw_gb_per_s, ".2f"),
                          "yes" if g["correct"].astype(bool).all() else "NO"])
-    md = md_table(TITLES["micro-collectives"], ["Platform", "P2P", "Op", "Ranks", "Latency µs (smallest)", "Largest B",
+    return render.simple("micro-collectives", df, ["Platform", "P2P", "Op", "Ranks", "Latency µs (smallest)", "Largest B",
                                            "algbw GB/s", "busbw GB/s", "Correct"], rows,
-             "nccl-tests' definitions: algbw = bytes / time (time: median over iterations of the slowest rank); "
-             "busbw = algbw x 2(n-1)/n (AllReduce), x (n-1)/n (AllGather, ReduceScatter), x 1 (Reduce, "
-             "Broadcast). nop2p: NCCL_P2P_DISABLE=1. On a CPU platform: gloo over local processes.")
-    return df, md
+                         "nccl-tests' definitions: algbw = bytes / time (time: median over iterations of the slowest rank); "
+                         "busbw = algbw x 2(n-1)/n (AllReduce), x (n-1)/n (AllGather, ReduceScatter), x 1 (Reduce, "
+                         "Broadcast). nop2p: NCCL_P2P_DISABLE=1. On a CPU platform: gloo over local processes.")
 
 
-def table12(micro: pd.DataFrame, root: Path | None = None) -> tuple[pd.DataFrame, str]:
+def table12(micro: pd.DataFrame, root: Path | None = None) -> render.Table:
     """Table XII: the paper's two MLP GEMMs, ours at the same shapes on every platform measured."""
     ref = reference.load("table12", **({"root": root} if root else {}))
     df = points(micro, "gemm")
@@ -103,16 +94,7 @@ def table12(micro: pd.DataFrame, root: Path | None = None) -> tuple[pd.DataFrame
     rows = [[str(r.method), f"{r.m},{r.n},{r.k}", fmt(r.time_ms, ".3f"), fmt(r.peak_pct, ".1f"),
              str(r.platform or ""), fmt(r.ours_time_ms, ".3f"), fmt(r.ours_pct_of_peak, ".1f"),
              fmt(r.ours_tflops, ".2f")] for r in table.itertuples()]
-    md = md_table(TITLES["table12"], ["Method", "Shape (M,N,K)", "paper A800 ms", "paper peak %", "ours: platform",
+    return render.simple("table12", table, ["Method", "Shape (M,N,K)", "paper A800 ms", "paper peak %", "ours: platform",
                                  "ours ms", "ours % of peak", "ours TFLOP/s"], rows,
-             "Ours: median of the timed calls (the paper: mean of 320 measurements); peak: each platform's "
-             "datasheet dense bf16 peak (config/platforms). Empty: that shape was not measured.")
-    return table, md
-
-
-BUILDERS = {"micro-gemm": gemm, "micro-memcpy": memcpy, "micro-collectives": collectives, "table12": table12}
-
-
-def write(table: pd.DataFrame, md: str, csv_path: Path | str, md_path: Path | str) -> None:
-    """Write one microbenchmark table as CSV and Markdown."""
-    markdown.write(table, md, csv_path, md_path)
+                         "Ours: median of the timed calls (the paper: mean of 320 measurements); peak: each platform's "
+                         "datasheet dense bf16 peak (config/platforms). Empty: that shape was not measured.")

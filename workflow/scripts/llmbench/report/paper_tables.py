@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import paper_frame, reference
-from .markdown import fmt
+from . import catalog, paper_frame, reference, render
+from .render import fmt
 
 PAPER_PLATFORM_ORDER = ["a800", "rtx4090", "rtx3090", "rtx3090-nonvlink"]
 #: paper table -> the stage of the cells it shows
@@ -256,18 +256,10 @@ def note(long: pd.DataFrame, table: str) -> str:
     return "\n\n".join(p for p in parts if p)
 
 
-def markdown(long: pd.DataFrame, title: str, table: str) -> str:
-    """Title, the wide table (pandas' Markdown) and the note."""
-    w = wide(long, table)
-    body = w.to_markdown(index=False, disable_numparse=True) if len(w) else "(no rows)"
-    return f"### {title}\n\n{body}\n\n{note(long, table)}\n"
-
-
-def write(long: pd.DataFrame, csv: Path | str, md: Path | str, title: str, table: str) -> None:
-    """Write one paper table as CSV (long form) and Markdown (wide form)."""
-    Path(csv).parent.mkdir(parents=True, exist_ok=True)
-    long.to_csv(csv, index=False)
-    Path(md).write_text(markdown(long, title, table))
+def table(long: pd.DataFrame, name: str) -> render.Table:
+    """Table III, IV or IX for the report: the long form (CSV), the wide layout and its note."""
+    return render.Table(title=catalog.get("table", name).title, long=long,
+                        parts=(render.Part(frame=wide(long, name), note=note(long, name)),))
 
 
 # Table II: Megatron-LM vs DeepSpeed, no other technique (Naive), at batch size 1 and at
@@ -337,7 +329,7 @@ def build_table2(tidy: pd.DataFrame, root=None) -> pd.DataFrame:
     return long[TABLE2_COLUMNS].reset_index(drop=True)
 
 
-def markdown_table2(long: pd.DataFrame, title: str) -> str:
+def wide_table2(long: pd.DataFrame) -> pd.DataFrame:
     """Table II's layout: a row per framework (and Megatron layout), batch and run, ours | paper | ratio."""
     rows = []
     for r in long.itertuples():
@@ -367,19 +359,19 @@ def markdown_table2(long: pd.DataFrame, title: str) -> str:
     w = pd.DataFrame(rows)
     if len(w) and (w["Run"] == "").all():
         w = w.drop(columns="Run")
-    text = ("Pre-training without any other technique (Naive). Batch '1' and 'max': the largest batch size that "
-            "ran ok (the paper's maximum); '(not maximised)': no max-batch search of it ran. Layout: Megatron's "
-            "tp{T}pp{P}[-distopt], data parallel = GPUs / (T*P); the paper's is tensor parallel 1 on 8 GPUs. "
-            "Compare across hardware: tok/s/GPU, MFU % and x DeepSpeed (tokens/s per GPU over DeepSpeed's at the "
-            "same platform, model and batch; empty where DeepSpeed did not run ok), ours beside the paper's. ours: "
-            "mean ± sample std over repeats; '-' out of memory; ratio = ours / paper tokens/s, only on the "
-            "paper's platform at its GPU count.\n\nM: " + paper_frame.MEMORY_BASIS)
-    body = w.to_markdown(index=False, disable_numparse=True) if len(w) else "(no rows)"
-    return f"### {title}\n\n{body}\n\n{text}\n"
+    return w
 
 
-def write_table2(long: pd.DataFrame, csv: Path | str, md: Path | str, title: str) -> None:
-    """Write Table II as CSV (long form) and Markdown."""
-    Path(csv).parent.mkdir(parents=True, exist_ok=True)
-    long.to_csv(csv, index=False)
-    Path(md).write_text(markdown_table2(long, title))
+NOTE_TABLE2 = ("Pre-training without any other technique (Naive). Batch '1' and 'max': the largest batch size that "
+               "ran ok (the paper's maximum); '(not maximised)': no max-batch search of it ran. Layout: Megatron's "
+               "tp{T}pp{P}[-distopt], data parallel = GPUs / (T*P); the paper's is tensor parallel 1 on 8 GPUs. "
+               "Compare across hardware: tok/s/GPU, MFU % and x DeepSpeed (tokens/s per GPU over DeepSpeed's at the "
+               "same platform, model and batch; empty where DeepSpeed did not run ok), ours beside the paper's. ours: "
+               "mean ± sample std over repeats; '-' out of memory; ratio = ours / paper tokens/s, only on the "
+               "paper's platform at its GPU count.\n\nM: " + paper_frame.MEMORY_BASIS)
+
+
+def table2(long: pd.DataFrame) -> render.Table:
+    """Table II for the report: the long form (CSV), its layout and note."""
+    return render.Table(title=catalog.get("table", "table2").title, long=long,
+                        parts=(render.Part(frame=wide_table2(long), note=NOTE_TABLE2),))

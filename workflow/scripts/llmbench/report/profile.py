@@ -24,22 +24,14 @@ from pathlib import Path
 import pandas as pd
 
 from . import reference
-from .markdown import fmt
-from .markdown import table as md_table
-from . import markdown
+from . import render
+from .render import fmt
 
 CELL = ["platform", "model", "backend", "technique", "batch_size", "gpus"]
 PHASES = ("forward", "backward", "optimizer")
 #: Module kinds of eager attention, and the fused kernel that replaces them with F.
 ATTENTION_PARTS = ("attn_scores", "softmax", "attn_values")
 ATTENTION_FUSED = "attention_fused"
-TITLES = {
-    "profile-phases": "Tables V, VII, XIII: one training step by phase (ours beside the paper's A800 values)",
-    "profile-modules": "Table VI, Fig. 5: time per module and phase (ours beside the paper's A800 values)",
-    "profile-attention": "Table VIII: attention time without and with FlashAttention (F)",
-    "profile-serve": "Tables X, XI: serving forward passes by part of the model and by kernel class",
-    "profile-comm": "Tables XIV, XV, XVI: memory copy and communication per iteration of a DeepSpeed step",
-}
 
 
 def _ok(tidy: pd.DataFrame, backend: str) -> pd.DataFrame:
@@ -66,7 +58,7 @@ def overcounted(kernel_ms: float | None, wall_ms: float | None, device_ms: float
     return kernel_ms is not None and ceiling is not None and kernel_ms > ceiling * (1 + OVERCOUNT_TOLERANCE)
 
 
-def phases(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | None = None) -> tuple[pd.DataFrame, str]:
+def phases(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | None = None) -> render.Table:
     """One row per (profile cell, phase), the paper's Table V/VII/XIII values beside."""
     cells = _ok(tidy, "torch")
     out = []
@@ -94,7 +86,7 @@ def phases(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | 
              fmt(r.device_ms, ".2f"), fmt(r.gemm_share_pct, ".1f"), fmt(r.paper_wall_ms, ".1f"),
              fmt(r.paper_share_pct, ".1f"), fmt(r.paper_kernel_ms, ".1f"), fmt(r.paper_gemm_share_pct, ".1f")]
             for r in table.itertuples()]
-    md = md_table(TITLES["profile-phases"], ["Platform", "Model", "Method", "BS", "Phase", "ms", "% of step", "profiled ms", "kernel ms",
+    return render.simple("profile-phases", table, ["Platform", "Model", "Method", "BS", "Phase", "ms", "% of step", "profiled ms", "kernel ms",
                                         "device ms", "GEMM %", "paper ms", "paper %", "paper kernel ms", "paper GEMM %"],
              rows,
              "Phase wall time (ms): host clock with a device synchronize at each phase boundary; on a GPU, mean "
@@ -106,10 +98,9 @@ def phases(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | 
              "operator launched). GEMM %: matmul time "
              "as a share of the phase (the paper's Table XIII). Paper: A800, 8 GPUs (its backward includes "
              "non-overlapped communication); ours: one process, plain PyTorch AdamW. " + OVERCOUNT_NOTE)
-    return table, md
 
 
-def modules(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) -> tuple[pd.DataFrame, str]:
+def modules(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) -> render.Table:
     """One row per (profile cell, phase, module), the paper's Table VI beside."""
     ok = _ok(tidy, "torch")[CELL]
     df = points.merge(ok, on=CELL) if len(points) else pd.DataFrame(columns=CELL + ["phase", "module", "time_s", "share"])
@@ -119,10 +110,10 @@ def modules(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) 
     table = df.merge(paper[["model", "technique", "batch_size", "phase", "module", "paper_time_ms", "paper_share_pct"]],
                      on=["model", "technique", "batch_size", "phase", "module"], how="left")
     table = table[CELL + ["phase", "module", "time_ms", "share_pct", "paper_time_ms", "paper_share_pct"]]
-    rows = [[r.platform, r.model, r.technique, str(r.batch_size), r.phase, r.module, fmt(r.time_ms, ".3f"),
+    rows = [[r.platform, r.model, r.technique, fmt(r.batch_size, ".0f"), r.phase, r.module, fmt(r.time_ms, ".3f"),
              fmt(r.share_pct, ".1f"), fmt(r.paper_time_ms, ".3f"), fmt(r.paper_share_pct, ".1f")]
             for r in table.sort_values(CELL + ["phase", "time_ms"], ascending=[True] * (len(CELL) + 1) + [False]).itertuples()]
-    md = md_table(TITLES["profile-modules"], ["Platform", "Model", "Method", "BS", "Phase", "Module", "ms", "% of phase",
+    return render.simple("profile-modules", table, ["Platform", "Model", "Method", "BS", "Phase", "Module", "ms", "% of phase",
                                          "paper ms", "paper %"], rows,
              "Per step, decoder modules summed over all layers. 'other' is the phase's wall time not inside "
              "any module range (Python, launch gaps, residual adds), so each phase's shares add up to 100%; "
@@ -130,10 +121,9 @@ def modules(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) 
              "device waiting for the host. "
              "attn_scores/attn_values are the paper's Bmm0/Bmm1; lm_head its 'Linear'. Attribution: "
              "llmbench/profile/attribution.py. A negative 'other' would mean kernel time counted twice ('!' in profile-phases).")
-    return table, md
 
 
-def attention(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) -> tuple[pd.DataFrame, str]:
+def attention(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) -> render.Table:
     """Attention time of cells without F beside their F twins (same platform, model, BS, R)."""
     ok = _ok(tidy, "torch")[CELL]
     df = points.merge(ok, on=CELL) if len(points) else pd.DataFrame(columns=CELL + ["phase", "module", "time_s"])
@@ -150,15 +140,14 @@ def attention(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None
     pairs["improvement_pct"] = 100 * (pairs["naive_ms"] - pairs["flash_ms"]) / pairs["naive_ms"]
     table = pairs[key + ["naive_ms", "flash_ms", "improvement_pct"]]
     paper = _paper("profile_attention", root)
-    rows = [[r.platform, r.model, r.base, str(r.batch_size), r.phase, fmt(r.naive_ms, ".3f"), fmt(r.flash_ms, ".3f"),
+    rows = [[r.platform, r.model, r.base, fmt(r.batch_size, ".0f"), r.phase, fmt(r.naive_ms, ".3f"), fmt(r.flash_ms, ".3f"),
              fmt(r.improvement_pct, ".1f")] for r in table.itertuples()]
-    rows += [[f"paper: {r.platform}", r.model, "Naive", str(r.batch_size), r.phase, fmt(r.naive_ms, ".2f"),
+    rows += [[f"paper: {r.platform}", r.model, "Naive", fmt(r.batch_size, ".0f"), r.phase, fmt(r.naive_ms, ".2f"),
               fmt(r.flash_ms, ".2f"), fmt(r.improvement_pct, ".1f")] for r in paper.itertuples()]
-    md = md_table(TITLES["profile-attention"], ["Platform", "Model", "Method without F", "BS", "Phase", "naive ms",
+    return render.simple("profile-attention", table, ["Platform", "Model", "Method without F", "BS", "Phase", "naive ms",
                                            "with F ms", "improvement %"], rows,
              "Ours: the attention core (QK^T, softmax, PV; with F the fused kernel) summed over all layers, per "
              "step. The paper's rows (last) are one decoder layer's attention module on A800.")
-    return table, md
 
 
 #: Table XI's timeline parts -> our module kinds (RMSNorm is kept apart: one kind holds the
@@ -171,7 +160,7 @@ KERNEL_CLASS = {"attn_scores": "attention", "softmax": "attention", "attn_values
                 "attention_fused": "attention", "rope": "rope", "rmsnorm": "rmsnorm", "other": "other"}
 
 
-def serve(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) -> tuple[pd.DataFrame, str]:
+def serve(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) -> render.Table:
     """One row per (inference cell, phase, view, group): ms per forward pass (the decode
     phase divided by its steps) and % of the phase; the paper's LightLLM rows beside."""
     ok = _ok(tidy, "inference")[CELL + ["decode_steps"]]
@@ -195,9 +184,9 @@ def serve(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) ->
     paper = _paper("profile_serve", root)
     table = table.merge(paper[["view", "group", "time_ms", "pct"]].rename(
         columns={"time_ms": "paper_ms", "pct": "paper_pct"}), on=["view", "group"], how="left")
-    rows = [[r.platform, r.model, r.technique, str(r.batch_size), r.phase, r.view, r.group, fmt(r.ms, ".3f"),
+    rows = [[r.platform, r.model, r.technique, fmt(r.batch_size, ".0f"), r.phase, r.view, r.group, fmt(r.ms, ".3f"),
              fmt(r.pct, ".1f"), fmt(r.paper_ms, ".2f"), fmt(r.paper_pct, ".2f")] for r in table.itertuples()]
-    md = md_table(TITLES["profile-serve"], ["Platform", "Model", "Method", "BS", "Phase", "View", "Part", "ms per pass",
+    return render.simple("profile-serve", table, ["Platform", "Model", "Method", "BS", "Phase", "View", "Part", "ms per pass",
                                        "% of phase", "paper ms", "paper %"], rows,
                   "Ours: transformers' model serving a batch (prefill of the prompts, then decode steps with the KV "
                   "cache), one process; ms per forward pass (decode: per step). timeline (Table XI): before = "
@@ -207,14 +196,13 @@ def serve(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) ->
                   "llama2-7b, A800, batch 1024, prompt 512, 64 output tokens, one forward pass (it does not say "
                   "prefill or decode), its communication rows (tensor parallel) have no counterpart on one process. "
                   "'other' is the phase's wall time less the parts: launch gaps and work outside every module.")
-    return table, md
 
 
 def _pct(share) -> float | None:
     return None if share is None or pd.isna(share) else 100 * share
 
 
-def comm(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | None = None) -> tuple[pd.DataFrame, str]:
+def comm(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | None = None) -> render.Table:
     """One row per DeepSpeed profile cell: memcpy, communication and AllReduce seconds per
     iteration and their share of the step; the paper's Tables XIV (memcpy, by ZeRO stage),
     XVI (communication, by ZeRO stage) and XV (AllReduce, data parallel by method) beside."""
@@ -247,7 +235,7 @@ def comm(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | No
              fmt(r.paper_memcpy_s, ".3f"), fmt(r.paper_memcpy_pct, ".1f"), fmt(r.paper_comm_s, ".3f"),
              fmt(r.paper_comm_pct, ".1f"), fmt(r.paper_allreduce_s, ".2f"), fmt(r.paper_allreduce_pct, ".1f")]
             for r in table.itertuples()]
-    md = md_table(TITLES["profile-comm"], ["Platform", "Model", "Method", "BS", "GPUs", "step s", "memcpy s", "memcpy %",
+    return render.simple("profile-comm", table, ["Platform", "Model", "Method", "BS", "GPUs", "step s", "memcpy s", "memcpy %",
                                       "comm s", "comm %", "exposed comm s", "AllReduce s", "AllReduce %",
                                       "paper memcpy s", "paper memcpy %", "paper comm s", "paper comm %",
                                       "paper AllReduce s", "paper AllReduce %"], rows,
@@ -255,13 +243,3 @@ def comm(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | No
                   "kernels (comm), memcpy events (memcpy), union of intervals; exposed: comm no compute kernel "
                   "overlaps. CPU: gloo collective ranges; there is no memcpy on a CPU (empty). Paper: A800, 8 GPUs, "
                   "batch 32; Tables XIV/XVI by ZeRO stage (matched on our cells' stage), Table XV by method.")
-    return table, md
-
-
-BUILDERS = {"profile-phases": phases, "profile-modules": modules, "profile-attention": attention,
-            "profile-serve": serve, "profile-comm": comm}
-
-
-def write(table: pd.DataFrame, md: str, csv_path: Path | str, md_path: Path | str) -> None:
-    """Write one profile table as CSV and Markdown."""
-    markdown.write(table, md, csv_path, md_path)

@@ -1,8 +1,10 @@
 """GPU scaling (paper Fig. 4): the same training cell on 1, 2, 4, 8 GPUs of a node.
 
 Scaling efficiency at n GPUs = tokens/s(n) / (n / n0 x tokens/s(n0)), n0 the smallest
-count run: 1.0 is linear scaling (the paper's slope). The paper prints two efficiencies
-(RTX4090 90.8%, RTX3090 85.9%, llama2-7b, Q, batch 2, 8 GPUs); they stand beside ours.
+count run: 1.0 is linear scaling (the paper's slope). Beside it, what compares across
+hardware: tokens/s per GPU and MFU at each count. The paper prints only two efficiencies
+(RTX4090 90.8%, RTX3090 85.9%, llama2-7b, Q, batch 2, 8 GPUs), no throughput of Fig. 4's
+points; they stand beside ours.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from pathlib import Path
 import pandas as pd
 
 from . import reference
-from .markdown import fmt, table
-from .markdown import write as write_table
+from . import render
+from .render import fmt
 
 #: A series: one cell's fields but gpus (layout: a Megatron-LM cell's parallel layout, so
 #: two layouts never form one series; empty for other backends).
 KEY = ["stage", "platform", "model", "backend", "layout", "technique", "batch_size"]
-COLUMNS = KEY + ["gpus", "tokens_per_s", "ideal_tokens_per_s", "efficiency_pct", "paper_efficiency_pct"]
+COLUMNS = KEY + ["gpus", "tokens_per_s", "ideal_tokens_per_s", "efficiency_pct", "tokens_per_s_per_gpu", "mfu",
+                 "paper_efficiency_pct"]
 
 
 def build(tidy: pd.DataFrame, root: Path | None = None) -> pd.DataFrame:
@@ -35,7 +38,8 @@ def build(tidy: pd.DataFrame, root: Path | None = None) -> pd.DataFrame:
         for r in grp.itertuples():
             ideal = t0 * r.gpus / n0
             out.append({**dict(zip(KEY, key)), "gpus": r.gpus, "tokens_per_s": r.tokens_per_s_mean,
-                        "ideal_tokens_per_s": ideal, "efficiency_pct": 100 * r.tokens_per_s_mean / ideal})
+                        "ideal_tokens_per_s": ideal, "efficiency_pct": 100 * r.tokens_per_s_mean / ideal,
+                        "tokens_per_s_per_gpu": r.tokens_per_s_mean / r.gpus, "mfu": r.mfu})
     df = pd.DataFrame(out, columns=COLUMNS[:-1])
     paper = reference.load("fig4", **({"root": root} if root else {}))
     paper = paper.rename(columns={"efficiency_pct": "paper_efficiency_pct"})
@@ -44,18 +48,18 @@ def build(tidy: pd.DataFrame, root: Path | None = None) -> pd.DataFrame:
     return df[COLUMNS]
 
 
-def markdown(df: pd.DataFrame) -> str:
-    """Tokens/s, the linear ideal and the efficiency per GPU count."""
-    rows = [[r.platform, r.model, r.stage, r.technique, str(r.batch_size), str(r.gpus), fmt(r.tokens_per_s, ",.1f"),
-             fmt(r.ideal_tokens_per_s, ",.1f"), fmt(r.efficiency_pct, ".1f"), fmt(r.paper_efficiency_pct, ".1f")]
-            for r in df.itertuples()]
-    return table("Fig. 4: data-parallel scaling (tokens/s of all GPUs against the linear ideal)",
-                 ["Platform", "Model", "Stage", "Method", "BS", "GPUs", "tok/s", "linear tok/s", "efficiency %",
-                  "paper efficiency %"], rows,
-                 "Efficiency = tokens/s at n GPUs / (n / n0 x tokens/s at n0), n0 the fewest GPUs run; batch size "
-                 "is per GPU. On a CPU platform the 'GPUs' are gloo processes sharing the host's cores.")
-
-
-def write(df: pd.DataFrame, csv: Path | str, md: Path | str) -> None:
-    """Write the scaling table as CSV and Markdown."""
-    write_table(df, markdown(df), csv, md)
+def table(df: pd.DataFrame) -> render.Table:
+    """Tokens/s, the linear ideal and the efficiency per GPU count; per GPU and MFU beside."""
+    rows = [[r.platform, r.model, r.stage, r.technique, fmt(r.batch_size, ".0f"), fmt(r.gpus, ".0f"),
+             fmt(r.tokens_per_s, ",.1f"), fmt(r.ideal_tokens_per_s, ",.1f"), fmt(r.efficiency_pct, ".1f"),
+             fmt(r.tokens_per_s_per_gpu, ",.1f"), fmt(100 * r.mfu if r.mfu is not None else None, ".1f"),
+             fmt(r.paper_efficiency_pct, ".1f")] for r in df.itertuples()]
+    return render.simple(
+        "scaling", df, ["Platform", "Model", "Stage", "Method", "BS", "GPUs", "tok/s", "linear tok/s", "efficiency %",
+                        "tok/s/GPU", "MFU %", "paper efficiency %"], rows,
+        "Efficiency = tokens/s at n GPUs / (n / n0 x tokens/s at n0), n0 the fewest GPUs run; batch size is per GPU. "
+        "Compare across hardware: tok/s/GPU and MFU % (tokens/s x (6N + 12·L·h·s) / (GPUs x dense bf16 peak); none "
+        "for 4-bit methods) and the efficiency itself. The paper prints only the efficiency of Fig. 4 at 8 GPUs "
+        "(RTX4090 90.8%, RTX3090 85.9%; llama2-7b, Q, batch 2), no tokens/s, per GPU or MFU of its points, so "
+        "those columns have no paper value. On a CPU platform the 'GPUs' are gloo processes sharing the host's "
+        "cores.")

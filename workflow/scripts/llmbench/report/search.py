@@ -13,8 +13,8 @@ import pandas as pd
 
 from ..grid import SEARCH_KEY, cell_from_dict
 from ..record import read
-from .markdown import fmt, table
-from .markdown import write as write_table
+from . import render
+from .render import fmt
 
 COLUMNS = list(SEARCH_KEY) + [
     "status", "reason", "largest_ok", "smallest_oom", "max_batch", "capacity_gib", "probes", "n_probes", "n_run",
@@ -58,19 +58,15 @@ def build(folders: Iterable[str | Path], measured: Iterable[str | Path]) -> pd.D
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def markdown(df: pd.DataFrame) -> str:
-    rows = [[r.platform, r.model, r.stage, r.backend, r.technique, str(r.gpus), r.status,
+def table(df: pd.DataFrame) -> render.Table:
+    """The search table's display: per search, its probes and the cell it measured."""
+    rows = [[r.platform, r.model, r.stage, r.backend, r.technique, fmt(r.gpus, ".0f"), r.status,
              "-" if pd.isna(r.largest_ok) else str(int(r.largest_ok)), r.probes, f"{r.n_probes} / {r.bound}",
              fmt(r.search_gpu_s, ",.1f"), r.measured_status or "", fmt(r.measured_tokens_per_s, ",.1f"),
              fmt(r.measured_gpu_s, ",.1f")] for r in df.itertuples()]
-    return table("Max-batch search (Table IV's batch sizes)",
-                 ["Platform", "Model", "Stage", "Backend", "Method", "GPUs", "Search", "Largest BS", "Probes (BS:outcome)",
+    return render.simple("search", df, ["Platform", "Model", "Stage", "Backend", "Method", "GPUs", "Search", "Largest BS", "Probes (BS:outcome)",
                   "Probes / bound", "Search GPU·s", "Measured", "Measured tok/s", "Measured GPU·s"], rows,
                  "Probes in the order run; '*': answered by the frontier file (a known OOM, or a batch that ran before: its peak) without running. Bound: "
                  "floor(log2(max)) + 3. GPU·s: wall seconds x GPUs (on a CPU platform, x processes). The measured "
                  "cell is the full protocol at the largest batch; '-': no batch fits.")
 
-
-def write(df: pd.DataFrame, csv: Path | str, md: Path | str) -> None:
-    """Write the search table as CSV and Markdown."""
-    write_table(df, markdown(df), csv, md)

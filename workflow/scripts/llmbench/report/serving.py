@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .markdown import fmt
-from .markdown import write as write_table
+from . import render
+from .render import fmt
 
 KEY = ["platform", "model", "engine", "load", "gpus"]
 COLUMNS = KEY + [
@@ -41,29 +41,22 @@ def build(tidy: pd.DataFrame) -> pd.DataFrame:
     return df.reindex(columns=COLUMNS).sort_values(KEY, ignore_index=True)
 
 
-def markdown(table: pd.DataFrame) -> str:
+def table(df: pd.DataFrame) -> render.Table:
     """One row per serving cell; latencies in seconds, throughput per second."""
     head = ["Platform", "Model", "Engine", "Load", "GPUs", "Status", "Requests (failed)", "req/s", "out tok/s",
             "TTFT p50/p90/p99 s", "TPOT p50/p90/p99 s", "ITL p50/p90/p99 s", "E2E p50/p90/p99 s",
             "server mem GiB"]
-    lines = ["### Serving: throughput and latency per engine (Figs. 6-10 as numbers)", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in table.itertuples():
+    rows = []
+    for r in df.itertuples():
         def pct(m: str, spec: str = ".3f") -> str:
             vals = [getattr(r, f"{s}_{m}") for s in ("p50", "p90", "p99")]
             return "" if all(v is None or pd.isna(v) for v in vals) else " / ".join(fmt(v, spec) for v in vals)
         mem = r.server_peak_gpu_mem_gib if not pd.isna(r.server_peak_gpu_mem_gib) else r.server_peak_rss_gib
         status = r.status if r.status != "oom" else "- (oom)"
-        lines.append("| " + " | ".join([
+        rows.append([
             r.platform, r.model, r.engine, f"{r.load} ({r.mode}, {fmt(r.input_len, '.0f')} in / {fmt(r.output_len, '.0f')} out)",
-            str(r.gpus), status, f"{fmt(r.num_requests, '.0f')} ({fmt(r.failed, '.0f')})",
+            fmt(r.gpus, ".0f"), status, f"{fmt(r.num_requests, '.0f')} ({fmt(r.failed, '.0f')})",
             fmt(r.request_throughput_per_s, ".2f"), fmt(r.output_tokens_per_s, ".1f"),
             pct("ttft_s"), pct("tpot_s", ".4f"), pct("itl_s", ".4f"), pct("e2e_latency_s"), fmt(mem, ".2f"),
-        ]) + " |")
-    lines += ["", NOTES, ""]
-    return "\n".join(lines)
-
-
-def write(table: pd.DataFrame, csv: Path | str, md: Path | str) -> None:
-    """Write the serving table as CSV and Markdown."""
-    write_table(table, markdown(table), csv, md)
+        ])
+    return render.simple("serving", df, head, rows, NOTES)

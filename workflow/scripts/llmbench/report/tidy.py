@@ -11,6 +11,7 @@ import pandas as pd
 from ..grid import layout_name
 from ..profile import kernels
 from ..record import Record, read
+from . import render
 
 COLUMNS = [
     "stage", "platform", "model", "backend", "technique", "batch_size", "gpus", "seq_len",
@@ -205,8 +206,19 @@ def build_samples(paths: Iterable[str | Path], stage: str) -> pd.DataFrame:
     return df.reindex(columns=REQUEST_COLUMNS) if stage == "serve" else df
 
 
-def write(df: pd.DataFrame, csv: Path | str, parquet: Path | str) -> None:
-    """Write the tidy table as CSV and Parquet."""
+def build_slice(paths: Iterable[str | Path], stage: str) -> pd.DataFrame:
+    """The tidy table's rows of one stage (a training stage's records come with the
+    microbenchmark records, for MFU against the measured GEMM ceiling; only the stage's
+    rows are kept)."""
+    df = build(paths)
+    return df[df["stage"] == stage].reset_index(drop=True)
+
+
+def write(df: pd.DataFrame, csv: Path | str, parquet: Path | str | None = None) -> None:
+    """Write the tidy table as CSV (and Parquet), counts (batch size, GPUs, ...) as integers
+    (nullable Int64: a serving row has no batch size, and a float column would print 1.0)."""
     Path(csv).parent.mkdir(parents=True, exist_ok=True)
+    df = render.integers(df)
     df.to_csv(csv, index=False)
-    df.to_parquet(parquet, index=False)
+    if parquet is not None:
+        df.to_parquet(parquet, index=False)

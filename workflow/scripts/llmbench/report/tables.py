@@ -1,0 +1,181 @@
+"""Every report table built from its inputs: ``build(name, inputs)`` calls this module's
+function of that catalog name (dashes as underscores), which returns a render.Table (the
+long form for the CSV, the display parts for Markdown and HTML).
+
+``Inputs`` holds a table's inputs by the catalog's names (llmbench.report.catalog) and
+loads each the first time it is read, so a table reads only what the catalog says it reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from . import catalog, findings as verdicts, micro as micro_tables, paper_tables, profile as profile_tables, render
+from . import scaling as scaling_table, search as search_table, serving as serving_table
+
+
+class Inputs:
+    """A table's inputs: paths by the catalog's names (``tidy``, ``profile``, ``micro``,
+    ``requests``, ``searches``, ``measured``, ``findings``, ``reference``), or frames already
+    loaded (tests). ``root``: the repository whose config/reference is read (None: this one)."""
+
+    def __init__(self, sources: Mapping[str, Any], root: Path | None = None,
+                 findings_models: list[str] | None = None):
+        self._sources = dict(sources)
+        self.root = root
+        self.findings_models = findings_models
+
+    def _frame(self, key: str, reader) -> pd.DataFrame:
+        value = self._sources[key]
+        if not isinstance(value, pd.DataFrame):
+            value = self._sources[key] = reader(value)
+        return value
+
+    @property
+    def tidy(self) -> pd.DataFrame:
+        """The tidy table: the whole one, or the stage slices the table reads, together."""
+        if "tidy" in self._sources:
+            return self._frame("tidy", pd.read_csv)
+        slices = [k for k in self._sources if k.startswith("tidy_")]
+        if not slices:
+            raise KeyError("this table reads no tidy table (catalog: tidy or tidy:<stage>)")
+        frames = [self._frame(k, pd.read_csv) for k in slices]
+        return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+    @property
+    def profile(self) -> pd.DataFrame:
+        return self._frame("profile", pd.read_parquet)
+
+    @property
+    def micro(self) -> pd.DataFrame:
+        return self._frame("micro", pd.read_parquet)
+
+    def path(self, key: str) -> str | None:
+        """A file input (the findings file), or None where the table was given none."""
+        value = self._sources.get(key)
+        return None if value is None else str(value)
+
+    def paths(self, key: str) -> list[str]:
+        """A list input (the searches' folders, the records they measured)."""
+        value = self._sources.get(key) or []
+        return [value] if isinstance(value, (str, Path)) else list(value)
+
+    @property
+    def kw(self) -> dict:
+        return {"root": self.root} if self.root else {}
+
+
+def build(name: str, inputs: Inputs) -> render.Table:
+    """The catalog table ``name`` built from ``inputs``."""
+    return globals()[catalog.get("table", name).function](inputs)
+
+
+# The verdict ------------------------------------------------------------------------------
+
+#: the findings table's columns shown in Markdown and HTML (the CSV has them all)
+FINDINGS_SHOWN = ["finding", "section", "claim", "platform", "model", "gpus", "batch_size", "verdict", "ours_value",
+                  "paper_value", "tolerance", "missing", "runs"]
+FINDINGS_NOTE = (
+    "How to read it: each row judges one claim of the paper on one group of our cells (platform, model, GPUs). "
+    "`ours_value` and `paper_value` are the same comparison (listed in `compares` in the CSV) computed on our records "
+    "and on the paper's printed numbers (per paper platform); `tolerance` is the interval the claim implies. "
+    "Comparisons across hardware use per-GPU throughput, MFU and ratios of cells of one platform, so a GPU the paper "
+    "never ran is judged on the same terms. `missing` names the cells that would decide an untestable or partly "
+    "decided claim. The CSV adds `compares`, `paper_check` (does the paper's own table bear the claim out?) and `how`.")
+MISSING_SHOWN = 15
+
+
+def verdict(table: pd.DataFrame, missing: pd.DataFrame) -> render.Table:
+    """The findings table: the counts per verdict first, every row, then the cells that would
+    decide the most undecided findings on the lent GPUs."""
+    parts = [render.Part(frame=table.reindex(columns=FINDINGS_SHOWN), lead=verdicts.summary_line(table) + ".",
+                         note=FINDINGS_NOTE)]
+    if len(missing):
+        parts.append(render.Part(
+            frame=missing.head(MISSING_SHOWN),
+            heading="Cells that would decide the most undecided findings on the lent GPUs (one H100, one H200)",
+            lead="Ranked by how many findings each would decide; a cell that runs out of memory decides them too "
+                 "(an OOM is a result)."))
+    return render.Table(title=catalog.get("table", "findings").title, long=table[verdicts.COLUMNS], parts=tuple(parts))
+
+
+def findings_and_missing(inputs: Inputs) -> tuple[render.Table, pd.DataFrame]:
+    """The findings table and the ranked missing cells (findings-missing.csv)."""
+    table, missing = verdicts.build(inputs.tidy, inputs.profile, inputs.micro, path=inputs.path("findings"),
+                                    models=inputs.findings_models, **inputs.kw)
+    return verdict(table, missing), missing
+
+
+def findings(inputs: Inputs) -> render.Table:
+    return findings_and_missing(inputs)[0]
+
+
+# Pre-training and fine-tuning -------------------------------------------------------------
+
+def table2(inputs: Inputs) -> render.Table:
+    return paper_tables.table2(paper_tables.build_table2(inputs.tidy, inputs.root))
+
+
+def table3(inputs: Inputs) -> render.Table:
+    return paper_tables.table(paper_tables.build(inputs.tidy, "table3", inputs.root), "table3")
+
+
+def table4(inputs: Inputs) -> render.Table:
+    return paper_tables.table(paper_tables.build(inputs.tidy, "table4", inputs.root), "table4")
+
+
+def table9(inputs: Inputs) -> render.Table:
+    return paper_tables.table(paper_tables.build(inputs.tidy, "table9", inputs.root), "table9")
+
+
+def scaling(inputs: Inputs) -> render.Table:
+    return scaling_table.table(scaling_table.build(inputs.tidy, inputs.root))
+
+
+def search(inputs: Inputs) -> render.Table:
+    return search_table.table(search_table.build(inputs.paths("searches"), inputs.paths("measured")))
+
+
+# Serving, microbenchmarks, profiles -------------------------------------------------------
+
+def serving(inputs: Inputs) -> render.Table:
+    return serving_table.table(serving_table.build(inputs.tidy))
+
+
+def micro_gemm(inputs: Inputs) -> render.Table:
+    return micro_tables.gemm(inputs.micro)
+
+
+def micro_memcpy(inputs: Inputs) -> render.Table:
+    return micro_tables.memcpy(inputs.micro)
+
+
+def micro_collectives(inputs: Inputs) -> render.Table:
+    return micro_tables.collectives(inputs.micro)
+
+
+def table12(inputs: Inputs) -> render.Table:
+    return micro_tables.table12(inputs.micro, inputs.root)
+
+
+def profile_phases(inputs: Inputs) -> render.Table:
+    return profile_tables.phases(inputs.tidy, root=inputs.root)
+
+
+def profile_modules(inputs: Inputs) -> render.Table:
+    return profile_tables.modules(inputs.tidy, inputs.profile, inputs.root)
+
+
+def profile_attention(inputs: Inputs) -> render.Table:
+    return profile_tables.attention(inputs.tidy, inputs.profile, inputs.root)
+
+
+def profile_serve(inputs: Inputs) -> render.Table:
+    return profile_tables.serve(inputs.tidy, inputs.profile, inputs.root)
+
+
+def profile_comm(inputs: Inputs) -> render.Table:
+    return profile_tables.comm(inputs.tidy, root=inputs.root)

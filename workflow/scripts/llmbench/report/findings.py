@@ -701,29 +701,32 @@ def summary_line(table: pd.DataFrame) -> str:
             ", ".join(f"{c[v]} {v}" for v in VERDICTS))
 
 
-def markdown(table: pd.DataFrame, missing: pd.DataFrame) -> str:
-    """The verdict first, then every row, then the cells that would decide the most."""
-    show = table[COLUMNS].copy()
-    for col in ("gpus", "batch_size"):
-        show[col] = show[col].map(lambda g: "" if g is None or pd.isna(g) else str(int(g)))
-    lines = ["### The verdict: the paper's findings on this hardware", "", f"**{summary_line(table)}.**", ""]
-    cols = ["finding", "section", "claim", "platform", "model", "gpus", "batch_size", "verdict", "ours_value", "paper_value",
-            "tolerance", "missing", "runs"]
-    lines.append(show[cols].to_markdown(index=False, disable_numparse=True))
-    lines += ["", "How to read it: each row judges one claim of the paper on one group of our cells (platform, "
-              "model, GPUs). `ours_value` and `paper_value` are the same comparison (listed in `compares` in the "
-              "CSV) computed on our records and on the paper's printed numbers (per paper platform); `tolerance` "
-              "is the interval the claim implies. Comparisons across hardware use per-GPU throughput, MFU and "
-              "ratios of cells of one platform, so a GPU the paper never ran is judged on the same terms. "
-              "`missing` names the cells that would decide an untestable or partly decided claim. The CSV adds "
-              "`compares`, `paper_check` (does the paper's own table bear the claim out?) and `how`.", ""]
+#: the findings table's columns shown in Markdown and HTML (the CSV has them all)
+SHOWN = ["finding", "section", "claim", "platform", "model", "gpus", "batch_size", "verdict", "ours_value",
+         "paper_value", "tolerance", "missing", "runs"]
+NOTE = (
+    "How to read it: each row judges one claim of the paper on one group of our cells (platform, model, GPUs). "
+    "`ours_value` and `paper_value` are the same comparison (listed in `compares` in the CSV) computed on our records "
+    "and on the paper's printed numbers (per paper platform); `tolerance` is the interval the claim implies. "
+    "Comparisons across hardware use per-GPU throughput, MFU and ratios of cells of one platform, so a GPU the paper "
+    "never ran is judged on the same terms. `missing` names the cells that would decide an untestable or partly "
+    "decided claim. The CSV adds `compares`, `paper_check` (does the paper's own table bear the claim out?) and `how`.")
+MISSING_HEADING = "Cells that would decide the most undecided findings on the lent GPUs (one H100, one H200)"
+MISSING_LEAD = ("Ranked by how many findings no run has decided yet each would decide; an out-of-memory result "
+                "decides them too, but a cell whose model states alone exceed the GPU (`predicted`) is ranked last: "
+                "it could only confirm the OOM.")
+MISSING_SHOWN = 15
+
+
+def report_table(table: pd.DataFrame, missing: pd.DataFrame):
+    """The findings as the report shows them (llmbench.report.render): the counts per
+    verdict first, every row, then the cells that would decide the most."""
+    from . import catalog, render
+
+    parts = [render.Part(frame=table.reindex(columns=SHOWN), lead=summary_line(table) + ".", note=NOTE)]
     if len(missing):
-        lines += ["#### Cells that would decide the most undecided findings on the lent GPUs (one H100, one H200)",
-                  "", "Ranked by how many findings no run has decided yet each would decide; an out-of-memory "
-                  "result decides them too, but a cell whose model states alone exceed the GPU (`predicted`) "
-                  "is ranked last: it could only confirm the OOM.", "",
-                  missing.head(15).to_markdown(index=False, disable_numparse=True), ""]
-    return "\n".join(lines)
+        parts.append(render.Part(frame=missing.head(MISSING_SHOWN), heading=MISSING_HEADING, lead=MISSING_LEAD))
+    return render.Table(title=catalog.get("table", "findings").title, long=table[COLUMNS], parts=tuple(parts))
 
 
 def build(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None, micro_rows: pd.DataFrame | None = None,
@@ -738,14 +741,3 @@ def build(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None, micro_ro
     paper = derive(paper_frame.frame(root))
     table = evaluate(fs, ours, paper)
     return table, missing_cells(fs, ours)
-
-
-def write(table: pd.DataFrame, missing: pd.DataFrame, csv: Path | str, md: Path | str,
-          missing_csv: Path | str | None = None) -> None:
-    """Write the findings table (CSV, Markdown) and the ranked missing cells (CSV)."""
-    Path(csv).parent.mkdir(parents=True, exist_ok=True)
-    table[COLUMNS].to_csv(csv, index=False)
-    Path(md).write_text(markdown(table, missing))
-    if missing_csv:
-        missing.to_csv(missing_csv, index=False)
-

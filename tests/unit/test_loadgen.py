@@ -10,7 +10,7 @@ import pytest
 from llmbench.serve import dialects as d
 from llmbench.serve.loadgen import (LoadResult, LoadSpec, RequestSample, SSEParser, make_prompts, prompt_text, run,
                                     schedule)
-from llmbench.serve.metrics import cdf, summarize
+from llmbench.serve.metrics import cdf, goodput, summarize
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "fixtures"))
 from fake_servers import FakeServer  # noqa: E402
@@ -279,3 +279,27 @@ def test_tokens_that_arrive_in_one_read_give_tpot_zero_and_are_counted():
     m = summarize(res, output_len=4)
     assert m["one_read_requests"] == 2
     assert (m["p50_tpot_s"], m["mean_tpot_s"]) == pytest.approx((0.0, 1 / 3))
+
+
+def test_goodput_counts_requests_within_both_targets_over_all_measured():
+    """Goodput as `vllm bench serve --goodput` counts it: a request meets the targets when it
+    completed, its TTFT is within the TTFT target and its TPOT within the TPOT target; the
+    share is over every measured request (a failed one misses), the rate over the load."""
+    samples = (sample(0, 1.0, 5.0, 5),    # TTFT 1, TPOT 1: meets (2, 1.0), misses TPOT 0.5
+               sample(1, 0.5, 1.0, 6),    # TTFT 0.5, TPOT 0.1: meets both
+               sample(2, 2.5, 2.5, 1),    # one token: TPOT has no value, TTFT 2.5 misses 2
+               sample(3, 2.0, 2.0, 1),    # one token at the TTFT target: meets
+               sample(4, None, None, 0, ok=False))
+    res = LoadResult(samples=samples, duration_s=4.0, started_at="", client_cpu_s=0.0,
+                     client_cpu_per_request_s=0.0, send_lag_mean_s=0.0, warmup_failed=0)
+    m = summarize(res, output_len=5, ttft_target_s=2.0, tpot_target_s=1.0)
+    assert (m["goodput_requests"], m["goodput_share"], m["goodput_requests_per_s"]) == (3, 0.6, 0.75)
+    assert (m["goodput_ttft_target_s"], m["goodput_tpot_target_s"]) == (2.0, 1.0)
+    assert goodput(res, 2.0, 0.5)["goodput_requests"] == 2
+    assert goodput(res, 0.4, 10.0)["goodput_requests"] == 0
+    default = summarize(res, output_len=5)  # MLPerf's Llama-2-70B server targets
+    assert (default["goodput_ttft_target_s"], default["goodput_tpot_target_s"]) == (2.0, 0.2)
+    with pytest.raises(ValueError):
+        goodput(res, 0.0, 1.0)
+    with pytest.raises(ValueError, match="tpot_target_s"):
+        LoadSpec(output_len=4, tpot_target_s=0)

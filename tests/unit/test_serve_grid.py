@@ -7,7 +7,7 @@ import pytest
 from llmbench import grid
 from llmbench.config import ConfigError
 from llmbench.grid import ServeCell, cell_from_dict
-from llmbench.serve.engines import ENGINES, Launch
+from llmbench.serve.engines import ENGINES, SETTINGS, Launch
 
 BURST = {"mode": "burst", "num_requests": 1000, "input_len": 512, "output_len": 64}
 BASE = {
@@ -113,3 +113,60 @@ def test_random_weights_are_transformers_init_and_independent_of_threads(tmp_pat
     std = spec.hf_config().initializer_range
     assert abs(float(q.std()) - std) < 0.1 * std and abs(float(q.mean())) < 0.1 * std
     assert not (one["model.layers.0.self_attn.q_proj.weight"] == one["model.layers.1.self_attn.q_proj.weight"]).all()
+
+
+def _launch(tmp_path, accelerator="cuda", extra=()):
+    return Launch(model_dir=tmp_path, served_name="m", host="127.0.0.1", port=1, gpus=1, accelerator=accelerator,
+                  python="/py", dummy_weights=True, max_model_len=640, max_num_seqs=1000, extra_args=tuple(extra))
+
+
+def test_each_engine_settings_come_from_its_launch_command_as_its_parser_reads_it(tmp_path):
+    """The record's serving settings: the launch spec's values, the config's engine_args
+    after them (the last occurrence wins, as in the engines' argparse), their defaults."""
+    vllm = ENGINES["vllm"]
+    x = _launch(tmp_path, extra=("--gpu-memory-utilization", "0.85", "--max-num-batched-tokens", "8192"))
+    s = vllm.settings(vllm.command(x), {}, "cuda")
+    assert s == {"max_num_seqs": 1000, "max_batch_tokens": 8192, "kv_cache_tokens": None,
+                 "gpu_memory_utilization": 0.85, "cuda_graphs": True, "chunked_prefill": True}
+    eager = vllm.settings(vllm.command(_launch(tmp_path, extra=("--enforce-eager", "--no-enable-chunked-prefill"))),
+                          {}, "cuda")
+    assert eager["cuda_graphs"] is False and eager["chunked_prefill"] is False
+    assert eager["gpu_memory_utilization"] == 0.9 and eager["max_batch_tokens"] is None  # left to vLLM
+    cpu = vllm.settings(vllm.command(_launch(tmp_path, "cpu")), {}, "cpu")
+    assert cpu["cuda_graphs"] is False and cpu["gpu_memory_utilization"] is None
+    light = ENGINES["lightllm"]
+    s = light.settings(light.command(_launch(tmp_path, extra=("--max_total_token_num", "90000"))), {}, "cuda")
+    assert s == {"max_num_seqs": 1000, "max_batch_tokens": 15000, "kv_cache_tokens": 90000,
+                 "gpu_memory_utilization": None, "cuda_graphs": False, "chunked_prefill": False}
+    s = light.settings(light.command(_launch(tmp_path, extra=("--max_total_token_num", "1200"))), {}, "cuda")
+    assert s["max_batch_tokens"] == 640  # a sixth of 1200 is below --max_req_total_len
+    for engine in ENGINES.values():
+        assert set(engine.settings(engine.command(_launch(tmp_path)), {}, "cuda")) == set(SETTINGS)
+
+
+VLLM_METRICS = """\
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="7521"} 1.0
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+"""
+
+
+def test_vllm_reports_its_kv_cache_and_the_record_takes_it(tmp_path):
+    pytest.importorskip("prometheus_client", reason="vLLM's metrics are read with prometheus_client")
+    from llmbench.serve.bench import engine_settings
+    from llmbench.serve.engines import vllm_cache_info
+
+    info = vllm_cache_info(VLLM_METRICS)
+    assert info == {"kv_cache_tokens": 7521 * 16, "kv_cache_blocks": 7521, "kv_cache_block_size": 16,
+                    "gpu_memory_utilization": 0.9}
+    assert vllm_cache_info("# nothing here\n") == {}
+    argv = ENGINES["vllm"].command(_launch(tmp_path))
+    s = engine_settings("vllm", argv, {}, "cuda", info)
+    assert s["kv_cache_tokens"] == 120336 and s["kv_cache_source"] == "engine report"
+    s = engine_settings("lightllm", ENGINES["lightllm"].command(_launch(tmp_path)), {}, "cuda", {})
+    assert s["kv_cache_tokens"] == 400_000 and s["kv_cache_source"] == "launch command"
+    s = engine_settings("vllm", argv, {}, "cuda", {"observe_error": "URLError: refused"})
+    assert s["kv_cache_tokens"] is None and s["kv_cache_source"] is None and "refused" in s["engine_observe_error"]

@@ -77,6 +77,22 @@ def request_columns(result: LoadResult) -> dict[str, list]:
     return cols
 
 
+def engine_settings(engine_name: str, argv: list[str], env: dict[str, str], accelerator: str,
+                    observed: dict) -> dict:
+    """The record's serving settings (llmbench.serve.engines.SETTINGS): what the launch
+    command sets, with what the running engine reported over its API in place of what the
+    command left to it (vLLM's KV cache, sized at start-up); ``kv_cache_source`` says which."""
+    out = ENGINES[engine_name].settings(argv, env, accelerator)
+    source = "launch command" if out.get("kv_cache_tokens") is not None else None
+    for k, v in observed.items():
+        if k == "observe_error":
+            out["engine_observe_error"] = v
+        elif v is not None:
+            out[k] = v
+            source = "engine report" if k == "kv_cache_tokens" else source
+    return {**out, "kv_cache_source": source}
+
+
 def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_log: Path) -> Record:
     """Run one serving cell end to end and write its Record (never raises for a bad engine)."""
     started = datetime.now(timezone.utc).isoformat()
@@ -99,12 +115,13 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
     with open(log, "a") as fh:
         fh.write(f"serving cell {cell.record_path()}\nengine command: {argv}\nserver log: {server_log}\n")
 
-    status, reason, result, serving = "ok", "", None, {}
+    status, reason, result, serving, observed = "ok", "", None, {}, {}
     with stop_groups_on_signal():
         try:
             with serve(argv, env=env, host=HOST, port=launch.port, health_path=engine.health_path,
                        log=server_log, ready_timeout_s=cell.ready_timeout_s,
                        gpu_ids=_gpu_ids(cell, platform["accelerator"])) as server:
+                observed = engine.observe(server.base_url)
                 dialect = dialect_for(cell.engine)
                 # the measured load is cut at timeout_s, keeping what finished before; the
                 # backstop bounds the warm-up too
@@ -130,13 +147,14 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
 
     requests: dict[str, list] = {}
     if result is not None:
-        serving.update(metrics.summarize(result, load.output_len))
+        serving.update(metrics.summarize(result, load.output_len, load.ttft_target_s, load.tpot_target_s))
         serving.update(warmup_failed=result.warmup_failed)
         requests = request_columns(result)
         failed = [s for s in result.samples if not s.ok]
         if status == "ok" and failed:
             status = "oom" if log_says_oom(server_log) else "error"
             reason = f"{len(failed)} of {len(result.samples)} requests failed; first: {failed[0].error}"
+    serving.update(engine_settings(cell.engine, argv, env, platform["accelerator"], observed))
     serving.update(engine=cell.engine, dialect=engine.dialect,
                    prompts="token ids" if engine.token_id_prompts else "text (word-level tokenizer, same ids)",
                    ignore_eos=engine.ignore_eos)

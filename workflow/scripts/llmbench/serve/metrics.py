@@ -6,6 +6,13 @@ client in one read (the engine merged its stream's deltas, or the client read th
 an overloaded host), counted in ``one_read_requests``; ITL pools the per-event gaps of all
 completed requests (see loadgen.RequestSample). Percentiles interpolate linearly
 between order statistics (numpy's default), as vLLM's do.
+
+Goodput (as ``vllm bench serve --goodput`` and MLPerf's server scenario count it): the
+measured requests that completed within a TTFT target and a TPOT target, as a share of all
+measured requests (a failed request misses) and per second of the load. The default targets
+are MLPerf Inference's for Llama-2-70B in its server scenario (TTFT <= 2 s, TPOT <= 200 ms);
+the record keeps the targets beside the values, and its per-request columns let any other
+pair be counted again.
 """
 
 from __future__ import annotations
@@ -17,6 +24,9 @@ import numpy as np
 from .loadgen import LoadResult
 
 PERCENTILES = (50, 90, 99)
+#: MLPerf Inference, Llama-2-70B, server scenario: first token within 2 s, then 200 ms per token
+TTFT_TARGET_S = 2.0
+TPOT_TARGET_S = 0.2
 
 
 def _stats(name: str, values: Sequence[float]) -> dict[str, float | None]:
@@ -27,8 +37,32 @@ def _stats(name: str, values: Sequence[float]) -> dict[str, float | None]:
     return out
 
 
-def summarize(result: LoadResult, output_len: int) -> dict[str, float | int | None]:
-    """Flat metrics of one load (units in the names); None where no completed request gives a value."""
+def goodput(result: LoadResult, ttft_target_s: float = TTFT_TARGET_S,
+            tpot_target_s: float = TPOT_TARGET_S) -> dict[str, float | int | None]:
+    """Requests that completed within both targets: count, share of the measured requests, per second.
+
+    TPOT is per request, (e2e - ttft) / (output_tokens - 1); a one-token request meets the
+    TPOT target by having none.
+    """
+    if not ttft_target_s > 0 or not tpot_target_s > 0:
+        raise ValueError(f"goodput targets must be > 0, got {ttft_target_s=} {tpot_target_s=}")
+    met = 0
+    for s in result.samples:
+        if not s.ok or s.ttft_s is None or s.ttft_s > ttft_target_s:
+            continue
+        if s.output_tokens > 1 and (s.e2e_s - s.ttft_s) / (s.output_tokens - 1) > tpot_target_s:
+            continue
+        met += 1
+    n, dur = len(result.samples), result.duration_s
+    return {"goodput_ttft_target_s": ttft_target_s, "goodput_tpot_target_s": tpot_target_s,
+            "goodput_requests": met, "goodput_share": met / n if n else None,
+            "goodput_requests_per_s": met / dur if dur > 0 else None}
+
+
+def summarize(result: LoadResult, output_len: int, ttft_target_s: float = TTFT_TARGET_S,
+              tpot_target_s: float = TPOT_TARGET_S) -> dict[str, float | int | None]:
+    """Flat metrics of one load (units in the names); None where no completed request gives a
+    value. Goodput counts the requests within ttft_target_s and tpot_target_s."""
     done = [s for s in result.samples if s.ok]
     out_tokens = sum(s.output_tokens for s in done)
     in_tokens = sum(s.input_tokens for s in done)
@@ -54,6 +88,7 @@ def summarize(result: LoadResult, output_len: int) -> dict[str, float | int | No
     summary |= _stats("e2e_latency_s", [s.e2e_s for s in done])
     summary |= _stats("send_lag_s", [s.sent_s - s.scheduled_s - s.queued_s for s in result.samples])
     summary["client_cpu_per_request_s"] = result.client_cpu_per_request_s
+    summary |= goodput(result, ttft_target_s, tpot_target_s)
     return summary
 
 

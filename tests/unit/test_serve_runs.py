@@ -1,0 +1,41 @@
+"""Runs of one serving point (identical loads <name>-1, -2, ...) pool into mean ± std;
+points that differ in their load (Poisson rates) never pool, whatever their names."""
+
+import math
+
+import pytest
+
+from llmbench.record import Record, write
+from llmbench.serve.runs import markdown, over_runs, rows
+
+BURST = {"mode": "burst", "num_requests": 1000, "input_len": 512, "output_len": 128, "rate_per_s": None}
+
+
+def _record(tmp_path, engine, load, spec, out_tok_s, status="ok"):
+    cell = {"stage": "serve", "platform": "h100", "model": "llama2-7b", "engine": engine, "load": load, "gpus": 1,
+            "load_spec": spec}
+    summary = {"output_tokens_per_s": out_tok_s, "request_throughput_per_s": out_tok_s / 128, "p50_ttft_s": 1.0,
+               "p99_ttft_s": 2.0, "goodput_share": 0.5} if status == "ok" else {}
+    write(Record(cell=cell, status=status, reason="" if status == "ok" else "server exited", summary=summary),
+          tmp_path / "runs/serve/h100/llama2-7b" / engine / f"{load}-g1/record.json")
+
+
+def test_identical_loads_pool_and_distinct_rates_do_not(tmp_path):
+    for k, v in enumerate((4000.0, 4100.0, 4200.0), 1):
+        _record(tmp_path, "vllm", f"burst-{k}", BURST, v)
+    _record(tmp_path, "lightllm", "burst-1", BURST, 3000.0)
+    _record(tmp_path, "lightllm", "burst-2", BURST, None, status="error")
+    for rate in (5, 10):
+        _record(tmp_path, "vllm", f"poisson-{rate}", {**BURST, "mode": "poisson", "rate_per_s": rate}, 100.0 * rate)
+    pooled = over_runs(rows([tmp_path])).set_index(["engine", "point"])
+    vllm = pooled.loc[("vllm", "burst")]
+    assert (vllm["runs"], vllm["ok"]) == (3, 3)
+    assert vllm["output_tokens_per_s_mean"] == pytest.approx(4100.0)
+    assert vllm["output_tokens_per_s_std"] == pytest.approx(100.0)  # sample std (ddof 1)
+    light = pooled.loc[("lightllm", "burst")]
+    assert (light["runs"], light["ok"], light["output_tokens_per_s_mean"]) == (2, 1, 3000.0)
+    assert math.isnan(light["output_tokens_per_s_std"])
+    assert pooled.loc[("vllm", "poisson-5")]["runs"] == 1 and pooled.loc[("vllm", "poisson-10")]["runs"] == 1
+    assert list(over_runs(rows([tmp_path]))["point"]) == ["burst", "burst", "poisson-5", "poisson-10"]
+    md = markdown(over_runs(rows([tmp_path])))
+    assert "4100.0 ± 100.0" in md and "2 (1)" in md

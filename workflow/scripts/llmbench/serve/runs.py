@@ -1,0 +1,96 @@
+"""Repeated runs of one serving point: mean and standard deviation over them.
+
+A serving cell has no repeat axis: a config asks for independent runs of a point (a fresh
+engine each, as the paper's 3 runs) by naming identical loads ``<name>-1``, ``<name>-2``,
+... Cells of one platform, model, engine and GPU count whose load specs are identical are
+runs of one point; each other cell is a point of its own (a Poisson rate, say: its loads
+differ in rate_per_s, so ``poisson-5`` and ``poisson-10`` never pool).
+
+    python -m llmbench.serve.runs RESULTS_DIR [RESULTS_DIR ...]   # Markdown on stdout
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from ..record import read
+
+KEY = ["platform", "model", "engine", "gpus"]
+#: summary values pooled over runs: mean and sample standard deviation (ddof 1) of each
+METRICS = ["output_tokens_per_s", "request_throughput_per_s", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s",
+           "p99_tpot_s", "p50_e2e_latency_s", "p99_e2e_latency_s", "goodput_share"]
+_RUN = re.compile(r"^(?P<point>.+)-(?P<run>\d+)$")
+
+
+def rows(results_dirs: list[Path | str]) -> pd.DataFrame:
+    """One row per serving record under the folders: its cell, status and summary values."""
+    out = []
+    for d in results_dirs:
+        for path in sorted(Path(d).glob("runs/serve/**/record.json")):
+            rec = read(path)
+            c = rec.cell
+            out.append({**{k: c[k] for k in KEY}, "load": c["load"], "load_spec": json.dumps(c["load_spec"], sort_keys=True),
+                        "status": rec.status, **{m: rec.summary.get(m) for m in METRICS},
+                        "goodput_ttft_target_s": rec.summary.get("goodput_ttft_target_s"),
+                        "goodput_tpot_target_s": rec.summary.get("goodput_tpot_target_s")})
+    return pd.DataFrame(out)
+
+
+def _point(loads: pd.Series) -> str:
+    names = [_RUN.match(x) for x in loads]
+    if len(loads) > 1 and all(names) and len({m["point"] for m in names}) == 1:
+        return names[0]["point"]
+    return loads.iloc[0] if len(loads) == 1 else "/".join(loads)
+
+
+def over_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """Pool the runs of each point: n, how many were ok, mean and std of METRICS over the ok
+    runs (std NaN for one run). A run that is not ok counts in n and is left out of the means."""
+    pooled = []
+    for _, g in df.groupby(KEY + ["load_spec"], sort=True):
+        ok = g[g["status"] == "ok"]
+        row = {**g.iloc[0][KEY].to_dict(), "point": _point(g["load"].sort_values()),
+               "mode": json.loads(g.iloc[0]["load_spec"])["mode"], "runs": len(g), "ok": len(ok),
+               "rate_per_s": json.loads(g.iloc[0]["load_spec"]).get("rate_per_s")}
+        for m in METRICS:
+            vals = pd.to_numeric(ok[m], errors="coerce")
+            row[f"{m}_mean"], row[f"{m}_std"] = vals.mean(), vals.std(ddof=1)
+        pooled.append(row)
+    out = pd.DataFrame(pooled)
+    return out.sort_values(KEY + ["mode", "rate_per_s", "point"], ignore_index=True) if len(out) else out
+
+
+def markdown(pooled: pd.DataFrame) -> str:
+    """The pooled points as a Markdown table: mean ± std where there are several runs."""
+    def pm(r, m, spec):
+        mean, std = r[f"{m}_mean"], r[f"{m}_std"]
+        if pd.isna(mean):
+            return ""
+        return format(mean, spec) + ("" if pd.isna(std) else " ± " + format(std, spec))
+
+    table = pd.DataFrame([{
+        "platform": r["platform"], "model": r["model"], "engine": r["engine"], "load": r["point"],
+        "runs (ok)": f"{r['runs']} ({r['ok']})",
+        "out tok/s": pm(r, "output_tokens_per_s", ".1f"), "req/s": pm(r, "request_throughput_per_s", ".2f"),
+        "TTFT p50 / p99 s": f"{pm(r, 'p50_ttft_s', '.3f')} / {pm(r, 'p99_ttft_s', '.3f')}",
+        "TPOT p50 / p99 s": f"{pm(r, 'p50_tpot_s', '.4f')} / {pm(r, 'p99_tpot_s', '.4f')}",
+        "E2E p50 / p99 s": f"{pm(r, 'p50_e2e_latency_s', '.3f')} / {pm(r, 'p99_e2e_latency_s', '.3f')}",
+        "goodput": pm(r, "goodput_share", ".3f"),
+    } for _, r in pooled.iterrows()])
+    return table.to_markdown(index=False)
+
+
+def main(argv: list[str]) -> None:
+    """Print the pooled table of the serving records under the given results folders."""
+    if not argv:
+        raise SystemExit(__doc__)
+    print(markdown(over_runs(rows(argv))))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -76,7 +76,7 @@ METRICS: dict[str, str] = {
 }
 #: keys a selection may name (columns of the tidy table)
 SELECT_KEYS = ("stage", "platform", "model", "backend", "technique", "batch_size", "gpus", "layout", "engine",
-               "load", "bench", "case")
+               "load", "mode", "num_requests", "input_len", "output_len", "bench", "case")
 #: grouping of each stage's cells when a finding names none
 DEFAULT_GROUP = {"micro": ["platform", "gpus"]}
 DEFAULT_TOLERANCE = 0.25
@@ -390,7 +390,7 @@ def _match(df: pd.DataFrame, sel: dict) -> pd.DataFrame:
 def _cell_text(stage: str, group: dict, sel: dict) -> str:
     s = {**group, **sel}
     parts = [stage, s.get("platform", "any platform"), s.get("model", "")]
-    for k in ("backend", "layout", "engine", "load", "bench", "case"):
+    for k in ("backend", "layout", "engine", "load", "mode", "bench", "case"):
         if k in s:
             parts.append(str(s[k]))
     if "technique" in s:
@@ -589,7 +589,7 @@ def evaluate(findings: list[Finding], ours: pd.DataFrame, paper: pd.DataFrame) -
                 "verdict": r["verdict"], "tolerance": "; ".join(
                     interval_text(c.lo, c.hi) if c.relation != "runs" else "runs" if c.lo == 1.0 else "out of memory"
                     for c in f.checks),
-                "missing": "; ".join(dict.fromkeys(missing)) if r["verdict"] in ("untestable", "partly") else "",
+                "missing": "; ".join(dict.fromkeys(missing)) if r["verdict"] != "holds" else "",
                 "runs": ", ".join(sorted(set().union(*(o.runs for o in r["outcomes"])) - {"paper"})),
                 "paper_check": paper_check, "how": f.how,
             })
@@ -709,8 +709,9 @@ NOTE = (
     "`ours_value` and `paper_value` are the same comparison (listed in `compares` in the CSV) computed on our records "
     "and on the paper's printed numbers (per paper platform); `tolerance` is the interval the claim implies. "
     "Comparisons across hardware use per-GPU throughput, MFU and ratios of cells of one platform, so a GPU the paper "
-    "never ran is judged on the same terms. `missing` names the cells that would decide an untestable or partly "
-    "decided claim. The CSV adds `compares`, `paper_check` (does the paper's own table bear the claim out?) and `how`.")
+    "never ran is judged on the same terms. `missing` names the cells a check could not use (not run, out of "
+    "memory, ...): those that would decide an untestable or partly decided claim, or the rest of a contradicted "
+    "one. The CSV adds `compares`, `paper_check` (does the paper's own table bear the claim out?) and `how`.")
 MISSING_HEADING = "Cells that would decide the most undecided findings on the lent GPUs (one H100, one H200)"
 MISSING_LEAD = ("Ranked by how many findings no run has decided yet each would decide; an out-of-memory result "
                 "decides them too, but a cell whose model states alone exceed the GPU (`predicted`) is ranked last: "

@@ -713,9 +713,9 @@ NOTE = (
     "memory, ...): those that would decide an untestable or partly decided claim, or the rest of a contradicted "
     "one. The CSV adds `compares`, `paper_check` (does the paper's own table bear the claim out?) and `how`.")
 MISSING_HEADING = "Cells that would decide the most undecided findings on the lent GPUs (one H100, one H200)"
-MISSING_LEAD = ("Ranked by how many findings no run has decided yet each would decide; an out-of-memory result "
-                "decides them too, but a cell whose model states alone exceed the GPU (`predicted`) is ranked last: "
-                "it could only confirm the OOM.")
+MISSING_LEAD = ("Ranked by how many findings no run has decided yet each is named by. A cell that runs out of "
+                "memory decides only the checks that ask whether it runs; a cell whose model states alone exceed the "
+                "GPU (`predicted`, llmbench.memory, a lower bound) is ranked last: it could only confirm the OOM.")
 MISSING_SHOWN = 15
 
 

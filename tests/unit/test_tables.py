@@ -513,3 +513,30 @@ def test_a_figure_depends_only_on_the_cells_it_plots():
     finetune, pretrain = planned("results/figures/finetune.svg"), planned("results/figures/pretrain.svg")
     assert "run_serving_cell" not in finetune and "run_serving_cell" not in pretrain
     assert 0 < finetune["run_training_cell"] < pretrain["run_training_cell"]
+
+
+def test_serving_runs_of_one_point_pool_and_a_poisson_sweep_is_plotted(tmp_path):
+    """Three bursts of one engine (burst-1..3, a fresh engine each) are one point: mean ± std
+    in the serving table's second part; Poisson rates are points of their own, and the
+    sweep figure draws throughput, latency and goodput against the offered rate."""
+    from llmbench.report import figures, render, serving
+
+    base = dict(stage="serve", platform="h100", model="llama2-7b", engine="vllm", gpus=1, status="ok",
+                num_requests=1000, input_len=512, output_len=128, max_concurrency=None, p50_e2e_latency_s=20.0,
+                p50_ttft_s=14.0, p99_ttft_s=27.0, goodput_share=0.1, cuda_graphs=True, kv_cache_tokens=118288)
+    cells = [{**base, "load": f"burst-{k}", "mode": "burst", "rate_per_s": None, "output_tokens_per_s": v}
+             for k, v in ((1, 4000.0), (2, 4100.0), (3, 4200.0))]
+    cells += [{**base, "load": f"poisson-{r}", "mode": "poisson", "rate_per_s": float(r),
+               "output_tokens_per_s": 60.0 * r, "goodput_share": 1.0} for r in (5, 10)]
+    df = serving.build(pd.DataFrame(cells))
+    t = serving.table(df)
+    assert "graphs" in t.parts[0].frame["settings"].iloc[0] and t.parts[0].frame["goodput"].iloc[0] == "0.100"
+    pooled = t.parts[1].frame.set_index("load")
+    assert pooled.loc["burst", "runs (ok)"] == "3 (3)" and pooled.loc["burst", "out tok/s"] == "4100.0 ± 100.0"
+    assert pooled.loc["poisson-5", "runs (ok)"] == "1 (1)"
+    render.write(t, tmp_path / "serving.csv", tmp_path / "serving.md", tmp_path / "serving.html")
+    chart = figures.serve_sweep_chart({"serving": render.read_csv(tmp_path / "serving.csv")}).to_dict()
+    data = next(iter(chart["datasets"].values()))
+    assert sorted(r["rate_per_s"] for r in data) == [5.0, 10.0]  # the bursts are not a sweep
+    figures.save(figures.serve_sweep_chart({"serving": render.read_csv(tmp_path / "serving.csv")}), tmp_path / "sweep")
+    assert (tmp_path / "sweep.svg").stat().st_size > 0

@@ -244,6 +244,37 @@ def serve_throughput_chart(tables: Tables | None = None) -> alt.FacetChart:
         title=_title("serve-throughput"))
 
 
+SWEEP = ["platform", "model", "engine", "load", "gpus", "status", "mode", "rate_per_s", "output_tokens_per_s",
+         "p50_ttft_s", "p50_tpot_s", "p50_e2e_latency_s", "p99_e2e_latency_s", "goodput_share"]
+
+
+def serve_sweep_chart(tables: Tables | None = None) -> alt.HConcatChart | alt.Chart:
+    """Beyond the paper: a Poisson sweep per engine. How much does it serve as the offered
+    rate grows (saturation), what does that cost in median end-to-end latency (the
+    throughput-latency curve), and which share of requests still meets the TTFT and TPOT
+    targets (goodput)? One line per engine, platform and model."""
+    df = _get(tables, "serving", SWEEP)
+    df = df[(df["mode"] == "poisson") & df["status"].isin(MEASURED_LOADS)].copy()
+    if df.empty:
+        return _empty(_title("serve-sweep"), "requests/s offered", "no Poisson load ran")
+    df["series"] = df["engine"].astype(str) + " · " + df["platform"].astype(str) + " · " + df["model"].astype(str)
+    df = df.sort_values(["series", "rate_per_s"])
+    tip = ["series", "load", alt.Tooltip("rate_per_s:Q", title="offered req/s"),
+           alt.Tooltip("output_tokens_per_s:Q", format=",.1f"), alt.Tooltip("p50_ttft_s:Q", format=".3f"),
+           alt.Tooltip("p50_tpot_s:Q", format=".4f"), alt.Tooltip("p50_e2e_latency_s:Q", format=".2f"),
+           alt.Tooltip("goodput_share:Q", format=".3f")]
+    base = alt.Chart(df).mark_line(point=True).encode(color=alt.Color("series:N", title="engine · platform · model"),
+                                                      tooltip=tip)
+    rate = alt.X("rate_per_s:Q", title="offered requests/s")
+    served = base.encode(x=rate, y=alt.Y("output_tokens_per_s:Q", title="output tokens/s"))
+    curve = base.encode(x=alt.X("output_tokens_per_s:Q", title="output tokens/s"),
+                        y=alt.Y("p50_e2e_latency_s:Q", title="median end-to-end latency (s)"), order="rate_per_s:Q")
+    good = base.encode(x=rate, y=alt.Y("goodput_share:Q", title="goodput (share meeting TTFT and TPOT targets)",
+                                        scale=alt.Scale(domain=[0, 1])))
+    return alt.hconcat(*(c.properties(width=260, height=220) for c in (served, curve, good))).properties(
+        title=_title("serve-sweep"))
+
+
 def serve_latency_cdf_chart(tables: Tables | None = None) -> alt.FacetChart:
     """Figs. 7-10: exact CDF of end-to-end request latency, one line per engine, one panel
     per (platform, model, load): engines on one platform side by side (Figs. 7, 9) and,

@@ -7,10 +7,12 @@ published column here; the figures (llmbench.report.figures) show the same cells
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
 
+from ..serve import runs
 from . import render
 from .render import fmt
 
@@ -19,8 +21,16 @@ COLUMNS = KEY + [
     "status", "mode", "num_requests", "input_len", "output_len", "completed", "failed",
     "output_shortfall_requests", "request_throughput_per_s", "output_tokens_per_s", "total_tokens_per_s",
     *[f"{s}_{m}" for m in ("ttft_s", "tpot_s", "itl_s", "e2e_latency_s") for s in ("p50", "p90", "p99")],
-    "server_peak_gpu_mem_gib", "server_peak_rss_gib", "server_ready_s", "reason",
+    "server_peak_gpu_mem_gib", "server_peak_rss_gib", "server_ready_s", "rate_per_s", "max_concurrency",
+    "goodput_share", "goodput_requests_per_s", "ttft_target_s", "tpot_target_s",
+    "max_num_seqs", "max_batch_tokens", "kv_cache_tokens", "kv_cache_source", "gpu_memory_utilization",
+    "cuda_graphs", "chunked_prefill", "run", "reason",
 ]
+#: what makes two serving cells runs of one point (llmbench.serve.runs pools them)
+LOAD_SPEC = ["mode", "num_requests", "input_len", "output_len", "rate_per_s", "max_concurrency"]
+#: engines no longer maintained upstream: kept, labelled
+LEGACY = {"tgi": "TGI: archived upstream in March 2026 (maintenance mode from December 2025); its launch spec and "
+                 "HTTP test doubles are kept, no GPU time goes to it."}
 NOTES = (
     "TTFT: from the moment a request is sent to its first token, so in a burst it includes the "
     "time the request waits in the server's queue. TPOT: (end-to-end - TTFT) / (output tokens - 1) "
@@ -29,8 +39,16 @@ NOTES = (
     "Memory: GPU memory in use on the engine's GPUs minus before start (nvidia-smi), or the "
     "engine's process-tree RSS on a CPU platform. Failed > 0 makes a cell status error; "
     "a load cut at the cell's timeout_s is status timeout, its failed requests those unfinished then, its "
-    "numbers from the requests that completed before the cut."
+    "numbers from the requests that completed before the cut. Goodput: the share of requests whose TTFT and "
+    "TPOT both meet the load's targets (MLPerf's Llama-2-70B server targets by default: 2 s and 0.2 s). "
+    "Settings: the engine's batch cap (max_num_seqs), KV-cache tokens, GPU memory share, CUDA graphs (graphs) "
+    "and chunked prefill (chunked), as its launch command and, where it reports them, its API say. "
+    + " ".join(LEGACY.values())
 )
+POINTS_LEAD = ("Points over runs: cells of one platform, model, engine, GPU count and load that differ only in "
+               "their run (loads named <name>-1, <name>-2, ..., a fresh engine each, or the same load in several "
+               "results folders) pool into mean ± sample std; points that differ in their load (Poisson rates) "
+               "never pool.")
 
 
 def build(tidy: pd.DataFrame) -> pd.DataFrame:
@@ -41,11 +59,39 @@ def build(tidy: pd.DataFrame) -> pd.DataFrame:
     return df.reindex(columns=COLUMNS).sort_values(KEY, ignore_index=True)
 
 
+def _plain(v):
+    return None if v is None or (not isinstance(v, str) and pd.isna(v)) else (v.item() if hasattr(v, "item") else v)
+
+
+def points(df: pd.DataFrame) -> pd.DataFrame:
+    """The serving cells pooled into points (llmbench.serve.runs.over_runs on the tidy rows)."""
+    if df.empty:
+        return pd.DataFrame()
+    frame = df.assign(load_spec=[json.dumps({k: _plain(r[k]) for k in LOAD_SPEC}, sort_keys=True)
+                                 for _, r in df.iterrows()])
+    return runs.over_runs(frame)
+
+
+def _settings(r) -> str:
+    parts = []
+    for col, label, spec in (("max_num_seqs", "seqs", ".0f"), ("kv_cache_tokens", "KV tok", ",.0f"),
+                             ("gpu_memory_utilization", "mem", ".2f")):
+        v = getattr(r, col)
+        if v is not None and not pd.isna(v):
+            parts.append(f"{label} {format(float(v), spec)}")
+    for col, label in (("cuda_graphs", "graphs"), ("chunked_prefill", "chunked")):
+        v = getattr(r, col)
+        if v is not None and not pd.isna(v):
+            parts.append(label if str(v).lower() in ("true", "1") else f"no {label}")
+    return ", ".join(parts)
+
+
 def table(df: pd.DataFrame) -> render.Table:
-    """One row per serving cell; latencies in seconds, throughput per second."""
+    """One row per serving cell (latencies in seconds, throughput per second), then the
+    points pooled over their runs."""
     head = ["Platform", "Model", "Engine", "Load", "GPUs", "Status", "Requests (failed)", "req/s", "out tok/s",
             "TTFT p50/p90/p99 s", "TPOT p50/p90/p99 s", "ITL p50/p90/p99 s", "E2E p50/p90/p99 s",
-            "server mem GiB"]
+            "goodput", "server mem GiB", "settings"]
     rows = []
     for r in df.itertuples():
         def pct(m: str, spec: str = ".3f") -> str:
@@ -53,10 +99,19 @@ def table(df: pd.DataFrame) -> render.Table:
             return "" if all(v is None or pd.isna(v) for v in vals) else " / ".join(fmt(v, spec) for v in vals)
         mem = r.server_peak_gpu_mem_gib if not pd.isna(r.server_peak_gpu_mem_gib) else r.server_peak_rss_gib
         status = r.status if r.status != "oom" else "- (oom)"
+        engine = r.engine + (" (legacy)" if r.engine in LEGACY else "")
+        rate = f", {fmt(r.rate_per_s, 'g')}/s" if r.mode == "poisson" else ""
         rows.append([
-            r.platform, r.model, r.engine, f"{r.load} ({r.mode}, {fmt(r.input_len, '.0f')} in / {fmt(r.output_len, '.0f')} out)",
+            r.platform, r.model, engine,
+            f"{r.load} ({r.mode}{rate}, {fmt(r.input_len, '.0f')} in / {fmt(r.output_len, '.0f')} out)",
             fmt(r.gpus, ".0f"), status, f"{fmt(r.num_requests, '.0f')} ({fmt(r.failed, '.0f')})",
             fmt(r.request_throughput_per_s, ".2f"), fmt(r.output_tokens_per_s, ".1f"),
-            pct("ttft_s"), pct("tpot_s", ".4f"), pct("itl_s", ".4f"), pct("e2e_latency_s"), fmt(mem, ".2f"),
+            pct("ttft_s"), pct("tpot_s", ".4f"), pct("itl_s", ".4f"), pct("e2e_latency_s"),
+            fmt(r.goodput_share, ".3f"), fmt(mem, ".2f"), _settings(r),
         ])
-    return render.simple("serving", df, head, rows, NOTES)
+    t = render.simple("serving", df, head, rows, NOTES)
+    pooled = points(df)
+    if len(pooled) and (pooled["runs"] > 1).any():
+        t = render.Table(title=t.title, long=t.long, parts=t.parts + (
+            render.Part(frame=runs.display(pooled), heading="Points over runs", lead=POINTS_LEAD),))
+    return t

@@ -65,15 +65,15 @@ def over_runs(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(KEY + ["mode", "rate_per_s", "point"], ignore_index=True) if len(out) else out
 
 
-def markdown(pooled: pd.DataFrame) -> str:
-    """The pooled points as a Markdown table: mean ± std where there are several runs."""
+def display(pooled: pd.DataFrame) -> pd.DataFrame:
+    """The pooled points as text cells: mean ± std where there are several runs."""
     def pm(r, m, spec):
         mean, std = r[f"{m}_mean"], r[f"{m}_std"]
         if pd.isna(mean):
             return ""
         return format(mean, spec) + ("" if pd.isna(std) else " ± " + format(std, spec))
 
-    table = pd.DataFrame([{
+    return pd.DataFrame([{
         "platform": r["platform"], "model": r["model"], "engine": r["engine"], "load": r["point"],
         "runs (ok)": f"{r['runs']} ({r['ok']})",
         "out tok/s": pm(r, "output_tokens_per_s", ".1f"), "req/s": pm(r, "request_throughput_per_s", ".2f"),
@@ -81,8 +81,14 @@ def markdown(pooled: pd.DataFrame) -> str:
         "TPOT p50 / p99 s": f"{pm(r, 'p50_tpot_s', '.4f')} / {pm(r, 'p99_tpot_s', '.4f')}",
         "E2E p50 / p99 s": f"{pm(r, 'p50_e2e_latency_s', '.3f')} / {pm(r, 'p99_e2e_latency_s', '.3f')}",
         "goodput": pm(r, "goodput_share", ".3f"),
-    } for _, r in pooled.iterrows()])
-    return table.to_markdown(index=False)
+    } for _, r in pooled.iterrows()], columns=["platform", "model", "engine", "load", "runs (ok)", "out tok/s",
+                                                 "req/s", "TTFT p50 / p99 s", "TPOT p50 / p99 s", "E2E p50 / p99 s",
+                                                 "goodput"])
+
+
+def markdown(pooled: pd.DataFrame) -> str:
+    """The pooled points as a Markdown table."""
+    return display(pooled).to_markdown(index=False)
 
 
 def main(argv: list[str]) -> None:

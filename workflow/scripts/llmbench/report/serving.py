@@ -22,7 +22,7 @@ COLUMNS = KEY + [
     "output_shortfall_requests", "request_throughput_per_s", "output_tokens_per_s", "total_tokens_per_s",
     *[f"{s}_{m}" for m in ("ttft_s", "tpot_s", "itl_s", "e2e_latency_s") for s in ("p50", "p90", "p99")],
     "server_peak_gpu_mem_gib", "server_peak_rss_gib", "server_ready_s", "rate_per_s", "max_concurrency",
-    "goodput_share", "goodput_requests_per_s", "ttft_target_s", "tpot_target_s",
+    "goodput_share", "goodput_requests_per_s", "goodput_ttft_target_s", "goodput_tpot_target_s",
     "max_num_seqs", "max_batch_tokens", "kv_cache_tokens", "kv_cache_source", "gpu_memory_utilization",
     "cuda_graphs", "chunked_prefill", "run", "reason",
 ]

@@ -31,8 +31,9 @@ from typing import Any
 import pandas as pd
 
 from .. import techniques
-from ..config import REPO_ROOT, ConfigError, available, load_named, load_yaml, validate
+from ..config import REPO_ROOT, ConfigError, available, load_yaml, validate
 from . import paper_frame, scaling
+from . import tidy as tidy_table
 
 VERDICTS = ("holds", "contradicts", "partly", "untestable")
 RELATIONS = {
@@ -251,7 +252,7 @@ def load(path: Path | str = REPO_ROOT / "config" / "reference" / "findings.yaml"
 @lru_cache(maxsize=None)
 def _platform_facts(name: str) -> dict:
     try:
-        p = load_named("platform", name)
+        p = paper_frame.platform_spec(name)
     except ConfigError:
         return {}
     return {"gpu_memory_gib": p.get("gpu_memory_gib"), "gpus_per_node": p.get("gpus_per_node"),
@@ -333,9 +334,10 @@ def facts(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None,
         df = df[df["kind"].fillna("cell") == "cell"]
     if "run" not in df:
         df["run"] = "ours"
-    df["tokens_per_s_per_gpu"] = df["tokens_per_s_mean"] / df["gpus"]
-    gpu = df["peak_mem_allocated_gib"]
-    df["peak_mem_gb"] = gpu.where(gpu.notna(), df["peak_rss_gib"]) * paper_frame.GIB_TO_GB
+    df = tidy_table.per_gpu(df)
+    # on a CPU platform the host's peak RSS is the only memory there is
+    df["peak_mem_gb"] = df["peak_mem_allocated_gb"].where(df["peak_mem_allocated_gb"].notna(),
+                                                          df["peak_rss_gib"] * tidy_table.GIB_TO_GB)
     eff = scaling.build(tidy[tidy.get("kind", pd.Series("cell", index=tidy.index)).fillna("cell") == "cell"]
                         if "kind" in tidy else tidy)
     if len(eff):

@@ -28,13 +28,12 @@ from .. import techniques
 from ..config import REPO_ROOT, ConfigError, load_named
 from ..models import ModelSpec, flops_per_token
 from . import reference
+from .tidy import GIB_TO_GB  # noqa: F401 - the paper's GB against our GiB, re-exported for its users
 
 #: GPUs of every paper platform (Table I).
 PAPER_GPUS = 8
 #: Sequence length of every paper training cell (Section III, "Datasets").
 PAPER_SEQ_LEN = 350
-#: Bytes of a GiB over bytes of a GB.
-GIB_TO_GB = 2**30 / 1e9
 #: Which of our memories the paper's "GB" corresponds to, and why (table notes print it).
 MEMORY_BASIS = (
     "The paper's 'M (GB)' is compared with our peak allocated GPU memory (torch.cuda."
@@ -49,7 +48,8 @@ TABLES = {"table2": "pretrain", "table3": "pretrain", "table4": "pretrain", "tab
 
 
 @lru_cache(maxsize=None)
-def _platform(name: str, root: Path = REPO_ROOT) -> dict:
+def platform_spec(name: str, root: Path = REPO_ROOT) -> dict:
+    """config/platforms/<name>.yaml, validated, loaded once."""
     return load_named("platform", name, root)
 
 
@@ -74,7 +74,7 @@ def mfu_of(tokens_per_s: float, model: str, technique: str, platform: str, gpus:
            root: Path = REPO_ROOT) -> float | None:
     """Model FLOPs utilisation of a cell against its platform's dense bf16 peak."""
     fpt = flops_per_token_of(model, technique, seq_len, root)
-    peak = _platform(platform, root).get("peak_bf16_tflops")
+    peak = platform_spec(platform, root).get("peak_bf16_tflops")
     if fpt is None or not peak or tokens_per_s is None or pd.isna(tokens_per_s):
         return None
     return tokens_per_s * fpt / (gpus * peak * 1e12)

@@ -27,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import catalog, paper_frame, reference, render
+from . import tidy as tidy_table
 from .render import fmt
 
 PAPER_PLATFORM_ORDER = ["a800", "rtx4090", "rtx3090", "rtx3090-nonvlink"]
@@ -54,10 +55,7 @@ def _cells(tidy: pd.DataFrame) -> pd.DataFrame:
         if col not in df:
             df[col] = default
     df["run"] = df["run"].astype(object).where(df["run"].notna(), "")
-    df = df[df["kind"].fillna("cell") == "cell"]
-    df["tokens_per_s_per_gpu"] = df["tokens_per_s_mean"] / df["gpus"]
-    df["peak_mem_allocated_gb"] = df["peak_mem_allocated_gib"] * paper_frame.GIB_TO_GB
-    return df
+    return tidy_table.per_gpu(df[df["kind"].fillna("cell") == "cell"].copy())
 
 
 def _ours(tidy: pd.DataFrame, table: str) -> pd.DataFrame:

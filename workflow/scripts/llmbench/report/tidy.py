@@ -145,6 +145,18 @@ def _gemm_ceiling(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+#: Bytes of a GiB over bytes of a GB (the paper prints GB; the allocator counts GiB).
+GIB_TO_GB = 2**30 / 1e9
+
+
+def per_gpu(df: pd.DataFrame) -> pd.DataFrame:
+    """Add the columns that compare across hardware: tokens/s per GPU of the cell and the
+    allocated memory in GB (the paper's unit). The one place they are computed."""
+    df["tokens_per_s_per_gpu"] = df["tokens_per_s_mean"] / df["gpus"]
+    df["peak_mem_allocated_gb"] = df["peak_mem_allocated_gib"] * GIB_TO_GB
+    return df
+
+
 def origin(path: str | Path) -> tuple[str, str]:
     """(run, kind) of a record path: the name of the results folder that holds its runs/,
     and 'probe' for a max-batch search's probe (runs/search/...), else 'cell'."""
@@ -184,8 +196,7 @@ def build(paths: Iterable[str | Path]) -> pd.DataFrame:
     train = df["stage"].isin(["pretrain", "finetune"]) & (df["kind"] == "cell")
     df["searched_max_batch"] = pd.array(
         [searched_max_batch(p) if t else None for p, t in zip(df["record_path"], train)], dtype="Int64")
-    df["tokens_per_s_per_gpu"] = df["tokens_per_s_mean"] / df["gpus"]
-    df["peak_mem_allocated_gb"] = df["peak_mem_allocated_gib"] * 2**30 / 1e9
+    per_gpu(df)
     return df.sort_values(["stage", "platform", "model", "backend", "technique", "load", "bench", "case",
                            "batch_size", "gpus", "run"], ignore_index=True, na_position="first")
 

@@ -19,7 +19,8 @@ from llmbench import record
 from llmbench.grid import ServeCell
 from llmbench.models import ModelSpec
 from llmbench.serve import bench, engines
-from llmbench.serve.server import ServerError, free_port, serve
+from llmbench.procs import free_port
+from llmbench.serve.server import ServerError, serve
 
 FAKE = str(Path(__file__).resolve().parents[1] / "fixtures" / "fake_servers.py")
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from .. import forkserver
 from ..grid import MicroCell
-from ..launch import provenance_of, run_worker, stop_groups_on_signal, worker_args, worker_env
+from ..launch import provenance_of, run_worker, worker_args, worker_env
+from ..procs import stop_groups_on_signal
 from ..record import Record, write
 
 WORKER = "llmbench.micro.worker"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .. import provenance
 from ..grid import ServeCell
-from ..launch import stop_groups_on_signal, tail
+from ..procs import free_port, last_error, log_says_oom, stop_groups_on_signal, tail
 from ..models import ModelSpec
 from ..record import Record, write
 from . import metrics
@@ -27,7 +27,7 @@ from .dialects import DIALECTS
 from .engines import ENGINES, Launch
 from .loadgen import LoadResult, LoadSpec, run_load
 from .model_dir import TOKEN_OFFSET
-from .server import ServerError, free_port, last_error, log_says_oom, serve
+from .server import ServerError, serve
 
 HOST = "127.0.0.1"
 #: seconds past a cell's timeout_s before the load generator itself is stopped (it cuts the

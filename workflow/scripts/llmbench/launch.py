@@ -17,6 +17,7 @@ new session too, with the same classification (start_ranks). Status is data:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import forkserver, provenance, techniques
+from . import forkserver, gpus, provenance, techniques
 from .grid import Cell
 from .models import MFU_FORMULA, ModelSpec, flops_per_token
 from .procs import (RssWatchdog, free_port, kill_group, last_error, says_oom, start_group, stop_group,
@@ -267,8 +268,25 @@ def mean_summary(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1) -> Record:
-    """Run every repeat of a cell (stopping at the first that is not ok) and write its Record."""
+def gpu_check(spec: dict, count: int, gpu_busy: gpus.BusyPolicy | None, log: Path) -> gpus.Check:
+    """Read a GPU cell's GPUs before it starts (llmbench.gpus); the log says what was found."""
+    check = gpus.check(spec["platform"]["accelerator"], count, gpu_busy)
+    if check.state is not None:
+        with open(log, "a") as fh:
+            fh.write(f"=== GPU state at start: {check.busy or 'free'} {json.dumps(check.state)}\n")
+    return check
+
+
+def with_gpu_state(record: Record, check: gpus.Check) -> Record:
+    """``record`` with the GPU state read at its start in its provenance (GPU cells)."""
+    extra = check.provenance()
+    return dataclasses.replace(record, provenance={**record.provenance, **extra}) if extra else record
+
+
+def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
+             gpu_busy: gpus.BusyPolicy | None = None) -> Record:
+    """Run every repeat of a cell (stopping at the first that is not ok) and write its Record.
+    Nothing runs on busy GPUs (``gpu_busy``: what to do then, llmbench.gpus)."""
     started = datetime.now(timezone.utc).isoformat()
     command = [sys.executable, *sys.argv]
     cell = Cell.from_dict(spec["cell"])
@@ -281,7 +299,10 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1) -> Reco
             outcomes = []
             keep_dir = Path(record_path).parent.absolute()  # workers run in a temporary cwd
             keep_dir.mkdir(parents=True, exist_ok=True)
-            for i in range(cell.protocol.repeats):
+            check = gpu_check(spec, cell.gpus, gpu_busy, log)
+            if check.busy:
+                outcomes.append(Outcome(status="error", reason=check.busy))
+            for i in range(0 if check.busy else cell.protocol.repeats):
                 outcome = run_repeat(spec, workdir, i, log, threads, keep_dir)
                 outcomes.append(outcome)
                 with open(log, "a") as fh:
@@ -294,6 +315,7 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1) -> Reco
                 record = build_profile_record(spec, outcomes, started, command)
             else:
                 record = build_record(spec, outcomes, started, command)
+            record = with_gpu_state(record, check)
             write(record, record_path)
             return record
     finally:

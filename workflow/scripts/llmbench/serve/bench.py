@@ -12,12 +12,11 @@ The engine's whole process group is stopped in every case (llmbench.serve.server
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import provenance
+from .. import gpus, provenance
 from ..grid import ServeCell
 from ..procs import free_port, last_error, log_says_oom, stop_groups_on_signal, tail
 from ..models import ModelSpec
@@ -42,16 +41,6 @@ def _interpreter(spec: dict) -> str:
         return sys.executable
     path = Path(python)
     return str(path.absolute()) if "/" in python else python
-
-
-def _gpu_ids(cell: ServeCell, accelerator: str) -> list[int] | None:
-    """The GPUs the engine sees (CUDA_VISIBLE_DEVICES where a scheduler set it)."""
-    if accelerator != "cuda":
-        return None
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        return [int(x) for x in visible.split(",")[: cell.gpus] if x.strip().isdigit()]
-    return list(range(cell.gpus))
 
 
 def dialect_for(engine_name: str):
@@ -93,8 +82,10 @@ def engine_settings(engine_name: str, argv: list[str], env: dict[str, str], acce
     return {**out, "kv_cache_source": source}
 
 
-def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_log: Path) -> Record:
-    """Run one serving cell end to end and write its Record (never raises for a bad engine)."""
+def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_log: Path,
+             gpu_busy: gpus.BusyPolicy | None = None) -> Record:
+    """Run one serving cell end to end and write its Record (never raises for a bad engine).
+    No engine starts on busy GPUs (``gpu_busy``: what to do then, llmbench.gpus)."""
     started = datetime.now(timezone.utc).isoformat()
     cell = ServeCell.from_dict(spec["cell"])
     engine = ENGINES[cell.engine]
@@ -116,11 +107,14 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
         fh.write(f"serving cell {cell.record_path()}\nengine command: {argv}\nserver log: {server_log}\n")
 
     status, reason, result, serving, observed = "ok", "", None, {}, {}
+    gpu_ids = gpus.cell_gpu_ids(cell.gpus, platform["accelerator"])
+    check = gpus.check(platform["accelerator"], cell.gpus, gpu_busy)
     with stop_groups_on_signal():
         try:
+            if check.busy:
+                raise ServerError(check.busy)  # before the engine starts: nothing to stop
             with serve(argv, env=env, host=HOST, port=launch.port, health_path=engine.health_path,
-                       log=server_log, ready_timeout_s=cell.ready_timeout_s,
-                       gpu_ids=_gpu_ids(cell, platform["accelerator"])) as server:
+                       log=server_log, ready_timeout_s=cell.ready_timeout_s, gpu_ids=gpu_ids) as server:
                 observed = engine.observe(server.base_url)
                 dialect = dialect_for(cell.engine)
                 # the measured load is cut at timeout_s, keeping what finished before; the
@@ -166,6 +160,7 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
         "spec": spec,
         "command": [sys.executable, *sys.argv],
         "engine_command": argv,
+        **check.provenance(),
         "started": started,
         "finished": datetime.now(timezone.utc).isoformat(),
     }

@@ -41,7 +41,7 @@ class ServerError(RuntimeError):
         self.oom = oom
 
 
-def gpu_used_mib(gpu_ids: list[int] | None) -> float | None:
+def gpu_used_mib(gpu_ids: list[str] | None) -> float | None:
     """Memory in use on these GPUs in MiB, summed (nvidia-smi); None without GPUs."""
     if not gpu_ids or not shutil.which("nvidia-smi"):
         return None
@@ -58,7 +58,7 @@ class MemorySampler(threading.Thread):
     """Peak memory of a server while it runs: RSS of its process tree, and GPU memory in
     use on the cell's GPUs (nvidia-smi, minus what was in use before the server started)."""
 
-    def __init__(self, pid: int, gpu_ids: list[int] | None, baseline_mib: float | None,
+    def __init__(self, pid: int, gpu_ids: list[str] | None, baseline_mib: float | None,
                  interval_s: float = 0.5, skip_root: bool = False):
         super().__init__(daemon=True)
         self.pid, self.gpu_ids, self.interval = pid, gpu_ids, interval_s
@@ -127,7 +127,7 @@ def _probe(url: str, timeout_s: float = 2.0) -> bool:
 
 @contextlib.contextmanager
 def serve(argv: list[str], *, env: dict[str, str], host: str, port: int, health_path: str,
-          log: Path, ready_timeout_s: float, gpu_ids: list[int] | None = None) -> Iterator[Running]:
+          log: Path, ready_timeout_s: float, gpu_ids: list[str] | None = None) -> Iterator[Running]:
     """Start ``argv``, wait until GET health_path answers 200, yield, then stop the group.
 
     Raises ServerError (with the log's last error line) if the port is taken, the server

@@ -12,6 +12,8 @@ The engine's whole process group is stopped in every case (llmbench.serve.server
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,6 +34,8 @@ HOST = "127.0.0.1"
 #: seconds past a cell's timeout_s before the load generator itself is stopped (it cuts the
 #: measured load at timeout_s; this bounds a warm-up that hangs)
 BACKSTOP_S = 60
+#: seconds to wait, after a load with failed requests, for the engine to turn out dead
+DEATH_GRACE_S = 2.0
 
 
 def _interpreter(spec: dict) -> str:
@@ -106,7 +110,7 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
     with open(log, "a") as fh:
         fh.write(f"serving cell {cell.record_path()}\nengine command: {argv}\nserver log: {server_log}\n")
 
-    status, reason, result, serving, observed = "ok", "", None, {}, {}
+    status, reason, result, serving, observed, exit_code = "ok", "", None, {}, {}, None
     gpu_ids = gpus.cell_gpu_ids(cell.gpus, platform["accelerator"])
     check = gpus.check(platform["accelerator"], cell.gpus, gpu_busy)
     with stop_groups_on_signal():
@@ -131,11 +135,18 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
                     status, reason = "timeout", (f"the load ran past timeout_s={cell.timeout_s}: {done} of "
                                                  f"{len(result.samples)} requests had completed; the record keeps them, "
                                                  "the rest are failed samples")
-                died = server.proc.poll() is not None
+                exit_code = server.proc.poll()
+                if exit_code is None and result is not None and not all(s.ok for s in result.samples):
+                    # an engine that dies closes its sockets a moment before it can be reaped
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        exit_code = server.proc.wait(timeout=DEATH_GRACE_S)
                 serving.update(server.memory.stop(), server_ready_s=server.ready_s)
-            if status == "ok" and died:
+            if status == "ok" and exit_code is not None:
+                done = sum(s.ok for s in result.samples) if result is not None else 0
+                total = len(result.samples) if result is not None else load.num_requests
                 status = "oom" if log_says_oom(server_log) else "error"
-                reason = f"the server exited during the load: {last_error(server_log)}"
+                reason = (f"the server exited (code {exit_code}) during the load: {done} of {total} requests had "
+                          f"completed; the record keeps them. {last_error(server_log)}")
         except ServerError as exc:
             status, reason = ("oom" if exc.oom else "error"), str(exc)
 

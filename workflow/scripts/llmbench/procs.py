@@ -214,9 +214,9 @@ def descendants(pid: int) -> list[int]:
 
 
 def kill_tree(pid: int, rounds: int = 50) -> None:
-    """SIGKILL every descendant of ``pid`` and the process groups they lead, until none is
-    left. ``pid`` should be a child subreaper (the leash is), so that a process orphaned
-    while its parent is being killed is re-parented to ``pid`` and found in the next round."""
+    """SIGKILL every descendant of ``pid``, round after round until none is left. ``pid``
+    should be a child subreaper (the leash is), so that a process orphaned while its parent
+    is being killed is re-parented to ``pid`` and found in the next round."""
     for _ in range(rounds):
         found = descendants(pid)
         if not found:
@@ -280,7 +280,7 @@ def leash(launcher_pid: int, argv: list[str]) -> None:
     me = os.getpid()
     try:
         # the child dies with the leash too (a leash killed alone, say by the OOM killer)
-        child = subprocess.Popen(argv, preexec_fn=lambda: die_with_parent(me), close_fds=False)
+        child = subprocess.Popen(argv, preexec_fn=lambda: die_with_parent(me))
     except OSError as exc:
         print(f"leash: cannot start {argv[0]}: {exc}", file=sys.stderr, flush=True)
         os._exit(127)

@@ -177,12 +177,12 @@ def check(accelerator: str, count: int, policy: BusyPolicy | None = None, *, rea
     start = clock()
     own = frozenset({os.getpid()})
     while True:
+        waited = clock() - start  # before the read: NVML's start-up is no waiting
         try:
             gpus = read(ids)
         except Exception as exc:  # noqa: BLE001 - no NVML library, no driver, a bad id
             return Check(state={"error": f"{type(exc).__name__}: {exc}", "gpus": ids})
         reason = busy_reason(gpus, policy, own)
-        waited = clock() - start
         state = [g.to_dict() for g in gpus]
         if reason is None:
             return Check(state=state, waited_s=waited)

@@ -151,3 +151,18 @@ def test_a_serving_cell_on_a_busy_gpu_starts_no_engine(tmp_path, monkeypatch):
     assert rec.status == "error" and rec.reason.startswith("GPU busy: pid 4242")
     assert (tmp_path / "server.log").read_text() == "" and no_orphans()  # the engine never started
     assert rec.provenance["gpu_state"]["gpus"][0]["used_gib"] == 30.5
+
+
+def test_a_microbenchmark_cell_on_a_busy_gpu_is_an_error_and_runs_nothing(tmp_path, monkeypatch):
+    from llmbench.micro import bench as micro_bench
+
+    monkeypatch.setattr(gpus, "read_nvml", reader_of(HELD))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    g = grid.expand({"protocol": {}, "micro": [{"platforms": ["cpu"], "warmup": 1, "iters": 1,
+                                                 "memcpy": {"min_bytes": 1024, "max_bytes": 2048}}]})
+    spec = g.spec(g.cells[0])
+    spec["platform"]["accelerator"] = "cuda"
+    rec = micro_bench.run_cell(spec, tmp_path / "record.json", tmp_path / "run.log")
+    assert rec.status == "error" and rec.reason.startswith("GPU busy: pid 4242") and rec.samples == {}
+    assert "GPU state at start: GPU busy" in (tmp_path / "run.log").read_text()
+    assert rec.provenance["gpu_state"]["gpus"][0]["processes"][0]["pid"] == 4242

@@ -14,10 +14,16 @@ CPU platforms are not read.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+if TYPE_CHECKING:
+    from .record import Record
 
 GIB = 2**30
 
@@ -191,3 +197,19 @@ def check(accelerator: str, count: int, policy: BusyPolicy | None = None, *, rea
                 reason = f"{reason} (still, after waiting {waited:.0f} s of gpu_busy_wait_s={policy.wait_s:g})"
             return Check(busy=reason, state=state, waited_s=waited)
         sleep(min(policy.poll_s, max(0.0, policy.wait_s - waited)))
+
+
+def check_cell(spec: dict, count: int, policy: BusyPolicy | None, log: Path) -> Check:
+    """check() for a cell about to start (its spec's platform, ``count`` GPUs); its log says
+    what was found."""
+    found = check(spec["platform"]["accelerator"], count, policy)
+    if found.state is not None:
+        with open(log, "a") as fh:
+            fh.write(f"=== GPU state at start: {found.busy or 'free'} {json.dumps(found.state)}\n")
+    return found
+
+
+def with_state(record: "Record", found: Check) -> "Record":
+    """``record`` with the GPU state read at its start in its provenance (GPU cells)."""
+    extra = found.provenance()
+    return dataclasses.replace(record, provenance={**record.provenance, **extra}) if extra else record

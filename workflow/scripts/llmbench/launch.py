@@ -17,7 +17,6 @@ new session too, with the same classification (start_ranks). Status is data:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -268,21 +267,6 @@ def mean_summary(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def gpu_check(spec: dict, count: int, gpu_busy: gpus.BusyPolicy | None, log: Path) -> gpus.Check:
-    """Read a GPU cell's GPUs before it starts (llmbench.gpus); the log says what was found."""
-    check = gpus.check(spec["platform"]["accelerator"], count, gpu_busy)
-    if check.state is not None:
-        with open(log, "a") as fh:
-            fh.write(f"=== GPU state at start: {check.busy or 'free'} {json.dumps(check.state)}\n")
-    return check
-
-
-def with_gpu_state(record: Record, check: gpus.Check) -> Record:
-    """``record`` with the GPU state read at its start in its provenance (GPU cells)."""
-    extra = check.provenance()
-    return dataclasses.replace(record, provenance={**record.provenance, **extra}) if extra else record
-
-
 def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
              gpu_busy: gpus.BusyPolicy | None = None) -> Record:
     """Run every repeat of a cell (stopping at the first that is not ok) and write its Record.
@@ -299,7 +283,7 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
             outcomes = []
             keep_dir = Path(record_path).parent.absolute()  # workers run in a temporary cwd
             keep_dir.mkdir(parents=True, exist_ok=True)
-            check = gpu_check(spec, cell.gpus, gpu_busy, log)
+            check = gpus.check_cell(spec, cell.gpus, gpu_busy, log)
             if check.busy:
                 outcomes.append(Outcome(status="error", reason=check.busy))
             for i in range(0 if check.busy else cell.protocol.repeats):
@@ -315,7 +299,7 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
                 record = build_profile_record(spec, outcomes, started, command)
             else:
                 record = build_record(spec, outcomes, started, command)
-            record = with_gpu_state(record, check)
+            record = gpus.with_state(record, check)
             write(record, record_path)
             return record
     finally:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from .. import forkserver
 from ..grid import MicroCell
-from ..gpus import BusyPolicy
-from ..launch import Outcome, gpu_check, provenance_of, run_worker, with_gpu_state, worker_args, worker_env
+from .. import gpus
+from ..launch import Outcome, provenance_of, run_worker, worker_args, worker_env
 from ..procs import stop_groups_on_signal
 from ..record import Record, write
 
@@ -51,7 +51,8 @@ def summarize(bench: str, rows: list[dict]) -> dict:
     return out
 
 
-def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1, gpu_busy: BusyPolicy | None = None) -> Record:
+def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
+             gpu_busy: gpus.BusyPolicy | None = None) -> Record:
     """Run one microbenchmark cell and write its Record (nothing runs on busy GPUs,
     llmbench.gpus)."""
     started = datetime.now(timezone.utc).isoformat()
@@ -66,12 +67,15 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1, gpu_bus
     try:
         spec_path, out = workdir / "spec.json", workdir / "result.json"
         spec_path.write_text(json.dumps(spec, indent=2))
-        check = gpu_check(spec, cell.gpus, gpu_busy, log)
+        check = gpus.check_cell(spec, cell.gpus, gpu_busy, log)
         with stop_groups_on_signal():
-            outcome = Outcome(status="error", reason=check.busy) if check.busy else run_worker(cell.gpus, WORKER, worker_args(spec_path, out),
-                                 env=worker_env(env_vars, threads, cell.gpus), log=log, workdir=workdir,
-                                 out=out, timeout_s=cell.timeout_s, label=f"{cell.bench} {cell.case}",
-                                 fork_server=forkserver.usable(spec["platform"]))
+            if check.busy:
+                outcome = Outcome(status="error", reason=check.busy)
+            else:
+                outcome = run_worker(cell.gpus, WORKER, worker_args(spec_path, out),
+                                     env=worker_env(env_vars, threads, cell.gpus), log=log, workdir=workdir,
+                                     out=out, timeout_s=cell.timeout_s, label=f"{cell.bench} {cell.case}",
+                                     fork_server=forkserver.usable(spec["platform"]))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     rows = (outcome.result or {}).get("rows") or []
@@ -83,6 +87,6 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1, gpu_bus
     record = Record(cell=cell.to_dict(), status=status, reason=reason,
                     log_tail=outcome.log_tail if status != "ok" else "",
                     summary=summarize(cell.bench, rows), samples=columns(rows), provenance=prov)
-    record = with_gpu_state(record, check)
+    record = gpus.with_state(record, check)
     write(record, record_path)
     return record

@@ -112,7 +112,7 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
 
     status, reason, result, serving, observed, exit_code = "ok", "", None, {}, {}, None
     gpu_ids = gpus.cell_gpu_ids(cell.gpus, platform["accelerator"])
-    check = gpus.check(platform["accelerator"], cell.gpus, gpu_busy)
+    check = gpus.check_cell(spec, cell.gpus, gpu_busy, log)
     with stop_groups_on_signal():
         try:
             if check.busy:

@@ -41,6 +41,7 @@ done
 # deepspeed beyond what a CUDA PyTorch image holds, as verified on the GPU machines
 pkgs=(
     snakemake==9.27.1 deepspeed==0.19.8 bitsandbytes==0.50.2 megatron-core==0.16.1 jsonschema==4.26.0
+    nvidia-ml-py==13.615.71
     annotated-types==0.8.0 argparse-dataclass==2.0.0 attrs==26.1.0 conda-inject==1.3.2 configargparse==1.9.0
     connection-pool==0.0.3 docutils==0.22.4 dpath==2.2.0 einops==0.8.2 fastjsonschema==2.22.3 gitdb==4.0.12
     gitpython==3.2.1 greenlet==3.5.6 hjson==3.1.0 humanfriendly==10.0 immutables==0.21

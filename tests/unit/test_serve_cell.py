@@ -19,7 +19,8 @@ from llmbench import record
 from llmbench.grid import ServeCell
 from llmbench.models import ModelSpec
 from llmbench.serve import bench, engines
-from llmbench.serve.server import ServerError, free_port, serve
+from llmbench.procs import free_port
+from llmbench.serve.server import ServerError, serve
 
 FAKE = str(Path(__file__).resolve().parents[1] / "fixtures" / "fake_servers.py")
 
@@ -82,8 +83,38 @@ def test_a_load_past_timeout_keeps_what_completed(tmp_path, monkeypatch):
 def test_an_engine_that_dies_mid_burst_gives_an_error_record(tmp_path, monkeypatch):
     rec = run(tmp_path, monkeypatch, fake_engine({"token_delay_s": 0.2}, exit_after=5))
     assert rec.status == "error"
-    assert "exited during the load" in rec.reason or "requests failed" in rec.reason
+    assert "exited (code 1) during the load" in rec.reason and "of 20 requests had completed" in rec.reason
     assert "died on purpose" in rec.log_tail
+    assert no_orphans()
+
+
+def test_an_engine_killed_mid_burst_keeps_what_completed(tmp_path, monkeypatch):
+    """kill -9 of the engine during the burst, for real: two requests at a time of 4 tokens
+    0.2 s apart (about 8 s for all 20), killed once it has served for 2.5 s."""
+    import threading
+    import time
+
+    def kill_the_engine():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            log = tmp_path / "server.log"
+            if log.exists() and "fake openai server on" in log.read_text():
+                break
+            time.sleep(0.05)
+        time.sleep(2.5)
+        for p in psutil.Process().children(recursive=True):
+            if FAKE in p.cmdline():
+                p.kill()
+
+    killer = threading.Thread(target=kill_the_engine, daemon=True)
+    killer.start()
+    rec = run(tmp_path, monkeypatch, fake_engine({"token_delay_s": 0.2}), n=20, max_concurrency=2)
+    killer.join(5)
+    assert rec.status == "error", rec.reason
+    done = rec.summary["completed"]
+    assert 0 < done < 20 and f"exited (code -9) during the load: {done} of 20 requests had completed" in rec.reason
+    assert sum(rec.samples["ok"]) == done and len(rec.samples["ok"]) == 20
+    assert "fake openai server on" in rec.log_tail  # the engine's own log
     assert no_orphans()
 
 

@@ -3,11 +3,13 @@
 import logging
 from pathlib import Path
 
+from llmbench.gpus import BusyPolicy
 from llmbench.launch import run_cell
 
 
 def main(smk) -> None:
-    record = run_cell(smk.params.spec, Path(smk.output.record), Path(smk.log[0]), threads=smk.threads)
+    record = run_cell(smk.params.spec, Path(smk.output.record), Path(smk.log[0]), threads=smk.threads,
+                      gpu_busy=BusyPolicy.from_config(smk.config))
     logging.getLogger("llmbench").info("%s: %s %s", smk.output.record, record.status, record.reason)
 
 

@@ -3,12 +3,14 @@
 import logging
 from pathlib import Path
 
+from llmbench.gpus import BusyPolicy
 from llmbench import search
 
 
 def main(smk) -> None:
     result = search.run(smk.params.spec, Path(smk.output.dir), smk.params.frontier, Path(smk.log[0]),
-                        threads=smk.threads, reprobe=bool(smk.config.get("reprobe", False)))
+                        threads=smk.threads, reprobe=bool(smk.config.get("reprobe", False)),
+                        gpu_busy=BusyPolicy.from_config(smk.config))
     logging.getLogger("llmbench").info("%s: largest batch %s in %d probes", smk.output.dir, result["largest_ok"],
                                        result["n_probes"])
 

@@ -3,12 +3,13 @@
 import logging
 from pathlib import Path
 
+from llmbench.gpus import BusyPolicy
 from llmbench.serve.bench import run_cell
 
 
 def main(smk) -> None:
     record = run_cell(smk.params.spec, Path(smk.input.model_dir), Path(smk.output.record),
-                      Path(smk.log.cell), Path(smk.log.server))
+                      Path(smk.log.cell), Path(smk.log.server), gpu_busy=BusyPolicy.from_config(smk.config))
     logging.getLogger("llmbench").info("%s: %s %s", smk.output.record, record.status, record.reason)
 
 

@@ -30,9 +30,14 @@ never runs in a stale server. Its socket, lock and
 start-up log are in $TMPDIR/llmbench-fork-<uid>/ (mode 0700: the user's only). ``python -m llmbench.forkserver stop`` ends this user's servers
 once they are idle.
 
+A repeat never outlives its launcher: the leader watches the launcher's pid (sent with
+the request) and kills its whole session when the launcher exits, SIGKILL included
+(llmbench.procs.watch_launcher); each rank dies with its leader (PR_SET_PDEATHSIG). The
+server itself holds no repeat's resources and exits once idle.
+
 Protocol (one JSON line each way over a Unix socket): request ``{"module", "args",
-"envs": [env of rank 0, ...], "cwd", "log"}``, reply ``{"pid": leader}``, then, when the
-leader has exited, ``{"rc": exit code}`` (Popen's convention: -s for a signal).
+"envs": [env of rank 0, ...], "cwd", "log", "launcher_pid"}``, reply ``{"pid": leader}``,
+then, when the leader has exited, ``{"rc": exit code}`` (Popen's convention: -s for a signal).
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ import threading
 import time
 import traceback
 from pathlib import Path
+
+from .procs import die_with_parent, kill_tree, watch_launcher
 
 #: What the server imports before it accepts a request: the heavy libraries a CPU worker
 #: imports before its first step, less Megatron (its CPU stubs patch torch.cuda first, per
@@ -227,7 +234,7 @@ def launch(module: str, args: list[str], envs: list[dict[str, str]], *, cwd: Pat
     try:
         # absolute: the server's working directory is not the launcher's
         request = {"module": module, "args": list(args), "envs": envs, "cwd": str(Path(cwd).absolute()),
-                   "log": str(Path(log).absolute())}
+                   "log": str(Path(log).absolute()), "launcher_pid": os.getpid()}
         sock.sendall(json.dumps(request).encode() + b"\n")
         sock.settimeout(30)
         line = sock.makefile("rb").readline()
@@ -283,18 +290,27 @@ def _rank(module: str, args: list[str], env: dict[str, str]) -> int:
 def _lead(request: dict) -> int:
     """The repeat's leader (session leader, its process group's id): fork the ranks, wait,
     stop the others when one fails; exit with the first failure's code (signal s: 128 + s)."""
-    pids = []
+    pids, leader = [], os.getpid()
     for env in request["envs"]:
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
+                die_with_parent(leader)  # a leader killed alone takes its ranks along
                 code = _rank(request["module"], request["args"], env)
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
         pids.append(pid)
+
+    def orphaned() -> None:  # the launcher is gone: so is this repeat, all of its session
+        print(f"[fork server] launcher {request['launcher_pid']} exited; killing this repeat", flush=True)
+        kill_tree(leader)
+        os.killpg(0, signal.SIGKILL)
+
+    # started after the ranks are forked: a fork copies only the forking thread
+    watch_launcher(int(request.get("launcher_pid") or 0), orphaned)
     first, pending = 0, set(pids)
     while pending:
         pid, status = os.wait()

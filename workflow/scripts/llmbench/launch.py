@@ -2,9 +2,10 @@
 
 Each repeat runs ``torchrun --standalone --nproc-per-node <gpus> -m <worker>`` (one rank:
 ``python -m <worker>`` with the environment torchrun gives a rank, see ``rank_launch``) in a
-new session, so the whole group (torchrun and every rank) can be stopped together: on a
-timeout, on a per-rank memory cap, or when this process is told to stop (Snakemake
-cancelling the job, Ctrl-C). On a platform with ``fork_server`` (the CPU's) the ranks are
+new session behind a leash (llmbench.procs.start_group), so the whole group (torchrun and
+every rank) can be stopped together: on a timeout, on a per-rank memory cap, or when this
+process is told to stop (Snakemake cancelling the job, Ctrl-C); and it dies with this
+process, also when this process is killed by SIGKILL. On a platform with ``fork_server`` (the CPU's) the ranks are
 forked instead from a server that has the heavy imports done (llmbench.forkserver), in a
 new session too, with the same classification (start_ranks). Status is data:
   ok       every repeat wrote its result
@@ -16,28 +17,22 @@ new session too, with the same classification (start_ranks). Status is data:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-import psutil
-
-from . import forkserver, provenance, techniques
+from . import forkserver, gpus, provenance, techniques
 from .grid import Cell
 from .models import MFU_FORMULA, ModelSpec, flops_per_token
+from .procs import (RssWatchdog, free_port, kill_group, last_error, says_oom, start_group, stop_group,
+                    stop_groups_on_signal, tail, track)
 from .protocol import summarize
 from .record import Metrics, Record, write
 
@@ -49,8 +44,6 @@ THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "M
 #: step by kernel class)
 WORKERS = {"deepspeed": "llmbench.train.deepspeed_worker", "megatron": "llmbench.train.megatron_worker",
            "torch": "llmbench.profile.worker", "inference": "llmbench.profile.worker"}
-OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "DefaultCPUAllocator: can't allocate memory")
-LOG_TAIL_LINES = 40
 
 
 @dataclass(kw_only=True, slots=True)
@@ -62,122 +55,6 @@ class Outcome:
     result: dict | None = None
     log_tail: str = ""
     launcher: str = "not started"
-
-
-def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last lines of a log (empty if it cannot be read)."""
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def _last_error(path: Path) -> str:
-    """The last line of a log that names an exception (the root cause, usually)."""
-    pattern = re.compile(r"^\s*(\w+\.)*\w*(Error|Exception|Interrupt)\b.*")
-    lines = [re.sub(r"^\[rank\d+\]:\s*", "", ln).strip() for ln in tail(path, 400).splitlines()]
-    lines = [ln for ln in lines if pattern.match(ln)]
-    lines = [ln for ln in lines if "ChildFailedError" not in ln]
-    return lines[-1][:500] if lines else "no exception in the log"
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the process group, then SIGKILL what is left after a grace period."""
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            # ranks may outlive torchrun briefly; give the group the same grace
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                try:
-                    os.killpg(proc.pid, 0)
-                except ProcessLookupError:
-                    return
-                time.sleep(0.1)
-        except subprocess.TimeoutExpired:
-            continue
-
-
-class _Watchdog(threading.Thread):
-    """Kills the process group when one of its processes' RSS exceeds a cap."""
-
-    def __init__(self, proc: subprocess.Popen, cap_bytes: float, interval_s: float = 0.05):
-        super().__init__(daemon=True)
-        self.proc, self.cap, self.interval = proc, cap_bytes, interval_s
-        self.fired: str | None = None
-        self._stop = threading.Event()
-
-    def run(self) -> None:
-        try:
-            root = psutil.Process(self.proc.pid)
-        except psutil.NoSuchProcess:
-            return
-        while not self._stop.is_set() and self.proc.poll() is None:
-            try:
-                procs = [root, *root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                return
-            for p in procs:
-                try:
-                    rss = p.memory_info().rss
-                except psutil.Error:
-                    continue
-                if rss > self.cap:
-                    self.fired = (f"process {p.pid} reached {rss / 2**30:.2f} GiB RSS, over the cell's "
-                                  f"mem_cap_gib={self.cap / 2**30:g}: killed (out of memory)")
-                    kill_group(self.proc)
-                    return
-            self._stop.wait(self.interval)
-
-    def stop(self) -> None:
-        self._stop.set()
-
-
-_ACTIVE: list[subprocess.Popen] = []
-
-
-def _on_signal(signum, _frame) -> None:
-    """Stop every running process group, then exit (Snakemake cancel, Ctrl-C)."""
-    for proc in list(_ACTIVE):
-        kill_group(proc)
-    sys.exit(128 + signum)
-
-
-@contextlib.contextmanager
-def stop_groups_on_signal() -> Iterator[None]:
-    """While inside, SIGTERM and SIGINT stop every group started by start_group, then exit."""
-    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
-def start_group(argv: list[str], *, env: dict[str, str], log: Path, cwd: Path | None = None) -> subprocess.Popen:
-    """Start ``argv`` in a new session (its own process group), output appended to ``log``.
-
-    Config values reach it as an argument list, never through a shell. Stop it with
-    stop_group; until then a signal caught by stop_groups_on_signal stops it too.
-    """
-    with open(log, "a") as fh:
-        fh.write(f"\n=== {' '.join(argv)}\n")
-        fh.flush()
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                start_new_session=True)
-    _ACTIVE.append(proc)
-    return proc
-
-
-def stop_group(proc: subprocess.Popen) -> None:
-    """Stop the whole process group of ``proc`` (TERM, then KILL) and forget it."""
-    kill_group(proc)
-    if proc in _ACTIVE:
-        _ACTIVE.remove(proc)
 
 
 def worker_env(platform_env: dict[str, str], threads: int, ranks: int) -> dict[str, str]:
@@ -198,14 +75,6 @@ def worker_env(platform_env: dict[str, str], threads: int, ranks: int) -> dict[s
     pkg_parent = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
     return env
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (torchrun --standalone picks its
-    rendezvous port the same way)."""
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def rank_env(rank: int, ranks: int, master_port: int) -> dict[str, str]:
@@ -246,7 +115,7 @@ def start_ranks(ranks: int, module: str, args: list[str], *, env: dict[str, str]
             port = free_port()
             proc = forkserver.launch(module, args, [{**env, **rank_env(r, ranks, port)} for r in range(ranks)],
                                      cwd=workdir, log=log, server_env=env)
-            _ACTIVE.append(proc)
+            track(proc)
             return proc, "fork server"
         except forkserver.Unavailable as exc:
             with open(log, "a") as fh:
@@ -277,7 +146,7 @@ def _classify(proc, *, log: Path, workdir: Path, out: Path, timeout_s: float, me
     """Wait for a started worker (timeout, memory cap) and say how it ended."""
     dog = None
     if mem_cap_gib:
-        dog = _Watchdog(proc, mem_cap_gib * 2**30)
+        dog = RssWatchdog(proc, mem_cap_gib * 2**30)
         dog.start()
     try:
         rc = proc.wait(timeout=timeout_s)
@@ -299,11 +168,11 @@ def _classify(proc, *, log: Path, workdir: Path, out: Path, timeout_s: float, me
         return Outcome(status="oom", reason=ooms[0].read_text(), log_tail=log_tail_text)
     if rc == 0 and out.exists():
         return Outcome(status="ok", result=json.loads(out.read_text()))
-    if any(m in log_tail_text for m in OOM_MARKERS):
+    if says_oom(log_tail_text):
         return Outcome(status="oom", reason="out-of-memory error in the log", log_tail=log_tail_text)
     if "Signal 9 (SIGKILL)" in log_tail_text or rc in (-9, 137):
         return Outcome(status="oom", reason="a rank was killed by SIGKILL (the kernel's OOM killer is the usual sender)", log_tail=log_tail_text)
-    return Outcome(status="error", reason=f"{label} exited with code {rc}: {_last_error(log)}", log_tail=log_tail_text)
+    return Outcome(status="error", reason=f"{label} exited with code {rc}: {last_error(log)}", log_tail=log_tail_text)
 
 
 def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int,
@@ -398,8 +267,10 @@ def mean_summary(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1) -> Record:
-    """Run every repeat of a cell (stopping at the first that is not ok) and write its Record."""
+def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
+             gpu_busy: gpus.BusyPolicy | None = None) -> Record:
+    """Run every repeat of a cell (stopping at the first that is not ok) and write its Record.
+    Nothing runs on busy GPUs (``gpu_busy``: what to do then, llmbench.gpus)."""
     started = datetime.now(timezone.utc).isoformat()
     command = [sys.executable, *sys.argv]
     cell = Cell.from_dict(spec["cell"])
@@ -412,7 +283,10 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1) -> Reco
             outcomes = []
             keep_dir = Path(record_path).parent.absolute()  # workers run in a temporary cwd
             keep_dir.mkdir(parents=True, exist_ok=True)
-            for i in range(cell.protocol.repeats):
+            check = gpus.check_cell(spec, cell.gpus, gpu_busy, log)
+            if check.busy:
+                outcomes.append(Outcome(status="error", reason=check.busy))
+            for i in range(0 if check.busy else cell.protocol.repeats):
                 outcome = run_repeat(spec, workdir, i, log, threads, keep_dir)
                 outcomes.append(outcome)
                 with open(log, "a") as fh:
@@ -425,6 +299,7 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1) -> Reco
                 record = build_profile_record(spec, outcomes, started, command)
             else:
                 record = build_record(spec, outcomes, started, command)
+            record = gpus.with_state(record, check)
             write(record, record_path)
             return record
     finally:

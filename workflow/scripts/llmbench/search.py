@@ -268,9 +268,10 @@ def capacity_and_metric(spec: dict[str, Any]) -> tuple[float | None, str]:
 
 
 def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, log: Path | str,
-        threads: int = 1, reprobe: bool = False) -> dict[str, Any]:
+        threads: int = 1, reprobe: bool = False, gpu_busy: Any = None) -> dict[str, Any]:
     """Run a search (every probe a recorded cell under ``out_dir``) and write its summary
-    (``out_dir/search.json``); returns it."""
+    (``out_dir/search.json``); returns it. ``gpu_busy``: a probe's policy for busy GPUs
+    (llmbench.gpus.BusyPolicy)."""
     from .grid import Cell
     from .launch import build_record, Outcome, run_cell
     from .record import Metrics, Record, write, write_json_atomic
@@ -316,7 +317,8 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
             write(record, record_path)
             source = "frontier"
         else:
-            record = run_cell(probe_spec, record_path, out_dir / f"bs{bs}" / "probe.log", threads=threads)
+            record = run_cell(probe_spec, record_path, out_dir / f"bs{bs}" / "probe.log", threads=threads,
+                              gpu_busy=gpu_busy)
             source = "run"
         peak = getattr(record.metrics, metric) if record.status == "ok" else None
         status, reason = record.status, record.reason

@@ -16,7 +16,9 @@ from pathlib import Path
 
 from .. import forkserver
 from ..grid import MicroCell
-from ..launch import provenance_of, run_worker, stop_groups_on_signal, worker_args, worker_env
+from .. import gpus
+from ..launch import Outcome, provenance_of, run_worker, worker_args, worker_env
+from ..procs import stop_groups_on_signal
 from ..record import Record, write
 
 WORKER = "llmbench.micro.worker"
@@ -49,8 +51,10 @@ def summarize(bench: str, rows: list[dict]) -> dict:
     return out
 
 
-def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1) -> Record:
-    """Run one microbenchmark cell and write its Record."""
+def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
+             gpu_busy: gpus.BusyPolicy | None = None) -> Record:
+    """Run one microbenchmark cell and write its Record (nothing runs on busy GPUs,
+    llmbench.gpus)."""
     started = datetime.now(timezone.utc).isoformat()
     cell = MicroCell.from_dict(spec["cell"])
     log = Path(log)
@@ -63,11 +67,15 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1) -> Reco
     try:
         spec_path, out = workdir / "spec.json", workdir / "result.json"
         spec_path.write_text(json.dumps(spec, indent=2))
+        check = gpus.check_cell(spec, cell.gpus, gpu_busy, log)
         with stop_groups_on_signal():
-            outcome = run_worker(cell.gpus, WORKER, worker_args(spec_path, out),
-                                 env=worker_env(env_vars, threads, cell.gpus), log=log, workdir=workdir,
-                                 out=out, timeout_s=cell.timeout_s, label=f"{cell.bench} {cell.case}",
-                                 fork_server=forkserver.usable(spec["platform"]))
+            if check.busy:
+                outcome = Outcome(status="error", reason=check.busy)
+            else:
+                outcome = run_worker(cell.gpus, WORKER, worker_args(spec_path, out),
+                                     env=worker_env(env_vars, threads, cell.gpus), log=log, workdir=workdir,
+                                     out=out, timeout_s=cell.timeout_s, label=f"{cell.bench} {cell.case}",
+                                     fork_server=forkserver.usable(spec["platform"]))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     rows = (outcome.result or {}).get("rows") or []
@@ -79,5 +87,6 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1) -> Reco
     record = Record(cell=cell.to_dict(), status=status, reason=reason,
                     log_tail=outcome.log_tail if status != "ok" else "",
                     summary=summarize(cell.bench, rows), samples=columns(rows), provenance=prov)
+    record = gpus.with_state(record, check)
     write(record, record_path)
     return record

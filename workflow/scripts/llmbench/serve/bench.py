@@ -12,14 +12,15 @@ The engine's whole process group is stopped in every case (llmbench.serve.server
 from __future__ import annotations
 
 import asyncio
-import os
+import contextlib
+import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import provenance
+from .. import gpus, provenance
 from ..grid import ServeCell
-from ..launch import stop_groups_on_signal, tail
+from ..procs import free_port, last_error, log_says_oom, stop_groups_on_signal, tail
 from ..models import ModelSpec
 from ..record import Record, write
 from . import metrics
@@ -27,12 +28,14 @@ from .dialects import DIALECTS
 from .engines import ENGINES, Launch
 from .loadgen import LoadResult, LoadSpec, run_load
 from .model_dir import TOKEN_OFFSET
-from .server import ServerError, free_port, last_error, log_says_oom, serve
+from .server import ServerError, serve
 
 HOST = "127.0.0.1"
 #: seconds past a cell's timeout_s before the load generator itself is stopped (it cuts the
 #: measured load at timeout_s; this bounds a warm-up that hangs)
 BACKSTOP_S = 60
+#: seconds to wait, after a load with failed requests, for the engine to turn out dead
+DEATH_GRACE_S = 2.0
 
 
 def _interpreter(spec: dict) -> str:
@@ -42,16 +45,6 @@ def _interpreter(spec: dict) -> str:
         return sys.executable
     path = Path(python)
     return str(path.absolute()) if "/" in python else python
-
-
-def _gpu_ids(cell: ServeCell, accelerator: str) -> list[int] | None:
-    """The GPUs the engine sees (CUDA_VISIBLE_DEVICES where a scheduler set it)."""
-    if accelerator != "cuda":
-        return None
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        return [int(x) for x in visible.split(",")[: cell.gpus] if x.strip().isdigit()]
-    return list(range(cell.gpus))
 
 
 def dialect_for(engine_name: str):
@@ -93,8 +86,10 @@ def engine_settings(engine_name: str, argv: list[str], env: dict[str, str], acce
     return {**out, "kv_cache_source": source}
 
 
-def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_log: Path) -> Record:
-    """Run one serving cell end to end and write its Record (never raises for a bad engine)."""
+def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_log: Path,
+             gpu_busy: gpus.BusyPolicy | None = None) -> Record:
+    """Run one serving cell end to end and write its Record (never raises for a bad engine).
+    No engine starts on busy GPUs (``gpu_busy``: what to do then, llmbench.gpus)."""
     started = datetime.now(timezone.utc).isoformat()
     cell = ServeCell.from_dict(spec["cell"])
     engine = ENGINES[cell.engine]
@@ -115,12 +110,15 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
     with open(log, "a") as fh:
         fh.write(f"serving cell {cell.record_path()}\nengine command: {argv}\nserver log: {server_log}\n")
 
-    status, reason, result, serving, observed = "ok", "", None, {}, {}
+    status, reason, result, serving, observed, exit_code = "ok", "", None, {}, {}, None
+    gpu_ids = gpus.cell_gpu_ids(cell.gpus, platform["accelerator"])
+    check = gpus.check_cell(spec, cell.gpus, gpu_busy, log)
     with stop_groups_on_signal():
         try:
+            if check.busy:
+                raise ServerError(check.busy)  # before the engine starts: nothing to stop
             with serve(argv, env=env, host=HOST, port=launch.port, health_path=engine.health_path,
-                       log=server_log, ready_timeout_s=cell.ready_timeout_s,
-                       gpu_ids=_gpu_ids(cell, platform["accelerator"])) as server:
+                       log=server_log, ready_timeout_s=cell.ready_timeout_s, gpu_ids=gpu_ids) as server:
                 observed = engine.observe(server.base_url)
                 dialect = dialect_for(cell.engine)
                 # the measured load is cut at timeout_s, keeping what finished before; the
@@ -137,11 +135,18 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
                     status, reason = "timeout", (f"the load ran past timeout_s={cell.timeout_s}: {done} of "
                                                  f"{len(result.samples)} requests had completed; the record keeps them, "
                                                  "the rest are failed samples")
-                died = server.proc.poll() is not None
+                exit_code = server.proc.poll()
+                if exit_code is None and result is not None and not all(s.ok for s in result.samples):
+                    # an engine that dies closes its sockets a moment before it can be reaped
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        exit_code = server.proc.wait(timeout=DEATH_GRACE_S)
                 serving.update(server.memory.stop(), server_ready_s=server.ready_s)
-            if status == "ok" and died:
+            if status == "ok" and exit_code is not None:
+                done = sum(s.ok for s in result.samples) if result is not None else 0
+                total = len(result.samples) if result is not None else load.num_requests
                 status = "oom" if log_says_oom(server_log) else "error"
-                reason = f"the server exited during the load: {last_error(server_log)}"
+                reason = (f"the server exited (code {exit_code}) during the load: {done} of {total} requests had "
+                          f"completed; the record keeps them. {last_error(server_log)}")
         except ServerError as exc:
             status, reason = ("oom" if exc.oom else "error"), str(exc)
 
@@ -166,6 +171,7 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
         "spec": spec,
         "command": [sys.executable, *sys.argv],
         "engine_command": argv,
+        **check.provenance(),
         "started": started,
         "finished": datetime.now(timezone.utc).isoformat(),
     }

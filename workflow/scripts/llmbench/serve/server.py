@@ -2,17 +2,16 @@
 wait until it is ready, sample its memory, and always stop the whole group.
 
 The group is stopped on success, on failure, on Ctrl-C and when Snakemake cancels the
-job (SIGTERM): the process is started through llmbench.launch.start_group, whose
-signal handler stops every group it started.
+job (SIGTERM): the process is started through llmbench.procs.start_group, whose
+signal handler stops every group it started, behind a leash that kills the engine and its
+children when the launcher dies (SIGKILL included).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -24,10 +23,8 @@ from typing import Iterator
 
 import psutil
 
-from ..launch import THREAD_VARS, start_group, stop_group
-
-OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "out of memory", "Not enough memory",
-               "No available memory for the cache blocks")
+from ..launch import THREAD_VARS
+from ..procs import last_error, log_says_oom, port_in_use, start_group, stop_group
 
 
 # THREAD_VARS (llmbench.launch) are set by Snakemake to the job's thread count; an engine
@@ -44,39 +41,7 @@ class ServerError(RuntimeError):
         self.oom = oom
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that is free on ``host`` now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """Whether something already listens on host:port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        return s.connect_ex((host, port)) == 0
-
-
-def last_error(log: Path, lines: int = 400) -> str:
-    """The last line of a server log that names an error (the root cause, usually)."""
-    try:
-        text = log.read_text(errors="replace").splitlines()[-lines:]
-    except OSError:
-        return "no log"
-    hits = [ln.strip() for ln in text if re.search(r"(Error|Exception|error:|FATAL|Killed)\b", ln)]
-    return (hits[-1] if hits else (text[-1].strip() if text else "empty log"))[:500]
-
-
-def log_says_oom(log: Path) -> bool:
-    """Whether the server log reports running out of memory."""
-    try:
-        text = log.read_text(errors="replace")[-200_000:]
-    except OSError:
-        return False
-    return any(m in text for m in OOM_MARKERS)
-
-
-def gpu_used_mib(gpu_ids: list[int] | None) -> float | None:
+def gpu_used_mib(gpu_ids: list[str] | None) -> float | None:
     """Memory in use on these GPUs in MiB, summed (nvidia-smi); None without GPUs."""
     if not gpu_ids or not shutil.which("nvidia-smi"):
         return None
@@ -93,10 +58,11 @@ class MemorySampler(threading.Thread):
     """Peak memory of a server while it runs: RSS of its process tree, and GPU memory in
     use on the cell's GPUs (nvidia-smi, minus what was in use before the server started)."""
 
-    def __init__(self, pid: int, gpu_ids: list[int] | None, baseline_mib: float | None,
-                 interval_s: float = 0.5):
+    def __init__(self, pid: int, gpu_ids: list[str] | None, baseline_mib: float | None,
+                 interval_s: float = 0.5, skip_root: bool = False):
         super().__init__(daemon=True)
         self.pid, self.gpu_ids, self.interval = pid, gpu_ids, interval_s
+        self.skip_root = skip_root  # ``pid`` is a leash (llmbench.procs), not the engine
         self.peak_rss_bytes = 0
         self.peak_gpu_used_mib: float | None = None
         self.gpu_baseline_mib = baseline_mib
@@ -106,7 +72,7 @@ class MemorySampler(threading.Thread):
         """Take one sample now."""
         try:
             root = psutil.Process(self.pid)
-            procs = [root, *root.children(recursive=True)]
+            procs = [*([] if self.skip_root else [root]), *root.children(recursive=True)]
         except psutil.Error:
             procs = []
         rss = 0
@@ -161,7 +127,7 @@ def _probe(url: str, timeout_s: float = 2.0) -> bool:
 
 @contextlib.contextmanager
 def serve(argv: list[str], *, env: dict[str, str], host: str, port: int, health_path: str,
-          log: Path, ready_timeout_s: float, gpu_ids: list[int] | None = None) -> Iterator[Running]:
+          log: Path, ready_timeout_s: float, gpu_ids: list[str] | None = None) -> Iterator[Running]:
     """Start ``argv``, wait until GET health_path answers 200, yield, then stop the group.
 
     Raises ServerError (with the log's last error line) if the port is taken, the server
@@ -175,7 +141,7 @@ def serve(argv: list[str], *, env: dict[str, str], host: str, port: int, health_
     inherited = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
     proc = start_group(argv, env={**inherited, **env}, log=log)
     # from the start: loading weights can be the peak on the host
-    sampler = MemorySampler(proc.pid, gpu_ids, baseline)
+    sampler = MemorySampler(proc.pid, gpu_ids, baseline, skip_root=getattr(proc, "leashed", False))
     sampler.start()
     try:
         url = f"http://{host}:{port}{health_path}"

@@ -1,0 +1,194 @@
+"""Faults injected for real, on the CPU: a launcher killed by SIGKILL (alone, and with its
+whole process group, as killing Snakemake's group does), a cell that hangs past its
+timeout. Each test checks what was left running (no process of the cell's sessions) and
+what was written (no half record). The launcher is tests/fixtures/launcher.py, a real
+process running llmbench's run_cell with stand-in workers and a test-double engine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from llmbench import launch, procs
+
+pytestmark = pytest.mark.integration
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+SCRIPTS = Path(__file__).resolve().parents[2] / "workflow" / "scripts"
+LAUNCHER = str(FIXTURES / "launcher.py")
+#: generous: the leash reacts in well under a second; this only bounds a loaded machine
+KILL_BOUND_S = 15
+
+
+def wait_until(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def live(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def in_sessions(sids: set[int]) -> list[psutil.Process]:
+    """Live processes of these sessions."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if os.getsid(p.pid) in sids and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (OSError, psutil.Error):
+            continue
+    return out
+
+
+def start_launcher(out: Path, *args: str, via_shell: bool = False, **env: str) -> subprocess.Popen:
+    """The launcher in a new session (so killing its group cannot hit pytest); via_shell puts
+    a shell above it in that group, as Snakemake's job shell is above run_cell.py."""
+    argv = [sys.executable, LAUNCHER, *args, str(out)]
+    if via_shell:
+        argv = ["sh", "-c", '"$@"; true', "sh", *argv]
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FIXTURES), str(SCRIPTS)]), **env}
+    return subprocess.Popen(argv, env=full_env, start_new_session=True,
+                            stdout=open(out / "launcher.out", "w"), stderr=subprocess.STDOUT)
+
+
+def cell_processes(launcher_pid: int, rank_pids: list[int]) -> tuple[set[int], list[int]]:
+    """The sessions the cell's processes sit in, and their pids: the launcher's descendants
+    (the leash, torchrun, ranks, an engine; a fork server it happened to start is not the
+    cell's and outlives it by design until idle) and the ranks (forked ranks hang below the
+    fork server, not the launcher)."""
+    pids = list(rank_pids)
+    for p in psutil.Process(launcher_pid).children(recursive=True):
+        try:
+            if "llmbench.forkserver" not in " ".join(p.cmdline()) or os.getsid(p.pid) != p.pid:
+                pids.append(p.pid)
+        except psutil.Error:
+            continue
+    server_sids = {p.pid for p in psutil.Process(launcher_pid).children()
+                   if "llmbench.forkserver" in " ".join(p.cmdline())}
+    sids = set()
+    for pid in pids:
+        try:
+            sids.add(os.getsid(pid))
+        except OSError:
+            pass
+    return sids - server_sids - {os.getsid(0)}, pids
+
+
+def kill_launcher(proc: subprocess.Popen, out: Path, group: bool) -> None:
+    launcher_pid = int((out / "launcher.pid").read_text())
+    if group:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher, and the shell above it
+    else:
+        os.kill(launcher_pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["launcher", "group"])
+@pytest.mark.parametrize("how,ranks", [("exec", 1), ("exec", 2), ("fork", 2)],
+                         ids=["exec-1rank", "torchrun-2ranks", "forkserver-2ranks"])
+def test_killing_the_launcher_kills_every_worker(tmp_path, how, ranks, group):
+    pidfile = tmp_path / "pid"
+    proc = start_launcher(tmp_path, "train", "--ranks", str(ranks), "--how", how, via_shell=group,
+                          FAKE_MODE="sleep", FAKE_PIDFILE=str(pidfile))
+    try:
+        wait_until(lambda: all(Path(f"{pidfile}.rank{r}").exists() for r in range(ranks)), 120,
+                   f"{ranks} sleeping ranks")
+        launcher_pid = int((tmp_path / "launcher.pid").read_text())
+        ranks_pids = [int(Path(f"{pidfile}.rank{r}").read_text()) for r in range(ranks)]
+        sids, pids = cell_processes(launcher_pid, ranks_pids)
+        assert all(live(p) for p in ranks_pids) and sids
+        forked = ["llmbench.forkserver" in " ".join(psutil.Process(p).parent().cmdline()) for p in ranks_pids]
+        assert forked == [how == "fork"] * ranks  # the path under test was taken
+        kill_launcher(proc, tmp_path, group)
+        wait_until(lambda: not in_sessions(sids) and not any(live(p) for p in pids), KILL_BOUND_S,
+                   f"no process left of sessions {sids}: {in_sessions(sids)}")
+    finally:
+        for p in in_sessions(sids if "sids" in locals() else set()):
+            p.kill()
+    assert not (tmp_path / "record.json").exists()  # records are written whole at the end, or not at all
+    assert not list(tmp_path.glob(".record.json.*"))
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["launcher", "group"])
+def test_killing_the_launcher_kills_the_engine_mid_burst(tmp_path, group):
+    proc = start_launcher(tmp_path, "serve", via_shell=group)
+    sids: set[int] = set()
+    try:
+        # ready, and the burst under way (8 requests of 100 tokens, one token a second)
+        wait_until(lambda: (tmp_path / "server.log").exists() and "fake openai server on"
+                   in (tmp_path / "server.log").read_text(), 60, "the fake engine ready")
+        launcher_pid = int((tmp_path / "launcher.pid").read_text())
+        time.sleep(1.0)
+        sids, pids = cell_processes(launcher_pid, [])
+        engine = [p for p in pids if "fake_servers.py" in " ".join(psutil.Process(p).cmdline())]
+        assert engine and all(live(p) for p in engine)
+        kill_launcher(proc, tmp_path, group)
+        wait_until(lambda: not in_sessions(sids) and not any(live(p) for p in pids), KILL_BOUND_S,
+                   f"no engine process left: {in_sessions(sids)}")
+    finally:
+        for p in in_sessions(sids):
+            p.kill()
+    assert not (tmp_path / "record.json").exists()
+
+
+@pytest.mark.parametrize("how,ranks", [("exec", 1), ("exec", 2), ("fork", 2)],
+                         ids=["exec-1rank", "torchrun-2ranks", "forkserver-2ranks"])
+def test_a_hung_cell_is_stopped_by_its_timeout(tmp_path, how, ranks):
+    """Ranks that never return (a sleep stands for a stuck collective): the cell is recorded
+    as timeout and none of its processes is left."""
+    pidfile = tmp_path / "pid"
+    proc = start_launcher(tmp_path, "train", "--ranks", str(ranks), "--how", how, "--timeout-s", "10",
+                          FAKE_MODE="sleep", FAKE_PIDFILE=str(pidfile))
+    wait_until(lambda: all(Path(f"{pidfile}.rank{r}").exists() for r in range(ranks)), 120, "sleeping ranks")
+    ranks_pids = [int(Path(f"{pidfile}.rank{r}").read_text()) for r in range(ranks)]
+    sids, pids = cell_processes(int((tmp_path / "launcher.pid").read_text()), ranks_pids)
+    assert proc.wait(timeout=120) == 0
+    from llmbench import record
+
+    rec = record.read(tmp_path / "record.json")
+    assert rec.status == "timeout" and "timeout_s=10" in rec.reason
+    assert not in_sessions(sids) and not any(live(p) for p in pids)
+
+
+def test_the_leash_passes_exit_status_through_and_forwards_sigterm(tmp_path):
+    """What launch._classify reads from a return code must not change behind the leash:
+    an exit code, a signal (-9 reads as the OOM killer), a graceful SIGTERM."""
+    def run(code: str) -> int:
+        return subprocess.run(procs.leash_argv([sys.executable, "-c", code]), timeout=60).returncode
+
+    assert run("import sys; sys.exit(3)") == 3
+    assert run("pass") == 0
+    assert run("import os, signal; os.kill(os.getpid(), signal.SIGKILL)") == -signal.SIGKILL
+    marker = tmp_path / "term"
+    code = (f"import signal, sys, time, pathlib\n"
+            f"def bye(*_): pathlib.Path({str(marker)!r}).write_text('graceful'); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, bye)\nprint('up', flush=True)\ntime.sleep(60)")
+    leashed = subprocess.Popen(procs.leash_argv([sys.executable, "-c", code]), stdout=subprocess.PIPE,
+                               start_new_session=True)
+    assert leashed.stdout.readline().strip() == b"up"
+    os.kill(leashed.pid, signal.SIGTERM)  # to the leash alone: it must reach the child
+    assert leashed.wait(timeout=30) == 0 and marker.read_text() == "graceful"
+
+
+def test_a_worker_killed_by_sigkill_is_still_oom_behind_the_leash(tmp_path):
+    out = tmp_path / "o.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FIXTURES), str(SCRIPTS)]), "FAKE_MODE": "sigkill"}
+    outcome = launch.run_worker(1, "fake_worker", launch.worker_args(tmp_path / "s.json", out), env=env,
+                                log=tmp_path / "run.log", workdir=tmp_path, out=out, timeout_s=60)
+    assert outcome.status == "oom" and "SIGKILL" in outcome.reason and outcome.launcher == "exec"

@@ -1,0 +1,215 @@
+"""The state of a cell's GPUs before it starts: who holds them, how much memory is free.
+
+A process that another cell, user or crashed run left on a GPU makes the next cell fail
+with a CUDA out-of-memory error that looks like a real one; an ``oom`` record must mean the
+cell did not fit, not that the GPU was taken. So before a GPU cell (training, profile,
+microbenchmark, serving) starts anything, its GPUs are read through NVML (``pynvml``, the
+package nvidia-ml-py): processes with memory on them and memory used and free. A GPU with
+a process on it, or with more than ``BusyPolicy.used_threshold_gib`` in use, is busy: by
+default the cell is recorded as ``error`` with the holders in its reason and nothing runs;
+with the config's ``gpu_busy: wait`` it waits up to ``gpu_busy_wait_s`` for them to go.
+Every GPU record carries what was read at its start in ``provenance["gpu_state"]``.
+CPU platforms are not read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+if TYPE_CHECKING:
+    from .record import Record
+
+GIB = 2**30
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class GpuProcess:
+    """A process holding memory on a GPU."""
+
+    pid: int
+    """Its pid as NVML reports it (the host's pid namespace, also inside a container)."""
+    used_gib: float | None
+    """GPU memory it holds (None where the driver does not say, e.g. without permission)."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class GpuInfo:
+    """One GPU as read before a cell starts."""
+
+    id: str
+    """The GPU as the cell names it: an index or a UUID (CUDA_VISIBLE_DEVICES' entry)."""
+    name: str = ""
+    """Product name."""
+    total_gib: float
+    """Memory of the GPU."""
+    used_gib: float
+    """Memory in use (by any process, driver reservations included)."""
+    free_gib: float
+    """Memory free."""
+    processes: tuple[GpuProcess, ...] = ()
+    """Processes with memory on it (compute and graphics)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the record's provenance: lists, as JSON reads them back)."""
+        return {**asdict(self), "processes": [asdict(p) for p in self.processes]}
+
+
+Reader = Callable[[list[str]], list[GpuInfo]]
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class BusyPolicy:
+    """What a cell does when its GPUs are busy (config keys gpu_busy, gpu_busy_wait_s)."""
+
+    action: str = "error"
+    """error: record status error and run nothing; wait: wait for the GPUs, then error."""
+    wait_s: float = 600.0
+    """Longest wait for busy GPUs (action wait)."""
+    used_threshold_gib: float = 1.0
+    """Memory in use above which a GPU with no listed process still counts as busy (an
+    idle GPU shows a few hundred MiB of driver reservations; a process in another
+    container may not be listed)."""
+    poll_s: float = 5.0
+    """Seconds between reads while waiting."""
+
+    def __post_init__(self) -> None:
+        if self.action not in ("error", "wait"):
+            raise ValueError(f"gpu_busy must be 'error' or 'wait', got {self.action!r}")
+        if self.wait_s < 0:
+            raise ValueError(f"gpu_busy_wait_s must be >= 0, got {self.wait_s!r}")
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | None) -> "BusyPolicy":
+        """The policy a workflow config sets (defaults where it sets none)."""
+        config = config or {}
+        return cls(action=config.get("gpu_busy", "error"), wait_s=float(config.get("gpu_busy_wait_s", 600)))
+
+
+@dataclass(kw_only=True, slots=True)
+class Check:
+    """The outcome of checking a cell's GPUs."""
+
+    busy: str | None = None
+    """Why the cell must not run (the record's reason), or None: the GPUs are free."""
+    state: list[dict[str, Any]] | dict[str, Any] | None = None
+    """What was read (per GPU), {"error": ...} where NVML could not be read, None on a CPU."""
+    waited_s: float = 0.0
+    """Seconds spent waiting for busy GPUs."""
+
+    def provenance(self) -> dict[str, Any]:
+        """The record's provenance entries (none on a CPU)."""
+        if self.state is None:
+            return {}
+        return {"gpu_state": {"gpus": self.state, "waited_s": round(self.waited_s, 3)}
+                if isinstance(self.state, list) else self.state}
+
+
+def cell_gpu_ids(count: int, accelerator: str, env: Mapping[str, str] | None = None) -> list[str] | None:
+    """The GPUs a cell runs on (None on a CPU): the first ``count`` entries of
+    CUDA_VISIBLE_DEVICES (which Slurm sets for a job's GPUs; indices or UUIDs), else of
+    Slurm's SLURM_STEP_GPUS / SLURM_JOB_GPUS, else 0..count-1."""
+    if accelerator != "cuda":
+        return None
+    env = os.environ if env is None else env
+    for var in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        entries = [x.strip() for x in env.get(var, "").split(",") if x.strip()]
+        if entries:
+            return entries[:count]
+    return [str(i) for i in range(count)]
+
+
+def read_nvml(ids: list[str]) -> list[GpuInfo]:
+    """Read these GPUs through NVML. An index is NVML's (PCI bus order, which CUDA follows
+    with CUDA_DEVICE_ORDER=PCI_BUS_ID, as Slurm's indices do); a UUID names one GPU in any order."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        out = []
+        for gid in ids:
+            handle = (pynvml.nvmlDeviceGetHandleByIndex(int(gid)) if gid.isdigit()
+                      else pynvml.nvmlDeviceGetHandleByUUID(gid))
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+            procs: dict[int, GpuProcess] = {}
+            for get in (pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses):
+                try:
+                    listed = get(handle)
+                except pynvml.NVMLError:
+                    continue
+                for p in listed:
+                    used = getattr(p, "usedGpuMemory", None)
+                    procs[p.pid] = GpuProcess(pid=p.pid, used_gib=used / GIB if isinstance(used, int) else None)
+            out.append(GpuInfo(id=gid, name=name.decode() if isinstance(name, bytes) else str(name),
+                               total_gib=mem.total / GIB, used_gib=mem.used / GIB, free_gib=mem.free / GIB,
+                               processes=tuple(procs.values())))
+        return out
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def busy_reason(gpus: list[GpuInfo], policy: BusyPolicy, own_pids: frozenset[int] = frozenset()) -> str | None:
+    """Why these GPUs are busy ("GPU busy: pid N holds X GiB on GPU i; ..."), or None."""
+    parts = []
+    for g in gpus:
+        foreign = [p for p in g.processes if p.pid not in own_pids]
+        for p in foreign:
+            held = "memory" if p.used_gib is None else f"{p.used_gib:.2f} GiB"
+            parts.append(f"pid {p.pid} holds {held} on GPU {g.id}")
+        if not foreign and g.used_gib > policy.used_threshold_gib:
+            parts.append(f"GPU {g.id} has {g.used_gib:.2f} GiB in use by no listed process "
+                         f"(over {policy.used_threshold_gib:g} GiB; another container's?)")
+    return "GPU busy: " + "; ".join(parts) if parts else None
+
+
+def check(accelerator: str, count: int, policy: BusyPolicy | None = None, *, reader: Reader | None = None,
+          env: Mapping[str, str] | None = None, sleep: Callable[[float], None] = time.sleep,
+          clock: Callable[[], float] = time.monotonic) -> Check:
+    """Read the cell's GPUs before it starts and decide whether it may (module docstring).
+
+    ``reader`` stands in for NVML in tests (default: read_nvml). A GPU that cannot be
+    read does not stop the cell (the state says why), as before this check existed."""
+    ids = cell_gpu_ids(count, accelerator, env)
+    if ids is None:
+        return Check()
+    policy = policy or BusyPolicy()
+    read = reader or read_nvml
+    start = clock()
+    own = frozenset({os.getpid()})
+    while True:
+        waited = clock() - start  # before the read: NVML's start-up is no waiting
+        try:
+            gpus = read(ids)
+        except Exception as exc:  # noqa: BLE001 - no NVML library, no driver, a bad id
+            return Check(state={"error": f"{type(exc).__name__}: {exc}", "gpus": ids})
+        reason = busy_reason(gpus, policy, own)
+        state = [g.to_dict() for g in gpus]
+        if reason is None:
+            return Check(state=state, waited_s=waited)
+        if policy.action != "wait" or waited >= policy.wait_s:
+            if policy.action == "wait":
+                reason = f"{reason} (still, after waiting {waited:.0f} s of gpu_busy_wait_s={policy.wait_s:g})"
+            return Check(busy=reason, state=state, waited_s=waited)
+        sleep(min(policy.poll_s, max(0.0, policy.wait_s - waited)))
+
+
+def check_cell(spec: dict, count: int, policy: BusyPolicy | None, log: Path) -> Check:
+    """check() for a cell about to start (its spec's platform, ``count`` GPUs); its log says
+    what was found."""
+    found = check(spec["platform"]["accelerator"], count, policy)
+    if found.state is not None:
+        with open(log, "a") as fh:
+            fh.write(f"=== GPU state at start: {found.busy or 'free'} {json.dumps(found.state)}\n")
+    return found
+
+
+def with_state(record: "Record", found: Check) -> "Record":
+    """``record`` with the GPU state read at its start in its provenance (GPU cells)."""
+    extra = found.provenance()
+    return dataclasses.replace(record, provenance={**record.provenance, **extra}) if extra else record

@@ -20,13 +20,21 @@ TEST_CONFIG = ".test/config.yaml"
 TEST_RESULTS = ".test/results"
 
 
+def _ignore(folder: str, names: list[str]) -> set[str]:
+    """Bytecode caches, and the results a run of the tests' grid left in the repo (.test/results)."""
+    skip = {n for n in names if n == "__pycache__"}
+    if Path(folder) == REPO / ".test":
+        skip |= {"results"} & set(names)
+    return skip
+
+
 def make_workspace(dest: Path) -> Path:
     """A fresh copy of the workflow (no results) to run in."""
     dest.mkdir(parents=True, exist_ok=True)
     for name in COPY:
         src = REPO / name
         if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "results"))
+            shutil.copytree(src, dest / name, ignore=_ignore)
         else:
             shutil.copy2(src, dest / name)
     # the serving engines' own venvs (config engine_python names them relative to the root)

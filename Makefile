@@ -1,10 +1,18 @@
 # The README's two commands: `make run` (set-up + the embedded default grid) and
-# `make test` (set-up + the test suite, which starts a real single-node Slurm). `make run` ends
+# `make test` (set-up + every test tier, with a real single-node Slurm). `make run` ends
 # with results/report.html, Snakemake's report of every table and figure (one offline page).
+#
+# Test tiers (README, Tests; each a folder of tests/):
+#   make test-fast         tests/unit: pure, no worker processes, no root; the developer's loop
+#   make test-integration  tests/integration: real workers on the CPU, the fork server, torch.compile, Megatron-LM
+#   make test-e2e          tests/e2e: the workflow on .test/config.yaml (+ Slurm, where installed)
+#   make test-smoke        tests/smoke: the embedded default (config/config.yaml), statuses only
+#   make test              all of them (CI: .ci/run), after installing Slurm
 SHELL := /bin/bash
 CORES ?= 2
+PYTEST := .venv/bin/python -m pytest
 
-.PHONY: setup run report test dry-run-paper
+.PHONY: setup run report test test-fast test-integration test-e2e test-smoke dry-run-paper
 setup:
 	bash envs/setup.sh
 
@@ -15,9 +23,23 @@ run: setup
 report: setup
 	.venv/bin/snakemake --report results/report.html
 
+# no set-up step: it needs only .venv (made once by `make setup`), and never runs pip
+test-fast:
+	@[[ -x .venv/bin/python ]] || { echo "no .venv: run 'make setup' once" >&2; exit 1; }
+	$(PYTEST) tests/unit -q
+
+test-integration: setup
+	$(PYTEST) tests/integration --durations=10
+
+test-e2e: setup
+	$(PYTEST) tests/e2e --durations=10
+
+test-smoke: setup
+	$(PYTEST) tests/smoke --durations=5
+
 test: setup
 	bash envs/install-slurm.sh
-	.venv/bin/python -m pytest
+	$(PYTEST) --durations=15
 
 dry-run-paper: setup
 	.venv/bin/snakemake --configfile config/paper.yaml -n --quiet rules

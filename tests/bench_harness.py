@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "e2e"))
-from conftest import make_workspace, snakemake  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workspaces import make_workspace, snakemake  # noqa: E402
 
 
 def timed(workspace: Path, *args: str) -> float:

@@ -1,4 +1,10 @@
-"""Shared test helpers: repository paths and the venv's executables."""
+"""Shared test helpers: repository paths, the venv's executables, and the tiers.
+
+The tiers are folders (README, Tests): tests/unit (pure: `make test-fast`), tests/integration
+(real processes on the CPU: workers, the fork server, engines' test doubles, torch.compile,
+Megatron-LM), tests/e2e (the workflow on .test/config.yaml, and Slurm) and tests/smoke (the
+embedded default, config/config.yaml, statuses only). Each test gets its folder's marker, so
+`-m "not e2e"` and the like select tiers as the folders do."""
 
 import sys
 from pathlib import Path
@@ -6,13 +12,42 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
 sys.path.insert(0, str(REPO / "workflow" / "scripts"))
 BIN = Path(sys.executable).parent
+#: folder -> marker (pyproject.toml registers them)
+TIERS = {"integration": "integration", "e2e": "e2e", "smoke": "smoke"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        try:
+            folder = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        except ValueError:
+            continue
+        if folder in TIERS:
+            item.add_marker(TIERS[folder])
 
 
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_worker(request, monkeypatch):
+    """tests/unit is the fast tier: a test there that would start a cell's ranks or a fork
+    server fails, naming the tier it belongs in."""
+    if Path(request.node.path).resolve().parent != TESTS / "unit":
+        return
+
+    def refuse(*_, **__):
+        raise AssertionError("a unit test starts no worker or fork server: it belongs in tests/integration")
+
+    from llmbench import forkserver, launch
+
+    monkeypatch.setattr(launch, "start_ranks", refuse, raising=False)
+    monkeypatch.setattr(forkserver, "launch", refuse, raising=False)
 
 
 @pytest.fixture(autouse=True, scope="session")

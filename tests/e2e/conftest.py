@@ -1,54 +1,11 @@
-"""End-to-end helpers: a copy of the workflow in a temporary folder, and snakemake runs."""
+"""End-to-end fixtures: one copy of the workflow per test module (tests/workspaces.py)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent  # the venv's bin (not resolved: keep the venv)
-# everything a run reads: envs/ too (Snakemake records the conda env file of every job
-# in its metadata, even without --use-conda; a missing one fails the job)
-COPY = ("Snakefile", "workflow", "config", "profiles", "envs")
-
-
-def make_workspace(dest: Path) -> Path:
-    """A fresh copy of the workflow (no results) to run in."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in COPY:
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, dest / name)
-    # the serving engines' own venvs (config engine_python names them relative to the root)
-    for venv in (".venv-vllm",):
-        if (REPO / venv).exists():
-            (dest / venv).symlink_to(REPO / venv)
-    return dest
-
-
-def snakemake(workspace: Path, *args: str, env: dict | None = None, timeout: int = 3600) -> subprocess.CompletedProcess:
-    """Run the venv's snakemake in ``workspace``; output captured as text. The bound is for
-    a hung run (the default grid takes about 10 minutes on 2 cores; bf16 cells, before the
-    CPU platform computed in fp32, took 45 on the AVX2 machine of 2026-11-23)."""
-    full_env = {**os.environ, **(env or {})}
-    full_env["PATH"] = f"{BIN}{os.pathsep}{full_env.get('PATH', '')}"
-    return subprocess.run([str(BIN / "snakemake"), *args], cwd=workspace, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def record_mtimes(workspace: Path) -> dict[str, int]:
-    """Record path -> mtime in ns, for every record under results/runs."""
-    return {str(p.relative_to(workspace)): p.stat().st_mtime_ns
-            for p in (workspace / "results" / "runs").rglob("record.json")}
+from workspaces import BIN, REPO, make_workspace  # noqa: F401  (BIN, REPO: `from conftest import` elsewhere)
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory) -> Path:
+def workspace(tmp_path_factory):
     return make_workspace(tmp_path_factory.mktemp("workspace"))

@@ -1,4 +1,6 @@
-"""Microbenchmarks (llmbench.micro): GEMM, memcpy and collectives on CPU, for real.
+"""Microbenchmarks (llmbench.micro): GEMM, memcpy and collectives on CPU, for real, in this
+process (the collectives over 2 processes under torchrun:
+tests/integration/test_collectives_torchrun.py).
 
 Timings are only checked to be positive and finite: a timing is measured in a
 benchmark, never asserted in a test.
@@ -6,11 +8,7 @@ benchmark, never asserted in a test.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -197,33 +195,6 @@ def test_run_reports_a_corrupted_collective(monkeypatch):
         dist.destroy_process_group()
     assert [r["correct"] for r in good] == [True, True]
     assert bad[0]["correct"] is False
-
-
-def test_collectives_two_ranks_through_torchrun(tmp_path, repo):
-    ops = list(collectives.OPS)
-    spec = {"ops": ops, "sizes_bytes": [8, 1000, 1 << 16], "warmup": 1, "iters": 3, "accelerator": "cpu"}
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": str(repo / "workflow" / "scripts"), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "llmbench.micro.collectives", "--spec", str(tmp_path / "spec.json"),
-         "--out", str(tmp_path / "rows.json")],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads((tmp_path / "rows.json").read_text())
-    assert [(r["op"], r["bytes_requested"]) for r in rows] == [(op, s) for op in ops for s in spec["sizes_bytes"]]
-    for r in rows:
-        assert r["correct"] is True, r
-        assert r["world_size"] == 2 and r["backend"] == "gloo"
-        assert _finite_positive(r["time_s"])
-        assert r["algbw_gb_per_s"] == pytest.approx(r["bytes"] / r["time_s"] / 1e9)
-        assert r["busbw_gb_per_s"] == pytest.approx(r["algbw_gb_per_s"] * collectives.BUS_FACTOR[r["op"]](2))
-        # nccl-tests' size: the whole gathered / scattered buffer, a multiple of n elements
-        assert r["bytes"] == r["bytes_requested"]
-        if r["op"] in ("all_gather", "reduce_scatter"):
-            assert r["bytes"] % (2 * 4) == 0
-    assert not list(tmp_path.glob("*.tmp"))
 
 
 @pytest.mark.parametrize("only", ["gemm", "memcpy", "collectives"])

@@ -1,4 +1,5 @@
-"""The rules' resources, read from Snakemake's own dry-run plan of the embedded default."""
+"""The rules' resources, read from Snakemake's own dry-run plan of the tests' grid (.test/config.yaml;
+the embedded default is the users' to edit)."""
 
 import os
 import re
@@ -9,8 +10,8 @@ from conftest import BIN, REPO
 
 def plan() -> dict[str, int]:
     """output record -> threads, as `snakemake -n` schedules them (1 when not printed)."""
-    out = subprocess.run([BIN / "snakemake", "-n", "--nolock", "--cores", "2", "--forceall", "-d", str(REPO)],
-                         cwd=REPO, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([BIN / "snakemake", "-n", "--nolock", "--cores", "2", "--forceall", "-d", str(REPO),
+                          "--configfile", ".test/config.yaml"], cwd=REPO, capture_output=True, text=True, check=True).stdout
     threads = {}
     for job in re.split(r"\n(?=rule |localrule )", out):
         m = re.search(r"output: (\S+record\.json)", job)
@@ -24,8 +25,8 @@ def test_a_cpu_cell_holds_a_core_per_rank():
     """A 2-process CPU cell beside a 1-core cell would share cores and measure contention,
     not scaling (it measured 61% instead of 99%); serving and micro cells take the machine."""
     threads = plan()
-    assert threads["results/runs/pretrain/cpu/tiny/deepspeed/Q/bs2-g2/record.json"] == 2
-    assert threads["results/runs/pretrain/cpu/tiny/deepspeed/Q/bs2-g1/record.json"] == 1
+    assert threads[".test/results/runs/pretrain/cpu/tiny/deepspeed/Q/bs1-g2/record.json"] == 2
+    assert threads[".test/results/runs/pretrain/cpu/tiny/deepspeed/Q/bs1-g1/record.json"] == 1
     assert all(t == min(2, os.cpu_count()) for p, t in threads.items() if "/serve/" in p or "/micro/" in p)
 
 

@@ -488,14 +488,16 @@ def test_origin_names_the_results_folder_and_tells_probes_apart():
 
 
 def planned(target: str) -> dict[str, int]:
-    """Jobs per rule that Snakemake's dry run of the embedded default plans to make ``target``
-    from nothing (--forceall): everything the target depends on."""
+    """Jobs per rule that Snakemake's dry run of the tests' grid (.test/config.yaml) plans to
+    make ``target`` (under its results_dir) from nothing (--forceall): everything the target
+    depends on."""
     import re
     import subprocess
 
     from conftest import BIN, REPO
 
-    out = subprocess.run([BIN / "snakemake", "-n", "--nolock", "--cores", "2", "--forceall", "-d", str(REPO), target],
+    out = subprocess.run([BIN / "snakemake", "-n", "--nolock", "--cores", "2", "--forceall", "-d", str(REPO),
+                          f".test/results/{target}", "--configfile", ".test/config.yaml"],
                          cwd=REPO, capture_output=True, text=True, check=True).stdout
     stats = out.split("Job stats:", 1)[1].split("\n\n", 1)[0]
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M) if m.group(1) != "total"}
@@ -506,11 +508,11 @@ def test_a_figure_depends_only_on_the_cells_it_plots():
     figure needs no training or microbenchmark cell, a microbenchmark figure no serving or
     training cell, the fine-tuning figure no serving cell and fewer training cells than the
     pre-training one. (Before, every figure read the tidy table of every record.)"""
-    serve = planned("results/figures/serve-latency-cdf.svg")
+    serve = planned("figures/serve-latency-cdf.svg")
     assert serve.get("run_serving_cell") and not {"run_training_cell", "run_micro_cell", "build_tidy_table"} & set(serve)
-    micro = planned("results/figures/micro-gemm.svg")
+    micro = planned("figures/micro-gemm.svg")
     assert micro.get("run_micro_cell") and not {"run_training_cell", "run_serving_cell", "build_tidy_table"} & set(micro)
-    finetune, pretrain = planned("results/figures/finetune.svg"), planned("results/figures/pretrain.svg")
+    finetune, pretrain = planned("figures/finetune.svg"), planned("figures/pretrain.svg")
     assert "run_serving_cell" not in finetune and "run_serving_cell" not in pretrain
     assert 0 < finetune["run_training_cell"] < pretrain["run_training_cell"]
 

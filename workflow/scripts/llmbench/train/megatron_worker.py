@@ -39,7 +39,7 @@ What runs (paper Section IV-A, Table II; megatron-core 0.16.1 on Python 3.11):
   that way; CUDA-only fusions are switched off there (and on GPUs without Apex/TE they
   are left off where megatron-core has no fallback). Without Apex/TE megatron-core's
   RMSNorm is torch's, with fp32 weights (bf16 activations): recorded as it is.
-- Verified on a CPU (tests/unit/test_megatron.py: 1 rank, DP2 with the distributed
+- Verified on a CPU (tests/integration/test_megatron_cpu.py: 1 rank, DP2 with the distributed
   optimizer, TP2, PP2) and on a pair of H200s (NCCL, CUDA memory, jit fusions; llama2-7b
   DP2 with the distributed optimizer and TP2, batch 1 and the searched largest batch:
   config/gpu-h200x2-table2.yaml, results/reference/2026-11-22-h200x2-table2).

@@ -1,0 +1,96 @@
+"""llmbench.launch through real processes: a stand-in worker (tests/fixtures/fake_worker.py)
+run by the launcher as a cell's repeats (forked from the CPU platform's fork server), its
+exit classified as ok | error | oom | timeout, the whole group stopped."""
+
+import os
+import time
+
+import psutil
+import pytest
+
+from llmbench import grid, launch
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
+
+
+@pytest.fixture
+def spec_for(monkeypatch):
+    monkeypatch.setitem(launch.WORKERS, "deepspeed", "fake_worker")
+    monkeypatch.setenv("PYTHONPATH", os.path.abspath(FIXTURES))
+
+    def make(mode, repeats=1, timeout_s=60, mem_cap_gib=None, gpus=1, technique="Z3"):
+        monkeypatch.setenv("FAKE_MODE", mode)
+        g = grid.expand({
+            "protocol": {"warmup_steps": 0, "measured_steps": 1, "repeats": repeats, "seq_len": 8, "timeout_s": timeout_s},
+            "pretrain": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": [technique], "batch_sizes": [1],
+                          "gpus": gpus, "mem_cap_gib": mem_cap_gib}],
+        })
+        return g.spec(g.cells[0])
+
+    return make
+
+
+def run(spec, tmp_path):
+    return launch.run_cell(spec, tmp_path / "record.json", tmp_path / "run.log")
+
+
+def test_ok_aggregates_repeats(spec_for, tmp_path):
+    rec = run(spec_for("ok", repeats=3), tmp_path)
+    assert rec.status == "ok"
+    assert rec.metrics.tokens_per_s_runs == (100.0, 100.0, 100.0)
+    assert rec.metrics.tokens_per_s_std == 0.0
+    assert rec.metrics.mfu is None and "no peak" in rec.metrics.mfu_formula  # cpu platform
+    assert rec.provenance["spec"]["cell"]["technique"] == "Z3"
+    assert (tmp_path / "record.json").exists()
+
+
+def test_crash_is_error_with_root_cause(spec_for, tmp_path):
+    rec = run(spec_for("crash", repeats=3), tmp_path)
+    assert rec.status == "error"
+    assert "ValueError: bad things on purpose" in rec.reason
+    assert "bad things on purpose" in rec.log_tail
+    assert rec.log_tail.count("=== repeat") <= 1  # stopped after the first failed repeat
+
+
+def test_oom_file_is_oom(spec_for, tmp_path):
+    rec = run(spec_for("oomfile"), tmp_path)
+    assert rec.status == "oom" and "out of memory" in rec.reason
+
+
+def test_sigkill_is_oom(spec_for, tmp_path):
+    rec = run(spec_for("sigkill"), tmp_path)
+    assert rec.status == "oom" and "SIGKILL" in rec.reason
+
+
+def test_memory_cap_kills_and_records_oom(spec_for, tmp_path):
+    rec = run(spec_for("alloc", mem_cap_gib=0.3), tmp_path)
+    assert rec.status == "oom"
+    assert "mem_cap_gib=0.3" in rec.reason
+
+
+def test_timeout_stops_the_whole_group(spec_for, tmp_path, monkeypatch):
+    pidfile = tmp_path / "pid"
+    monkeypatch.setenv("FAKE_PIDFILE", str(pidfile))
+    rec = run(spec_for("sleep", timeout_s=10, gpus=2), tmp_path)
+    assert rec.status == "timeout" and "timeout_s=10" in rec.reason
+    pid = int(pidfile.read_text())
+    time.sleep(0.5)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_q_cells_have_no_mfu(spec_for, tmp_path):
+    spec = spec_for("ok", technique="Q")
+    spec["platform"]["peak_bf16_tflops"] = 100.0
+    rec = run(spec, tmp_path)
+    assert rec.metrics.mfu is None and "4-bit" in rec.metrics.mfu_formula
+
+
+def test_mfu_formula(spec_for, tmp_path, monkeypatch):
+    from llmbench.models import ModelSpec, flops_per_token
+
+    monkeypatch.setenv("FAKE_TPS", "1000")
+    spec = spec_for("ok")
+    spec["platform"]["peak_bf16_tflops"] = 1.0
+    rec = run(spec, tmp_path)
+    expected = 1000 * flops_per_token(ModelSpec.load("tiny"), 8) / 1e12
+    assert rec.metrics.mfu == pytest.approx(expected)

@@ -1,0 +1,55 @@
+"""Smoke test of the embedded default (config/config.yaml, what `make run` runs): the whole
+grid once, in a fresh copy of the workflow, checking statuses only. Users edit that file, so
+nothing here names its cells or counts them: the cells expected are those the copy's own
+config expands to, and a cell may be out of memory only where the config caps its memory
+(mem_cap_gib: the forced OOM cell, a max-batch search's probes and the batch it measures).
+What the cells measure is checked on the tests' own grid (tests/e2e, .test/config.yaml)."""
+
+from __future__ import annotations
+
+import json
+
+from llmbench import grid
+from llmbench.report import catalog
+from workspaces import make_workspace, snakemake
+
+
+def allowed(cell) -> set[str]:
+    """ok, or also oom where the config caps the cell's host memory (a forced OOM)."""
+    return {"ok", "oom"} if getattr(cell, "mem_cap_gib", None) else {"ok"}
+
+
+def test_the_embedded_default_runs_and_builds_its_tables_figures_and_report(tmp_path_factory):
+    ws = make_workspace(tmp_path_factory.mktemp("default"))
+    res = snakemake(ws, "--cores", "2")
+    assert res.returncode == 0, res.stderr[-4000:]
+    g = grid.load(ws / "config" / "config.yaml", ws)
+    r = g.results_dir
+    expected = {c.record_path(r): c for c in g.cells}
+    for s in g.searches:
+        folder = ws / s.record_path(r)
+        summary = json.loads((folder / "search.json").read_text())
+        assert summary["status"] == "ok", (folder, summary)
+        for probe in folder.glob("bs*/record.json"):
+            assert json.loads(probe.read_text())["status"] in allowed(s.cell), probe
+        measured = s.measured(summary["largest_ok"])
+        expected[measured.record_path(r)] = measured
+    assert expected, "the default grid has no cells"
+    bad = {}
+    for path, cell in expected.items():
+        rec = json.loads((ws / path).read_text())
+        if rec["status"] not in allowed(cell):
+            bad[path] = (rec["status"], rec["reason"], rec.get("log_tail", "")[-1500:])
+    assert not bad, bad
+    # every record the run left is one the config asked for (probes apart)
+    left = {str(p.relative_to(ws)) for p in (ws / r / "runs").rglob("record.json") if "/runs/search/" not in str(p)}
+    assert left == set(expected)
+    for table in catalog.names("table"):
+        for ext in ("csv", "md", "html"):
+            assert (ws / r / f"tables/{table}.{ext}").stat().st_size > 0, (table, ext)
+    for fig in catalog.names("figure"):
+        for ext in ("html", "svg", "png"):
+            assert (ws / r / f"figures/{fig}.{ext}").stat().st_size > 0, (fig, ext)
+    res = snakemake(ws, "--report", f"{r}/report.html")
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert (ws / r / "report.html").stat().st_size > 0

@@ -54,14 +54,6 @@ for builder in (CPUAdamBuilder(), ShareMemCommBuilder()):
 print("DeepSpeed CPU ops built:", CPUAdamBuilder.NAME, ShareMemCommBuilder.NAME)
 PY
 
-# `snakemake --profile slurm_a800` resolves bare names in ~/.config/snakemake, not in
-# ./profiles: link every site profile there (profiles/default is the workflow profile,
-# loaded from the repo automatically).
-cfg=${XDG_CONFIG_HOME:-$HOME/.config}/snakemake
-mkdir -p "$cfg"
-for dir in profiles/*/; do
-  name=$(basename "$dir")
-  [[ $name == default ]] && continue
-  ln -sfn "$root/profiles/$name" "$cfg/$name"
-done
+# the site profiles, where `snakemake --profile <name>` looks for bare names
+bash envs/link-profiles.sh
 echo "llmbench set-up done: $(.venv/bin/snakemake --version | head -1) in $root/.venv"

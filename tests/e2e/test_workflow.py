@@ -360,6 +360,8 @@ def test_changing_one_grid_value_reruns_only_the_cells_it_touches(workspace):
         (lambda c: c["pretrain"][0]["models"].append("llama3-8b"), "pretrain[0].models[1]: unknown model 'llama3-8b'; allowed: llama2-13b, llama2-70b, llama2-7b, tiny"),
         (lambda c: c["pretrain"][0]["platforms"].append("tpu-v5"), "pretrain[0].platforms[1]: unknown platform 'tpu-v5'; allowed: a800, cpu"),
         (lambda c: c["pretrain"][0].update(batch_sizes=[-1]), "pretrain[0].batch_sizes[0]: -1 is less than the minimum of 1"),
+        (lambda c: c["protocol"].update(seq_len=10**9), "protocol.seq_len: 1000000000 is past the positions of model 'tiny'"),
+        (lambda c: c["engine_python"].update(vllm="no-venv/bin/python"), "engine_python.vllm: 'no-venv/bin/python' is not an executable interpreter"),
     ],
 )
 def test_bad_config_stops_before_any_job(workspace, edit, needle):

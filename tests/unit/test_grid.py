@@ -355,3 +355,22 @@ def test_find_by_fields_agrees_with_every_cells_own_key(repo):
     with pytest.raises(KeyError):
         g.find(platform="h100", model="llama2-70b", backend="deepspeed", technique="Naive", batch_size=1, gpus=1,
                stage="pretrain")
+
+
+def test_a_sequence_past_the_models_positions_is_rejected_naming_the_key():
+    c = cfg()
+    c["protocol"]["seq_len"] = 10**9
+    with pytest.raises(ConfigError, match=r"^protocol\.seq_len: 1000000000 is past the positions of model 'tiny'"):
+        grid.expand(c)
+    c = cfg(protocol={"seq_len": 5000})  # a block's own protocol is named as the block's key
+    with pytest.raises(ConfigError, match=r"^pretrain\[0\]\.protocol\.seq_len: 5000 is past"):
+        grid.expand(c)
+
+
+def test_a_file_that_is_not_utf8_is_a_config_error_naming_it(tmp_path):
+    from llmbench.config import load_yaml
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"results_dir: r\x89\xff\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: not UTF-8 text \(byte 0x89 at offset 14\)"):
+        load_yaml(bad)

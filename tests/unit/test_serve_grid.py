@@ -1,6 +1,7 @@
 """Serving cells in the grid: expansion, paths, and bad input named before any job."""
 
 import copy
+import sys
 
 import pytest
 
@@ -46,11 +47,30 @@ def test_serve_and_training_cells_live_in_one_grid():
 
 def test_spec_carries_the_engine_interpreter():
     c = cfg()
-    c["engine_python"] = {"vllm": "/opt/vllm/bin/python"}
+    c["engine_python"] = {"vllm": sys.executable}
     g = grid.expand(c)
     vllm = g.find(platform="cpu", model="tiny", engine="vllm", load="burst", gpus=1)
     tf = g.find(platform="cpu", model="tiny", engine="transformers", load="burst", gpus=1)
-    assert g.spec(vllm)["engine_python"] == "/opt/vllm/bin/python" and g.spec(tf)["engine_python"] is None
+    assert g.spec(vllm)["engine_python"] == sys.executable and g.spec(tf)["engine_python"] is None
+
+
+def test_an_engine_interpreter_that_does_not_exist_is_rejected_naming_the_key(tmp_path):
+    c = cfg()
+    c["engine_python"] = {"vllm": str(tmp_path / "no-venv/bin/python")}
+    with pytest.raises(ConfigError, match=r"^engine_python\.vllm: '.*no-venv/bin/python' is not an executable"):
+        grid.check_engine_python(grid.expand(c))
+    c["engine_python"] = {"vllm": "no-such-python-on-path"}
+    with pytest.raises(ConfigError, match="engine_python.vllm: 'no-such-python-on-path' is not an executable"):
+        grid.check_engine_python(grid.expand(c))
+    c["engine_python"] = {"tgi": str(tmp_path / "nothing"), "vllm": "python3"}  # no tgi cell: not checked
+    grid.check_engine_python(grid.expand(c))
+
+
+def test_a_load_past_the_models_positions_is_rejected_naming_the_load():
+    c = cfg()
+    c["serve"][0]["loads"] = {"long": {"mode": "burst", "num_requests": 1, "input_len": 4000, "output_len": 128}}
+    with pytest.raises(ConfigError, match=r"serve\[0\]\.loads\.long: input_len \+ output_len = 4128 is past"):
+        grid.expand(c)
 
 
 def test_gpu_engines_default_to_the_node_and_single_gpu_engines_to_one():

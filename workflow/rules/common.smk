@@ -17,6 +17,8 @@ try:
     GRID = lbgrid.expand(config, Path(workflow.basedir), source="config")
     # the findings are data: a bad entry stops the workflow here, naming it
     lbfindings.load(Path(workflow.basedir) / lbcatalog.FINDINGS_FILE)
+    # the serving engines' interpreters exist (what the grid can say without running)
+    lbgrid.check_engine_python(GRID)
 except ConfigError as exc:
     raise WorkflowError(f"invalid configuration (nothing was run):\n{exc}") from None
 

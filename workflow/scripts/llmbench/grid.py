@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
+import shutil
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -541,6 +543,10 @@ def expand(config: dict[str, Any], root: Path = REPO_ROOT, source: str = "config
                         raise ConfigError(f"{where}: technique {tech!r} needs bitsandbytes 4-bit, which "
                                           f"platform {plat_name!r} does not support (supports_4bit: false)")
                     model = grid.model(model_name, root)
+                    if protocol.seq_len > model.max_position_embeddings:
+                        key = f"{where}.protocol.seq_len" if "seq_len" in given[stage][b] else "protocol.seq_len"
+                        raise ConfigError(f"{key}: {protocol.seq_len} is past the positions of model "
+                                          f"{model_name!r} (max_position_embeddings {model.max_position_embeddings})")
                     gpus_key = f"{where}.gpus" + (f"[{block['gpus'].index(gpus)}]" if isinstance(block["gpus"], list) else "")
                     parallel = _parallel(block, where, backend, model, gpus, gpus_key)
                     if search is not None:
@@ -565,6 +571,23 @@ def expand(config: dict[str, Any], root: Path = REPO_ROOT, source: str = "config
     _micro_cells(config, grid, root, seen)
     grid.engine_python = dict(config["engine_python"])
     return grid
+
+
+def check_engine_python(grid: Grid) -> None:
+    """Every engine_python of an engine the grid serves with names an interpreter that exists
+    (a path, relative to the working directory as the serving cell resolves it, or a
+    command on PATH): a typo would otherwise surface as one failed engine start per cell.
+    The workflow calls it at parse time (common.smk); expand does not, so a config can be
+    planned and read where its engines' environments are not (the GPU configs' wrappers
+    are made on the GPU node by envs/offline-run.sh)."""
+    used = {c.engine for c in grid.cells if isinstance(c, ServeCell)}
+    for engine, python in sorted(grid.engine_python.items()):
+        if engine not in used:
+            continue
+        found = Path(python).absolute() if "/" in python else shutil.which(python)
+        if found is None or not Path(found).is_file() or not os.access(found, os.X_OK):
+            raise ConfigError(f"engine_python.{engine}: {python!r} is not an executable interpreter "
+                              f"(looked for {found or 'it on PATH'}); create that environment or fix the path")
 
 
 def _add_search(grid: Grid, where: str, search: dict[str, Any], cell: Cell) -> None:
@@ -613,7 +636,11 @@ def _serve_cells(config: dict[str, Any], grid: Grid, root: Path, seen: dict[str,
                 if gpus > 1 and not engine.tensor_parallel:
                     raise ConfigError(f"{where}.gpus: engine {engine_name!r} has no tensor parallelism; use gpus: 1")
                 for model_name, (load_name, load) in itertools.product(block["models"], block["loads"].items()):
-                    grid.model(model_name, root)
+                    positions = grid.model(model_name, root).max_position_embeddings
+                    if load["input_len"] + load["output_len"] > positions:
+                        raise ConfigError(f"{where}.loads.{load_name}: input_len + output_len = "
+                                          f"{load['input_len'] + load['output_len']} is past the positions of "
+                                          f"model {model_name!r} (max_position_embeddings {positions})")
                     cell = ServeCell(
                         platform=plat_name, model=model_name, engine=engine_name, load=load_name, gpus=gpus,
                         load_spec=dict(load), weights=block["weights"],

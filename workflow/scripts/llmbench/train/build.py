@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import sys
 from typing import Any, Callable
 
 import torch
@@ -50,13 +51,64 @@ def attention_choice(tech: Technique, accelerator: str) -> tuple[str, Callable[[
     return "sdpa", lambda: sdpa_kernel([SDPBackend.MATH]), "sdpa[math]"
 
 
-def build_llama(spec: ModelSpec, attn_impl: str, dtype: torch.dtype, device: str | torch.device):
-    """A LlamaForCausalLM with random weights, created directly on ``device`` in ``dtype``."""
+def build_llama(spec: ModelSpec, attn_impl: str, dtype: torch.dtype, device: str | torch.device, *,
+                quant4: bool = False):
+    """A LlamaForCausalLM with random weights on ``device`` in ``dtype``; with ``quant4`` its
+    decoder linears are frozen NF4 layers (quantize_4bit).
+
+    Built on the meta device, then materialised one part at a time (embeddings, each decoder
+    layer, final norm, lm_head) with init_random, and each decoder layer quantised as soon as
+    it exists: the peak while building is the final model plus one layer in ``dtype``. Built
+    in full first, llama2-70b took 78 GiB of an 80 GB GPU in its constructor, before any
+    quantisation. Under DeepSpeed's zero.Init (ZeRO-3) the constructor runs on ``device``
+    instead: zero.Init partitions each parameter as it is created, and meta tensors would
+    bypass it."""
     config = spec.hf_config(attn_implementation=attn_impl)
-    with torch.device(device):
-        model = LlamaForCausalLM._from_config(config, dtype=dtype)
+    if _zero_init_active():
+        with torch.device(device):
+            model = LlamaForCausalLM._from_config(config, dtype=dtype)
+        if quant4:
+            quantize_4bit(model, dtype, device)
+    else:
+        with torch.device("meta"):
+            model = LlamaForCausalLM._from_config(config, dtype=dtype)
+        std = config.initializer_range
+        inner = model.model
+        parts = [(inner.embed_tokens, False), *((layer, quant4) for layer in inner.layers), (inner.norm, False)]
+        if not config.tie_word_embeddings:
+            parts.append((model.lm_head, False))
+        for part, quantize in parts:
+            part.to_empty(device=device)
+            init_random(part, std)
+            if quantize:
+                quantize_4bit(part, dtype, device)
+        # RoPE's inverse frequencies are buffers computed in the constructor, not weights
+        with torch.device(device):
+            inner.rotary_emb = type(inner.rotary_emb)(config)
+        if config.tie_word_embeddings:
+            model.lm_head.weight = inner.embed_tokens.weight
     model.config.use_cache = False
     return model
+
+
+def _zero_init_active() -> bool:
+    """Whether DeepSpeed's zero.Init context is open (it patches nn.Module construction)."""
+    zero = sys.modules.get("deepspeed.runtime.zero.partition_parameters")  # not imported: not open
+    return bool(zero is not None and zero.zero_init_context)
+
+
+@torch.no_grad()
+def init_random(module: torch.nn.Module, std: float) -> None:
+    """transformers' own initialisation of a Llama, applied to ``module``'s parameters: linear
+    and embedding weights from N(0, std) (std = initializer_range, 0.02), RMSNorm weights 1,
+    biases 0. Drawn on the device the parameters are on, so a GPU build pays no host work."""
+    for sub in module.modules():
+        if isinstance(sub, (torch.nn.Linear, torch.nn.Embedding)):
+            sub.weight.normal_(0.0, std)
+            if getattr(sub, "bias", None) is not None:
+                sub.bias.zero_()
+        elif type(sub).__name__.endswith("RMSNorm"):
+            sub.weight.fill_(1.0)
 
 
 def enable_recompute(model: torch.nn.Module) -> None:

@@ -122,10 +122,10 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
         with deepspeed.zero.Init(config_dict_or_path=config):
             model = build.build_llama(model_spec, attn_impl, dtype, "cpu" if accelerator == "cpu" else device)
     else:
-        model = build.build_llama(model_spec, attn_impl, dtype, device)
+        # 4-bit: each decoder layer is quantised as it is built (build_llama)
+        model = build.build_llama(model_spec, attn_impl, dtype, device, quant4=tech.quant4)
     trainable_desc = "all parameters"
     if tech.quant4:
-        build.quantize_4bit(model, dtype, device)
         trainable_desc = build.q_trainable(dtype)
     if tech.adapter:
         model, trainable_desc = adapters.apply(model, tech, cell.adapter)

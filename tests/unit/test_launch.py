@@ -5,7 +5,7 @@ from llmbench import launch
 
 
 def test_mean_summary_averages_numbers_and_keeps_the_rest():
-    from llmbench.launch import mean_summary
+    from llmbench.aggregate import mean_summary
 
     s = mean_summary([{"comm_s_per_iter": 1.0, "traces": ["a"], "memcpy_s_per_iter": None},
                       {"comm_s_per_iter": 3.0, "traces": ["b"], "memcpy_s_per_iter": None}])

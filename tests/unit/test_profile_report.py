@@ -5,7 +5,7 @@ import pytest
 
 from llmbench import grid, record
 from llmbench.config import ConfigError
-from llmbench.launch import Outcome
+from llmbench.aggregate import Outcome
 from llmbench.profile.results import build_record
 from llmbench.report import figures, profile, render, tidy
 from test_tables import chart_of, md_rows

@@ -23,18 +23,17 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import forkserver, gpus, provenance, techniques
+from . import forkserver, gpus
+from .aggregate import Outcome, build_record
 from .grid import Cell
-from .models import MFU_FORMULA, ModelSpec, flops_per_token
 from .procs import (RssWatchdog, free_port, kill_group, last_error, says_oom, start_group, stop_group,
                     stop_groups_on_signal, tail, track)
-from .protocol import summarize
-from .record import Metrics, Record, write
+from .profile.results import build_record as build_profile_record
+from .record import Record, write
 
 #: Thread-count variables of the BLAS/OpenMP runtimes (Snakemake sets them to a job's threads)
 THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
@@ -44,17 +43,6 @@ THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "M
 #: step by kernel class)
 WORKERS = {"deepspeed": "llmbench.train.deepspeed_worker", "megatron": "llmbench.train.megatron_worker",
            "torch": "llmbench.profile.worker", "inference": "llmbench.profile.worker"}
-
-
-@dataclass(kw_only=True, slots=True)
-class Outcome:
-    """How one repeat ended."""
-
-    status: str
-    reason: str = ""
-    result: dict | None = None
-    log_tail: str = ""
-    launcher: str = "not started"
 
 
 def worker_env(platform_env: dict[str, str], threads: int, ranks: int) -> dict[str, str]:
@@ -190,83 +178,6 @@ def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int,
                       label=f"repeat {index}", fork_server=forkserver.usable(spec["platform"]))
 
 
-def _max(values: list[Any]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return max(vals) if vals else None
-
-
-def provenance_of(spec: dict, outcomes: list[Outcome], started: str, command: list[str]) -> dict[str, Any]:
-    """A cell's provenance (training, profile and microbenchmark cells): the last ok
-    repeat's versions and devices, and how each repeat was started (exec, or forked from
-    llmbench.forkserver)."""
-    results = [o.result for o in outcomes if o.status == "ok"]
-    return {
-        "git": provenance.git_state(),
-        "host": provenance.host(),
-        "versions": results[-1]["versions"] if results else provenance.versions(),
-        "devices": results[-1]["devices"] if results else None,
-        # the backend's configuration as built: DeepSpeed's ds_config; a Megatron cell's layout,
-        # recomputation, precision and optimizer
-        **{k: results[-1][k] for k in ("ds_config", "megatron_config") if results and k in results[-1]},
-        "spec": spec,
-        "command": command,
-        "launchers": [o.launcher for o in outcomes],
-        "started": started,
-        "finished": datetime.now(timezone.utc).isoformat(),
-    }
-
-
-def build_record(spec: dict, outcomes: list[Outcome], started: str, command: list[str]) -> Record:
-    """Aggregate repeat outcomes into the cell's Record."""
-    cell = Cell.from_dict(spec["cell"])
-    results = [o.result for o in outcomes if o.status == "ok"]
-    bad = next((o for o in outcomes if o.status != "ok"), None)
-    prov = provenance_of(spec, outcomes, started, command)
-    if bad is not None:
-        return Record(cell=cell.to_dict(), status=bad.status, reason=bad.reason,
-                      log_tail=bad.log_tail, provenance=prov)
-    tps = summarize([r["tokens_per_s"] for r in results])
-    step = summarize([r["step_time_s"] for r in results])
-    model = ModelSpec(**spec["model"])
-    peak = spec["platform"]["peak_bf16_tflops"]
-    tech = techniques.parse(cell.technique)
-    if tech.quant4:
-        mfu, formula = None, "not reported for 4-bit (Q) cells: their matmuls are not bf16 GEMMs"
-    elif peak is None:
-        mfu, formula = None, f"not reported: platform {cell.platform!r} has no peak bf16 FLOP/s"
-    else:
-        fpt = flops_per_token(model, cell.protocol.seq_len, frozen_base=tech.adapter is not None)
-        mfu = tps.mean * fpt / (cell.gpus * peak * 1e12)
-        formula = f"{MFU_FORMULA}; peak {peak} TFLOP/s per GPU ({spec['platform']['peak_source']})"
-    last = results[-1]
-    metrics = Metrics(
-        tokens_per_s_mean=tps.mean, tokens_per_s_std=tps.std, tokens_per_s_runs=tps.values,
-        step_time_s_mean=step.mean, step_time_s_runs=step.values,
-        peak_mem_allocated_gib=_max([r["peak_mem_allocated_gib"] for r in results]),
-        peak_mem_reserved_gib=_max([r["peak_mem_reserved_gib"] for r in results]),
-        peak_rss_gib=_max([r["peak_rss_gib"] for r in results]),
-        mfu=mfu, mfu_formula=formula,
-        total_params=last["total_params"], trainable_params=last["trainable_params"],
-        trainable_desc=last["trainable_desc"], attention=last["attention"],
-        compute_dtype=last.get("compute_dtype"),
-        frozen_params_unchanged=last.get("frozen_params_unchanged"),
-        optimizer_param_numel=last.get("optimizer_param_numel"),
-        global_batch_tokens=last["global_batch_tokens"], loss_last=last["loss_last"],
-    )
-    return Record(cell=cell.to_dict(), status="ok", metrics=metrics, provenance=prov,
-                  summary=mean_summary([r.get("summary") or {} for r in results]))
-
-
-def mean_summary(summaries: list[dict[str, Any]]) -> dict[str, Any]:
-    """A worker's summaries over repeats: numbers averaged, everything else the last's."""
-    out: dict[str, Any] = {}
-    for key in dict.fromkeys(k for s in summaries for k in s):
-        vals = [s[key] for s in summaries if key in s]
-        nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        out[key] = sum(nums) / len(nums) if nums and len(nums) == len(vals) else vals[-1]
-    return out
-
-
 def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
              gpu_busy: gpus.BusyPolicy | None = None) -> Record:
     """Run every repeat of a cell (stopping at the first that is not ok) and write its Record.
@@ -294,8 +205,6 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
                 if outcome.status != "ok":
                     break
             if cell.stage == "profile" and cell.backend in ("torch", "inference"):  # module-wise rows
-                from .profile.results import build_record as build_profile_record
-
                 record = build_profile_record(spec, outcomes, started, command)
             else:
                 record = build_record(spec, outcomes, started, command)

@@ -273,7 +273,8 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
     (``out_dir/search.json``); returns it. ``gpu_busy``: a probe's policy for busy GPUs
     (llmbench.gpus.BusyPolicy)."""
     from .grid import Cell
-    from .launch import build_record, Outcome, run_cell
+    from .aggregate import Outcome, build_record
+    from .launch import run_cell
     from .record import Metrics, Record, write, write_json_atomic
 
     out_dir, log = Path(out_dir), Path(log)

@@ -17,7 +17,8 @@ from pathlib import Path
 from .. import forkserver
 from ..grid import MicroCell
 from .. import gpus
-from ..launch import Outcome, provenance_of, run_worker, worker_args, worker_env
+from ..aggregate import Outcome, provenance_of
+from ..launch import run_worker, worker_args, worker_env
 from ..procs import stop_groups_on_signal
 from ..record import Record, write
 

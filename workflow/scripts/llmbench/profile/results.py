@@ -8,7 +8,7 @@ from pathlib import Path
 from statistics import fmean
 
 from ..grid import Cell
-from ..launch import Outcome, provenance_of
+from ..aggregate import Outcome, provenance_of
 from ..protocol import summarize
 from ..record import Metrics, Record
 

@@ -4,7 +4,7 @@
 
 Same contract and same result keys as llmbench.train.deepspeed_worker (rank 0 writes
 ``--out``; an out-of-memory rank writes ``<out>.oom.rank<r>`` and exits with OOM_EXIT), so
-llmbench.launch.build_record and the tidy table treat both backends alike. The result adds
+llmbench.aggregate.build_record and the tidy table treat both backends alike. The result adds
 ``megatron_config`` (what was built and how), which the launcher keeps in provenance.
 
 What runs (paper Section IV-A, Table II; megatron-core 0.16.1 on Python 3.11):

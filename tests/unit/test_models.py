@@ -46,3 +46,47 @@ def test_enable_recompute_with_only_the_old_name():
 
     enable_recompute(Old())
     assert calls == [{"use_reentrant": False}]
+
+
+def _reference(spec: ModelSpec, dtype=torch.float32):
+    """The model as transformers' own constructor builds it (on the CPU)."""
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM._from_config(spec.hf_config(attn_implementation="sdpa"), dtype=dtype)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_meta_device_build_is_whole_and_initialised_as_transformers_does(tied):
+    from dataclasses import replace
+
+    spec = replace(ModelSpec.load("tiny"), tie_word_embeddings=tied)
+    torch.manual_seed(0)
+    model = build_llama(spec, "sdpa", torch.float32, "cpu")
+    ref = _reference(spec)
+    assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in ref.named_parameters()]
+    # RoPE's buffers are computed, not drawn: they must equal the constructor's
+    for name, buf in ref.named_buffers():
+        assert torch.equal(dict(model.named_buffers())[name], buf), name
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
+    q = model.model.layers[0].self_attn.q_proj.weight
+    assert q.std().item() == pytest.approx(0.02, rel=0.1) and q.mean().abs().item() < 2e-3
+    assert torch.equal(model.model.norm.weight, torch.ones_like(model.model.norm.weight))
+    ids = torch.randint(0, spec.vocab_size, (2, 16))
+    loss = model(input_ids=ids, labels=ids).loss.item()
+    assert loss == pytest.approx(ref(input_ids=ids, labels=ids).loss.item(), rel=0.05)  # ~ln(vocab) both
+
+
+def test_a_4bit_build_quantises_every_decoder_linear_as_it_builds():
+    import bitsandbytes as bnb
+
+    from llmbench.train.build import DECODER_LINEARS
+
+    spec = ModelSpec.load("tiny")
+    model = build_llama(spec, "sdpa", torch.float32, "cpu", quant4=True)
+    linears = [getattr(getattr(layer, part), name) for layer in model.model.layers
+               for part in ("self_attn", "mlp") for name in DECODER_LINEARS if hasattr(getattr(layer, part), name)]
+    assert len(linears) == len(DECODER_LINEARS) * spec.num_hidden_layers
+    assert all(isinstance(m, bnb.nn.Linear4bit) for m in linears)
+    assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+    assert isinstance(model.lm_head, torch.nn.Linear) and not isinstance(model.lm_head, bnb.nn.Linear4bit)

@@ -46,8 +46,8 @@ def make_workspace(dest: Path) -> Path:
 
 def snakemake(workspace: Path, *args: str, env: dict | None = None, timeout: int = 3600) -> subprocess.CompletedProcess:
     """Run the venv's snakemake in ``workspace``; output captured as text. The bound is for
-    a hung run (the default grid takes about 10 minutes on 2 cores; bf16 cells, before the
-    CPU platform computed in fp32, took 45 on the AVX2 machine of 2026-11-23)."""
+    a hung run only: a grid's real time is minutes (README, Tests), and bf16 on a CPU
+    without native bf16 can be several times slower."""
     full_env = {**os.environ, **(env or {})}
     full_env["PATH"] = f"{BIN}{os.pathsep}{full_env.get('PATH', '')}"
     return subprocess.run([str(BIN / "snakemake"), *args], cwd=workspace, env=full_env,

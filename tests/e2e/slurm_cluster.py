@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from llmbench import procs
+
 __all__ = ["SlurmCluster", "SlurmClusterError", "slurm_available", "slurm_cluster"]
 
 PARTITION = "cpu"
@@ -159,21 +161,6 @@ def _munge_works(env: dict[str, str]) -> bool:
         back = subprocess.run([unmunge], input=cred.stdout, capture_output=True, timeout=5, env=env)
         return back.returncode == 0
     except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours counts as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
         return False
 
 
@@ -504,7 +491,7 @@ def _teardown(procs: dict[str, subprocess.Popen], client_env: dict[str, str], ma
         # alive is ours by construction: kill it by pid.
         deadline = time.monotonic() + 10
         while True:
-            left = [p for p in _marked_pids(marker) if _pid_alive(p)]
+            left = [p for p in _marked_pids(marker) if procs.alive(p)]
             if not left:
                 break
             for pid in left:

@@ -14,7 +14,9 @@ import pytest
 # tests/e2e is not a package; make the sibling module importable under any
 # pytest import mode.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slurm_cluster import MARKER_VAR, _marked_pids, _pid_alive, slurm_available, slurm_cluster  # noqa: E402
+from slurm_cluster import MARKER_VAR, _marked_pids, slurm_available, slurm_cluster  # noqa: E402
+
+from llmbench.procs import alive  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "profiles" / "slurm_ci"
@@ -49,7 +51,7 @@ def _processes_using(conf: Path) -> list[str]:
             cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if str(conf) in cmd and _pid_alive(int(entry)):
+        if str(conf) in cmd and alive(int(entry)):
             hits.append(f"{entry}: {cmd}")
     return hits
 
@@ -106,7 +108,7 @@ def test_workflow_runs_through_real_slurm(tmp_path: Path) -> None:
         conf = cluster.conf
 
     # After the context: nothing of this cluster is left running.
-    alive = {name: pid for name, pid in pids.items() if _pid_alive(pid)}
-    assert not alive, f"daemons still running after teardown: {alive}"
+    running = {name: pid for name, pid in pids.items() if alive(pid)}
+    assert not running, f"daemons still running after teardown: {running}"
     assert not _processes_using(conf), _processes_using(conf)
     assert not _marked_pids(marker), "processes of the test cluster survived teardown"

@@ -87,8 +87,9 @@ class BusyPolicy:
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | None) -> "BusyPolicy":
         """The policy a workflow config sets (defaults where it sets none)."""
-        config = config or {}
-        return cls(action=config.get("gpu_busy", "error"), wait_s=float(config.get("gpu_busy_wait_s", 600)))
+        config, default = config or {}, cls()
+        return cls(action=config.get("gpu_busy", default.action),
+                   wait_s=float(config.get("gpu_busy_wait_s", default.wait_s)))
 
 
 @dataclass(kw_only=True, slots=True)

@@ -191,13 +191,11 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
     workdir = Path(tempfile.mkdtemp(prefix="llmbench-cell-"))
     try:
         with stop_groups_on_signal():
-            outcomes = []
             keep_dir = Path(record_path).parent.absolute()  # workers run in a temporary cwd
             keep_dir.mkdir(parents=True, exist_ok=True)
             check = gpus.check_cell(spec, cell.gpus, gpu_busy, log)
-            if check.busy:
-                outcomes.append(Outcome(status="error", reason=check.busy))
-            for i in range(0 if check.busy else cell.protocol.repeats):
+            outcomes = [Outcome(status="error", reason=check.busy)] if check.busy else []
+            for i in range(cell.protocol.repeats if not check.busy else 0):
                 outcome = run_repeat(spec, workdir, i, log, threads, keep_dir)
                 outcomes.append(outcome)
                 with open(log, "a") as fh:

@@ -151,14 +151,14 @@ def _open_pidfd(pid: int) -> int | None:
         return None  # ENOSYS: a kernel before 5.3
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    # a zombie (killed, not yet reaped) is dead for our purpose
     try:
         with open(f"/proc/{pid}/stat") as fh:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
@@ -173,13 +173,13 @@ def wait_for_death(pid: int, poll_s: float = 0.5) -> None:
     except ProcessLookupError:
         return
     if fd is None:
-        while _alive(pid):
+        while alive(pid):
             time.sleep(poll_s)
         return
     try:
         while True:
             ready, _, _ = select.select([fd], [], [], 5.0)
-            if ready or not _alive(pid):  # the second: a pid namespace the pidfd cannot see
+            if ready or not alive(pid):  # the second: a pid namespace the pidfd cannot see
                 return
     finally:
         os.close(fd)
@@ -301,7 +301,7 @@ def leash(launcher_pid: int, argv: list[str]) -> None:
             dead = launcher in ready
         else:
             time.sleep(0.2)
-            dead = not _alive(launcher_pid)
+            dead = not alive(launcher_pid)
         # reap: our child, and orphans re-parented to us (we are their subreaper)
         with contextlib.suppress(ChildProcessError):
             while True:
@@ -418,21 +418,18 @@ def stop_groups_on_signal() -> Iterator[None]:
             signal.signal(s, h)
 
 
-def start_group(argv: list[str], *, env: dict[str, str], log: Path, cwd: Path | None = None,
-                leashed: bool = True) -> subprocess.Popen:
+def start_group(argv: list[str], *, env: dict[str, str], log: Path, cwd: Path | None = None) -> subprocess.Popen:
     """Start ``argv`` in a new session (its own process group), output appended to ``log``,
-    behind a leash to this process (see the module's docstring; ``leashed=False``: none).
+    behind a leash to this process (see the module's docstring): the Popen's pid is the
+    leash's, and ``argv`` runs as its child.
 
     Config values reach it as an argument list, never through a shell. Stop it with
-    stop_group; until then a signal caught by stop_groups_on_signal stops it too. The
-    Popen's ``leashed`` attribute says whether its pid is the leash's (memory samplers
-    leave the leash out)."""
+    stop_group; until then a signal caught by stop_groups_on_signal stops it too."""
     with open(log, "a") as fh:
         fh.write(f"\n=== {' '.join(argv)}\n")
         fh.flush()
-        proc = subprocess.Popen(leash_argv(argv) if leashed else argv, stdout=fh, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(leash_argv(argv), stdout=fh, stderr=subprocess.STDOUT,
                                 env=env, cwd=cwd, start_new_session=True)
-    proc.leashed = leashed
     track(proc)
     return proc
 

@@ -14,9 +14,8 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import forkserver
+from .. import forkserver, gpus
 from ..grid import MicroCell
-from .. import gpus
 from ..aggregate import Outcome, provenance_of
 from ..launch import run_worker, worker_args, worker_env
 from ..procs import stop_groups_on_signal

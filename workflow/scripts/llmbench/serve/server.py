@@ -140,8 +140,9 @@ def serve(argv: list[str], *, env: dict[str, str], host: str, port: int, health_
     start = time.monotonic()
     inherited = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
     proc = start_group(argv, env={**inherited, **env}, log=log)
-    # from the start: loading weights can be the peak on the host
-    sampler = MemorySampler(proc.pid, gpu_ids, baseline, skip_root=getattr(proc, "leashed", False))
+    # from the start: loading weights can be the peak on the host; proc is the leash
+    # (procs.start_group), not the engine, so its own memory is left out
+    sampler = MemorySampler(proc.pid, gpu_ids, baseline, skip_root=True)
     sampler.start()
     try:
         url = f"http://{host}:{port}{health_path}"

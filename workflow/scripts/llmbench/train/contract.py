@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -55,6 +56,33 @@ def window_result(window: Any, tokens_per_step: int) -> dict[str, Any]:
         "step_time_s": window.elapsed_s / window.steps,
         "global_batch_tokens": tokens_per_step,
     }
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux /proc), None where that cannot be read."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Phases:
+    """Where a repeat's wall time goes: seconds from one mark to the next, as summary keys
+    ``phase_<name>_s`` (the first, ``phase_start_s``, from process start: interpreter and
+    the worker's own imports). Marks are host clock reads; a mark after device work must
+    follow a synchronize to mean the device's time too."""
+
+    def __init__(self) -> None:
+        age = process_age_s()
+        self.seconds: dict[str, float] = {} if age is None else {"phase_start_s": age}
+        self._last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[f"phase_{name}_s"] = now - self._last
+        self._last = now
 
 
 def peak_memory(device: Any, accelerator: str) -> dict[str, float | None]:

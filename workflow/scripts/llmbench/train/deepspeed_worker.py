@@ -85,6 +85,7 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
     """Build the model, initialise DeepSpeed, run the protocol; rank 0 returns the result. With
     ``trace_dir`` (profile cells) a second window of ``measured_steps`` runs under
     torch.profiler after the timed one, and the result's summary says where its time went."""
+    phases = contract.Phases()
     platform = spec["platform"]
     accelerator = platform["accelerator"]
     if accelerator == "cpu":
@@ -100,6 +101,7 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
     from ..protocol import run_window
     from . import adapters, build, jit_ops
 
+    phases.mark("imports")
     jit_ops.guard_jit_loads()  # before init_distributed: it loads the first op on CPU
     cell = Cell.from_dict(spec["cell"])
     model_spec = ModelSpec(**spec["model"])
@@ -113,6 +115,7 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
     attn_impl, attn_ctx, attn_label = build.attention_choice(tech, accelerator)
     dtype = platforms.compute_dtype(platform)
     config = ds_config(tech, cell.batch_size, accelerator, bf16=dtype == torch.bfloat16)
+    phases.mark("init_distributed")
 
     if tech.zero_stage == 3 and not tech.quant4:
         # Parameters are partitioned as they are created: a 70B model never exists whole.
@@ -124,6 +127,7 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
     else:
         # 4-bit: each decoder layer is quantised as it is built (build_llama)
         model = build.build_llama(model_spec, attn_impl, dtype, device, quant4=tech.quant4)
+    phases.mark("build")
     trainable_desc = "all parameters"
     if tech.quant4:
         trainable_desc = build.q_trainable(dtype)
@@ -143,13 +147,16 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
 
     # logical parameter count from the spec: 4-bit layers store two weights per byte
     total_params, trainable_params = model_spec.param_counts()["total"], count(params)
+    phases.mark("adapters")
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config)
+    phases.mark("deepspeed_initialize")
     if not (tech.adapter and tech.quant4):  # QLoRA's k-bit preparation keeps the rest in fp32
         built = engine.module.get_output_embeddings().weight.dtype
         if built != dtype:
             raise RuntimeError(f"the model trains in {built}, not the platform's compute dtype {dtype}")
     has_frozen = trainable_params < total_params
     frozen_before = adapters.frozen_checksum(engine.module) if has_frozen else None
+    phases.mark("checksum")
 
     gen = torch.Generator(device="cpu").manual_seed(proto.seed + 1000 + rank)
     ids = torch.randint(0, model_spec.vocab_size, (cell.batch_size, proto.seq_len), generator=gen).to(engine.device)
@@ -166,6 +173,7 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
     if accelerator == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     window = run_window(step, proto, acc.synchronize)
+    phases.mark("window")  # warm-up and measured steps (run_window ends synchronised)
     summary = None
     if trace_dir is not None:
         summary = profile_window(step, proto.measured_steps, acc.synchronize, accelerator, trace_dir, out, rank)
@@ -178,6 +186,7 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
     dist.all_reduce(opt_numel)
 
     peak = contract.peak_memory(device, accelerator)
+    phases.mark("after_window")
     if rank == 0:
         return {
             "world_size": world,
@@ -192,7 +201,8 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
             "optimizer_param_numel": int(opt_numel.item()),
             "loss_last": float(losses[-1].float().item()),
             "ds_config": config,
-            "summary": {**(summary or {}), **(build.compile_stats(compiled_layers) if tech.compiled else {})},
+            "summary": {**(summary or {}), **(build.compile_stats(compiled_layers) if tech.compiled else {}),
+                        **phases.seconds},
             "versions": provenance.versions(),
             "devices": provenance.devices(),
         }

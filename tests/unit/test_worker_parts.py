@@ -1,0 +1,36 @@
+"""Parts of the training workers that need no worker process: the phase clock of a repeat
+(llmbench.train.contract.Phases) and the frozen-base checksum (llmbench.train.adapters)."""
+
+import time
+
+import torch
+
+from llmbench.train import adapters, contract
+
+
+def test_phases_are_consecutive_intervals():
+    phases = contract.Phases()
+    time.sleep(0.02)
+    phases.mark("build")
+    phases.mark("window")
+    s = phases.seconds
+    assert list(s) == ["phase_start_s", "phase_build_s", "phase_window_s"]
+    assert s["phase_build_s"] >= 0.02 and 0 <= s["phase_window_s"] < s["phase_build_s"]
+    # from this process's start: positive, and no older than the process
+    assert 0 < s["phase_start_s"] <= contract.process_age_s()
+
+
+def test_frozen_checksum_is_the_float64_sum_of_frozen_storage():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    model[0].requires_grad_(False)
+    packed = torch.nn.Parameter(torch.randint(0, 255, (16,), dtype=torch.uint8), requires_grad=False)
+    model.register_parameter("packed", packed)  # 4-bit bases are uint8 storage
+    want = sum(p.detach().to(torch.float64).sum().item() for p in (model[0].weight, model[0].bias, packed))
+    before = adapters.frozen_checksum(model)
+    assert before == want
+    with torch.no_grad():
+        model[1].weight.add_(1.0)  # a trained parameter moves: not part of the checksum
+    assert adapters.frozen_checksum(model) == before
+    with torch.no_grad():
+        model[0].weight[0, 0] += 1.0
+    assert adapters.frozen_checksum(model) != before

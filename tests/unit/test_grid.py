@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from llmbench import grid
+from llmbench.cells import ServeCell
 from llmbench.config import ConfigError
 from llmbench.protocol import Protocol
 
@@ -289,7 +290,7 @@ def test_search_only_block_and_its_errors():
     c = cfg(max_batch={"start": 2})
     del c["pretrain"][0]["batch_sizes"]
     g = grid.expand(c)
-    assert g.cells == [] and [s.start for s in g.searches] == [2, 2, 2]
+    assert g.cells == () and [s.start for s in g.searches] == [2, 2, 2]
     del c["pretrain"][0]["max_batch"]
     with pytest.raises(ConfigError, match=r"pretrain\[0\]: give batch_sizes, max_batch"):
         grid.expand(c)
@@ -350,7 +351,7 @@ def test_find_by_fields_agrees_with_every_cells_own_key(repo):
     g = grid.load(repo / "config" / "paper.yaml")
     for c in g.cells:
         assert g.find(**c.key) is c
-    serve = next(c for c in g.cells if isinstance(c, grid.ServeCell))
+    serve = next(c for c in g.cells if isinstance(c, ServeCell))
     assert g.find(**{k: v for k, v in serve.key.items() if k != "stage"}) is serve
     with pytest.raises(KeyError):
         g.find(platform="h100", model="llama2-70b", backend="deepspeed", technique="Naive", batch_size=1, gpus=1,

@@ -45,8 +45,8 @@ def test_profile_cells_use_the_torch_backend_and_only_f_and_r():
     g = grid.expand({"protocol": {}, "profile": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["F+R"],
                                                   "batch_sizes": [2]}]})
     assert g.cells[0].backend == "torch" and g.cells[0].record_path() == "results/runs/profile/cpu/tiny/torch/F+R/bs2-g1/record.json"
-    with pytest.raises(ConfigError, match=r"profile\[0\]\.techniques\[0\]: module-wise profile cells \(backend torch, "
-                                          r"plain PyTorch\) support the flags F, R; 'Z3' asks for Z3 \(backend: deepspeed"):
+    with pytest.raises(ConfigError, match=r"profile\[0\]\.techniques\[0\]: backend 'torch' supports the flags F, R; "
+                                          r"'Z3' asks for Z3 \(backend: deepspeed"):
         grid.expand({"protocol": {}, "profile": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Z3"], "batch_sizes": [2]}]})
     # a DeepSpeed profile cell (communication and copies, Tables XIV-XVI) takes any pre-training technique but C
     g = grid.expand({"protocol": {}, "profile": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["R+Z3+O"],

@@ -375,3 +375,39 @@ def test_a_file_that_is_not_utf8_is_a_config_error_naming_it(tmp_path):
     bad.write_bytes(b"results_dir: r\x89\xff\n")
     with pytest.raises(ConfigError, match=r"bad\.yaml: not UTF-8 text \(byte 0x89 at offset 14\)"):
         load_yaml(bad)
+
+
+def test_a_grid_is_immutable_once_built():
+    import dataclasses
+
+    c = cfg(max_batch={"start": 2})
+    g = grid.expand(c)
+    assert isinstance(g.cells, tuple) and isinstance(g.searches, tuple)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        g.cells = ()
+    with pytest.raises(TypeError):
+        g.platforms["other"] = g.platforms["cpu"]
+    with pytest.raises(TypeError):
+        g.models["other"] = g.models["tiny"]
+    with pytest.raises(TypeError):
+        g.engine_python["vllm"] = "python"
+    with pytest.raises(AttributeError):
+        g.cells.append(g.cells[0])
+    # what the rules ask of it still works
+    assert g.find(**g.cells[0].key) == g.cells[0]
+    assert g.find_search(**g.searches[0].key) == g.searches[0]
+
+
+def test_one_deduplication_for_every_stage():
+    """A path two blocks define alike is one cell; defined differently, an error naming the
+    second block: training, serving and micro cells alike (llmbench.grid.base.Builder)."""
+    train = {"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Z3"], "batch_sizes": [1]}
+    serve = {"platforms": ["cpu"], "models": ["tiny"], "engines": ["transformers"],
+             "loads": {"burst": {"mode": "burst", "num_requests": 2, "input_len": 8, "output_len": 4}}}
+    micro = {"platforms": ["cpu"], "memcpy": {"min_bytes": 1024, "max_bytes": 4096}}
+    g = grid.expand({"protocol": {}, "pretrain": [train, train], "serve": [serve, serve], "micro": [micro, micro]})
+    assert sorted(c.stage for c in g.cells) == ["micro", "pretrain", "serve"]
+    for stage, block, edit in [("pretrain", train, {"mem_cap_gib": 1.0}), ("serve", serve, {"timeout_s": 70}),
+                               ("micro", micro, {"iters": 3})]:
+        with pytest.raises(ConfigError, match=rf"^{stage}\[1\]: cell .* is defined twice with different settings"):
+            grid.expand({"protocol": {}, stage: [block, {**block, **edit}]})

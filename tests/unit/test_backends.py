@@ -15,14 +15,14 @@ from llmbench.config import ConfigError
 REPO = Path(__file__).resolve().parents[2]
 
 
-def schema_backend_enum() -> list:
+def schema_enum(key: str) -> list:
     schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
     found = []
 
     def walk(node):
         if isinstance(node, dict):
-            if isinstance(node.get("backend"), dict) and "enum" in node["backend"]:
-                found.append(node["backend"]["enum"])
+            if isinstance(node.get(key), dict) and "enum" in node[key]:
+                found.append(node[key]["enum"])
             for v in node.values():
                 walk(v)
         elif isinstance(node, list):
@@ -30,12 +30,15 @@ def schema_backend_enum() -> list:
                 walk(v)
 
     walk(schema)
-    assert len(found) == 1, "one backend key in the schema (the training blocks')"
+    assert len(found) == 1, f"one {key} key with an enum in the schema (the training blocks')"
     return found[0]
 
 
-def test_the_schemas_enum_is_the_registry():
-    assert schema_backend_enum() == [*backends.BACKENDS, None]
+def test_the_schemas_enums_are_the_registry():
+    # as sets: the schema lists them in the order its description explains them
+    assert schema_enum("backend")[-1] is None and set(schema_enum("backend")) == {*backends.BACKENDS, None}
+    assert schema_enum("profile")[-1] is None and set(schema_enum("profile")) == {*backends.PROFILES, None}
+    assert backends.PROFILES == {"training": "torch", "inference": "inference", "communication": "deepspeed"}
 
 
 def test_every_backend_has_a_worker_module_and_a_record_builder():

@@ -1,5 +1,11 @@
 """The training backends: which stages each runs, which technique flags it accepts, its
-worker module and the function that turns its repeats' outcomes into a Record.
+worker module and the function that turns its repeats' outcomes into a Record; and, for
+those that run profile cells, the kind of profile each runs.
+
+A profile block names a kind of profile (its ``profile`` key: training, inference,
+communication), not a framework; the backend that runs that kind is what its cells'
+``backend`` field and record paths hold (torch, inference, deepspeed), as they did when
+profile blocks named it with ``backend``.
 
 The one registry: the grid validates blocks against it, the launcher starts a cell's
 worker from it, and the config schema's ``backend`` enum lists its names (a unit test
@@ -34,6 +40,9 @@ class Backend:
     """Module run as ``python -m`` on each rank (llmbench.train.contract)."""
     record_builder: str = "llmbench.aggregate:build_record"
     """``module:function`` that builds the cell's Record from its repeats' outcomes."""
+    profile: str | None = None
+    """The kind of profile it runs in a profile block (the block's ``profile`` key); None
+    for a backend that runs no profile cells."""
     description: str = ""
     """What a cell of it measures."""
 
@@ -49,7 +58,7 @@ class Backend:
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend(name="deepspeed", stages=("pretrain", "finetune", "profile"), default_for=("pretrain", "finetune"),
-            worker="llmbench.train.deepspeed_worker",
+            worker="llmbench.train.deepspeed_worker", profile="communication",
             description="DeepSpeed (pretrain, finetune; in a profile block: a DeepSpeed step's communication "
                         "and memory copies by kernel class, Tables XIV-XVI)"),
     Backend(name="megatron", stages=("pretrain",), flags=("F", "R"),
@@ -57,13 +66,15 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             worker="llmbench.train.megatron_worker",
             description="Megatron-LM's megatron-core (pretrain, Table II)"),
     Backend(name="torch", stages=("profile",), default_for=("profile",), flags=("F", "R"),
-            flags_why="backend: deepspeed profiles a DeepSpeed step's communication and copies for any "
+            flags_why="profile: communication profiles a DeepSpeed step's communication and copies for any "
                       "pre-training technique",
             worker="llmbench.profile.worker", record_builder="llmbench.profile.results:build_record",
+            profile="training",
             description="a training step module-wise, plain PyTorch under torch.profiler (Tables V-VIII, XIII)"),
     Backend(name="inference", stages=("profile",), flags=("F",),
             flags_why="serving forward passes have no backward pass to recompute",
             worker="llmbench.profile.worker", record_builder="llmbench.profile.results:build_record",
+            profile="inference",
             description="serving forward passes module-wise, prefill then decode (Tables X, XI)"),
 )}
 
@@ -85,3 +96,15 @@ def for_stage(stage: str) -> tuple[str, ...]:
 def default(stage: str) -> str:
     """The backend of a ``stage`` block that names none."""
     return next(b.name for b in BACKENDS.values() if stage in b.default_for)
+
+
+#: Kind of profile -> the backend that runs it (a profile block's ``profile`` key).
+PROFILES: dict[str, str] = {b.profile: b.name for b in BACKENDS.values() if b.profile is not None}
+
+
+def for_profile(kind: str) -> str:
+    """The backend that runs profile cells of ``kind`` (KeyError naming the known kinds)."""
+    try:
+        return {b.profile: b.name for b in BACKENDS.values() if b.profile is not None}[kind]
+    except KeyError:
+        raise KeyError(f"unknown profile {kind!r}; known: {', '.join(PROFILES)}") from None

@@ -36,10 +36,7 @@ def _block(b: Builder, stage: str, block: dict[str, Any], where: str, protocol: 
            own_seq_len: bool) -> None:
     b.check_names(block["platforms"], "platform", f"{where}.platforms")
     b.check_names(block["models"], "model", f"{where}.models")
-    backend = block["backend"] or backends.default(stage)
-    allowed = backends.for_stage(stage)
-    if backend not in allowed:
-        raise ConfigError(f"{where}.backend: {backend!r} does not run {stage} cells; allowed: {', '.join(allowed)}")
+    backend = _backend(block, stage, where)
     names = _techniques(block, where, stage, backends.get(backend))
     sizes, search = block["batch_sizes"], block["max_batch"]
     if sizes is None and search is None:
@@ -71,6 +68,27 @@ def _block(b: Builder, stage: str, block: dict[str, Any], where: str, protocol: 
                 b.add_search(_search(where, search, cell(search["start"])), where)
             for bs in (canon[tech] if canon is not None else sizes or []):
                 b.add(cell(bs), where)
+
+
+def _backend(block: dict[str, Any], stage: str, where: str) -> str:
+    """The backend that runs the block's cells: the one its ``profile`` kind names (profile
+    blocks), else its ``backend`` (in a profile block the older spelling of the same
+    choice, still accepted), else the stage's default."""
+    given, kind = block["backend"], block["profile"]
+    if kind is not None:
+        if stage != "profile":
+            raise ConfigError(f"{where}.profile: only in profile blocks (what is profiled); a {stage} block "
+                              "names its framework with backend")
+        runs = backends.for_profile(kind)
+        if given is not None and given != runs:
+            raise ConfigError(f"{where}.backend: {given!r} disagrees with profile {kind!r} (which runs on "
+                              f"{runs!r}); in a profile block give profile alone")
+        return runs
+    backend = given or backends.default(stage)
+    allowed = backends.for_stage(stage)
+    if backend not in allowed:
+        raise ConfigError(f"{where}.backend: {backend!r} does not run {stage} cells; allowed: {', '.join(allowed)}")
+    return backend
 
 
 def _sizes_by_technique(sizes: dict[str, list[int]], names: list[str], where: str) -> dict[str, list[int]]:
@@ -115,7 +133,8 @@ def _techniques(block: dict, where: str, stage: str, backend: backends.Backend) 
             raise ConfigError(f"{key}: {text!r} names no fine-tuning method; start it with one of {methods}")
         rejected = backend.rejected_flags(tech.flags)
         if rejected:
-            raise ConfigError(f"{key}: backend {backend.name!r} supports the flags {', '.join(backend.flags)}; "
+            what = f"profile {backend.profile!r}" if stage == "profile" else f"backend {backend.name!r}"
+            raise ConfigError(f"{key}: {what} supports the flags {', '.join(backend.flags)}; "
                               f"{text!r} asks for {', '.join(rejected)} ({backend.flags_why})")
         names.append(tech.name)
     return names

@@ -4,8 +4,8 @@ those that run profile cells, the kind of profile each runs.
 
 A profile block names a kind of profile (its ``profile`` key: training, inference,
 communication), not a framework; the backend that runs that kind is what its cells'
-``backend`` field and record paths hold (torch, inference, deepspeed), as they did when
-profile blocks named it with ``backend``.
+``backend`` field and record paths hold (torch, inference, deepspeed). ``backend:`` in a
+profile block, naming that backend directly, is the older spelling and still accepted.
 
 The one registry: the grid validates blocks against it, the launcher starts a cell's
 worker from it, and the config schema's ``backend`` enum lists its names (a unit test
@@ -105,6 +105,6 @@ PROFILES: dict[str, str] = {b.profile: b.name for b in BACKENDS.values() if b.pr
 def for_profile(kind: str) -> str:
     """The backend that runs profile cells of ``kind`` (KeyError naming the known kinds)."""
     try:
-        return {b.profile: b.name for b in BACKENDS.values() if b.profile is not None}[kind]
+        return PROFILES[kind]
     except KeyError:
         raise KeyError(f"unknown profile {kind!r}; known: {', '.join(PROFILES)}") from None

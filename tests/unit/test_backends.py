@@ -84,3 +84,22 @@ def test_a_new_backend_is_one_registry_entry(monkeypatch, tmp_path):
     launch.run_repeat({**g.spec(g.cells[0]), "cell": cell.to_dict()}, tmp_path, 0, tmp_path / "log", 1)
     assert started == ["fake_worker"]
     assert cell.record_path().startswith("results/runs/pretrain/cpu/tiny/fake/F/")
+
+
+@pytest.mark.parametrize("profile, builder", [("training", "profile"), ("inference", "profile"),
+                                              ("communication", "aggregate")])
+def test_the_launcher_builds_a_profile_cells_record_with_its_backends_builder(monkeypatch, tmp_path, profile, builder):
+    """Module-wise profiles (torch, inference) give profile rows; a DeepSpeed profile the
+    training record (its kernel classes ride in the result), as before the registry."""
+    from llmbench import aggregate
+    from llmbench.profile import results
+
+    built = []
+    for name, module in (("profile", results), ("aggregate", aggregate)):
+        real = module.build_record
+        monkeypatch.setattr(module, "build_record", lambda *a, _n=name, _r=real: built.append(_n) or _r(*a))
+    monkeypatch.setattr(launch, "run_repeat", lambda *a, **k: aggregate.Outcome(status="error", reason="not run"))
+    g = grid.expand({"protocol": {"repeats": 1}, "profile": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["F"],
+                                                             "batch_sizes": [1], "profile": profile}]})
+    rec = launch.run_cell(g.spec(g.cells[0]), tmp_path / "record.json", tmp_path / "log")
+    assert built == [builder] and rec.status == "error"

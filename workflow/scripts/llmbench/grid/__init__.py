@@ -18,6 +18,7 @@ from ..cells import (  # noqa: F401  (the contract, re-exported for older caller
     FRONTIER_PATTERN, MICRO_BENCHES, MICRO_KEY, MICRO_RECORD_PATTERN, RECORD_PATTERN, SEARCH_KEY,
     SEARCH_PATTERN, SEARCH_STAGES, SERVE_KEY, SERVE_RECORD_PATTERN, TRAIN_KEY, TRAINING_STAGES,
     WILDCARD_CONSTRAINTS, Cell, MicroCell, Search, ServeCell, cell_from_dict, layout_name)
+from .. import backends
 from ..config import REPO_ROOT, ConfigError, load_yaml, validate
 from . import micro, serving, training
 from .base import Builder, Grid
@@ -25,6 +26,12 @@ from .training import LLAMA_LINEARS, MEGATRON_KEYS  # noqa: F401
 
 #: Stages whose cells train (llmbench.cells.TRAINING_STAGES).
 STAGES = TRAINING_STAGES
+# Read from the registry (llmbench.backends), for callers written before it:
+#: backends each training stage allows, the default first
+BACKENDS = {stage: backends.for_stage(stage) for stage in TRAINING_STAGES}
+#: technique flags of module-wise profile cells and of Megatron-LM cells
+PROFILE_FLAGS = backends.get("torch").flags
+MEGATRON_FLAGS = backends.get("megatron").flags
 
 __all__ = ["Grid", "expand", "load", "check_engine_python", "STAGES", "LLAMA_LINEARS", "MEGATRON_KEYS"]
 

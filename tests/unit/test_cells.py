@@ -119,3 +119,12 @@ def test_cells_are_frozen_and_light():
     assert not re.search(r"^\s*(import|from)\s+(torch|pandas|numpy)\b", source, re.M)
     assert {ServeCell.PATTERN, MicroCell.PATTERN, Cell.PATTERN, Search.PATTERN} == {
         cells.SERVE_RECORD_PATTERN, cells.MICRO_RECORD_PATTERN, cells.RECORD_PATTERN, cells.SEARCH_PATTERN}
+
+
+def test_record_dirs_hold_every_record_of_their_stage(every_kind):
+    assert cells.record_dirs() == ["runs"]
+    for g in every_kind:
+        for c in g.cells:
+            assert any(c.record_path("r").startswith(f"r/{d}/") for d in cells.record_dirs(c.stage))
+        for s in g.searches:
+            assert any(f"{s.record_path('r')}/bs1/record.json".startswith(f"r/{d}/") for d in cells.record_dirs(s.cell.stage))

@@ -96,7 +96,9 @@ def cell_dir(pattern: str) -> str:
 def record_dirs(stage: str | None = None) -> list[str]:
     """The folders under a results_dir that hold every record (stage None) or one stage's:
     its cells' and its max-batch searches' probes (the patterns' fixed folders)."""
-    return ["runs"] if stage is None else [f"runs/{stage}", f"runs/search/{stage}"]
+    if stage is None:
+        return [RECORD_PATTERN.split("/")[0]]
+    return [RECORD_PATTERN.split("{stage}")[0] + stage, SEARCH_PATTERN.split("{stage}")[0] + stage]
 
 
 def glob(pattern: str) -> str:
@@ -331,12 +333,9 @@ class Search(_Addressed):
         return replace(self.cell, batch_size=int(batch_size))
 
     def to_dict(self) -> dict[str, Any]:
+        """The search's own settings (its spec's "search"; the measured cell has its own)."""
         return {"start": self.start, "max": self.max, "headroom": self.headroom,
                 "probe_protocol": asdict(self.probe_protocol)}
-
-
-
-
 
 
 def cell_from_dict(data: dict[str, Any]) -> "Cell | ServeCell | MicroCell":

@@ -3,10 +3,15 @@
 # "Dissecting the Runtime Performance of the Training, Fine-tuning, and Inference of
 # Large Language Models" with the published numbers beside ours.
 #
-# Path grammar (under config["results_dir"], default results/):
+# Path grammar (under config["results_dir"], default results/; the patterns the rules use
+# are llmbench/cells.py's, this is their summary):
 #   runs/{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}/record.json
 #     (backend megatron: {backend} is megatron-tp{T}pp{P}[-distopt], its parallel layout)
-#     (stage profile: module-wise profiling; the cell's Chrome traces sit beside its record)
+#     (stage profile: {backend} is the backend of the block's profile: torch (training),
+#      inference, deepspeed (communication); the cell's Chrome traces sit beside its record)
+#   runs/search/{stage}/{platform}/{model}/{backend}/{technique}-g{gpus}/   a max-batch search:
+#     search.json and its probes, bs{batch_size}/record.json
+#   frontier/{stage}/{platform}/{model}/{backend}/{technique}-g{gpus}.json  what searches learnt
 #   runs/serve/{platform}/{model}/{engine}/{load}-g{gpus}/record.json   serving cells
 #   runs/micro/{platform}/{bench}/{case}-g{gpus}/record.json            microbenchmark cells
 #   logs/<same as runs, .log>            benchmarks/<same as runs, .tsv> (harness overhead)

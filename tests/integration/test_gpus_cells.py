@@ -5,11 +5,12 @@ state goes to the record (llmbench.gpus)."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from llmbench import grid, gpus, launch
+from llmbench import backends, grid, gpus, launch
 
 FIXTURES = str(Path(__file__).resolve().parents[1] / "fixtures")
 sys.path.insert(0, FIXTURES)
@@ -19,7 +20,7 @@ from fake_nvml import FREE, HELD, reader_of  # noqa: E402
 @pytest.fixture
 def cuda_spec(monkeypatch):
     """A training cell on a 'cuda' platform whose worker is the stand-in (it runs on the CPU)."""
-    monkeypatch.setitem(launch.WORKERS, "deepspeed", "fake_worker")
+    monkeypatch.setitem(backends.BACKENDS, "deepspeed", replace(backends.BACKENDS["deepspeed"], worker="fake_worker"))
     monkeypatch.setenv("PYTHONPATH", FIXTURES)
     monkeypatch.setenv("FAKE_MODE", "ok")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -50,7 +51,7 @@ def test_a_serving_cell_on_a_busy_gpu_starts_no_engine(tmp_path, monkeypatch):
     from test_serve_cell import fake_engine, no_orphans
 
     from llmbench import record
-    from llmbench.grid import ServeCell
+    from llmbench.cells import ServeCell
     from llmbench.models import ModelSpec
     from llmbench.serve import bench, engines
 

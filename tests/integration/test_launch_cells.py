@@ -3,19 +3,20 @@ run by the launcher as a cell's repeats (forked from the CPU platform's fork ser
 exit classified as ok | error | oom | timeout, the whole group stopped."""
 
 import os
+from dataclasses import replace
 import time
 
 import psutil
 import pytest
 
-from llmbench import grid, launch
+from llmbench import backends, grid, launch
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 
 
 @pytest.fixture
 def spec_for(monkeypatch):
-    monkeypatch.setitem(launch.WORKERS, "deepspeed", "fake_worker")
+    monkeypatch.setitem(backends.BACKENDS, "deepspeed", replace(backends.BACKENDS["deepspeed"], worker="fake_worker"))
     monkeypatch.setenv("PYTHONPATH", os.path.abspath(FIXTURES))
 
     def make(mode, repeats=1, timeout_s=60, mem_cap_gib=None, gpus=1, technique="Z3"):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llmbench.grid import Cell
+from llmbench.cells import Cell
 from llmbench.models import ModelSpec
 from llmbench.platforms import Platform
 from llmbench.profile import attribution as attr

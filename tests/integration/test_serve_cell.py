@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from llmbench import record
-from llmbench.grid import ServeCell
+from llmbench.cells import ServeCell
 from llmbench.models import ModelSpec
 from llmbench.serve import bench, engines
 from llmbench.procs import free_port

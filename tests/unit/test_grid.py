@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from llmbench import grid
+from llmbench.cells import ServeCell
 from llmbench.config import ConfigError
 from llmbench.protocol import Protocol
 
@@ -289,7 +290,7 @@ def test_search_only_block_and_its_errors():
     c = cfg(max_batch={"start": 2})
     del c["pretrain"][0]["batch_sizes"]
     g = grid.expand(c)
-    assert g.cells == [] and [s.start for s in g.searches] == [2, 2, 2]
+    assert g.cells == () and [s.start for s in g.searches] == [2, 2, 2]
     del c["pretrain"][0]["max_batch"]
     with pytest.raises(ConfigError, match=r"pretrain\[0\]: give batch_sizes, max_batch"):
         grid.expand(c)
@@ -350,7 +351,7 @@ def test_find_by_fields_agrees_with_every_cells_own_key(repo):
     g = grid.load(repo / "config" / "paper.yaml")
     for c in g.cells:
         assert g.find(**c.key) is c
-    serve = next(c for c in g.cells if isinstance(c, grid.ServeCell))
+    serve = next(c for c in g.cells if isinstance(c, ServeCell))
     assert g.find(**{k: v for k, v in serve.key.items() if k != "stage"}) is serve
     with pytest.raises(KeyError):
         g.find(platform="h100", model="llama2-70b", backend="deepspeed", technique="Naive", batch_size=1, gpus=1,
@@ -374,3 +375,39 @@ def test_a_file_that_is_not_utf8_is_a_config_error_naming_it(tmp_path):
     bad.write_bytes(b"results_dir: r\x89\xff\n")
     with pytest.raises(ConfigError, match=r"bad\.yaml: not UTF-8 text \(byte 0x89 at offset 14\)"):
         load_yaml(bad)
+
+
+def test_a_grid_is_immutable_once_built():
+    import dataclasses
+
+    c = cfg(max_batch={"start": 2})
+    g = grid.expand(c)
+    assert isinstance(g.cells, tuple) and isinstance(g.searches, tuple)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        g.cells = ()
+    with pytest.raises(TypeError):
+        g.platforms["other"] = g.platforms["cpu"]
+    with pytest.raises(TypeError):
+        g.models["other"] = g.models["tiny"]
+    with pytest.raises(TypeError):
+        g.engine_python["vllm"] = "python"
+    with pytest.raises(AttributeError):
+        g.cells.append(g.cells[0])
+    # what the rules ask of it still works
+    assert g.find(**g.cells[0].key) == g.cells[0]
+    assert g.find_search(**g.searches[0].key) == g.searches[0]
+
+
+def test_one_deduplication_for_every_stage():
+    """A path two blocks define alike is one cell; defined differently, an error naming the
+    second block: training, serving and micro cells alike (llmbench.grid.base.Builder)."""
+    train = {"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Z3"], "batch_sizes": [1]}
+    serve = {"platforms": ["cpu"], "models": ["tiny"], "engines": ["transformers"],
+             "loads": {"burst": {"mode": "burst", "num_requests": 2, "input_len": 8, "output_len": 4}}}
+    micro = {"platforms": ["cpu"], "memcpy": {"min_bytes": 1024, "max_bytes": 4096}}
+    g = grid.expand({"protocol": {}, "pretrain": [train, train], "serve": [serve, serve], "micro": [micro, micro]})
+    assert sorted(c.stage for c in g.cells) == ["micro", "pretrain", "serve"]
+    for stage, block, edit in [("pretrain", train, {"mem_cap_gib": 1.0}), ("serve", serve, {"timeout_s": 70}),
+                               ("micro", micro, {"iters": 3})]:
+        with pytest.raises(ConfigError, match=rf"^{stage}\[1\]: cell .* is defined twice with different settings"):
+            grid.expand({"protocol": {}, stage: [block, {**block, **edit}]})

@@ -8,7 +8,7 @@ import re
 import pandas as pd
 import pytest
 
-from llmbench import grid, launch, record
+from llmbench import backends, cells, grid, record
 from llmbench.config import ConfigError
 from llmbench.record import Metrics, Record
 from llmbench.report import paper_tables, render, tidy
@@ -70,12 +70,12 @@ def test_layout_is_in_the_path_and_paths_stay_unique():
     assert g.cells[2].parallel == {"tensor_parallel": 2, "pipeline_parallel": 1, "data_parallel": 1,
                                    "distributed_optimizer": False}
     assert g.cells[1].parallel["data_parallel"] == 2
-    backend_re = re.compile(f"^(?:{grid.WILDCARD_CONSTRAINTS['backend']})$")
+    backend_re = re.compile(f"^(?:{cells.WILDCARD_CONSTRAINTS['backend']})$")
     for cell in g.cells:
         assert cell.backend in ("megatron", "deepspeed")
         assert backend_re.match(cell.backend_dir)  # Snakemake's wildcard accepts the path component
         assert g.find(**{k: str(v) for k, v in cell.key.items()}) is cell
-        assert grid.cell_from_dict(json.loads(json.dumps(cell.to_dict()))) == cell
+        assert cells.cell_from_dict(json.loads(json.dumps(cell.to_dict()))) == cell
     assert not backend_re.match("megatron-tp2")
 
 
@@ -151,8 +151,8 @@ def test_shipped_configs_have_megatron_cells(repo):
 def test_megatron_worker_is_registered():
     import importlib.util
 
-    assert launch.WORKERS["megatron"] == "llmbench.train.megatron_worker"
-    assert importlib.util.find_spec(launch.WORKERS["megatron"]) is not None
+    assert backends.get("megatron").worker == "llmbench.train.megatron_worker"
+    assert importlib.util.find_spec(backends.get("megatron").worker) is not None
 
 
 # --- Table II --------------------------------------------------------------------------

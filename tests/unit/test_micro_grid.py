@@ -7,7 +7,7 @@ import pytest
 
 from llmbench import grid
 from llmbench.config import ConfigError
-from llmbench.grid import MicroCell, cell_from_dict
+from llmbench.cells import MicroCell, cell_from_dict
 from llmbench.micro.bench import columns, summarize
 from llmbench.report import micro
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from llmbench.grid import Cell
+from llmbench.cells import Cell
 from llmbench.models import ModelSpec
 from llmbench.platforms import Platform
 from llmbench.profile import attribution as attr

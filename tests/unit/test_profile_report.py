@@ -45,8 +45,8 @@ def test_profile_cells_use_the_torch_backend_and_only_f_and_r():
     g = grid.expand({"protocol": {}, "profile": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["F+R"],
                                                   "batch_sizes": [2]}]})
     assert g.cells[0].backend == "torch" and g.cells[0].record_path() == "results/runs/profile/cpu/tiny/torch/F+R/bs2-g1/record.json"
-    with pytest.raises(ConfigError, match=r"profile\[0\]\.techniques\[0\]: module-wise profile cells \(backend torch, "
-                                          r"plain PyTorch\) support the flags F, R; 'Z3' asks for Z3 \(backend: deepspeed"):
+    with pytest.raises(ConfigError, match=r"profile\[0\]\.techniques\[0\]: profile 'training' supports the flags F, R; "
+                                          r"'Z3' asks for Z3 \(profile: communication"):
         grid.expand({"protocol": {}, "profile": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Z3"], "batch_sizes": [2]}]})
     # a DeepSpeed profile cell (communication and copies, Tables XIV-XVI) takes any pre-training technique but C
     g = grid.expand({"protocol": {}, "profile": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["R+Z3+O"],
@@ -58,6 +58,30 @@ def test_profile_cells_use_the_torch_backend_and_only_f_and_r():
     with pytest.raises(ConfigError, match=r"pretrain\[0\]\.backend: 'torch' does not run pretrain cells; allowed: deepspeed"):
         grid.expand({"protocol": {}, "pretrain": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive"],
                                                    "batch_sizes": [1], "backend": "torch"}]})
+
+
+def test_a_profile_block_names_its_kind_with_profile_and_backend_still_works():
+    """profile: training | inference | communication names what is profiled; the cells, their
+    specs and paths are those the older spelling (backend: torch | inference | deepspeed) gives."""
+    block = {"platforms": ["cpu"], "models": ["tiny"], "techniques": ["F"], "batch_sizes": [2], "gpus": 2}
+    for kind, backend in [("training", "torch"), ("inference", "inference"), ("communication", "deepspeed")]:
+        new = grid.expand({"protocol": {}, "profile": [{**block, "profile": kind}]})
+        old = grid.expand({"protocol": {}, "profile": [{**block, "backend": backend}]})
+        both = grid.expand({"protocol": {}, "profile": [{**block, "backend": backend, "profile": kind}]})
+        assert new.cells == old.cells == both.cells and new.cells[0].backend == backend
+        assert new.spec(new.cells[0]) == old.spec(old.cells[0])
+        assert new.cells[0].record_path() == f"results/runs/profile/cpu/tiny/{backend}/F/bs2-g2/record.json"
+    assert grid.expand({"protocol": {}, "profile": [block]}).cells[0].backend == "torch"  # null: training
+    with pytest.raises(ConfigError, match=r"^profile\[0\]\.backend: 'deepspeed' disagrees with profile 'inference' "
+                                          r"\(which runs on 'inference'\); in a profile block give profile alone"):
+        grid.expand({"protocol": {}, "profile": [{**block, "profile": "inference", "backend": "deepspeed"}]})
+    with pytest.raises(ConfigError, match=r"^pretrain\[0\]\.profile: only in profile blocks"):
+        grid.expand({"protocol": {}, "pretrain": [{**block, "techniques": ["Naive"], "profile": "training"}]})
+    with pytest.raises(ConfigError, match=r"profile\[0\]\.profile: 'kernels' is not allowed; allowed values: 'training', 'inference', 'communication'"):
+        grid.expand({"protocol": {}, "profile": [{**block, "profile": "kernels"}]})
+    with pytest.raises(ConfigError, match=r"profile\[0\]\.techniques\[0\]: profile 'inference' supports the flags F; "
+                                          r"'R' asks for R"):
+        grid.expand({"protocol": {}, "profile": [{**block, "techniques": ["R"], "profile": "inference"}]})
 
 
 def test_profile_tables_beside_the_paper(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 
 from llmbench import grid
 from llmbench.config import ConfigError
-from llmbench.grid import ServeCell, cell_from_dict
+from llmbench.cells import ServeCell, cell_from_dict
 from llmbench.serve.engines import ENGINES, SETTINGS, Launch
 
 BURST = {"mode": "burst", "num_requests": 1000, "input_len": 512, "output_len": 64}

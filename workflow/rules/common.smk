@@ -1,4 +1,5 @@
-# Grid -> targets: thin wrappers over llmbench.grid. The config is validated here, at
+# Grid -> targets: thin wrappers over llmbench.grid; path templates and wildcard
+# constraints come from llmbench.cells (the path grammar's one copy). The config is validated here, at
 # parse time, before any job: a bad key or value stops the workflow with one message.
 import os
 import sys
@@ -6,6 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "scripts"))
 
+from llmbench import cells as lbcells  # noqa: E402
 from llmbench import grid as lbgrid  # noqa: E402
 from llmbench import search as lbsearch  # noqa: E402
 from llmbench.serve import engines as lbengines  # noqa: E402
@@ -23,10 +25,16 @@ except ConfigError as exc:
     raise WorkflowError(f"invalid configuration (nothing was run):\n{exc}") from None
 
 R = GRID.results_dir
-CELL_DIR = "{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}"
-SERVE_CELL_DIR = "{platform}/{model}/{engine}/{load}-g{gpus}"
-MICRO_CELL_DIR = "{platform}/{bench}/{case}-g{gpus}"
-SEARCH_DIR = "{stage}/{platform}/{model}/{backend}/{technique}-g{gpus}"
+# Outputs: a cell's record (or a search's folder) at its pattern under R; its log and
+# benchmark files named by the pattern's fields (CELL_DIR ...: "{platform}/{bench}/{case}-g{gpus}")
+RECORD = f"{R}/{lbcells.RECORD_PATTERN}"
+SERVE_RECORD = f"{R}/{lbcells.SERVE_RECORD_PATTERN}"
+MICRO_RECORD = f"{R}/{lbcells.MICRO_RECORD_PATTERN}"
+SEARCH_FOLDER = f"{R}/{lbcells.SEARCH_PATTERN}"
+CELL_DIR = lbcells.cell_dir(lbcells.RECORD_PATTERN)
+SERVE_CELL_DIR = lbcells.cell_dir(lbcells.SERVE_RECORD_PATTERN)
+MICRO_CELL_DIR = lbcells.cell_dir(lbcells.MICRO_RECORD_PATTERN)
+SEARCH_DIR = lbcells.cell_dir(lbcells.SEARCH_PATTERN)
 # Every table and figure, its report section and its inputs: llmbench/report/catalog.py.
 # The findings table has a rule of its own (it also writes the ranked missing cells); every
 # other table is one job of build_table.
@@ -36,7 +44,7 @@ BUILT_TABLES = [t for t in TABLES if t != "findings"]
 
 
 wildcard_constraints:
-    **lbgrid.WILDCARD_CONSTRAINTS,
+    **lbcells.WILDCARD_CONSTRAINTS,
     table="|".join(BUILT_TABLES),
     figure="|".join(FIGURES),
     slice="|".join(lbcatalog.SLICES),
@@ -54,7 +62,7 @@ def evidence_records(stage=None):
         if not dirs:
             raise WorkflowError(f"evidence_dirs: {pattern!r} matches no results folder with a runs/ folder")
         for d in dirs:
-            folders = [d / "runs"] if stage is None else [d / "runs" / stage, d / "runs" / "search" / stage]
+            folders = [d / f for f in lbcells.record_dirs(stage)]
             out += sorted(str(p) for f in folders if f.is_dir() for p in f.rglob("record.json"))
     return out
 
@@ -63,7 +71,7 @@ def slice_records(wildcards):
     """Every record of one stage of the tidy table (tables/records-<stage>.csv): the grid's
     and the other results folders'; a training stage adds the microbenchmark records (MFU
     against the GEMM ceiling measured on the same platform)."""
-    stages = [wildcards.slice] + (["micro"] if wildcards.slice in lbgrid.SEARCH_STAGES else [])
+    stages = [wildcards.slice] + (["micro"] if wildcards.slice in lbcells.SEARCH_STAGES else [])
     return [p for s in stages for p in records(s) + evidence_records(s)]
 
 

@@ -5,7 +5,7 @@
 
 rule run_micro_cell:
     output:
-        record=f"{R}/runs/micro/{MICRO_CELL_DIR}/record.json",
+        record=MICRO_RECORD,
     log:
         f"{R}/logs/micro/{MICRO_CELL_DIR}.log",
     benchmark:

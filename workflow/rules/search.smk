@@ -7,7 +7,7 @@
 
 checkpoint search_max_batch:
     output:
-        dir=directory(f"{R}/runs/search/{SEARCH_DIR}"),
+        dir=directory(SEARCH_FOLDER),
     log:
         f"{R}/logs/search/{SEARCH_DIR}.log",
     benchmark:

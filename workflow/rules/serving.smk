@@ -27,7 +27,7 @@ rule run_serving_cell:
     input:
         model_dir=serve_model_dir,
     output:
-        record=f"{R}/runs/serve/{SERVE_CELL_DIR}/record.json",
+        record=SERVE_RECORD,
     log:
         cell=f"{R}/logs/serve/{SERVE_CELL_DIR}.log",
         server=f"{R}/logs/serve/{SERVE_CELL_DIR}.server.log",

@@ -5,7 +5,7 @@
 
 rule run_training_cell:
     output:
-        record=f"{R}/runs/{CELL_DIR}/record.json",
+        record=RECORD,
     log:
         f"{R}/logs/{CELL_DIR}.log",
     benchmark:

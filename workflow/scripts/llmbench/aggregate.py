@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from . import provenance, techniques
-from .grid import Cell
+from .cells import Cell
 from .models import MFU_FORMULA, ModelSpec, flops_per_token
 from .protocol import summarize
 from .record import Metrics, Record

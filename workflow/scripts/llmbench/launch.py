@@ -27,22 +27,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import forkserver, gpus
-from .aggregate import Outcome, build_record
-from .grid import Cell
+from . import backends, forkserver, gpus
+from .aggregate import Outcome
+from .cells import Cell
 from .procs import (RssWatchdog, free_port, kill_group, last_error, says_oom, start_group, stop_group,
                     stop_groups_on_signal, tail, track)
-from .profile.results import build_record as build_profile_record
 from .record import Record, write
 
 #: Thread-count variables of the BLAS/OpenMP runtimes (Snakemake sets them to a job's threads)
 THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
-#: backend -> worker module (pretrain: deepspeed, megatron; profile stage: torch, a training
-#: step module-wise; inference, serving forward passes module-wise; deepspeed, a DeepSpeed
-#: step by kernel class)
-WORKERS = {"deepspeed": "llmbench.train.deepspeed_worker", "megatron": "llmbench.train.megatron_worker",
-           "torch": "llmbench.profile.worker", "inference": "llmbench.profile.worker"}
+
 
 
 def worker_env(platform_env: dict[str, str], threads: int, ranks: int) -> dict[str, str]:
@@ -172,7 +167,7 @@ def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int,
     spec_path.write_text(json.dumps(spec, indent=2))
     out = workdir / f"repeat-{index}.json"
     extra = ("--trace-dir", str(keep_dir)) if cell.stage == "profile" and keep_dir else ()
-    return run_worker(cell.gpus, WORKERS[cell.backend], worker_args(spec_path, out, *extra),
+    return run_worker(cell.gpus, backends.get(cell.backend).worker, worker_args(spec_path, out, *extra),
                       env=worker_env(spec["platform"]["env"], threads, cell.gpus), log=log, workdir=workdir,
                       out=out, timeout_s=cell.protocol.timeout_s, mem_cap_gib=cell.mem_cap_gib,
                       label=f"repeat {index}", fork_server=forkserver.usable(spec["platform"]))
@@ -202,10 +197,8 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
                     fh.write(f"=== repeat {i}: {outcome.status} {outcome.reason}\n")
                 if outcome.status != "ok":
                     break
-            if cell.stage == "profile" and cell.backend in ("torch", "inference"):  # module-wise rows
-                record = build_profile_record(spec, outcomes, started, command)
-            else:
-                record = build_record(spec, outcomes, started, command)
+            build_record = backends.get(cell.backend).build_record()  # module-wise rows for profile kinds
+            record = build_record(spec, outcomes, started, command)
             record = gpus.with_state(record, check)
             write(record, record_path)
             return record

@@ -70,7 +70,7 @@ class Record:
     schema_version: int = SCHEMA_VERSION
     """Record format version."""
     cell: dict[str, Any]
-    """The cell (llmbench.grid.Cell.to_dict())."""
+    """The cell (llmbench.cells.Cell.to_dict())."""
     status: str
     """ok | oom | error | timeout | skipped."""
     reason: str = ""

@@ -272,7 +272,7 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
     """Run a search (every probe a recorded cell under ``out_dir``) and write its summary
     (``out_dir/search.json``); returns it. ``gpu_busy``: a probe's policy for busy GPUs
     (llmbench.gpus.BusyPolicy)."""
-    from .grid import Cell
+    from .cells import Cell
     from .aggregate import Outcome, build_record
     from .launch import run_cell
     from .record import Metrics, Record, write, write_json_atomic
@@ -349,7 +349,7 @@ def seed_frontier(records_root: Path | str, results_dir: Path | str) -> dict[str
     a changed cell ignores them, and a frontier file already there is never replaced by
     one of another fingerprint, nor are its own outcomes overwritten. Answers that came
     from a frontier are not re-added. Returns the outcomes added per frontier file."""
-    from .grid import FRONTIER_PATTERN, Cell
+    from .cells import FRONTIER_PATTERN, Cell
     from .record import read
 
     added: dict[str, int] = {}

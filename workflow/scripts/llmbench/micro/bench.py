@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import forkserver, gpus
-from ..grid import MicroCell
+from ..cells import MicroCell
 from ..aggregate import Outcome, provenance_of
 from ..launch import run_worker, worker_args, worker_env
 from ..procs import stop_groups_on_signal

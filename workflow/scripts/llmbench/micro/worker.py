@@ -19,7 +19,7 @@ from pathlib import Path
 def run(spec: dict, out: Path) -> None:
     """Measure the cell's points and write the rows (rank 0)."""
     from .. import provenance
-    from ..grid import MicroCell
+    from ..cells import MicroCell
 
     cell = MicroCell.from_dict(spec["cell"])
     accelerator = spec["platform"]["accelerator"]

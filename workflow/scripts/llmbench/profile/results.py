@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import fmean
 
-from ..grid import Cell
+from ..cells import Cell
 from ..aggregate import Outcome, provenance_of
 from ..protocol import summarize
 from ..record import Metrics, Record

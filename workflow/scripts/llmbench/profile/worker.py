@@ -37,14 +37,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .. import techniques
-from ..grid import PROFILE_FLAGS
+from .. import backends, techniques
 from ..train import contract  # one contract (OOM marker, exit code) for every worker
 from . import attribution as attr
 
 SCHEMA_VERSION = 1
-#: The flags plain PyTorch runs (llmbench.grid.PROFILE_FLAGS rejects the rest at config time).
-SUPPORTED_FLAGS = PROFILE_FLAGS  # the grid rejects the others before any job; this guards direct runs
+#: The flags plain PyTorch runs (the registry's; the grid rejects the rest at config time).
+SUPPORTED_FLAGS = backends.get("torch").flags  # the grid rejects the others before any job; this guards direct runs
 UNSUPPORTED = ("profile cells support the flags F and R (plain PyTorch); ZeRO, offload and 4-bit "
                "steps are profiled by kernel class with backend: deepspeed")
 #: Decoder submodules by attribute name -> module kind (Table VI rows).
@@ -173,7 +172,7 @@ def _attribute(prof: Any, walls: dict[str, float], profiled: dict[str, float], s
 
 def run(spec: dict, out: Path, trace_dir: Path) -> dict:
     """Build the model, run warm-up and profiled steps, attribute, write the result (rank 0)."""
-    from ..grid import Cell
+    from ..cells import Cell
     from ..models import ModelSpec
 
     cell = Cell.from_dict(spec["cell"])
@@ -284,7 +283,7 @@ def run_inference(spec: dict, out: Path, trace_dir: Path) -> dict:
     prefill phase and a decode phase (``measured_steps`` steps), each a phase range ending
     in a device synchronize. Rows are per phase (the decode phase's are all its steps).
     """
-    from ..grid import Cell
+    from ..cells import Cell
     from ..models import ModelSpec
 
     cell = Cell.from_dict(spec["cell"])

@@ -11,7 +11,7 @@ from typing import Iterable
 
 import pandas as pd
 
-from ..grid import SEARCH_KEY, cell_from_dict
+from ..cells import SEARCH_KEY, cell_from_dict
 from ..record import read
 from . import render
 from .render import fmt

@@ -8,7 +8,7 @@ from typing import Iterable
 
 import pandas as pd
 
-from ..grid import layout_name
+from .. import cells
 from ..profile import kernels
 from ..record import Record, read
 from . import render
@@ -20,7 +20,7 @@ COLUMNS = [
     "peak_mem_reserved_gib", "peak_rss_gib", "mfu", "model_tflops_per_gpu", "mfu_vs_gemm",
     "total_params", "trainable_params",
     "attention", "compute_dtype", "warmup_steps", "measured_steps", "repeats", "git_sha", "record_path",
-    "layout",  # Megatron-LM cells' parallel layout (llmbench.grid.layout_name); empty otherwise
+    "layout",  # Megatron-LM cells' parallel layout (llmbench.cells.layout_name); empty otherwise
     # where the record comes from: the results folder ("run") and whether it is a measured
     # cell or a max-batch search's probe ("kind"); several folders feed the combined view
     "run", "kind",
@@ -115,7 +115,7 @@ def row(record: Record, path: str) -> dict:
         "attention": m.attention, "compute_dtype": m.compute_dtype, "warmup_steps": proto["warmup_steps"],
         "measured_steps": proto["measured_steps"], "repeats": proto["repeats"],
         "git_sha": (record.provenance.get("git") or {}).get("sha"), "record_path": path,
-        "layout": layout_name(c.get("parallel")),
+        "layout": cells.layout_name(c.get("parallel")),
         **{k: record.summary.get(k) for k in PROFILE_COLUMNS},
     }
 
@@ -160,25 +160,19 @@ def per_gpu(df: pd.DataFrame) -> pd.DataFrame:
 def origin(path: str | Path) -> tuple[str, str]:
     """(run, kind) of a record path: the name of the results folder that holds its runs/,
     and 'probe' for a max-batch search's probe (runs/search/...), else 'cell'."""
-    parts = Path(path).parts
-    i = len(parts) - 1 - parts[::-1].index("runs") if "runs" in parts else None
-    run = parts[i - 1] if i else ""
-    kind = "probe" if i is not None and i + 1 < len(parts) and parts[i + 1] == "search" else "cell"
-    return run, kind
+    parsed = cells.parse(path)
+    if parsed is None:
+        return "", "cell"
+    return Path(parsed.root).name, "probe" if parsed.is_probe else "cell"
 
 
 def searched_max_batch(path: str | Path) -> int | None:
     """The largest batch the max-batch search of this training cell's method found, read
     from the search folder beside it (runs/search/<stage>/.../<technique>-g<gpus>/search.json)."""
-    parts = Path(path).parts
-    if "runs" not in parts:
+    parsed = cells.parse(path, (cells.RECORD_PATTERN,))
+    if parsed is None or parsed.wildcards["stage"] not in cells.SEARCH_STAGES:
         return None
-    i = len(parts) - 1 - parts[::-1].index("runs")
-    rel = parts[i + 1:]
-    if len(rel) != 7 or rel[0] not in ("pretrain", "finetune"):
-        return None
-    gpus = rel[5].rsplit("-g", 1)[-1]
-    summary = Path(*parts[:i + 1], "search", *rel[:4], f"{rel[4]}-g{gpus}", "search.json")
+    summary = Path(parsed.root) / cells.SEARCH_SUMMARY_PATTERN.format(**parsed.wildcards)
     if not summary.exists():
         return None
     return json.loads(summary.read_text()).get("largest_ok")

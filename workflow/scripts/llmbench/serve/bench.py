@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import gpus, provenance
-from ..grid import ServeCell
+from ..cells import ServeCell
 from ..procs import free_port, last_error, log_says_oom, stop_groups_on_signal, tail
 from ..models import ModelSpec
 from ..record import Record, write

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..cells import SERVE_RECORD_PATTERN, glob
 from ..record import read
 
 KEY = ["platform", "model", "engine", "gpus"]
@@ -31,7 +32,7 @@ def rows(results_dirs: list[Path | str]) -> pd.DataFrame:
     """One row per serving record under the folders: its cell, status and summary values."""
     out = []
     for d in results_dirs:
-        for path in sorted(Path(d).glob("runs/serve/**/record.json")):
+        for path in sorted(Path(d).glob(glob(SERVE_RECORD_PATTERN))):
             rec = read(path)
             c = rec.cell
             out.append({**{k: c[k] for k in KEY}, "load": c["load"], "load_spec": json.dumps(c["load_spec"], sort_keys=True),

@@ -96,7 +96,7 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
     from deepspeed.accelerator import get_accelerator
 
     from .. import platforms, provenance, techniques
-    from ..grid import Cell
+    from ..cells import Cell
     from ..models import ModelSpec
     from ..protocol import run_window
     from . import adapters, build, jit_ops

@@ -174,7 +174,7 @@ def run(spec: dict, out: Path) -> dict | None:
     import torch.distributed as dist
 
     from .. import platforms, provenance, techniques
-    from ..grid import Cell
+    from ..cells import Cell
     from ..models import ModelSpec
     from ..protocol import run_window
     from . import megatron_cpu_compat

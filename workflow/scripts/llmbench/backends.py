@@ -1,0 +1,110 @@
+"""The training backends: which stages each runs, which technique flags it accepts, its
+worker module and the function that turns its repeats' outcomes into a Record; and, for
+those that run profile cells, the kind of profile each runs.
+
+A profile block names a kind of profile (its ``profile`` key: training, inference,
+communication), not a framework; the backend that runs that kind is what its cells'
+``backend`` field and record paths hold (torch, inference, deepspeed). ``backend:`` in a
+profile block, naming that backend directly, is the older spelling and still accepted.
+
+The one registry: the grid validates blocks against it, the launcher starts a cell's
+worker from it, and the config schema's ``backend`` enum lists its names (a unit test
+holds the two equal). Adding a backend is one entry here and its worker module.
+
+Module and builder are dotted names, not imports, so this module stays light (the grid
+and common.smk read it at parse time) and imports nothing of llmbench.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Backend:
+    """How one backend is driven and what it accepts."""
+
+    name: str
+    """The config's ``backend`` value and the {backend} path component."""
+    stages: tuple[str, ...]
+    """Training stages whose cells it runs."""
+    default_for: tuple[str, ...] = ()
+    """Stages whose blocks get it when they name no backend."""
+    flags: tuple[str, ...] | None = None
+    """Technique flags it accepts (llmbench.techniques); None: every flag."""
+    flags_why: str = ""
+    """Why the other flags are not accepted (said in the config error)."""
+    worker: str
+    """Module run as ``python -m`` on each rank (llmbench.train.contract)."""
+    record_builder: str = "llmbench.aggregate:build_record"
+    """``module:function`` that builds the cell's Record from its repeats' outcomes."""
+    profile: str | None = None
+    """The kind of profile it runs in a profile block (the block's ``profile`` key); None
+    for a backend that runs no profile cells."""
+    description: str = ""
+    """What a cell of it measures."""
+
+    def rejected_flags(self, flags: tuple[str, ...] | list[str] | set[str]) -> list[str]:
+        """The given technique flags this backend does not accept, sorted."""
+        return [] if self.flags is None else sorted(set(flags) - set(self.flags))
+
+    def build_record(self) -> Callable[..., Any]:
+        """The record builder itself (imported on first use)."""
+        module, func = self.record_builder.split(":")
+        return getattr(importlib.import_module(module), func)
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    Backend(name="deepspeed", stages=("pretrain", "finetune", "profile"), default_for=("pretrain", "finetune"),
+            worker="llmbench.train.deepspeed_worker", profile="communication",
+            description="DeepSpeed (pretrain, finetune; in a profile block: a DeepSpeed step's communication "
+                        "and memory copies by kernel class, Tables XIV-XVI)"),
+    Backend(name="megatron", stages=("pretrain",), flags=("F", "R"),
+            flags_why="ZeRO, offload and 4-bit run with backend deepspeed",
+            worker="llmbench.train.megatron_worker",
+            description="Megatron-LM's megatron-core (pretrain, Table II)"),
+    Backend(name="torch", stages=("profile",), default_for=("profile",), flags=("F", "R"),
+            flags_why="profile: communication profiles a DeepSpeed step's communication and copies for any "
+                      "pre-training technique",
+            worker="llmbench.profile.worker", record_builder="llmbench.profile.results:build_record",
+            profile="training",
+            description="a training step module-wise, plain PyTorch under torch.profiler (Tables V-VIII, XIII)"),
+    Backend(name="inference", stages=("profile",), flags=("F",),
+            flags_why="serving forward passes have no backward pass to recompute",
+            worker="llmbench.profile.worker", record_builder="llmbench.profile.results:build_record",
+            profile="inference",
+            description="serving forward passes module-wise, prefill then decode (Tables X, XI)"),
+)}
+
+
+def get(name: str) -> Backend:
+    """The backend called ``name`` (KeyError naming the known ones)."""
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise KeyError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}") from None
+
+
+def for_stage(stage: str) -> tuple[str, ...]:
+    """Names of the backends that run ``stage`` cells, the stage's default first."""
+    runs = [b.name for b in BACKENDS.values() if stage in b.stages]
+    return tuple(sorted(runs, key=lambda n: stage not in BACKENDS[n].default_for))
+
+
+def default(stage: str) -> str:
+    """The backend of a ``stage`` block that names none."""
+    return next(b.name for b in BACKENDS.values() if stage in b.default_for)
+
+
+#: Kind of profile -> the backend that runs it (a profile block's ``profile`` key).
+PROFILES: dict[str, str] = {b.profile: b.name for b in BACKENDS.values() if b.profile is not None}
+
+
+def for_profile(kind: str) -> str:
+    """The backend that runs profile cells of ``kind`` (KeyError naming the known kinds)."""
+    try:
+        return PROFILES[kind]
+    except KeyError:
+        raise KeyError(f"unknown profile {kind!r}; known: {', '.join(PROFILES)}") from None

@@ -1,0 +1,51 @@
+"""Serve blocks -> ServeCells: engines x platforms x models x loads, each engine checked
+against the platform (llmbench.serve.engines) and each load against the model."""
+
+from __future__ import annotations
+
+import itertools
+
+from ..cells import ServeCell
+from ..config import ConfigError
+from .base import Builder
+
+
+def expand(b: Builder) -> None:
+    """Add every serve block's cells to ``b`` (engine x platform checks named by key)."""
+    from ..serve.engines import ENGINES  # no heavy imports there
+
+    config = b.config
+    for i, block in enumerate(config["serve"]):
+        where = f"serve[{i}]"
+        b.check_names(block["platforms"], "platform", f"{where}.platforms")
+        b.check_names(block["models"], "model", f"{where}.models")
+        for name, load in block["loads"].items():
+            if load["mode"] == "poisson" and load["rate_per_s"] is None:
+                raise ConfigError(f"{where}.loads.{name}.rate_per_s: required when mode is 'poisson'")
+        for e, engine_name in enumerate(block["engines"]):
+            engine = ENGINES[engine_name]
+            if block["weights"] == "dummy" and not engine.dummy_weights:
+                can = ", ".join(n for n, x in ENGINES.items() if x.dummy_weights)
+                raise ConfigError(f"{where}.weights: 'dummy' needs an engine that makes its own weights "
+                                  f"({can}); engine {engine_name!r} loads them (use weights: random)")
+            for plat_name, platform in b.block_platforms(block):
+                if platform.accelerator not in engine.accelerators:
+                    raise ConfigError(
+                        f"{where}.engines[{e}]: engine {engine_name!r} runs on {' or '.join(engine.accelerators)}, "
+                        f"platform {plat_name!r} is {platform.accelerator}")
+                gpus = block["gpus"] or (platform.gpus_per_node if engine.tensor_parallel else 1)
+                if gpus > 1 and not engine.tensor_parallel:
+                    raise ConfigError(f"{where}.gpus: engine {engine_name!r} has no tensor parallelism; use gpus: 1")
+                for model_name, (load_name, load) in itertools.product(block["models"], block["loads"].items()):
+                    positions = b.model(model_name).max_position_embeddings
+                    if load["input_len"] + load["output_len"] > positions:
+                        raise ConfigError(f"{where}.loads.{load_name}: input_len + output_len = "
+                                          f"{load['input_len'] + load['output_len']} is past the positions of "
+                                          f"model {model_name!r} (max_position_embeddings {positions})")
+                    b.add(ServeCell(
+                        platform=plat_name, model=model_name, engine=engine_name, load=load_name, gpus=gpus,
+                        load_spec=dict(load), weights=block["weights"],
+                        engine_args=tuple(block["engine_args"].get(engine_name, ())),
+                        ready_timeout_s=block["ready_timeout_s"], timeout_s=block["timeout_s"],
+                        seed=config["protocol"]["seed"],
+                    ), where)

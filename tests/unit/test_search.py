@@ -10,10 +10,11 @@ from llmbench import search
 from llmbench.search import Frontier, Probe, State, bound, next_probe
 
 
-def simulate(largest: int, max_batch: int, capacity=None, base=1.0, per_sample=0.1, noise=0.0, start=1, seed=0):
+def simulate(largest: int, max_batch: int, capacity=None, base=1.0, per_sample=0.1, noise=0.0, start=1, seed=0,
+             hint=None):
     """Run the search against an oracle: batch b fits iff b <= largest; memory is linear."""
     rng = random.Random(seed)
-    state = State(start=start, max_batch=max_batch, capacity_gib=capacity)
+    state = State(start=start, max_batch=max_batch, capacity_gib=capacity, hint=hint)
     while (nxt := next_probe(state)) is not None:
         bs, why = nxt
         ok = bs <= largest
@@ -100,6 +101,25 @@ def test_measured_gpu_memory_is_searched_within_the_bound(case):
     state = replay(points, oom_from, capacity, max_batch)
     assert state.lo == largest
     assert len(state.probes) <= most <= bound(max_batch), [(p.batch_size, p.status) for p in state.probes]
+
+
+def test_a_hint_is_probed_first_and_a_right_one_ends_the_search_in_two_probes():
+    """The seam for a memory model's prediction (State.hint): unused by default; a right
+    hint costs two probes (it, and the batch above it), a wrong or out-of-range one still
+    ends exact within the bound."""
+    assert simulate(37, 128).probes[0].batch_size == 1  # no hint: doubling from start
+    right = simulate(37, 128, hint=37)
+    assert [(p.batch_size, p.status, p.chosen_by) for p in right.probes] == [(37, "ok", "hint"), (38, "oom", "hint")]
+    assert simulate(128, 128, hint=128).lo == 128 and len(simulate(128, 128, hint=128).probes) == 1
+    for max_batch in (1, 7, 100):
+        for largest in range(0, max_batch + 1):
+            for hint in {1, largest, largest + 1, max_batch // 2 or 1, max_batch, 3 * max_batch}:
+                for cap in (None, 1.0 + 0.1 * largest + 0.05):
+                    s = simulate(largest, max_batch, capacity=cap, hint=hint)
+                    assert s.lo == largest and len(s.probes) <= bound(max_batch), (largest, hint, s.probes)
+                    assert s.probes[0].batch_size == min(max(hint, 1), max_batch)
+    with pytest.raises(ValueError, match="hint"):
+        State(start=1, max_batch=8, hint=-1)
 
 
 def test_nothing_fits_and_everything_fits():
@@ -279,3 +299,16 @@ def test_seed_frontier_rebuilds_a_lost_frontier_from_probe_records(tmp_path, mon
     before = frontier.read_text()
     assert search.seed_frontier(tmp_path / "probes3", results) == {}
     assert frontier.read_text() == before
+
+
+def test_the_algorithm_is_pure():
+    """llmbench.search.algorithm reads no file and starts no process: it imports only
+    what arithmetic needs (the runner and the frontier store do the rest)."""
+    import ast
+    import llmbench.search.algorithm as algorithm
+
+    tree = ast.parse(Path(algorithm.__file__).read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
+    assert imported <= {"__future__", "math", "dataclasses"}, imported
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level > 0]

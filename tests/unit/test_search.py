@@ -217,16 +217,27 @@ def test_run_records_every_probe_and_a_rerun_skips_known_ooms(tmp_path, monkeypa
     assert [(p["batch_size"], p["status"]) for p in resumed["probes"]] == \
         [(p["batch_size"], p["status"]) for p in first["probes"]]  # the same search
     assert [p["source"] for p in resumed["probes"]][:3] == ["frontier"] * 3 and len(ran) == resumed["n_probes"] - 3
-    rec = read(tmp_path / "r" / f"bs{first['probes'][0]['batch_size']}" / "record.json")
-    assert rec.status == "ok" and "known to run" in rec.reason and rec.metrics.peak_rss_gib is not None
+    # a probe the frontier answered ran nothing: its record is skipped, names the frontier
+    # entry, and measures nothing; the answer (what the batch showed) is in its provenance
+    fp = search.fingerprint(g.spec(s))
+    b0 = first["probes"][0]["batch_size"]
+    rec = read(tmp_path / "r" / f"bs{b0}" / "record.json")
+    assert rec.status == "skipped" and "known to run" in rec.reason and fp in rec.reason and str(frontier) in rec.reason
+    assert rec.metrics.peak_rss_gib is None and rec.provenance["command"] == search.FRONTIER_COMMAND
+    assert rec.provenance["frontier"] == {"status": "ok", "known_batch": b0, "peak_gib": pytest.approx(by[b0]["peak_gib"]),
+                                          "at": cut.probes[b0]["at"], "fingerprint": fp, "path": str(frontier),
+                                          "metric": "peak_rss_gib"}
 
     ran.clear()
     second = search.run(g.spec(s), tmp_path / "b", frontier, tmp_path / "b.log")
     skipped = [p for p in second["probes"] if p["source"] == "frontier"]
     assert second["largest_ok"] == 10 and len(skipped) == second["n_probes"] and not ran  # all known
-    oom = next(p for p in skipped if p["status"] == "oom")
+    oom = next(p for p in skipped if p["status"] == "oom")  # search.json: what the batch showed
     rec = read(tmp_path / "b" / f"bs{oom['batch_size']}" / "record.json")
-    assert rec.status == "oom" and "known out of memory" in rec.reason and "reprobe" in rec.reason
+    known = rec.provenance["frontier"]["known_batch"]  # the smallest known OOM at or below it
+    assert rec.status == "skipped" and f"known out of memory: batch {known} ran" in rec.reason and "reprobe" in rec.reason
+    assert rec.provenance["frontier"]["status"] == "oom" and known <= oom["batch_size"]
+    assert {read(tmp_path / "b" / f"bs{p['batch_size']}" / "record.json").status for p in skipped} == {"skipped"}
 
     ran.clear()
     third = search.run(g.spec(s), tmp_path / "c", frontier, tmp_path / "c.log", reprobe=True)

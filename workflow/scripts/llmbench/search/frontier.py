@@ -21,10 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..record import FRONTIER_COMMAND
 from .algorithm import BOUNDING, Probe
-
-#: the command of a probe record answered from the frontier file (it ran nothing)
-FRONTIER_COMMAND = ["llmbench.search (frontier)"]
 
 #: protocol fields that do not decide a cell's memory
 _NOT_MEMORY = ("warmup_steps", "measured_steps", "repeats", "timeout_s")
@@ -85,6 +83,14 @@ class Answer:
     """When the answering batch ran."""
     reason: str
     """What the answer is and where it came from (a skipped record's reason)."""
+    fingerprint: str
+    """The fingerprint of the frontier that answered."""
+    path: str
+    """The frontier file that answered."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (a skipped probe record's provenance["frontier"])."""
+        return {k: getattr(self, k) for k in ("status", "known_batch", "peak_gib", "at", "fingerprint", "path")}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -134,16 +140,17 @@ class Frontier:
         fit of it), or None: it must run."""
         tail = (f"(frontier {self.path}, fingerprint {self.fingerprint}); nothing ran "
                 "(reprobe: snakemake --configfile <grid> --config reprobe=true -R search_max_batch)")
+        where = {"fingerprint": self.fingerprint, "path": str(self.path)}
         known = self.known_oom(batch_size)
         if known is not None:
             b, v = known
-            return Answer(batch_size=batch_size, status="oom", known_batch=b, peak_gib=None, at=v["at"],
+            return Answer(batch_size=batch_size, status="oom", known_batch=b, peak_gib=None, at=v["at"], **where,
                           reason=f"known out of memory: batch {b} ran out of memory at {v['at']} {tail}")
         fit = self.known_fit(batch_size)
         if fit is not None:
             return Answer(batch_size=batch_size, status="ok", known_batch=batch_size, peak_gib=fit["peak_gib"],
-                          at=fit["at"], reason=(f"known to run: batch {batch_size} ran at {fit['at']} with a peak "
-                                                f"of {fit['peak_gib']:.3f} GiB {tail}"))
+                          at=fit["at"], **where, reason=(f"known to run: batch {batch_size} ran at {fit['at']} "
+                                                         f"with a peak of {fit['peak_gib']:.3f} GiB {tail}"))
         return None
 
     def add(self, probe: Probe) -> None:
@@ -176,7 +183,7 @@ def seed_frontier(records_root: Path | str, results_dir: Path | str) -> dict[str
     fingerprint, and outcomes land only in a frontier of the same fingerprint: a search of
     a changed cell ignores them, and a frontier file already there is never replaced by
     one of another fingerprint, nor are its own outcomes overwritten. Answers that came
-    from a frontier are not re-added. Returns the outcomes added per
+    from a frontier (skipped records) are not re-added. Returns the outcomes added per
     frontier file."""
     from ..grid import FRONTIER_PATTERN, Cell
     from ..record import read
@@ -186,7 +193,7 @@ def seed_frontier(records_root: Path | str, results_dir: Path | str) -> dict[str
     for path in sorted(Path(records_root).rglob("bs*/record.json")):
         rec = read(path)
         spec = rec.provenance.get("spec")
-        if rec.status not in ("ok", "oom") or not spec or rec.provenance.get("command") == FRONTIER_COMMAND:
+        if rec.status not in ("ok", "oom") or not spec:
             continue
         cell = Cell.from_dict(spec["cell"])
         target = Path(results_dir) / FRONTIER_PATTERN.format(**cell.key)

@@ -12,15 +12,22 @@ A batch fits when its probe ran and, where the capacity is known, its peak memor
 counts as too large. Without headroom the cell measured at the boundary can run out of
 memory where its probe did not (on the CPU a probe peaked at 1.99 GiB under a 2 GiB cap,
 the measured run at 2.03 GiB). Probes run the cell's own warm-up and measured steps (one
-repeat) unless the block's ``probe`` says fewer. ``reprobe`` (``snakemake --config
-reprobe=true``) ignores the frontier file and runs every probe again.
+repeat) unless the block's ``probe`` says fewer.
+
+A probe the frontier answers (a batch at or above a known OOM, or one that ran before)
+runs nothing: its record is ``skipped``, its reason names the frontier file, its
+fingerprint and the batch that answers, and ``provenance["frontier"]`` holds the answer;
+in ``search.json`` the probe has the status the batch showed when it ran and ``source:
+frontier``. Tables therefore never count it as a measurement, and seed_frontier never
+takes it as news. ``reprobe`` (``snakemake --config reprobe=true``) ignores the frontier
+file and runs every probe again.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -57,7 +64,7 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
     from ..aggregate import Outcome, build_record
     from ..grid import Cell
     from ..launch import run_cell
-    from ..record import Metrics, Record, write, write_json_atomic
+    from ..record import write, write_json_atomic
 
     out_dir, log = Path(out_dir), Path(log)
     search = spec["search"]
@@ -81,24 +88,18 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
         record_path = out_dir / f"bs{bs}" / "record.json"
         answer = frontier.answer(bs)
         t0 = time.monotonic()
-        if answer is not None and answer.status == "ok":
-            record = Record(cell=Cell.from_dict(probe_spec["cell"]).to_dict(), status="ok", reason=answer.reason,
-                            metrics=Metrics(**{metric: answer.peak_gib}),
-                            provenance={"started": datetime.now(timezone.utc).isoformat(),
-                                        "command": FRONTIER_COMMAND})
-            write(record, record_path)
-            source = "frontier"
-        elif answer is not None:
-            record = build_record(probe_spec, [Outcome(status="oom", reason=answer.reason)],
+        if answer is not None:
+            # nothing runs: the record says skipped and why; the search goes on with what
+            # the batch showed when it ran (status, peak)
+            record = build_record(probe_spec, [Outcome(status="skipped", reason=answer.reason)],
                                   datetime.now(timezone.utc).isoformat(), FRONTIER_COMMAND)
-            write(record, record_path)
-            source = "frontier"
+            write(replace(record, provenance={**record.provenance, "frontier": {**answer.to_dict(), "metric": metric}}), record_path)
+            status, peak, reason, source = answer.status, answer.peak_gib, answer.reason, "frontier"
         else:
             record = run_cell(probe_spec, record_path, out_dir / f"bs{bs}" / "probe.log", threads=threads,
                               gpu_busy=gpu_busy)
-            source = "run"
-        peak = getattr(record.metrics, metric) if record.status == "ok" else None
-        status, reason = record.status, record.reason
+            peak = getattr(record.metrics, metric) if record.status == "ok" else None
+            status, reason, source = record.status, record.reason, "run"
         if status == "ok" and limit is not None and peak is not None and peak > limit:
             status, reason = "tight", (f"ran, but its peak {peak:.3f} GiB leaves less than headroom "
                                        f"{search['headroom']:.0%} of {capacity:g} GiB free")

@@ -153,6 +153,44 @@ def test_fingerprint_ignores_batch_and_step_counts_not_what_decides_memory():
     assert search.fingerprint(spec(mem_cap_gib=3.0)) != fp
 
 
+def test_one_fingerprint_keys_the_frontier_and_the_rerun_trigger(repo):
+    """The search rule's params (rerun_spec, Snakemake's params rerun trigger) hold what
+    the frontier's fingerprint hashes plus the search's own settings: the search reruns
+    when its frontier would be discarded or its settings change, not when only the measured
+    cell's repeats do (a rerun would replace the probes that ran with skipped answers)."""
+    from llmbench import grid
+
+    def searched(**block):
+        base = {"protocol": {"warmup_steps": 1, "measured_steps": 2, "repeats": 3, "seq_len": 16, "timeout_s": 60},
+                "pretrain": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive"], "mem_cap_gib": 2.0,
+                              "max_batch": {"max": 32, "probe": {"measured_steps": 1}}, **block}]}
+        g = grid.expand(base, repo)
+        return g.spec(g.searches[0])
+
+    spec = searched()
+    trigger = search.rerun_spec(spec)
+    assert search.fingerprint(trigger) == search.fingerprint(spec)
+    assert trigger["cell"]["protocol"] == spec["search"]["probe_protocol"] and trigger["search"] == spec["search"]
+    # the measured cell's repeats and steps alone: neither the frontier nor the trigger moves
+    same = searched(protocol={"repeats": 1, "measured_steps": 9})
+    assert search.rerun_spec(same) == trigger and same != spec
+    # what decides memory: both move
+    other = searched(mem_cap_gib=3.0)
+    assert search.fingerprint(other) != search.fingerprint(spec) and search.rerun_spec(other) != trigger
+    # the search's own settings: the trigger moves, the frontier is kept
+    wider = searched(max_batch={"max": 64, "probe": {"measured_steps": 1}})
+    assert search.fingerprint(wider) == search.fingerprint(spec) and search.rerun_spec(wider) != trigger
+    # the trigger holds nothing else: less the search's settings, it is what the fingerprint hashes
+    rest = {k: v for k, v in trigger.items() if k != "search"}
+    rest["cell"] = {k: v for k, v in rest["cell"].items() if k not in ("batch_size", "protocol")}
+    memory = search.memory_spec(spec)
+    assert rest == {**memory, "cell": {k: v for k, v in memory["cell"].items() if k != "protocol"}}
+    assert {k: v for k, v in trigger["cell"]["protocol"].items()
+            if k in memory["cell"]["protocol"]} == memory["cell"]["protocol"]
+    # the search rule passes it as its params
+    assert "lbsearch.rerun_spec(search_spec(" in (repo / "workflow/rules/search.smk").read_text()
+
+
 def test_frontier_round_trip_and_a_changed_cell_starts_afresh(tmp_path):
     path = tmp_path / "frontier.json"
     f = Frontier.load(path, "abc")
@@ -197,7 +235,7 @@ def test_run_records_every_probe_and_a_rerun_skips_known_ooms(tmp_path, monkeypa
     g = grid.expand(base, repo)
     s = g.searches[0]
     frontier = tmp_path / s.frontier_path()
-    first = search.run(g.spec(s), tmp_path / "a", frontier, tmp_path / "a.log")
+    first = search.run(search.rerun_spec(g.spec(s)), tmp_path / "a", frontier, tmp_path / "a.log")  # as the rule
     assert first["largest_ok"] == 10 and first["smallest_oom"] == 11 and first["n_probes"] <= first["bound"] == 8
     assert first["fit_limit_gib"] == pytest.approx(1.9) and first["capacity_gib"] == 2.0
     assert sorted(ran) == sorted(p["batch_size"] for p in first["probes"])

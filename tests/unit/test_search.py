@@ -202,6 +202,14 @@ def test_frontier_round_trip_and_a_changed_cell_starts_afresh(tmp_path):
     assert set(g.probes) == {8, 16} and g.known_oom(15) is None and g.known_oom(40)[0] == 16
     assert json.loads(path.read_text())["largest_ok"] == 8
     assert Frontier.load(path, "other").probes == {}
+    # what it answers: a batch that ran (with its peak), one at or above a known OOM (the
+    # OOM named), nothing for a batch it has not seen; each answer names the file and key
+    fit, oom = g.answer(8), g.answer(20)
+    assert (fit.status, fit.known_batch, fit.peak_gib) == ("ok", 8, 1.2) and "known to run: batch 8" in fit.reason
+    assert (oom.status, oom.known_batch, oom.peak_gib) == ("oom", 16, None) and "batch 16 ran out of memory" in oom.reason
+    assert all(str(path) in a.reason and "fingerprint abc" in a.reason and a.to_dict()["fingerprint"] == "abc"
+               for a in (fit, oom))
+    assert g.answer(4) is None and g.answer(9) is None
 
 
 def test_run_records_every_probe_and_a_rerun_skips_known_ooms(tmp_path, monkeypatch, repo):

@@ -14,7 +14,7 @@ Three parts, each importable alone:
 The names callers use are re-exported here.
 """
 
+from ..record import FRONTIER_COMMAND
 from .algorithm import BOUNDING, MODEL_POINTS, TOO_LARGE, Probe, State, bound, next_probe, predict
-from .frontier import (FRONTIER_COMMAND, Answer, Frontier, capacity_and_metric, fingerprint, memory_spec, rerun_spec,
-                       seed_frontier)
+from .frontier import Answer, Frontier, capacity_and_metric, fingerprint, memory_spec, rerun_spec, seed_frontier
 from .runner import main, read_summary, run, summary

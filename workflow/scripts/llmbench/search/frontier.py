@@ -21,7 +21,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..record import FRONTIER_COMMAND
 from .algorithm import BOUNDING, Probe
 
 #: protocol fields that do not decide a cell's memory

@@ -32,8 +32,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..record import FRONTIER_COMMAND
 from .algorithm import BOUNDING, Probe, State, bound, next_probe
-from .frontier import FRONTIER_COMMAND, Frontier, capacity_and_metric, fingerprint, seed_frontier
+from .frontier import Frontier, capacity_and_metric, fingerprint, seed_frontier
 
 
 def summary(state: State, group: dict[str, Any], frontier_path: Path | str, reprobe: bool) -> dict[str, Any]:

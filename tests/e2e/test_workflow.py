@@ -188,14 +188,17 @@ def test_max_batch_search_finds_the_largest_batch_under_a_real_memory_cap(worksp
     # first: 1, 2, 11 tight, 10 on 2026-11-23)
     assert s["smallest_oom"] == largest + 1 and set(probes.values()) & {"oom", "tight"}
     assert all((st == "ok") == (b <= largest) for b, st in probes.items())  # monotone, as assumed
+    source = {p["batch_size"]: p["source"] for p in s["probes"]}
     for b, st in probes.items():
         rec = json.loads((folder / f"bs{b}/record.json").read_text())
-        # a tight probe ran (its record is ok) but came within the headroom of the cap
-        assert rec["status"] == st.replace("tight", "ok") and rec["cell"]["protocol"]["repeats"] == 1
+        # a tight probe ran (its record is ok) but came within the headroom of the cap; one
+        # the frontier file answered ran nothing (skipped)
+        want = "skipped" if source[b] == "frontier" else st.replace("tight", "ok")
+        assert rec["status"] == want and rec["cell"]["protocol"]["repeats"] == 1
         assert rec["cell"]["protocol"]["measured_steps"] == steps  # probes run the cell's own steps
-        if st == "oom":
+        if st == "oom" and want == "oom":
             assert "mem_cap_gib=2" in rec["reason"]
-        if st == "tight":
+        if st == "tight" and want == "ok":
             assert rec["metrics"]["peak_rss_gib"] > s["fit_limit_gib"] == pytest.approx(2.0 * (1 - s["headroom"]))
     measured = json.loads((workspace / R / f"runs/pretrain/cpu/tiny/deepspeed/Naive/bs{largest}-g1/record.json").read_text())
     assert measured["status"] == "ok" and measured["cell"]["protocol"]["repeats"] == 1

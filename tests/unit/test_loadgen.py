@@ -20,7 +20,8 @@ TRANSFORMERS = d.OpenAICompletions(token_ids=False, ignore_eos=False)
 
 
 def load(srv, dialect, **kw):
-    spec = LoadSpec(**{"num_requests": 20, "input_len": 8, "output_len": 10, **kw})
+    """The measured load alone (no warm-up requests) unless ``kw`` asks for them."""
+    spec = LoadSpec(**{"num_requests": 20, "input_len": 8, "output_len": 10, "warmup_requests": 0, **kw})
     return run(srv.url, dialect, spec, model="fake", vocab_size=1000)
 
 

@@ -59,6 +59,24 @@ def test_version_1_records_read_as_current(tmp_path):
     assert r.schema_version == record.SCHEMA_VERSION and r.summary == {} and r.samples == {}
 
 
+def test_version_2_frontier_answers_read_as_skipped(repo):
+    """Version 2 wrote a max-batch probe the frontier answered (it ran nothing) as ok, with
+    the peak the batch once had, or as oom; version 3 reads it as skipped, the answer in
+    its provenance. The committed reference probes are such records."""
+    folder = repo / "results/reference/2026-11-23-h100-search/runs/search/pretrain/h100/llama2-7b/deepspeed/Q-g1"
+    raw = json.loads((folder / "bs28/record.json").read_text())
+    assert raw["schema_version"] == 2 and raw["status"] == "ok" and raw["provenance"]["command"] == record.FRONTIER_COMMAND
+    r = record.read(folder / "bs28/record.json")
+    assert r.status == "skipped" and r.reason == raw["reason"] and r.metrics == Metrics()
+    assert r.provenance["frontier"] == {"status": "ok", "peak_gib": raw["metrics"]["peak_mem_reserved_gib"]}
+    assert Record.from_dict(r.to_dict()) == r  # version 3 reads its own skipped record as it is
+    ran = {**make().to_dict(), "schema_version": 2}  # a version 2 record that ran is read unchanged
+    assert Record.from_dict(ran) == make()
+    oom = {**make("oom", reason="x").to_dict(), "schema_version": 2,
+           "provenance": {"command": record.FRONTIER_COMMAND}}
+    assert Record.from_dict(oom).status == "skipped" and Record.from_dict(oom).provenance["frontier"]["status"] == "oom"
+
+
 def test_serving_record_round_trip(tmp_path):
     r = Record(cell={"stage": "serve", "engine": "vllm"}, status="ok",
                summary={"output_tokens_per_s": 123.4, "ttft_s_p50": 0.5},

@@ -10,10 +10,11 @@ from llmbench import search
 from llmbench.search import Frontier, Probe, State, bound, next_probe
 
 
-def simulate(largest: int, max_batch: int, capacity=None, base=1.0, per_sample=0.1, noise=0.0, start=1, seed=0):
+def simulate(largest: int, max_batch: int, capacity=None, base=1.0, per_sample=0.1, noise=0.0, start=1, seed=0,
+             hint=None):
     """Run the search against an oracle: batch b fits iff b <= largest; memory is linear."""
     rng = random.Random(seed)
-    state = State(start=start, max_batch=max_batch, capacity_gib=capacity)
+    state = State(start=start, max_batch=max_batch, capacity_gib=capacity, hint=hint)
     while (nxt := next_probe(state)) is not None:
         bs, why = nxt
         ok = bs <= largest
@@ -102,6 +103,25 @@ def test_measured_gpu_memory_is_searched_within_the_bound(case):
     assert len(state.probes) <= most <= bound(max_batch), [(p.batch_size, p.status) for p in state.probes]
 
 
+def test_a_hint_is_probed_first_and_a_right_one_ends_the_search_in_two_probes():
+    """The seam for a memory model's prediction (State.hint): unused by default; a right
+    hint costs two probes (it, and the batch above it), a wrong or out-of-range one still
+    ends exact within the bound."""
+    assert simulate(37, 128).probes[0].batch_size == 1  # no hint: doubling from start
+    right = simulate(37, 128, hint=37)
+    assert [(p.batch_size, p.status, p.chosen_by) for p in right.probes] == [(37, "ok", "hint"), (38, "oom", "hint")]
+    assert simulate(128, 128, hint=128).lo == 128 and len(simulate(128, 128, hint=128).probes) == 1
+    for max_batch in (1, 7, 100):
+        for largest in range(0, max_batch + 1):
+            for hint in {1, largest, largest + 1, max_batch // 2 or 1, max_batch, 3 * max_batch}:
+                for cap in (None, 1.0 + 0.1 * largest + 0.05):
+                    s = simulate(largest, max_batch, capacity=cap, hint=hint)
+                    assert s.lo == largest and len(s.probes) <= bound(max_batch), (largest, hint, s.probes)
+                    assert s.probes[0].batch_size == min(max(hint, 1), max_batch)
+    with pytest.raises(ValueError, match="hint"):
+        State(start=1, max_batch=8, hint=-1)
+
+
 def test_nothing_fits_and_everything_fits():
     assert simulate(0, 64).lo == 0 and len(simulate(0, 64).probes) == 1
     state = simulate(64, 64)
@@ -133,6 +153,44 @@ def test_fingerprint_ignores_batch_and_step_counts_not_what_decides_memory():
     assert search.fingerprint(spec(mem_cap_gib=3.0)) != fp
 
 
+def test_one_fingerprint_keys_the_frontier_and_the_rerun_trigger(repo):
+    """The search rule's params (rerun_spec, Snakemake's params rerun trigger) hold what
+    the frontier's fingerprint hashes plus the search's own settings: the search reruns
+    when its frontier would be discarded or its settings change, not when only the measured
+    cell's repeats do (a rerun would replace the probes that ran with skipped answers)."""
+    from llmbench import grid
+
+    def searched(**block):
+        base = {"protocol": {"warmup_steps": 1, "measured_steps": 2, "repeats": 3, "seq_len": 16, "timeout_s": 60},
+                "pretrain": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive"], "mem_cap_gib": 2.0,
+                              "max_batch": {"max": 32, "probe": {"measured_steps": 1}}, **block}]}
+        g = grid.expand(base, repo)
+        return g.spec(g.searches[0])
+
+    spec = searched()
+    trigger = search.rerun_spec(spec)
+    assert search.fingerprint(trigger) == search.fingerprint(spec)
+    assert trigger["cell"]["protocol"] == spec["search"]["probe_protocol"] and trigger["search"] == spec["search"]
+    # the measured cell's repeats and steps alone: neither the frontier nor the trigger moves
+    same = searched(protocol={"repeats": 1, "measured_steps": 9})
+    assert search.rerun_spec(same) == trigger and same != spec
+    # what decides memory: both move
+    other = searched(mem_cap_gib=3.0)
+    assert search.fingerprint(other) != search.fingerprint(spec) and search.rerun_spec(other) != trigger
+    # the search's own settings: the trigger moves, the frontier is kept
+    wider = searched(max_batch={"max": 64, "probe": {"measured_steps": 1}})
+    assert search.fingerprint(wider) == search.fingerprint(spec) and search.rerun_spec(wider) != trigger
+    # the trigger holds nothing else: less the search's settings, it is what the fingerprint hashes
+    rest = {k: v for k, v in trigger.items() if k != "search"}
+    rest["cell"] = {k: v for k, v in rest["cell"].items() if k not in ("batch_size", "protocol")}
+    memory = search.memory_spec(spec)
+    assert rest == {**memory, "cell": {k: v for k, v in memory["cell"].items() if k != "protocol"}}
+    assert {k: v for k, v in trigger["cell"]["protocol"].items()
+            if k in memory["cell"]["protocol"]} == memory["cell"]["protocol"]
+    # the search rule passes it as its params
+    assert "lbsearch.rerun_spec(search_spec(" in (repo / "workflow/rules/search.smk").read_text()
+
+
 def test_frontier_round_trip_and_a_changed_cell_starts_afresh(tmp_path):
     path = tmp_path / "frontier.json"
     f = Frontier.load(path, "abc")
@@ -144,6 +202,14 @@ def test_frontier_round_trip_and_a_changed_cell_starts_afresh(tmp_path):
     assert set(g.probes) == {8, 16} and g.known_oom(15) is None and g.known_oom(40)[0] == 16
     assert json.loads(path.read_text())["largest_ok"] == 8
     assert Frontier.load(path, "other").probes == {}
+    # what it answers: a batch that ran (with its peak), one at or above a known OOM (the
+    # OOM named), nothing for a batch it has not seen; each answer names the file and key
+    fit, oom = g.answer(8), g.answer(20)
+    assert (fit.status, fit.known_batch, fit.peak_gib) == ("ok", 8, 1.2) and "known to run: batch 8" in fit.reason
+    assert (oom.status, oom.known_batch, oom.peak_gib) == ("oom", 16, None) and "batch 16 ran out of memory" in oom.reason
+    assert all(str(path) in a.reason and "fingerprint abc" in a.reason and a.to_dict()["fingerprint"] == "abc"
+               for a in (fit, oom))
+    assert g.answer(4) is None and g.answer(9) is None
 
 
 def test_run_records_every_probe_and_a_rerun_skips_known_ooms(tmp_path, monkeypatch, repo):
@@ -177,7 +243,7 @@ def test_run_records_every_probe_and_a_rerun_skips_known_ooms(tmp_path, monkeypa
     g = grid.expand(base, repo)
     s = g.searches[0]
     frontier = tmp_path / s.frontier_path()
-    first = search.run(g.spec(s), tmp_path / "a", frontier, tmp_path / "a.log")
+    first = search.run(search.rerun_spec(g.spec(s)), tmp_path / "a", frontier, tmp_path / "a.log")  # as the rule
     assert first["largest_ok"] == 10 and first["smallest_oom"] == 11 and first["n_probes"] <= first["bound"] == 8
     assert first["fit_limit_gib"] == pytest.approx(1.9) and first["capacity_gib"] == 2.0
     assert sorted(ran) == sorted(p["batch_size"] for p in first["probes"])
@@ -197,16 +263,27 @@ def test_run_records_every_probe_and_a_rerun_skips_known_ooms(tmp_path, monkeypa
     assert [(p["batch_size"], p["status"]) for p in resumed["probes"]] == \
         [(p["batch_size"], p["status"]) for p in first["probes"]]  # the same search
     assert [p["source"] for p in resumed["probes"]][:3] == ["frontier"] * 3 and len(ran) == resumed["n_probes"] - 3
-    rec = read(tmp_path / "r" / f"bs{first['probes'][0]['batch_size']}" / "record.json")
-    assert rec.status == "ok" and "known to run" in rec.reason and rec.metrics.peak_rss_gib is not None
+    # a probe the frontier answered ran nothing: its record is skipped, names the frontier
+    # entry, and measures nothing; the answer (what the batch showed) is in its provenance
+    fp = search.fingerprint(g.spec(s))
+    b0 = first["probes"][0]["batch_size"]
+    rec = read(tmp_path / "r" / f"bs{b0}" / "record.json")
+    assert rec.status == "skipped" and "known to run" in rec.reason and fp in rec.reason and str(frontier) in rec.reason
+    assert rec.metrics.peak_rss_gib is None and rec.provenance["command"] == search.FRONTIER_COMMAND
+    assert rec.provenance["frontier"] == {"status": "ok", "known_batch": b0, "peak_gib": pytest.approx(by[b0]["peak_gib"]),
+                                          "at": cut.probes[b0]["at"], "fingerprint": fp, "path": str(frontier),
+                                          "metric": "peak_rss_gib"}
 
     ran.clear()
     second = search.run(g.spec(s), tmp_path / "b", frontier, tmp_path / "b.log")
     skipped = [p for p in second["probes"] if p["source"] == "frontier"]
     assert second["largest_ok"] == 10 and len(skipped) == second["n_probes"] and not ran  # all known
-    oom = next(p for p in skipped if p["status"] == "oom")
+    oom = next(p for p in skipped if p["status"] == "oom")  # search.json: what the batch showed
     rec = read(tmp_path / "b" / f"bs{oom['batch_size']}" / "record.json")
-    assert rec.status == "oom" and "known out of memory" in rec.reason and "reprobe" in rec.reason
+    known = rec.provenance["frontier"]["known_batch"]  # the smallest known OOM at or below it
+    assert rec.status == "skipped" and f"known out of memory: batch {known} ran" in rec.reason and "reprobe" in rec.reason
+    assert rec.provenance["frontier"]["status"] == "oom" and known <= oom["batch_size"]
+    assert {read(tmp_path / "b" / f"bs{p['batch_size']}" / "record.json").status for p in skipped} == {"skipped"}
 
     ran.clear()
     third = search.run(g.spec(s), tmp_path / "c", frontier, tmp_path / "c.log", reprobe=True)
@@ -279,3 +356,16 @@ def test_seed_frontier_rebuilds_a_lost_frontier_from_probe_records(tmp_path, mon
     before = frontier.read_text()
     assert search.seed_frontier(tmp_path / "probes3", results) == {}
     assert frontier.read_text() == before
+
+
+def test_the_algorithm_is_pure():
+    """llmbench.search.algorithm reads no file and starts no process: it imports only
+    what arithmetic needs (the runner and the frontier store do the rest)."""
+    import ast
+    import llmbench.search.algorithm as algorithm
+
+    tree = ast.parse(Path(algorithm.__file__).read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
+    assert imported <= {"__future__", "math", "dataclasses"}, imported
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level > 0]

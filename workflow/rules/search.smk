@@ -2,7 +2,10 @@
 # batch sizes (each probe a recorded short run) and writes search.json; the cell at the
 # largest batch that fits is then an ordinary training cell (training.smk), asked for by
 # the report rules once the search has run. The OOM frontier file lives outside the
-# checkpoint's folder, so a rerun search reads what earlier ones learnt.
+# checkpoint's folder, so a rerun search reads what earlier ones learnt. Its params (the
+# rerun trigger) are the spec less the measured cell's batch and protocol
+# (llmbench.search.rerun_spec): what the frontier's fingerprint hashes plus the search's
+# own settings.
 
 
 checkpoint search_max_batch:
@@ -13,7 +16,7 @@ checkpoint search_max_batch:
     benchmark:
         f"{R}/benchmarks/search/{SEARCH_DIR}.tsv"
     params:
-        spec=search_spec,
+        spec=lambda wildcards: lbsearch.rerun_spec(search_spec(wildcards)),
         frontier=search_frontier,
     threads: cell_threads
     conda:

@@ -45,9 +45,12 @@ SEARCH_PATTERN = (
     "runs/search/{stage}/{platform}/{model}/{backend}/{technique}-g{gpus}"
 )
 #: what a search found (llmbench.search writes it; the tidy table reads largest_ok)
-SEARCH_SUMMARY_PATTERN = SEARCH_PATTERN + "/search.json"
+#: inside a search folder: its summary, and one probe's folder (record.json, probe.log)
+SEARCH_SUMMARY = "search.json"
+PROBE_DIR = "bs{batch_size}"
+SEARCH_SUMMARY_PATTERN = SEARCH_PATTERN + "/" + SEARCH_SUMMARY
 #: one probe of a max-batch search: a short run of the cell at one batch size
-PROBE_RECORD_PATTERN = SEARCH_PATTERN + "/bs{batch_size}/record.json"
+PROBE_RECORD_PATTERN = SEARCH_PATTERN + "/" + PROBE_DIR + "/record.json"
 #: what a search learnt about a cell's memory, kept across reruns of the search
 FRONTIER_PATTERN = "frontier/{stage}/{platform}/{model}/{backend}/{technique}-g{gpus}.json"
 #: Serving cells (stage "serve"): one engine under one load.

@@ -46,10 +46,49 @@ def load_yaml(path: Path) -> Any:
 
 
 @functools.lru_cache(maxsize=None)
+def _schema(name: str) -> dict[str, Any]:
+    """workflow/schemas/<name>.schema.yaml, parsed once per process (do not modify it)."""
+    return load_yaml(SCHEMA_DIR / f"{name}.schema.yaml")
+
+
+@functools.lru_cache(maxsize=None)
 def _validator(name: str):
     """The validator of workflow/schemas/<name>.schema.yaml, parsed once per process (the
     paper grid validates ~600 platform and model files against two schemas)."""
-    return _Validator(load_yaml(SCHEMA_DIR / f"{name}.schema.yaml"))
+    return _Validator(_schema(name))
+
+
+def schema_properties(pointer: str, schema: str = "config") -> dict[str, dict[str, Any]]:
+    """The property entries of the object at ``pointer`` in a schema: a JSON pointer such
+    as ``/$defs/load``, or ``""`` for the top level."""
+    node = _schema(schema)
+    for part in filter(None, pointer.split("/")):
+        node = node[part]
+    return node["properties"]
+
+
+def schema_defaults(pointer: str, schema: str = "config") -> dict[str, Any]:
+    """Key -> default of the properties at ``pointer`` that have one. The schema is the one
+    place a default is written: the dataclasses built from these keys (Protocol, LoadSpec,
+    BusyPolicy) take theirs from here, so a run through Snakemake (which fills the schema's
+    defaults in) and a direct call get the same values."""
+    return {k: copy.deepcopy(v["default"]) for k, v in schema_properties(pointer, schema).items() if "default" in v}
+
+
+@functools.lru_cache(maxsize=None)
+def _bounds_validator(pointer: str, keys: tuple[str, ...], schema: str):
+    props = schema_properties(pointer, schema)
+    return jsonschema.Draft202012Validator({"$defs": _schema(schema).get("$defs", {}), "type": "object",
+                                            "properties": {k: props[k] for k in keys}})
+
+
+def check_schema(values: dict[str, Any], pointer: str, prefix: str, schema: str = "config") -> None:
+    """Raise ValueError naming ``prefix`` + the key for the first of ``values`` the schema's
+    entry at ``pointer`` rejects (type, enum, bounds): a dataclass made without the
+    workflow's validation accepts exactly what a config may say."""
+    keys = tuple(sorted(k for k in values if k in schema_properties(pointer, schema)))
+    for err in _bounds_validator(pointer, keys, schema).iter_errors({k: values[k] for k in keys}):
+        raise ValueError(prefix + _describe(err))
 
 
 def _with_defaults(validator_cls):

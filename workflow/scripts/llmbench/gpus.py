@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from .config import check_schema, schema_defaults
+
 if TYPE_CHECKING:
     from .record import Record
 
@@ -63,13 +65,18 @@ class GpuInfo:
 Reader = Callable[[list[str]], list[GpuInfo]]
 
 
+#: the config keys of BusyPolicy's fields; their defaults and bounds are the config schema's
+_KEYS = {"action": "gpu_busy", "wait_s": "gpu_busy_wait_s"}
+_DEFAULTS = schema_defaults("")
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class BusyPolicy:
     """What a cell does when its GPUs are busy (config keys gpu_busy, gpu_busy_wait_s)."""
 
-    action: str = "error"
+    action: str = _DEFAULTS["gpu_busy"]
     """error: record status error and run nothing; wait: wait for the GPUs, then error."""
-    wait_s: float = 600.0
+    wait_s: float = float(_DEFAULTS["gpu_busy_wait_s"])
     """Longest wait for busy GPUs (action wait)."""
     used_threshold_gib: float = 1.0
     """Memory in use above which a GPU with no listed process still counts as busy (an
@@ -79,17 +86,13 @@ class BusyPolicy:
     """Seconds between reads while waiting."""
 
     def __post_init__(self) -> None:
-        if self.action not in ("error", "wait"):
-            raise ValueError(f"gpu_busy must be 'error' or 'wait', got {self.action!r}")
-        if self.wait_s < 0:
-            raise ValueError(f"gpu_busy_wait_s must be >= 0, got {self.wait_s!r}")
+        check_schema({key: getattr(self, f) for f, key in _KEYS.items()}, "", "")
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | None) -> "BusyPolicy":
-        """The policy a workflow config sets (defaults where it sets none)."""
-        config, default = config or {}, cls()
-        return cls(action=config.get("gpu_busy", default.action),
-                   wait_s=float(config.get("gpu_busy_wait_s", default.wait_s)))
+        """The policy a workflow config sets (the schema's defaults where it sets none)."""
+        config = config or {}
+        return cls(**{f: config[key] for f, key in _KEYS.items() if key in config})
 
 
 @dataclass(kw_only=True, slots=True)

@@ -11,33 +11,35 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
+
+from .config import check_schema, schema_defaults
+
+#: the config schema's protocol entry: the defaults (the paper's) and bounds are written there
+_SCHEMA = "/$defs/protocol"
+_DEFAULTS = schema_defaults(_SCHEMA)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Protocol:
-    """How one cell is measured."""
+    """How one cell is measured (defaults and bounds: the config schema's ``protocol``)."""
 
-    warmup_steps: int = 30
+    warmup_steps: int = _DEFAULTS["warmup_steps"]
     """Steps before timing starts (compilation, allocator warm-up)."""
-    measured_steps: int = 100
+    measured_steps: int = _DEFAULTS["measured_steps"]
     """Timed steps per repeat."""
-    repeats: int = 3
+    repeats: int = _DEFAULTS["repeats"]
     """Independent runs, each in a fresh process."""
-    seq_len: int = 350
+    seq_len: int = _DEFAULTS["seq_len"]
     """Tokens per sample."""
-    timeout_s: int = 3600
+    timeout_s: int = _DEFAULTS["timeout_s"]
     """Wall-clock limit per repeat; past it the cell is recorded as timeout."""
-    seed: int = 0
+    seed: int = _DEFAULTS["seed"]
     """Seed for random weights and synthetic token ids."""
 
     def __post_init__(self) -> None:
-        for name in ("measured_steps", "repeats", "seq_len", "timeout_s"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"protocol.{name} must be >= 1, got {getattr(self, name)}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"protocol.warmup_steps must be >= 0, got {self.warmup_steps}")
+        check_schema(asdict(self), _SCHEMA, "protocol.")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

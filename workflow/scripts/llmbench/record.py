@@ -14,9 +14,14 @@ from pathlib import Path
 from typing import Any
 
 #: 2: summary and samples (serving, microbenchmarks). Version 1 records (training only) are read as 2.
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+#: 3: a max-batch search's probe answered from its frontier file, which runs nothing, is
+#: ``skipped`` with the answer in provenance["frontier"]; version 2 wrote it ok (with the
+#: peak the batch once had) or oom, and is read as 3 (from_dict).
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 STATUSES = ("ok", "oom", "error", "timeout", "skipped")
+#: provenance["command"] of a probe answered from a max-batch search's frontier (llmbench.search)
+FRONTIER_COMMAND = ["llmbench.search (frontier)"]
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -109,11 +114,24 @@ class Record:
         if version not in READABLE_VERSIONS:
             raise ValueError(f"record schema_version {version!r}, this llmbench reads {READABLE_VERSIONS}")
         data = {**data, "schema_version": SCHEMA_VERSION}  # 1 -> 2 adds fields with defaults
+        if version < 3:
+            data = _frontier_answer_skipped(data)
         known = {f.name for f in fields(Metrics)}
         m = {k: v for k, v in (data.get("metrics") or {}).items() if k in known}
         for k in ("tokens_per_s_runs", "step_time_s_runs"):
             m[k] = tuple(m.get(k) or ())
         return cls(**{**data, "metrics": Metrics(**m)})
+
+
+def _frontier_answer_skipped(data: dict[str, Any]) -> dict[str, Any]:
+    """2 -> 3: a probe answered from the frontier ran nothing: skipped, its answer (the
+    status and peak the batch once had) moved from status and metrics to provenance."""
+    prov = data.get("provenance") or {}
+    if prov.get("command") != FRONTIER_COMMAND or data.get("status") == "skipped":
+        return data
+    peaks = [v for k, v in (data.get("metrics") or {}).items() if k.startswith("peak_") and v is not None]
+    answer = {"status": data["status"], "peak_gib": peaks[0] if peaks else None}
+    return {**data, "status": "skipped", "metrics": {}, "provenance": {**prov, "frontier": answer}}
 
 
 def write_json_atomic(path: Path | str, data: Any) -> None:

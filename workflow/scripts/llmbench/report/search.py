@@ -66,7 +66,7 @@ def table(df: pd.DataFrame) -> render.Table:
              fmt(r.measured_gpu_s, ",.1f")] for r in df.itertuples()]
     return render.simple("search", df, ["Platform", "Model", "Stage", "Backend", "Method", "GPUs", "Search", "Largest BS", "Probes (BS:outcome)",
                   "Probes / bound", "Search GPU·s", "Measured", "Measured tok/s", "Measured GPU·s"], rows,
-                 "Probes in the order run; '*': answered by the frontier file (a known OOM, or a batch that ran before: its peak) without running. Bound: "
+                 "Probes in the order run; '*': answered by the frontier file (a known OOM, or a batch that ran before: its peak) without running (its record: skipped). Bound: "
                  "floor(log2(max)) + 3. GPU·s: wall seconds x GPUs (on a CPU platform, x processes). The measured "
                  "cell is the full protocol at the largest batch; '-': no batch fits.")
 

@@ -5,5 +5,5 @@ megatron_worker: Megatron-LM's megatron-core (tensor/pipeline/data parallel; CPU
 megatron_cpu_compat). contract: what every worker owes llmbench.launch (arguments, the
 OOM marker and exit code, the result keys they share). jit_ops: DeepSpeed's JIT-op loads
 under a kernel flock, safe beside other cells and after a killed one. A new backend is a
-module here whose main() is contract.main(run, ...), registered in launch.WORKERS.
+module here whose main() is contract.main(run, ...), registered in llmbench.backends.
 """

@@ -1,0 +1,161 @@
+"""The max-batch search's choice of the next batch: pure (no files, no processes).
+
+How the next batch is chosen (``next_probe``), with ``lo`` the largest batch known to fit
+(0 before any) and ``hi`` the smallest known to be too large (``max + 1`` before any):
+
+1. doubling from ``start`` while nothing has been too large, then bisection of (lo, hi):
+   the classic search, exact, no model needed;
+2. steered by a memory model where the capacity is known (the cell's host-RSS cap on
+   CPU, the GPU's memory on a GPU): once two batches fit, the line through the peak
+   memory of the two largest fitting batches predicts the largest batch ``p`` under the
+   capacity. While nothing has been too large the search probes ``p + 1`` (expecting an
+   OOM, which bounds the search: ``max`` where ``p`` is past it), then ``p`` clamped into
+   (lo, hi). Each new fit moves the line to the newest pair, so the model follows memory
+   that grows faster than linearly, as the allocator's reserved memory does (on an H200
+   pair Megatron-LM TP2's batches 4 and 8 pointed at 50 where 38 was the limit: a
+   least-squares line through all fits spent the whole bound there). A prediction at or
+   past a known failure is dropped for bisection. A right model ends the search in four
+   probes (start, 2x, p + 1, p);
+3. a ``hint`` (optional, unused unless a caller gives one): a predicted largest batch
+   that fits, e.g. from a memory model that needs no probe at all. It is probed first
+   (in place of ``start``), then ``hint + 1`` if it fit; a right hint ends the search in
+   two probes, a wrong one falls back to rules 1 and 2;
+4. never more than ``floor(log2(max)) + 3`` probes (``bound``): a probe is accepted only
+   if plain bisection could still finish within the probes left whatever its outcome;
+   otherwise the midpoint of (lo, hi) is probed, which always keeps that promise.
+
+Memory is assumed monotone in the batch size: if b fits, every smaller batch fits; if b
+is too large, every larger one is. A probe that ends neither fitting nor too large
+(timeout, error) stops the search.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+#: a probe's outcomes that bound the search (anything else stops it); tight: it ran, but
+#: its peak memory left less than the search's headroom free (it counts as too large)
+BOUNDING = ("ok", "oom", "tight")
+TOO_LARGE = ("oom", "tight")
+#: fitting batch sizes (with a peak) the memory model needs
+MODEL_POINTS = 2
+
+
+def bound(max_batch: int) -> int:
+    """Most probes the search makes for a search space of 1..max_batch."""
+    return int(math.floor(math.log2(max_batch))) + 3
+
+
+@dataclass(kw_only=True, slots=True)
+class Probe:
+    """One probed batch size and what it showed."""
+
+    batch_size: int
+    status: str
+    """ok | oom | tight | timeout | error: what the batch showed (for a probe answered from
+    the frontier, what it showed when it ran; its record then says skipped)."""
+    peak_gib: float | None = None
+    """Peak memory per rank of the probe (the metric the capacity is compared with)."""
+    wall_s: float = 0.0
+    """Wall-clock seconds the probe took (about 0 for one answered from the frontier)."""
+    source: str = "run"
+    """run: the probe ran; frontier: answered from the frontier file without running."""
+    chosen_by: str = "doubling"
+    """doubling | bisection | model | hint | safeguard: why this batch was probed."""
+    reason: str = ""
+    """Why the status is what it is (empty for a plain fit)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class State:
+    """What the search knows: its settings and its probes, in order."""
+
+    start: int
+    """First batch probed (without a hint): the config's max_batch.start."""
+    max_batch: int
+    """Largest batch the search may probe (its space is 1..max_batch)."""
+    capacity_gib: float | None = None
+    """The peak memory a fitting batch may reach (capacity less headroom); None: unknown."""
+    hint: int | None = None
+    """A predicted largest batch that fits (0: none; clamped into 1..max_batch): probed
+    first, then its neighbour above if it fit. None (the default): the search starts at
+    ``start``."""
+    probes: list[Probe] = field(default_factory=list)
+    """The probes made so far, in order."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.start <= self.max_batch:
+            raise ValueError(f"start must be in 1..max_batch ({self.max_batch}), got {self.start}")
+        if self.hint is not None and self.hint < 0:
+            raise ValueError(f"hint must be >= 0 or None, got {self.hint}")
+
+    @property
+    def lo(self) -> int:
+        """The largest batch known to fit (0: none yet)."""
+        return max((p.batch_size for p in self.probes if p.status == "ok"), default=0)
+
+    @property
+    def hi(self) -> int:
+        """The smallest batch known to be too large (max_batch + 1: none yet)."""
+        return min((p.batch_size for p in self.probes if p.status in TOO_LARGE), default=self.max_batch + 1)
+
+    @property
+    def done(self) -> bool:
+        """Whether the answer is known (hi = lo + 1) or a probe stopped the search."""
+        stopped = any(p.status not in BOUNDING for p in self.probes)
+        return stopped or self.hi - self.lo <= 1
+
+
+def predict(probes: list[Probe], capacity_gib: float | None) -> int | None:
+    """The largest batch the line through the peak memory of the two largest fitting
+    batches keeps under the capacity (None without a capacity, MODEL_POINTS fitting
+    batches, or a rising line)."""
+    pts = sorted({p.batch_size: p.peak_gib for p in probes if p.status == "ok" and p.peak_gib is not None}.items())
+    if capacity_gib is None or len(pts) < MODEL_POINTS:
+        return None
+    (b0, m0), (b1, m1) = pts[-2], pts[-1]
+    slope = (m1 - m0) / (b1 - b0)
+    if slope <= 0:
+        return None
+    return int(math.floor(b1 + (capacity_gib - m1) / slope))
+
+
+def _keeps_bound(c: int, lo: int, hi: int, left: int) -> bool:
+    """After probing c (whatever it shows), can bisection finish in ``left - 1`` probes?"""
+    if not lo < c < hi:
+        return False
+    worst = max(c - lo, hi - c)
+    return math.ceil(math.log2(worst)) <= left - 1 if worst > 1 else left >= 1
+
+
+def next_probe(state: State) -> tuple[int, str] | None:
+    """The next batch to probe and why, or None when the search is over."""
+    if state.done:
+        return None
+    lo, hi = state.lo, state.hi
+    left = bound(state.max_batch) - len(state.probes)
+    if not state.probes:
+        if state.hint is not None:
+            return min(max(state.hint, 1), state.max_batch), "hint"
+        return state.start, "doubling"
+    candidates: list[tuple[int, str]] = []
+    if state.hint is not None and state.probes[0].chosen_by == "hint" and state.probes[0].status == "ok":
+        candidates.append((state.probes[0].batch_size + 1, "hint"))  # the hint fit: is it the largest?
+    pred = predict(state.probes, state.capacity_gib)
+    if pred is not None:
+        if hi > state.max_batch:  # nothing too large yet: the model's OOM side sets hi
+            candidates.append((min(max(pred + 1, lo + 1), state.max_batch), "model"))
+        elif pred < hi:  # then its fitting side
+            candidates.append((min(max(pred, lo + 1), hi - 1), "model"))
+        # else: the model points at or past a known failure; bisection below
+    if hi > state.max_batch and not any(p.status in TOO_LARGE for p in state.probes):
+        candidates.append((min(2 * lo, state.max_batch), "doubling"))
+    candidates.append(((lo + hi) // 2, "bisection"))
+    probed = {p.batch_size for p in state.probes}
+    for c, why in candidates:
+        if c in probed:
+            continue
+        if _keeps_bound(c, lo, hi, left):
+            return c, why
+    return (lo + hi) // 2, "safeguard"

@@ -1,0 +1,212 @@
+"""The max-batch search's frontier store: what earlier searches of a cell learnt about its memory.
+
+The frontier file (``frontier/<stage>/<platform>/<model>/<backend>/<technique>-g<gpus>.json``
+under the results folder; not a Snakemake output, so rerunning a search never deletes it)
+holds every probe that ran together with a fingerprint of what decides memory (the cell's
+spec without its batch size, step counts and timeout). A later search of the same
+fingerprint answers a batch at or above a known OOM, and a batch that ran before (with its
+peak), without running it: a search that Snakemake or a time limit stopped resumes where
+it was. A changed fingerprint (other sequence length, memory cap, model, platform) starts
+a fresh frontier. The same fingerprint decides when Snakemake reruns a search
+(``rerun_spec``): a search reruns when what its frontier keys on, or its own settings,
+change, not when only the measured cell's step counts or repeats do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .algorithm import BOUNDING, Probe
+
+#: protocol fields that do not decide a cell's memory
+_NOT_MEMORY = ("warmup_steps", "measured_steps", "repeats", "timeout_s")
+
+
+def memory_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """What decides a cell's memory: its spec without batch size, step counts, timeout and
+    search settings (what ``fingerprint`` hashes)."""
+    cell = dict(spec["cell"])
+    cell.pop("batch_size", None)
+    proto = {k: v for k, v in cell.pop("protocol", {}).items() if k not in _NOT_MEMORY}
+    data = {**spec, "cell": {**cell, "protocol": proto}}
+    data.pop("search", None)
+    return data
+
+
+def fingerprint(spec: dict[str, Any]) -> str:
+    """A hash of what decides a cell's memory (``memory_spec``): the key of its frontier."""
+    return hashlib.sha256(json.dumps(memory_spec(spec), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def rerun_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """A search's spec as its runner needs it and as Snakemake's params rerun trigger
+    compares it: the measured cell's batch size and protocol replaced by the search's start
+    and probe protocol (the runner uses nothing else of them). What is left is what
+    ``fingerprint`` hashes plus the search's own settings (start, max, headroom, the
+    probes' steps and timeout), so a search reruns exactly when its answer can change, and
+    a change of the measured cell's repeats or steps alone does not replace the search's
+    probe records with answers from its frontier."""
+    search = spec["search"]
+    return {**spec, "cell": {**spec["cell"], "batch_size": search["start"], "protocol": search["probe_protocol"]}}
+
+
+def capacity_and_metric(spec: dict[str, Any]) -> tuple[float | None, str]:
+    """What a probe's peak memory is compared with: the cell's host-RSS cap (peak RSS) if it
+    has one, else the GPU's memory (peak reserved); None on a CPU without a cap."""
+    cap = spec["cell"].get("mem_cap_gib")
+    if cap is not None:
+        return float(cap), "peak_rss_gib"
+    if spec["platform"]["accelerator"] == "cuda":
+        return spec["platform"].get("gpu_memory_gib"), "peak_mem_reserved_gib"
+    return None, "peak_rss_gib"
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Answer:
+    """A batch answered from the frontier: what a run of it (or of a smaller batch) showed."""
+
+    batch_size: int
+    """The batch asked about."""
+    status: str
+    """ok: this batch ran with ``peak_gib``; oom: ``known_batch`` (at or below it) ran out of memory."""
+    known_batch: int
+    """The frontier's batch that answers: the batch itself (ok), the smallest known OOM at or below it (oom)."""
+    peak_gib: float | None
+    """The peak memory of the run (ok), else None."""
+    at: str
+    """When the answering batch ran."""
+    reason: str
+    """What the answer is and where it came from (a skipped record's reason)."""
+    fingerprint: str
+    """The fingerprint of the frontier that answered."""
+    path: str
+    """The frontier file that answered."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (a skipped probe record's provenance["frontier"])."""
+        return {k: getattr(self, k) for k in ("status", "known_batch", "peak_gib", "at", "fingerprint", "path")}
+
+
+@dataclass(kw_only=True, slots=True)
+class Frontier:
+    """Known outcomes of one search group's batch sizes (the file later runs read)."""
+
+    path: Path
+    """The frontier file."""
+    fingerprint: str
+    """The fingerprint of the cells whose outcomes it holds."""
+    probes: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Batch -> {status: ok | oom, peak_gib, at, reason}."""
+
+    @classmethod
+    def load(cls, path: Path | str, fp: str) -> "Frontier":
+        """The file's outcomes if its fingerprint matches, else an empty frontier."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return cls(path=path, fingerprint=fp)
+        if data.get("fingerprint") != fp:
+            return cls(path=path, fingerprint=fp)
+        return cls(path=path, fingerprint=fp, probes={int(b): v for b, v in data.get("probes", {}).items()})
+
+    @staticmethod
+    def file_fingerprint(path: Path | str) -> str | None:
+        """The fingerprint of the frontier file at ``path`` (None: no readable file)."""
+        try:
+            return json.loads(Path(path).read_text()).get("fingerprint")
+        except (OSError, ValueError):
+            return None
+
+    def known_oom(self, batch_size: int) -> tuple[int, dict[str, Any]] | None:
+        """The smallest batch at or below ``batch_size`` known to run out of memory."""
+        ooms = sorted(b for b, v in self.probes.items() if v["status"] == "oom" and b <= batch_size)
+        return (ooms[0], self.probes[ooms[0]]) if ooms else None
+
+    def known_fit(self, batch_size: int) -> dict[str, Any] | None:
+        """What a run of exactly ``batch_size`` showed, if it ran without running out of
+        memory (its peak decides whether it fits under this search's headroom)."""
+        v = self.probes.get(batch_size)
+        return v if v is not None and v["status"] == "ok" and v.get("peak_gib") is not None else None
+
+    def answer(self, batch_size: int) -> Answer | None:
+        """What the frontier knows of ``batch_size`` (a known OOM at or below it wins over a
+        fit of it), or None: it must run."""
+        tail = (f"(frontier {self.path}, fingerprint {self.fingerprint}); nothing ran "
+                "(reprobe: snakemake --configfile <grid> --config reprobe=true -R search_max_batch)")
+        where = {"fingerprint": self.fingerprint, "path": str(self.path)}
+        known = self.known_oom(batch_size)
+        if known is not None:
+            b, v = known
+            return Answer(batch_size=batch_size, status="oom", known_batch=b, peak_gib=None, at=v["at"], **where,
+                          reason=f"known out of memory: batch {b} ran out of memory at {v['at']} {tail}")
+        fit = self.known_fit(batch_size)
+        if fit is not None:
+            return Answer(batch_size=batch_size, status="ok", known_batch=batch_size, peak_gib=fit["peak_gib"],
+                          at=fit["at"], **where, reason=(f"known to run: batch {batch_size} ran at {fit['at']} "
+                                                         f"with a peak of {fit['peak_gib']:.3f} GiB {tail}"))
+        return None
+
+    def add(self, probe: Probe) -> None:
+        """Keep what a probe that ran showed (a tight probe ran ok: its peak decides later)."""
+        if probe.status in BOUNDING and probe.source == "run":
+            self.keep(probe.batch_size, "ok" if probe.status == "tight" else probe.status, probe.peak_gib,
+                      datetime.now(timezone.utc).isoformat(), probe.reason)
+
+    def keep(self, batch_size: int, status: str, peak_gib: float | None, at: str, reason: str) -> None:
+        """Keep one batch's outcome (ok with its peak, or oom)."""
+        self.probes[batch_size] = {"status": status, "peak_gib": peak_gib, "at": at, "reason": reason}
+
+    def save(self) -> None:
+        """Write the file atomically, with the largest fit and smallest OOM for a reader."""
+        from ..record import write_json_atomic
+
+        ok = [b for b, v in self.probes.items() if v["status"] == "ok"]
+        oom = [b for b, v in self.probes.items() if v["status"] == "oom"]
+        write_json_atomic(self.path, {
+            "fingerprint": self.fingerprint, "largest_ok": max(ok, default=None), "smallest_oom": min(oom, default=None),
+            "probes": {str(b): v for b, v in sorted(self.probes.items())},
+        })
+
+
+def seed_frontier(records_root: Path | str, results_dir: Path | str) -> dict[str, int]:
+    """Rebuild frontier files from probe records that ran (``bs<N>/record.json`` anywhere
+    under ``records_root``): a search cut before its frontier file was kept (a machine given
+    back, a results folder lost) or a reference run's probes, so the next search of the
+    same cells starts where they ended. Each probe's own resolved spec gives its
+    fingerprint, and outcomes land only in a frontier of the same fingerprint: a search of
+    a changed cell ignores them, and a frontier file already there is never replaced by
+    one of another fingerprint, nor are its own outcomes overwritten. Answers that came
+    from a frontier (skipped records) are not re-added. Returns the outcomes added per
+    frontier file."""
+    from ..cells import FRONTIER_PATTERN, Cell
+    from ..record import read
+
+    added: dict[str, int] = {}
+    frontiers: dict[Path, Frontier] = {}
+    for path in sorted(Path(records_root).rglob("bs*/record.json")):
+        rec = read(path)
+        spec = rec.provenance.get("spec")
+        if rec.status not in ("ok", "oom") or not spec:
+            continue
+        cell = Cell.from_dict(spec["cell"])
+        target = Path(results_dir) / FRONTIER_PATTERN.format(**cell.key)
+        fp = fingerprint(spec)
+        if Frontier.file_fingerprint(target) not in (None, fp):
+            continue  # a frontier of another fingerprint is left as it is
+        frontier = frontiers.setdefault(target, Frontier.load(target, fp))
+        _, metric = capacity_and_metric(spec)
+        peak = getattr(rec.metrics, metric) if rec.status == "ok" else None
+        if frontier.fingerprint != fp or cell.batch_size in frontier.probes or (rec.status == "ok" and peak is None):
+            continue
+        frontier.keep(cell.batch_size, rec.status, peak, rec.provenance.get("finished", ""), rec.reason)
+        added[str(target)] = added.get(str(target), 0) + 1
+    for target, frontier in frontiers.items():
+        if str(target) in added:
+            frontier.save()
+    return added

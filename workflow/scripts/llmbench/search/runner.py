@@ -1,0 +1,143 @@
+"""The max-batch search's runner: probes run through the launcher, each a recorded cell.
+
+Per (stage, platform, model, backend, technique, gpus) the search probes batch sizes
+(llmbench.search.algorithm chooses them), each probe a real cell run with a short protocol
+and recorded like any other (its record under ``runs/search/.../bs<N>/record.json``), keeps
+what ran in the frontier file (llmbench.search.frontier) and writes the search's summary,
+``search.json``. The workflow then measures the largest batch that fits with the full
+protocol.
+
+A batch fits when its probe ran and, where the capacity is known, its peak memory left
+``headroom`` (default 5%) of it free: a probe whose peak came closer is ``tight`` and
+counts as too large. Without headroom the cell measured at the boundary can run out of
+memory where its probe did not (on the CPU a probe peaked at 1.99 GiB under a 2 GiB cap,
+the measured run at 2.03 GiB). Probes run the cell's own warm-up and measured steps (one
+repeat) unless the block's ``probe`` says fewer.
+
+A probe the frontier answers (a batch at or above a known OOM, or one that ran before)
+runs nothing: its record is ``skipped``, its reason names the frontier file, its
+fingerprint and the batch that answers, and ``provenance["frontier"]`` holds the answer;
+in ``search.json`` the probe has the status the batch showed when it ran and ``source:
+frontier``. Tables therefore never count it as a measurement, and seed_frontier never
+takes it as news. ``reprobe`` (``snakemake --config reprobe=true``) ignores the frontier
+file and runs every probe again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .. import cells
+from ..record import FRONTIER_COMMAND
+from .algorithm import BOUNDING, Probe, State, bound, next_probe
+from .frontier import Frontier, capacity_and_metric, fingerprint, seed_frontier
+
+
+def summary(state: State, group: dict[str, Any], frontier_path: Path | str, reprobe: bool) -> dict[str, Any]:
+    """The search's result: the largest batch that fits and how it was found."""
+    stopped = next((p for p in state.probes if p.status not in BOUNDING), None)
+    ran = [p for p in state.probes if p.source == "run"]
+    wall = sum(p.wall_s for p in ran)
+    return {
+        **group,
+        "status": "ok" if stopped is None else stopped.status,
+        "reason": "" if stopped is None else f"probe at batch {stopped.batch_size}: {stopped.reason}",
+        "largest_ok": state.lo or None,
+        "smallest_oom": state.hi if state.hi <= state.max_batch else None,
+        "start": state.start, "max_batch": state.max_batch, "fit_limit_gib": state.capacity_gib,
+        "probes": [asdict(p) for p in state.probes],
+        "n_probes": len(state.probes), "n_run": len(ran), "bound": bound(state.max_batch),
+        "search_wall_s": wall, "search_gpu_s": wall * group["gpus"],
+        "frontier": str(frontier_path), "reprobe": reprobe,
+    }
+
+
+def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, log: Path | str,
+        threads: int = 1, reprobe: bool = False, gpu_busy: Any = None, hint: int | None = None) -> dict[str, Any]:
+    """Run a search (every probe a recorded cell under ``out_dir``) and write its summary
+    (``out_dir/search.json``); returns it. ``gpu_busy``: a probe's policy for busy GPUs
+    (llmbench.gpus.BusyPolicy); ``hint``: a predicted largest batch that fits, probed first
+    (llmbench.search.algorithm.State.hint; None: start at the search's ``start``)."""
+    from ..aggregate import Outcome, build_record
+    from ..cells import Cell
+    from ..launch import run_cell
+    from ..record import write, write_json_atomic
+
+    out_dir, log = Path(out_dir), Path(log)
+    search = spec["search"]
+    template = Cell.from_dict(spec["cell"])
+    capacity, metric = capacity_and_metric(spec)
+    frontier = Frontier(path=Path(frontier_path), fingerprint=fingerprint(spec)) if reprobe else \
+        Frontier.load(frontier_path, fingerprint(spec))
+    # a batch fits when its peak leaves the headroom free (run-to-run noise and the longer
+    # measured run must not push the measured cell over); the model aims at that limit
+    limit = None if capacity is None else capacity * (1 - search["headroom"])
+    state = State(start=search["start"], max_batch=search["max"], capacity_gib=limit, hint=hint)
+    group = {k: v for k, v in template.key.items() if k != "batch_size"}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as fh:
+        fh.write(f"search {group}: start {state.start}, hint {hint}, max {state.max_batch}, "
+                 f"bound {bound(state.max_batch)} probes, capacity {capacity} GiB ({metric})\n")
+    while (nxt := next_probe(state)) is not None:
+        bs, why = nxt
+        probe_spec = {**spec, "cell": {**spec["cell"], "batch_size": bs, "protocol": search["probe_protocol"]}}
+        probe_spec.pop("search")
+        probe_dir = out_dir / cells.PROBE_DIR.format(batch_size=bs)
+        record_path = probe_dir / "record.json"
+        answer = frontier.answer(bs)
+        t0 = time.monotonic()
+        if answer is not None:
+            # nothing runs: the record says skipped and why; the search goes on with what
+            # the batch showed when it ran (status, peak)
+            record = build_record(probe_spec, [Outcome(status="skipped", reason=answer.reason)],
+                                  datetime.now(timezone.utc).isoformat(), FRONTIER_COMMAND)
+            write(replace(record, provenance={**record.provenance, "frontier": {**answer.to_dict(), "metric": metric}}), record_path)
+            status, peak, reason, source = answer.status, answer.peak_gib, answer.reason, "frontier"
+        else:
+            record = run_cell(probe_spec, record_path, probe_dir / "probe.log", threads=threads,
+                              gpu_busy=gpu_busy)
+            peak = getattr(record.metrics, metric) if record.status == "ok" else None
+            status, reason, source = record.status, record.reason, "run"
+        if status == "ok" and limit is not None and peak is not None and peak > limit:
+            status, reason = "tight", (f"ran, but its peak {peak:.3f} GiB leaves less than headroom "
+                                       f"{search['headroom']:.0%} of {capacity:g} GiB free")
+        probe = Probe(batch_size=bs, status=status, peak_gib=peak, wall_s=time.monotonic() - t0,
+                      source=source, chosen_by=why, reason=reason)
+        state.probes.append(probe)
+        frontier.add(probe)
+        frontier.save()
+        with open(log, "a") as fh:
+            fh.write(f"probe {len(state.probes)}: batch {bs} ({why}) -> {probe.status} "
+                     f"{'' if peak is None else f'{peak:.3f} GiB '}({source}, {probe.wall_s:.1f} s) {probe.reason}\n")
+    result = {**summary(state, group, frontier_path, reprobe), "capacity_gib": capacity,
+              "headroom": search["headroom"], "hint": hint}
+    write_json_atomic(out_dir / cells.SEARCH_SUMMARY, result)
+    return result
+
+
+def read_summary(out_dir: Path | str) -> dict[str, Any]:
+    """A finished search's summary."""
+    return json.loads((Path(out_dir) / cells.SEARCH_SUMMARY).read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m llmbench.search seed-frontier RECORDS [--results DIR]`` (seed_frontier)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m llmbench.search", description=main.__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    seed = sub.add_parser("seed-frontier", help=seed_frontier.__doc__.split("\n")[0])
+    seed.add_argument("records", type=Path, help="folder holding probe records (bs<N>/record.json) at any depth")
+    seed.add_argument("--results", type=Path, default=Path("results"), help="results folder of the frontier files")
+    args = parser.parse_args(argv)
+    added = seed_frontier(args.records, args.results)
+    for target, n in sorted(added.items()):
+        print(f"{target}: {n} probe outcomes")
+    if not added:
+        print(f"no probe records under {args.records} to add")
+    return 0

@@ -95,9 +95,9 @@ def test_the_test_grid_runs_end_to_end(workspace):
         assert rec["metrics"]["trainable_params"] == rec["metrics"]["total_params"]
 
     tidy = pd.read_csv(workspace / R / "tables/records.csv")
-    assert len(tidy) == 16 and (tidy["status"] == "oom").sum() == 1
-    assert tidy["stage"].value_counts().to_dict() == {"pretrain": 9, "finetune": 2, "micro": 1, "profile": 1, "serve": 3}
-    assert len(pd.read_parquet(workspace / R / "tables/records.parquet")) == 16
+    assert len(tidy) == 17 and (tidy["status"] == "oom").sum() == 1
+    assert tidy["stage"].value_counts().to_dict() == {"pretrain": 9, "finetune": 2, "micro": 1, "profile": 2, "serve": 3}
+    assert len(pd.read_parquet(workspace / R / "tables/records.parquet")) == 17
     # Table II: both frameworks at batch 1 and their largest batch (DeepSpeed's: the one the
     # max-batch search found), beside the paper's rows
     searched = json.loads((workspace / R / "runs/search/pretrain/cpu/tiny/deepspeed/Naive-g1/search.json"
@@ -300,7 +300,7 @@ def test_the_microbenchmark_measures_correct_points(workspace):
 def test_the_profile_cell_breaks_a_step_down_by_phase_and_module(workspace):
     """torch.profiler on the tiny model: phases and modules add up, and the cell keeps its
     Chrome trace beside its record."""
-    recs = {r["cell"]["technique"]: r for r in records_of(workspace, "profile")}
+    recs = {r["cell"]["technique"]: r for r in records_of(workspace, "profile") if r["cell"]["backend"] == "torch"}
     assert set(recs) == {"Naive"}
     r = recs["Naive"]
     assert r["status"] == "ok", (r["reason"], r["log_tail"])
@@ -317,6 +317,23 @@ def test_the_profile_cell_breaks_a_step_down_by_phase_and_module(workspace):
     ours = phases[phases["platform"] == "cpu"]
     assert set(ours["technique"]) == {"Naive"} and set(ours["phase"]) >= {"forward", "backward", "optimizer"}
     assert (ours["wall_ms"] > 0).all() and ours["share_pct"].sum() == pytest.approx(100.0)
+
+
+def test_the_engine_profile_cell_profiles_vllm_with_its_own_profiler(workspace):
+    """profile: engine: vLLM's CPU build started as a serving cell, a burst under its torch
+    profiler; the record has the engine's steps by phase (walls only: no kernels on a CPU)."""
+    [r] = [r for r in records_of(workspace, "profile") if r["cell"]["backend"] == "vllm"]
+    assert r["status"] == "ok", (r["reason"], r["log_tail"])
+    assert r["summary"]["engine"] == "vllm" and r["summary"]["burst_s"] > 0
+    assert "--profiler-config" in r["provenance"]["engine_argv"]
+    rows = pd.DataFrame(r["samples"])
+    assert set(rows["phase"]) == {"prefill", "decode"} and set(rows["part"]) == {"other"}
+    assert (rows["wall_ms"] > 0).all() and (rows["steps"] >= 1).all()
+    folder = workspace / R / "runs/profile/cpu/tiny/vllm/Naive/bs4-g1"
+    assert any(folder.glob("*.pt.trace.json*"))
+    table = pd.read_csv(workspace / R / "tables/profile-serve-engine.csv")
+    assert set(table["phase"]) == {"prefill", "decode"} and (table["platform"] == "cpu").all()
+    assert set(table["paper_pct"].dropna()) == {7.55}  # the paper's 'other' row beside ours
 
 
 def test_deleting_one_record_reruns_only_that_cell(workspace):

@@ -38,7 +38,8 @@ def test_the_schemas_enums_are_the_registry():
     # as sets: the schema lists them in the order its description explains them
     assert schema_enum("backend")[-1] is None and set(schema_enum("backend")) == {*backends.BACKENDS, None}
     assert schema_enum("profile")[-1] is None and set(schema_enum("profile")) == {*backends.PROFILES, None}
-    assert backends.PROFILES == {"training": "torch", "inference": "inference", "communication": "deepspeed"}
+    assert backends.PROFILES == {"training": "torch", "inference": "inference", "communication": "deepspeed",
+                                 "engine": "vllm"}
 
 
 def test_every_backend_has_a_worker_module_and_a_record_builder():
@@ -55,8 +56,8 @@ def test_each_training_stage_has_one_default_and_it_is_listed_first():
         defaults = [b.name for b in backends.BACKENDS.values() if stage in b.default_for]
         assert len(defaults) == 1, stage
         assert backends.for_stage(stage)[0] == backends.default(stage) == defaults[0]
-    assert backends.for_stage("profile") == ("torch", "deepspeed", "inference")
-    with pytest.raises(KeyError, match="unknown backend 'jax'; known: deepspeed, megatron, torch, inference"):
+    assert backends.for_stage("profile") == ("torch", "deepspeed", "inference", "vllm")
+    with pytest.raises(KeyError, match="unknown backend 'jax'; known: deepspeed, megatron, torch, inference, vllm"):
         backends.get("jax")
 
 

@@ -43,6 +43,9 @@ class Backend:
     profile: str | None = None
     """The kind of profile it runs in a profile block (the block's ``profile`` key); None
     for a backend that runs no profile cells."""
+    engine: str | None = None
+    """The serving engine (llmbench.serve.engines) it starts and profiles, if any; its cells'
+    specs carry the config's engine_python for it."""
     description: str = ""
     """What a cell of it measures."""
 
@@ -76,6 +79,12 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             worker="llmbench.profile.worker", record_builder="llmbench.profile.results:build_record",
             profile="inference",
             description="serving forward passes module-wise, prefill then decode (Tables X, XI)"),
+    Backend(name="vllm", stages=("profile",), flags=(),
+            flags_why="the engine chooses its own attention kernels, CUDA graphs and compilation",
+            worker="llmbench.profile.engine", record_builder="llmbench.profile.engine:build_record",
+            profile="engine", engine="vllm",
+            description="a served burst under vLLM's own torch profiler: the engine's kernels by class per "
+                        "engine step (Table X)"),
 )}
 
 

@@ -54,6 +54,9 @@ def worker_env(platform_env: dict[str, str], threads: int, ranks: int) -> dict[s
             env[var] = str(max(1, threads // ranks))
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
     env["PYTHONUNBUFFERED"] = "1"
+    # workers run in a scratch folder: the config's relative paths (engine_python) are
+    # relative to the directory the launcher ran in
+    env["LLMBENCH_LAUNCH_DIR"] = os.getcwd()
     # workers import llmbench from this checkout, installed or not
     pkg_parent = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)

@@ -65,7 +65,8 @@ def check_engine_python(grid: Grid) -> None:
     The workflow calls it at parse time (common.smk); expand does not, so a config can be
     planned and read where its engines' environments are not (the GPU configs' wrappers
     are made on the GPU node by envs/offline-run.sh)."""
-    used = {c.engine for c in grid.cells if isinstance(c, ServeCell)}
+    used = {c.engine for c in grid.cells if isinstance(c, ServeCell)} | {
+        backends.get(c.backend).engine for c in grid.cells if c.stage == "profile"} - {None}
     for engine, python in sorted(grid.engine_python.items()):
         if engine not in used:
             continue

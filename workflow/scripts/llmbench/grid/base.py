@@ -8,6 +8,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
+from .. import backends
 from ..cells import SEARCH_KEY, WILDCARD_CONSTRAINTS, Cell, MicroCell, Search, ServeCell
 from ..config import ConfigError, available
 from ..models import ModelSpec
@@ -91,6 +92,9 @@ class Grid:
             spec["model"] = self.models[cell.model].to_dict()
         if isinstance(cell, ServeCell):
             spec["engine_python"] = self.engine_python.get(cell.engine)
+        elif cell.stage == "profile" and backends.get(cell.backend).engine is not None:
+            # a profile cell that starts a serving engine (profile: engine)
+            spec["engine_python"] = self.engine_python.get(backends.get(cell.backend).engine)
         return spec
 
 

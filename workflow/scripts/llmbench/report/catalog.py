@@ -127,6 +127,8 @@ TABLES: tuple[Entry, ...] = (
        "tidy:profile", "profile", "reference:profile_attention"),
     _t("profile-serve", PROFILES, "Tables X, XI: serving forward passes by part of the model and by kernel class",
        "tidy:profile", "profile", "reference:profile_serve"),
+    _t("profile-serve-engine", PROFILES, "Table X on the engine that serves: its kernels by class per engine step "
+       "(the engine's own profiler)", "tidy:profile", "profile", "reference:profile_serve"),
     _t("profile-comm", PROFILES, "Tables XIV, XV, XVI: memory copy and communication per iteration of a DeepSpeed "
        "step", "tidy:profile", "reference:profile_comm"),
 )

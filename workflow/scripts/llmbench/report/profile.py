@@ -198,6 +198,42 @@ def serve(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) ->
                   "'other' is the phase's wall time less the parts: launch gaps and work outside every module.")
 
 
+#: Engine profile parts -> the paper's Table X rows (profile_serve.csv, view kernels); kv_cache,
+#: sampling and memcpy have no row there
+ENGINE_PAPER_PART = {"gemm": "gemm", "attention": "attention", "rope": "rope", "rmsnorm": "rmsnorm",
+                     "element_wise": "element_wise", "comm": "comm", "other": "other"}
+
+
+def serve_engine(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) -> render.Table:
+    """One row per (engine profile cell, engine step phase, kernel class): ms per step and %
+    of the step's wall (llmbench.profile.engine), the paper's LightLLM Table X beside."""
+    cols = CELL + ["phase", "steps", "requests_per_step", "wall_ms", "part", "ms", "pct"]
+    ok = tidy[(tidy["stage"] == "profile") & (tidy["status"] == "ok")][CELL]
+    df = points.merge(ok, on=CELL) if len(points) and "part" in points else pd.DataFrame(columns=cols)
+    df = df[df["part"].notna()][cols] if len(df) else df
+    paper = _paper("profile_serve", root)
+    paper = paper[paper["view"] == "kernels"].set_index("group")
+    df = df.assign(paper_ms=[paper["time_ms"].get(ENGINE_PAPER_PART.get(x)) if x in ENGINE_PAPER_PART else None
+                             for x in df["part"]],
+                   paper_pct=[paper["pct"].get(ENGINE_PAPER_PART.get(x)) if x in ENGINE_PAPER_PART else None
+                              for x in df["part"]])
+    rows = [[r.platform, r.model, r.backend, fmt(r.batch_size, ".0f"), r.phase, fmt(r.steps, ".0f"),
+             fmt(r.requests_per_step, ".0f"), fmt(r.wall_ms, ".2f"), r.part, fmt(r.ms, ".3f"), fmt(r.pct, ".1f"),
+             fmt(r.paper_ms, ".2f"), fmt(r.paper_pct, ".2f")] for r in df.itertuples()]
+    return render.simple("profile-serve-engine", df, ["Platform", "Model", "Engine", "Requests", "Phase", "Steps",
+                                                      "Requests a step", "Step ms", "Part", "ms per step",
+                                                      "% of step", "paper ms", "paper %"], rows,
+                         "Ours: the serving engine's own profiler over one burst (batch = requests, prompt = the "
+                         "cell's seq_len, output = its measured_steps), its GPU kernels by class, per engine step "
+                         "(prefill: steps carrying prompt chunks, with the decodes batched beside them; decode: "
+                         "decode-only steps); a class's time is the union of its kernels' intervals in the step, "
+                         "other = the step's wall less device-busy time. CUDA graphs and torch.compile as the "
+                         "engine runs them. On a CPU there are no kernels: the step walls only. Paper: LightLLM, "
+                         "llama2-7b, A800, batch 1024, prompt 512, output 64, one forward pass, Table X's rows "
+                         "(its attention row is LightLLM's Triton kernels; it has no KV-cache, sampling or copy "
+                         "row). Details: llmbench/profile/engine_trace.py.")
+
+
 def _pct(share) -> float | None:
     return None if share is None or pd.isna(share) else 100 * share
 

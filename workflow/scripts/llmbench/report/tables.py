@@ -155,5 +155,9 @@ def profile_serve(inputs: Inputs) -> render.Table:
     return profile_tables.serve(inputs.tidy, inputs.profile, inputs.root)
 
 
+def profile_serve_engine(inputs: Inputs) -> render.Table:
+    return profile_tables.serve_engine(inputs.tidy, inputs.profile, inputs.root)
+
+
 def profile_comm(inputs: Inputs) -> render.Table:
     return profile_tables.comm(inputs.tidy, root=inputs.root)

@@ -14,7 +14,8 @@ from typing import Any, Mapping
 import pandas as pd
 
 from . import catalog, findings as verdicts, micro as micro_tables, paper_tables, profile as profile_tables, render
-from . import scaling as scaling_table, search as search_table, serving as serving_table
+from . import memory_model as memory_table, scaling as scaling_table, search as search_table
+from . import serving as serving_table
 
 
 class Inputs:
@@ -157,3 +158,9 @@ def profile_serve(inputs: Inputs) -> render.Table:
 
 def profile_comm(inputs: Inputs) -> render.Table:
     return profile_tables.comm(inputs.tidy, root=inputs.root)
+
+
+# Memory model and advice -------------------------------------------------------------------
+
+def memory_model(inputs: Inputs) -> render.Table:
+    return memory_table.table(*memory_table.build(inputs.tidy, inputs.root))

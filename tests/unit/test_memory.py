@@ -152,3 +152,135 @@ def test_the_stated_constants_are_the_fit_of_the_committed_records(combined):
     assert got["offload_fb_bytes"]["Z3+O"] == pytest.approx(C.DEEPSPEED[(3, True)].fb.sharded, rel=0.05)
     assert got["offload_host_bytes"]["Z2+O"] == pytest.approx(C.DEEPSPEED[(2, True)].host.sharded, rel=0.05)
     assert got["offload_host_bytes"]["Z3+O"] == pytest.approx(C.DEEPSPEED[(3, True)].host.sharded, rel=0.05)
+
+
+# Skipping cells predicted not to fit (skip_predicted_oom) and the dry run of a config --------
+
+MINI = """
+results_dir: {results}
+protocol: {{warmup_steps: 1, measured_steps: 2, repeats: 1, seq_len: 350, timeout_s: 600, seed: 0}}
+pretrain:
+  - name: ZeRO-0 7B needs 24 bytes a parameter (cannot fit 80 GiB); 4-bit fits
+    platforms: [h100]
+    models: [llama2-7b]
+    techniques: [Naive, Q]
+    batch_sizes: [1]
+"""
+
+
+@pytest.fixture
+def mini(tmp_path):
+    path = tmp_path / "mini.yaml"
+    path.write_text(MINI.format(results=tmp_path / "results"))
+    return path
+
+
+def test_plan_counts_the_cells_that_would_be_skipped_per_platform(mini):
+    from llmbench.memory.cells import plan
+
+    cells, per = plan(mini, REPO)
+    assert per.to_dict("records") == [{"platform": "h100", "cells": 2, "skipped": 1, "runs": 1}]
+    naive = cells.set_index("technique").loc["Naive"]
+    assert not naive["predicted_fits"] and "80 GiB" in naive["reason"]
+
+
+def test_the_plan_command_prints_the_per_platform_counts(mini, capsys):
+    from llmbench.memory.__main__ import main
+
+    assert main(["plan", str(mini)]) == 0
+    assert "1 of 2 training cells predicted not to fit" in capsys.readouterr().out
+
+
+def _spec(mini, technique):
+    from llmbench.grid import load
+
+    grid = load(mini, REPO)
+    return grid.spec(next(c for c in grid.cells if c.technique == technique))
+
+
+def test_a_cell_predicted_not_to_fit_is_skipped_and_runs_nothing(mini, tmp_path, monkeypatch):
+    from llmbench import launch, record
+
+    def never(*a, **k):
+        raise AssertionError("a skipped cell started a worker")
+
+    monkeypatch.setattr(launch, "run_repeat", never)
+    out = tmp_path / "naive" / "record.json"
+    rec = launch.run_cell(_spec(mini, "Naive"), out, tmp_path / "naive.log", skip_predicted_oom=True)
+    assert rec.status == "skipped" and "predicted not to fit" in rec.reason and "skip_predicted_oom=false" in rec.reason
+    back = record.read(out)
+    assert back.status == "skipped" and back.summary["margin"] == memory.MARGIN
+    assert back.summary["predicted_gpu_gib"] > back.summary["capacity_gib"] == 80
+    assert back.provenance["spec"]["cell"]["technique"] == "Naive"
+    assert "skipped:" in (tmp_path / "naive.log").read_text()
+
+
+def test_forcing_runs_the_cell_and_a_fitting_cell_is_never_skipped(mini, tmp_path, monkeypatch):
+    from llmbench import gpus, launch
+    from llmbench.aggregate import Outcome
+
+    ran = []
+
+    def injected(spec, *a, **k):
+        ran.append(spec["cell"]["technique"])
+        return Outcome(status="oom", reason="injected out-of-memory")
+
+    monkeypatch.setattr(launch, "run_repeat", injected)
+    monkeypatch.setattr(gpus, "check_cell", lambda *a, **k: gpus.Check())  # no NVML here: GPUs free
+    forced = launch.run_cell(_spec(mini, "Naive"), tmp_path / "n.json", tmp_path / "n.log", skip_predicted_oom=False)
+    fitting = launch.run_cell(_spec(mini, "Q"), tmp_path / "q.json", tmp_path / "q.log", skip_predicted_oom=True)
+    assert ran == ["Naive", "Q"] and forced.status == fitting.status == "oom"
+
+
+# The validation table --------------------------------------------------------------------
+
+def test_the_validation_table_has_a_row_for_every_training_record(combined):
+    from llmbench.memory import validate
+
+    df = validate.build(combined, REPO, estimators=False)
+    train = combined[combined["stage"].isin(["pretrain", "finetune"])]
+    assert len(df) == len(train) and (train["kind"] == "probe").any()
+    assert list(df["record_path"]) == list(train["record_path"]) and list(df["status"]) == list(train["status"])
+    assert (df["predicted_gib"] > 0).all()
+    figures = validate.figures(df).set_index("estimator")
+    ours = figures.loc["llmbench"]
+    assert ours["ok_measured"] == ((train["status"] == "ok") & train["peak_mem_allocated_gib"].notna()).sum()
+    assert ours["oom_rows"] == (train["status"] == "oom").sum()
+
+
+def test_deepspeeds_and_accelerates_estimators_are_called_where_they_apply():
+    from llmbench.memory import validate
+
+    gpu, host = validate.deepspeed_estimate_gib(w("Z2", gpus=2))
+    assert gpu == pytest.approx((2 * N7 + 18 * N7 // 2) / GIB, rel=1e-6)  # DeepSpeed 0.19's 2N + 18N/g
+    assert validate.deepspeed_estimate_gib(w("Naive")) is None
+    assert validate.deepspeed_estimate_gib(w("L+Z2", adapter=LORA_ALL)) is None
+    acc = validate.accelerate_estimate_gib(w("Naive"))
+    assert acc == pytest.approx(8 * N7 / GIB, rel=0.01)  # fp32 size x 2: its Adam states, the largest part
+    assert validate.accelerate_estimate_gib(w("Z3", gpus=2)) is None
+
+
+# Replaying the max-batch searches from the predicted largest batch -------------------------
+
+def test_replay_reproduces_the_committed_searches_and_the_hint_finds_the_same_batch():
+    from llmbench.memory.replay import replay_all
+
+    df = replay_all(REPO / "results/reference", REPO)
+    assert len(df) == 4
+    # the oracle is faithful: from their own start today's next_probe makes the committed probes
+    assert (df["replayed_probes"] == df["committed_probes"]).all()
+    assert (df["replayed_found"] == df["largest_ok"]).all() and (df["hinted_found"] == df["largest_ok"]).all()
+    assert (df["probes_saved"] == df["replayed_probes"] - df["hinted_probes"]).all()
+
+
+def test_replay_from_the_exact_frontier_needs_few_probes():
+    from llmbench.memory.replay import replay
+
+    probes = [{"batch_size": b, "status": "ok", "peak_gib": 10 + b} for b in (1, 2)]
+    summary = {"probes": probes + [{"batch_size": 40, "status": "oom", "peak_gib": None}], "largest_ok": 30,
+               "max_batch": 64, "capacity_gib": 80, "fit_limit_gib": 76}
+    from_one = replay(summary, 1)
+    exact = replay(summary, 30)
+    assert max(p.batch_size for p in exact if p.status == "ok") == 30 == max(
+        p.batch_size for p in from_one if p.status == "ok")
+    assert len(exact) < len(from_one)

@@ -132,6 +132,8 @@ TABLES: tuple[Entry, ...] = (
        "step", "tidy:profile", "reference:profile_comm"),
     _t("memory-model", MEMORY, "Memory model: predicted against measured peak GPU memory of every training record, "
        "DeepSpeed's and accelerate's estimators beside (llmbench.memory)", "tidy"),
+    _t("advice", MEMORY, "Advice: the methods ranked per platform, model and stage, measured where measured, "
+       "predicted by the memory model elsewhere (llmbench.report.advice)", "tidy"),
 )
 
 #: Every figure; each answers one question and reads the table(s) it plots.

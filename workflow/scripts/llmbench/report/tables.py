@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from . import catalog, findings as verdicts, micro as micro_tables, paper_tables, profile as profile_tables, render
-from . import memory_model as memory_table, scaling as scaling_table, search as search_table
+from . import advice as advice_table, memory_model as memory_table, scaling as scaling_table, search as search_table
 from . import serving as serving_table
 
 
@@ -164,3 +164,9 @@ def profile_comm(inputs: Inputs) -> render.Table:
 
 def memory_model(inputs: Inputs) -> render.Table:
     return memory_table.table(*memory_table.build(inputs.tidy, inputs.root))
+
+
+def advice(inputs: Inputs) -> render.Table:
+    """The advisor with its defaults (every platform and model of the records); the workflow
+    builds it with the config's request instead (rule build_advice)."""
+    return advice_table.table(advice_table.build(inputs.tidy, root=inputs.root))

@@ -101,6 +101,16 @@ def accelerate_estimate_gib(w: Workload) -> float | None:
     return max(usage.values()) / GIB
 
 
+def available() -> dict[str, bool]:
+    """Which estimators this environment can call (the report rules' conda env has no torch,
+    hence neither DeepSpeed nor accelerate: their columns are left empty there)."""
+    from importlib.util import find_spec
+
+    torch = find_spec("torch") is not None
+    return {"deepspeed": torch and find_spec("deepspeed") is not None,
+            "accelerate": torch and find_spec("accelerate") is not None and find_spec("transformers") is not None}
+
+
 def _error(pred: float | None, measured: float | None) -> float | None:
     if pred is None or measured is None or pd.isna(measured) or not measured:
         return None
@@ -110,6 +120,7 @@ def _error(pred: float | None, measured: float | None) -> float | None:
 def build(tidy: pd.DataFrame, root: Path = REPO_ROOT, margin: float = MARGIN,
           estimators: bool = True) -> pd.DataFrame:
     """One row per training record of the tidy table (cells and search probes)."""
+    have = available() if estimators else {"deepspeed": False, "accelerate": False}
     out = []
     for r, row in rows(tidy, root):
         w = row.workload
@@ -117,14 +128,14 @@ def build(tidy: pd.DataFrame, root: Path = REPO_ROOT, margin: float = MARGIN,
         cap = plat.get("gpu_memory_gib")
         pred = predict(w)
         ok, why = fits(pred, cap, host_memory_gib(plat), min(w.gpus, plat.get("gpus_per_node") or 1), margin)
-        ds_both = deepspeed_estimate_gib(w) if estimators else None
+        ds_both = deepspeed_estimate_gib(w) if have["deepspeed"] else None
         ds, ds_host = ds_both if ds_both else (None, None)
         host_cap = host_memory_gib(plat)
         ds_fits = None
         if ds is not None and cap:  # its host estimate counts where there is offload, as ours
             ds_fits = ds * (1 + margin) <= cap and not (techniques.parse(w.technique).offload and host_cap
                                                         and ds_host * (1 + margin) > host_cap)
-        acc = accelerate_estimate_gib(w) if estimators else None
+        acc = accelerate_estimate_gib(w) if have["accelerate"] else None
         out.append({
             "platform": row.platform, "stage": r["stage"], "model": r["model"], "backend": r["backend"],
             "layout": r.get("layout"), "technique": r["technique"], "batch_size": r["batch_size"], "gpus": r["gpus"],

@@ -48,7 +48,8 @@ def table(df: pd.DataFrame, figures: pd.DataFrame) -> render.Table:
             "records with a measured peak (allocated by tensors); each estimator over the records it applies to."),
             note=("DeepSpeed: estimate_zero2/zero3_model_states_mem_needs (model states only, full-parameter ZeRO "
                   "cells); accelerate: estimate-memory's 'Training using Adam' (bf16, full-parameter cells without "
-                  "ZeRO). Targets (issue 19, reported, not asserted): median |error| <= 10%, >= 90% of OOM cells "
+                  "ZeRO); an estimator that applies to 0 rows here may not be installed where the table was built "
+                  "(each needs torch). Targets (issue 19, reported, not asserted): median |error| <= 10%, >= 90% of OOM cells "
                   "predicted not to fit, no ok cell predicted not to fit.")),
         render.Part(frame=pd.DataFrame(rows, columns=head), heading="Every training record", note=(
             "Measured: peak GPU memory allocated by tensors (empty on a CPU, or for a probe answered from the "

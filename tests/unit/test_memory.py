@@ -284,3 +284,14 @@ def test_replay_from_the_exact_frontier_needs_few_probes():
     assert max(p.batch_size for p in exact if p.status == "ok") == 30 == max(
         p.batch_size for p in from_one if p.status == "ok")
     assert len(exact) < len(from_one)
+
+
+def test_the_start_hint_of_a_search_spec(mini):
+    from llmbench.grid import load
+
+    grid = load(mini, REPO)
+    spec = grid.spec(next(c for c in grid.cells if c.technique == "Q"))
+    hint = memory.start_hint({**spec, "search": {"max": 64}})
+    assert hint == memory.predicted_max_batch(Workload.from_spec(spec), 80, max_batch=64) and 1 < hint <= 64
+    cpu = {**spec, "platform": {**spec["platform"], "accelerator": "cpu", "gpu_memory_gib": None}}
+    assert memory.start_hint({**cpu, "search": {"max": 64}}) is None

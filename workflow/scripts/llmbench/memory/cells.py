@@ -21,7 +21,7 @@ import pandas as pd
 from ..config import REPO_ROOT, ConfigError
 from ..platforms import Platform
 from .constants import BACKENDS, MARGIN
-from .model import Prediction, Workload, fits, host_memory_gib, predict
+from .model import Prediction, Workload, fits, host_memory_gib, predict, predicted_max_batch
 
 #: the stages whose cells the model predicts (training steps)
 STAGES = ("pretrain", "finetune", "profile")
@@ -72,6 +72,18 @@ def check(spec: dict[str, Any], margin: float = MARGIN, root: Path = REPO_ROOT) 
         ok, why = fits(pred, cap, margin=margin)
         why = why.replace("GPU peak", "tensors' peak") + (" (the cell's mem_cap_gib)" if why else "")
     return Verdict(fits=ok, reason=why, prediction=pred, capacity_gib=cap, margin=margin)
+
+
+def start_hint(spec: dict[str, Any]) -> int | None:
+    """The start a max-batch search's spec ({cell, platform, model, search}) should take: the
+    largest batch predicted to fit its GPU (at least 1), within the search's max; None where
+    the model does not apply (a CPU platform, a backend it does not model). Replayed on the
+    committed searches by llmbench.memory.replay."""
+    platform = spec["platform"]
+    cap = platform.get("gpu_memory_gib") if platform.get("accelerator") == "cuda" else None
+    if not cap or check(spec) is None:
+        return None
+    return max(1, predicted_max_batch(Workload.from_spec(spec), cap, max_batch=spec["search"]["max"]))
 
 
 def plan(configfile: Path | str, root: Path = REPO_ROOT, margin: float = MARGIN) -> tuple[pd.DataFrame, pd.DataFrame]:

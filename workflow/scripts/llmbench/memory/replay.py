@@ -15,9 +15,13 @@ allocator growth bends it: on the H200 pair Megatron-LM TP2's batches 4 and 8 po
 50 where 37 was the limit). (Starting at half the prediction, so that the doubling probes
 the prediction, replayed one probe worse in all.)
 
-Hooking the start into the runner is one line where the search's State is made
-(``start=hinted_start(...)`` in llmbench.search.run, or the optional start hint of its
-package once it is split).
+Hooking the start into the runner is one line where the search's State is made, in
+llmbench.search.run (or the optional start hint of the search package once it is split)::
+
+    state = State(start=memory.start_hint(spec) or search["start"], max_batch=search["max"], capacity_gib=limit)
+
+(``start_hint`` lives in llmbench.memory.cells, which imports nothing of the search, so
+the search may import it.)
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ def replay(summary: dict[str, Any], start: int) -> list[Probe]:
 
 def hinted_start(workload: Workload, capacity_gib: float, max_batch: int) -> int:
     """The start the memory model hints: the largest batch predicted to fit (at least 1)."""
-    return max(1, predicted_max_batch(workload, capacity_gib, max_batch=max_batch))
+    return max(1, predicted_max_batch(workload, capacity_gib, max_batch=max_batch))  # as cells.start_hint
 
 
 def replay_all(results: Path | str = "results/reference", root: Path = REPO_ROOT) -> pd.DataFrame:

@@ -57,6 +57,8 @@ class Row:
     """Peak GPU memory allocated (None on a CPU or where not measured)."""
     rss_gib: float | None
     platform: str
+    mem_cap_gib: float | None = None
+    """The cell's per-rank RSS cap (CPU cells), or None."""
 
 
 def record_spec(path: Path) -> dict[str, Any]:
@@ -79,7 +81,8 @@ def rows(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> list[tuple[pd.Series, Ro
         rss = r["peak_rss_gib"]
         out.append((r, Row(workload=Workload.from_spec(spec), status=r["status"],
                            measured_gib=None if pd.isna(measured) else float(measured),
-                           rss_gib=None if pd.isna(rss) else float(rss), platform=r["platform"])))
+                           rss_gib=None if pd.isna(rss) else float(rss), platform=r["platform"],
+                           mem_cap_gib=spec["cell"].get("mem_cap_gib"))))
     return out
 
 

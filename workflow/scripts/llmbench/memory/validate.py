@@ -31,7 +31,7 @@ from .constants import MARGIN
 from .fit import rows
 from .model import GIB, Workload, fits, host_memory_gib, predict
 
-COLUMNS = ["platform", "stage", "model", "backend", "layout", "technique", "batch_size", "gpus", "seq_len", "run",
+COLUMNS = ["platform", "accelerator", "stage", "model", "backend", "layout", "technique", "batch_size", "gpus", "seq_len", "run",
            "kind", "status", "measured_gib", "measured_reserved_gib", "measured_rss_gib", "predicted_gib",
            "predicted_phase", "predicted_host_gib", "capacity_gib", "predicted_fits", "fit_reason", "error_pct",
            "deepspeed_gib", "deepspeed_host_gib", "deepspeed_fits", "deepspeed_error_pct", "accelerate_gib", "accelerate_fits",
@@ -125,9 +125,12 @@ def build(tidy: pd.DataFrame, root: Path = REPO_ROOT, margin: float = MARGIN,
     for r, row in rows(tidy, root):
         w = row.workload
         plat = _platform(row.platform, str(root)) or {}
-        cap = plat.get("gpu_memory_gib")
+        gpu = plat.get("accelerator") == "cuda"
+        # as llmbench.memory.cells.check: a CPU cell's capacity is its RSS cap, against the tensors
+        cap = plat.get("gpu_memory_gib") if gpu else row.mem_cap_gib
         pred = predict(w)
-        ok, why = fits(pred, cap, host_memory_gib(plat), min(w.gpus, plat.get("gpus_per_node") or 1), margin)
+        ok, why = fits(pred, cap, host_memory_gib(plat) if gpu else None,
+                       min(w.gpus, plat.get("gpus_per_node") or 1), margin)
         ds_both = deepspeed_estimate_gib(w) if have["deepspeed"] else None
         ds, ds_host = ds_both if ds_both else (None, None)
         host_cap = host_memory_gib(plat)
@@ -137,7 +140,7 @@ def build(tidy: pd.DataFrame, root: Path = REPO_ROOT, margin: float = MARGIN,
                                                         and ds_host * (1 + margin) > host_cap)
         acc = accelerate_estimate_gib(w) if have["accelerate"] else None
         out.append({
-            "platform": row.platform, "stage": r["stage"], "model": r["model"], "backend": r["backend"],
+            "platform": row.platform, "accelerator": plat.get("accelerator"), "stage": r["stage"], "model": r["model"], "backend": r["backend"],
             "layout": r.get("layout"), "technique": r["technique"], "batch_size": r["batch_size"], "gpus": r["gpus"],
             "seq_len": r["seq_len"], "run": r.get("run"), "kind": r.get("kind"), "status": row.status,
             "measured_gib": row.measured_gib, "measured_reserved_gib": r.get("peak_mem_reserved_gib"),
@@ -145,9 +148,10 @@ def build(tidy: pd.DataFrame, root: Path = REPO_ROOT, margin: float = MARGIN,
             "predicted_host_gib": pred.host_gib, "capacity_gib": cap,
             "predicted_fits": ok if cap else None, "fit_reason": why,
             "error_pct": _error(pred.gpu_gib, row.measured_gib),
-            "deepspeed_gib": ds, "deepspeed_host_gib": ds_host, "deepspeed_fits": ds_fits,
+            "deepspeed_gib": ds, "deepspeed_host_gib": ds_host, "deepspeed_fits": ds_fits if gpu else None,
             "deepspeed_error_pct": _error(ds, row.measured_gib),
-            "accelerate_gib": acc, "accelerate_fits": (acc * (1 + margin) <= cap) if acc is not None and cap else None,
+            "accelerate_gib": acc,
+            "accelerate_fits": (acc * (1 + margin) <= cap) if acc is not None and cap and gpu else None,
             "accelerate_error_pct": _error(acc, row.measured_gib), "record_path": r["record_path"],
         })
     return pd.DataFrame(out, columns=COLUMNS)
@@ -157,7 +161,7 @@ def figures(df: pd.DataFrame, margin: float = MARGIN) -> pd.DataFrame:
     """The validation figures of ours, DeepSpeed's and accelerate's estimators: over the GPU
     rows where each applies, median |error| of the ok rows with a measured peak, oom rows
     predicted not to fit (of all oom rows it applies to) and ok rows predicted not to fit."""
-    gpu = df[df["capacity_gib"].notna()]
+    gpu = df[(df["accelerator"] == "cuda") & df["capacity_gib"].notna()]
     out = []
     for name, pred, fit_col, err in (("llmbench", "predicted_gib", "predicted_fits", "error_pct"),
                                      ("deepspeed", "deepspeed_gib", "deepspeed_fits", "deepspeed_error_pct"),

@@ -73,3 +73,14 @@ def test_the_page_has_one_part_per_platform_model_and_stage():
     page = advice.table(df)
     assert [p.heading.split(",")[0] for p in page.parts] == ["llama2-13b", "llama2-7b"]
     assert "measured" in page.parts[1].frame["Basis"].tolist()
+
+
+def test_the_advise_command_runs_nothing_and_prints_the_ranking(capsys, tmp_path):
+    from llmbench.memory.__main__ import main
+
+    tidy = tmp_path / "records.csv"
+    FIXTURE.to_csv(tidy, index=False)
+    assert main(["advise", "--platform", "h100", "--model", "llama2-7b", "--stage", "finetune", "--gpus", "1",
+                 "--tidy", str(tidy)]) == 0
+    out = capsys.readouterr().out
+    assert "llama2-7b, finetune, h100 x 1 GPU" in out and "| 1      | L          | measured" in out

@@ -3,6 +3,9 @@
     python -m llmbench.memory fit [TIDY_CSV]        the constants refitted to committed records
     python -m llmbench.memory plan CONFIG [--csv F] per platform, the cells skip_predicted_oom would skip
     python -m llmbench.memory replay [RESULTS]      the committed max-batch searches from the predicted start
+    python -m llmbench.memory advise --platform a800 --model llama2-70b --stage finetune --gpus 8
+                                                    the advisor without running anything (llmbench.report.advice;
+                                                    measured rows from --tidy, default the combined view's)
 """
 
 from __future__ import annotations
@@ -23,7 +26,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--csv", help="also write every training cell's verdict here")
     p = sub.add_parser("replay", help="replay the committed max-batch searches from the predicted largest batch")
     p.add_argument("results", nargs="?", default="results/reference")
+    p = sub.add_parser("advise", help="the advisor's ranking for one request, printed (runs nothing)")
+    p.add_argument("--platform", action="append", required=True, help="platform file name (repeatable)")
+    p.add_argument("--model", action="append", required=True, help="model file name (repeatable)")
+    p.add_argument("--stage", choices=["pretrain", "finetune"])
+    p.add_argument("--goal", choices=["throughput", "memory", "fits"], default="throughput")
+    p.add_argument("--gpus", type=int, action="append")
+    p.add_argument("--tidy", default="results/reference/combined/tables/records.csv",
+                   help="tidy table whose ok records count as measured ('' for none)")
     args = parser.parse_args(argv)
+    if args.command == "advise":
+        from pathlib import Path
+
+        import pandas as pd
+
+        from ..report import advice, render
+
+        tidy = pd.read_csv(args.tidy) if args.tidy and Path(args.tidy).exists() else pd.DataFrame()
+        request = {"platforms": args.platform, "models": args.model, "goal": args.goal, "stage": args.stage,
+                   "gpus": args.gpus}
+        print(render.markdown(advice.table(advice.build(tidy, {k: v for k, v in request.items() if v}))))
+        return 0
     if args.command == "replay":
         from .replay import replay_all
 

@@ -295,3 +295,15 @@ def test_the_start_hint_of_a_search_spec(mini):
     assert hint == memory.predicted_max_batch(Workload.from_spec(spec), 80, max_batch=64) and 1 < hint <= 64
     cpu = {**spec, "platform": {**spec["platform"], "accelerator": "cpu", "gpu_memory_gib": None}}
     assert memory.start_hint({**cpu, "search": {"max": 64}}) is None
+
+
+def test_the_paper_check_has_a_row_per_ok_or_oom_cell_of_tables_3_4_9():
+    from llmbench.memory import validate
+
+    paths = [REPO / f"config/reference/{t}.csv" for t in validate.PAPER_TABLES]
+    df = validate.paper_check(paths, REPO)
+    cells = pd.concat([pd.read_csv(p) for p in paths])
+    assert len(df) == cells["status"].isin(["ok", "oom"]).sum()
+    naive_24gb = df[(df["technique"] == "Naive") & df["platform"].str.startswith("rtx")]
+    assert len(naive_24gb) and not naive_24gb["predicted_fits"].any()  # 24 bytes x 6.7e9 > 24 GiB
+    assert set(df.loc[df["platform"] == "a800", "gpus"]) == {8}

@@ -178,3 +178,37 @@ def figures(df: pd.DataFrame, margin: float = MARGIN) -> pd.DataFrame:
             "ok_rows": len(ok), "ok_predicted_not_to_fit": int((ok[fit_col] == False).sum()),  # noqa: E712
         })
     return pd.DataFrame(out)
+
+
+#: the paper's tables whose cells say ok or '-' (out of memory) per method and platform
+PAPER_TABLES = ("table3", "table4", "table9")
+
+
+def paper_check(paths: list[str | Path], root: Path = REPO_ROOT, margin: float = MARGIN) -> pd.DataFrame:
+    """The model against the paper's own statuses (config/reference/table3, table4, table9:
+    ok or '-'), each cell on its platform file's GPUs per node at the paper's batch (1 where
+    the paper gives none), LoRA rank 64 on every decoder linear for Table IX."""
+    from ..models import ModelSpec
+
+    lora = {"kind": "lora", "rank": 64, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                             "up_proj", "down_proj"]}
+    out = []
+    for path in paths:
+        for r in pd.read_csv(path).itertuples():
+            if r.status not in ("ok", "oom"):
+                continue
+            plat = _platform(r.platform, str(root))
+            if plat is None:
+                continue
+            tech = techniques.canonical(r.method)
+            g = plat["gpus_per_node"]
+            w = Workload(model=ModelSpec.load(r.model, root), technique=tech, seq_len=350, gpus=g,
+                         batch_size=1 if pd.isna(r.batch_size) else int(r.batch_size),
+                         adapter=lora if techniques.parse(tech).adapter else None)
+            pred = predict(w)
+            ok, why = fits(pred, plat["gpu_memory_gib"], host_memory_gib(plat), g, margin)
+            out.append({"table": r.table, "platform": r.platform, "model": r.model, "technique": tech,
+                        "batch_size": w.batch_size, "gpus": g, "paper_status": r.status,
+                        "paper_mem_gb": r.mem_gb, "predicted_gib": pred.gpu_gib, "predicted_host_gib": pred.host_gib,
+                        "predicted_fits": ok, "fit_reason": why})
+    return pd.DataFrame(out)

@@ -131,7 +131,8 @@ TABLES: tuple[Entry, ...] = (
     _t("profile-comm", PROFILES, "Tables XIV, XV, XVI: memory copy and communication per iteration of a DeepSpeed "
        "step", "tidy:profile", "reference:profile_comm"),
     _t("memory-model", MEMORY, "Memory model: predicted against measured peak GPU memory of every training record, "
-       "DeepSpeed's and accelerate's estimators beside (llmbench.memory)", "tidy"),
+       "DeepSpeed's and accelerate's estimators beside (llmbench.memory)", "tidy", "reference:table3",
+       "reference:table4", "reference:table9"),
     _t("advice", MEMORY, "Advice: the methods ranked per platform, model and stage, measured where measured, "
        "predicted by the memory model elsewhere (llmbench.report.advice)", "tidy"),
 )

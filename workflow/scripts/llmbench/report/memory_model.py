@@ -15,18 +15,39 @@ from . import catalog, render
 from .render import fmt
 
 
-def build(tidy: pd.DataFrame, root: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(one row per training record, the figures)."""
-    df = validate.build(tidy, root or REPO_ROOT)
-    return df, validate.figures(df)
+def build(tidy: pd.DataFrame, root: Path | None = None,
+          reference: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(one row per training record, the figures, the paper's cells: validate.paper_check)."""
+    root = root or REPO_ROOT
+    df = validate.build(tidy, root)
+    paths = [p for p in (reference or []) if Path(p).stem in validate.PAPER_TABLES]
+    return df, validate.figures(df), validate.paper_check(paths, root)
 
 
 def _pct(v) -> str:
     return fmt(v, ".1f") + ("%" if fmt(v, ".1f") else "")
 
 
-def table(df: pd.DataFrame, figures: pd.DataFrame) -> render.Table:
-    """Two parts: the figures, then the records."""
+def _paper_part(paper: pd.DataFrame) -> render.Part:
+    """Per paper table and status: how many cells, how many predicted not to fit."""
+    if paper.empty:
+        return render.Part(frame=pd.DataFrame(), heading="Against the paper's statuses")
+    g = paper.groupby(["table", "paper_status"]).agg(cells=("predicted_fits", "size"),
+                                                    not_fit=("predicted_fits", lambda s: int((~s.astype(bool)).sum())))
+    rows = [[t, st, str(r.cells), str(r.not_fit)] for (t, st), r in g.iterrows()]
+    miss = paper[(paper["paper_status"] == "ok") & ~paper["predicted_fits"].astype(bool)]
+    by = ", ".join(f"{k} {v}" for k, v in miss.groupby("technique").size().sort_values(ascending=False).items())
+    return render.Part(frame=pd.DataFrame(rows, columns=["Paper table", "Paper status", "Cells",
+                                                          "Predicted not to fit"]),
+                       heading="Against the paper's statuses (Tables III, IV, IX: ok or '-')", note=(
+        "Each cell on its platform file's GPUs per node, at the paper's batch, sequence 350, with the same margin. "
+        "The paper ran its own implementation: an ok cell predicted not to fit says where ours needs more memory "
+        f"than the paper's did (here: {by or 'none'}); offload cells are held to the host memory of the platform "
+        "file's Slurm mem_mb."))
+
+
+def table(df: pd.DataFrame, figures: pd.DataFrame, paper: pd.DataFrame | None = None) -> render.Table:
+    """Three parts: the figures, the paper's statuses, then the records."""
     fig_rows = [[f.estimator, str(f.rows), _pct(f.median_abs_error_pct), _pct(f.p90_abs_error_pct),
                  f"{f.oom_predicted_not_to_fit} / {f.oom_rows}", f"{f.ok_predicted_not_to_fit} / {f.ok_rows}"]
                 for f in figures.itertuples()]
@@ -51,6 +72,7 @@ def table(df: pd.DataFrame, figures: pd.DataFrame) -> render.Table:
                   "ZeRO); an estimator that applies to 0 rows here may not be installed where the table was built "
                   "(each needs torch). Targets (issue 19, reported, not asserted): median |error| <= 10%, >= 90% of OOM cells "
                   "predicted not to fit, no ok cell predicted not to fit.")),
+        _paper_part(paper if paper is not None else pd.DataFrame()),
         render.Part(frame=pd.DataFrame(rows, columns=head), heading="Every training record", note=(
             "Measured: peak GPU memory allocated by tensors (empty on a CPU, or for a probe answered from the "
             "search's frontier file, or where the cell did not finish). Error: (predicted - measured) / "

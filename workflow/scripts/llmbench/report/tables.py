@@ -163,7 +163,7 @@ def profile_comm(inputs: Inputs) -> render.Table:
 # Memory model and advice -------------------------------------------------------------------
 
 def memory_model(inputs: Inputs) -> render.Table:
-    return memory_table.table(*memory_table.build(inputs.tidy, inputs.root))
+    return memory_table.table(*memory_table.build(inputs.tidy, inputs.root, inputs.paths("reference")))
 
 
 def advice(inputs: Inputs) -> render.Table:

@@ -131,6 +131,8 @@ def build(tidy: pd.DataFrame, root: Path = REPO_ROOT, margin: float = MARGIN,
         pred = predict(w)
         ok, why = fits(pred, cap, host_memory_gib(plat) if gpu else None,
                        min(w.gpus, plat.get("gpus_per_node") or 1), margin)
+        if not gpu and why:
+            why = why.replace("GPU peak", "tensors' peak") + " (the cell's mem_cap_gib)"
         ds_both = deepspeed_estimate_gib(w) if have["deepspeed"] else None
         ds, ds_host = ds_both if ds_both else (None, None)
         host_cap = host_memory_gib(plat)

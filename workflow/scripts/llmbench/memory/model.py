@@ -3,9 +3,9 @@ training cell, and its host memory where there is offload.
 
 A step has two peaks and the model takes the larger (``Prediction.phase``):
 
-- forward/backward: the model states that live through the step (``StateRow.fb`` of constants.DEEPSPEED or MEGATRON) plus
-  the activations saved for the backward pass, the logits, DeepSpeed's communication
-  buckets and a fixed overhead (CUDA/cuBLAS workspaces);
+- forward/backward: the model states that live through the step (``StateRow.fb`` of
+  constants.DEEPSPEED or MEGATRON) plus the activations saved for the backward pass, the
+  logits, DeepSpeed's communication buckets and a fixed overhead (CUDA/cuBLAS workspaces);
 - optimizer step: the model states plus the flat buffers the optimizer allocates for the
   step (``StateRow.step``; no activations are alive by then), plus the same buckets and
   overhead.

@@ -63,6 +63,8 @@ localrules:
     build_table,
     build_findings_table,
     findings,
+    advice,
+    build_advice,
     plot_figure,
     finetune,
     serve,
@@ -113,6 +115,12 @@ rule findings:
 rule tables:
     input:
         table_targets(),
+
+
+# `snakemake advice [--config advice='{platforms: [a800], models: [llama2-70b], stage: finetune, gpus: 8}']`
+rule advice:
+    input:
+        expand("{r}/tables/advice.{ext}", r=R, ext=("csv", "md", "html")),
 
 
 rule figures:

@@ -103,3 +103,28 @@ rule plot_figure:
         "../../envs/report.yaml"
     script:
         "../scripts/plot_figure.py"
+
+
+# The advisor (llmbench.report.advice): the methods ranked for the platforms and models of
+# the config's `advice` request (default: every platform and model of the grid and of the
+# records), measured where measured, predicted by the memory model elsewhere.
+ruleorder: build_advice > build_table
+
+
+rule build_advice:
+    input:
+        tidy=f"{R}/tables/records.csv",
+    output:
+        csv=f"{R}/tables/advice.csv",
+        md=f"{R}/tables/advice.md",
+        html=report(f"{R}/tables/advice.html", category=lbcatalog.get("table", "advice").section,
+                    subcategory="Tables", labels={"table": "advice"}),
+    params:
+        advice=config.get("advice"),
+        cells=sorted({(c.platform, c.model) for c in GRID.cells if getattr(c, "stage", "") in ("pretrain", "finetune")}),
+    log:
+        f"{R}/logs/report/build_advice.log",
+    conda:
+        "../../envs/report.yaml"
+    script:
+        "../scripts/build_advice.py"

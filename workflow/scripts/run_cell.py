@@ -9,7 +9,8 @@ from llmbench.launch import run_cell
 
 def main(smk) -> None:
     record = run_cell(smk.params.spec, Path(smk.output.record), Path(smk.log[0]), threads=smk.threads,
-                      gpu_busy=BusyPolicy.from_config(smk.config))
+                      gpu_busy=BusyPolicy.from_config(smk.config),
+                      skip_predicted_oom=str(smk.config.get("skip_predicted_oom", False)).lower() == "true")
     logging.getLogger("llmbench").info("%s: %s %s", smk.output.record, record.status, record.reason)
 
 

@@ -13,6 +13,8 @@ new session too, with the same classification (start_ranks). Status is data:
            (killed by the watchdog) or was killed by SIGKILL (the kernel's OOM killer)
   timeout  a repeat ran past protocol.timeout_s
   error    anything else (the reason and log tail say what)
+  skipped  with ``skip_predicted_oom``, a cell the memory model (llmbench.memory) predicts
+           not to fit: nothing runs; the record keeps the prediction and the margin
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -176,16 +179,37 @@ def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int,
                       label=f"repeat {index}", fork_server=forkserver.usable(spec["platform"]))
 
 
+def skip_if_predicted_oom(spec: dict, record_path: Path, log: Path, started: str, command: list[str]) -> Record | None:
+    """Where the memory model predicts the cell not to fit: its ``skipped`` Record, written,
+    with the prediction and the margin in its summary (nothing runs); else None."""
+    from . import memory
+
+    verdict = memory.check(spec)
+    if verdict is None or verdict.fits:
+        return None
+    reason = (f"skip_predicted_oom: predicted not to fit: {verdict.reason} (llmbench.memory; "
+              "--config skip_predicted_oom=false runs it)")
+    record = build_record(spec, [Outcome(status="skipped", reason=reason)], started, command)
+    record = replace(record, summary=verdict.summary())
+    with open(log, "a") as fh:
+        fh.write(f"skipped: {reason}\n")
+    write(record, record_path)
+    return record
+
+
 def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
-             gpu_busy: gpus.BusyPolicy | None = None) -> Record:
+             gpu_busy: gpus.BusyPolicy | None = None, skip_predicted_oom: bool = False) -> Record:
     """Run every repeat of a cell (stopping at the first that is not ok) and write its Record.
-    Nothing runs on busy GPUs (``gpu_busy``: what to do then, llmbench.gpus)."""
+    Nothing runs on busy GPUs (``gpu_busy``: what to do then, llmbench.gpus), nor, with
+    ``skip_predicted_oom``, where the memory model predicts the cell not to fit."""
     started = datetime.now(timezone.utc).isoformat()
     command = [sys.executable, *sys.argv]
     cell = Cell.from_dict(spec["cell"])
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"cell {cell.record_path()}\n")
+    if skip_predicted_oom and (skipped := skip_if_predicted_oom(spec, Path(record_path), log, started, command)):
+        return skipped
     workdir = Path(tempfile.mkdtemp(prefix="llmbench-cell-"))
     try:
         with stop_groups_on_signal():

@@ -32,7 +32,8 @@ FINETUNE = "Fine-tuning (Table IX)"
 SERVING = "Serving (Figs. 6-10)"
 MICRO = "Microbenchmarks (Figs. 11-15, Table XII)"
 PROFILES = "Profiles (Tables V-VIII, X, XI, XIII-XVI, Fig. 5)"
-SECTIONS = (VERDICT, PRETRAIN, FINETUNE, SERVING, MICRO, PROFILES)
+MEMORY = "Memory model and advice (beyond the paper)"
+SECTIONS = (VERDICT, PRETRAIN, FINETUNE, SERVING, MICRO, PROFILES, MEMORY)
 
 #: The tidy table and the per-row tables (name -> path under the results folder).
 SOURCES = {"tidy": "tables/records.csv", "requests": "tables/requests.parquet",
@@ -131,6 +132,11 @@ TABLES: tuple[Entry, ...] = (
        "(the engine's own profiler)", "tidy:profile", "profile", "reference:profile_serve"),
     _t("profile-comm", PROFILES, "Tables XIV, XV, XVI: memory copy and communication per iteration of a DeepSpeed "
        "step", "tidy:profile", "reference:profile_comm"),
+    _t("memory-model", MEMORY, "Memory model: predicted against measured peak GPU memory of every training record, "
+       "DeepSpeed's and accelerate's estimators beside (llmbench.memory)", "tidy", "reference:table3",
+       "reference:table4", "reference:table9"),
+    _t("advice", MEMORY, "Advice: the methods ranked per platform, model and stage, measured where measured, "
+       "predicted by the memory model elsewhere (llmbench.report.advice)", "tidy"),
 )
 
 #: Every figure; each answers one question and reads the table(s) it plots.

@@ -14,7 +14,8 @@ from typing import Any, Mapping
 import pandas as pd
 
 from . import catalog, findings as verdicts, micro as micro_tables, paper_tables, profile as profile_tables, render
-from . import scaling as scaling_table, search as search_table, serving as serving_table
+from . import advice as advice_table, memory_model as memory_table, scaling as scaling_table, search as search_table
+from . import serving as serving_table
 
 
 class Inputs:
@@ -161,3 +162,15 @@ def profile_serve_engine(inputs: Inputs) -> render.Table:
 
 def profile_comm(inputs: Inputs) -> render.Table:
     return profile_tables.comm(inputs.tidy, root=inputs.root)
+
+
+# Memory model and advice -------------------------------------------------------------------
+
+def memory_model(inputs: Inputs) -> render.Table:
+    return memory_table.table(*memory_table.build(inputs.tidy, inputs.root, inputs.paths("reference")))
+
+
+def advice(inputs: Inputs) -> render.Table:
+    """The advisor with its defaults (every platform and model of the records); the workflow
+    builds it with the config's request instead (rule build_advice)."""
+    return advice_table.table(advice_table.build(inputs.tidy, root=inputs.root))

@@ -1,0 +1,309 @@
+"""The memory model: each term against a hand calculation, the fit against its stated
+constants, the validation table against the committed records."""
+
+import pandas as pd
+import pytest
+
+from llmbench import memory
+from llmbench.memory import constants as C
+from llmbench.memory import fit as memfit
+from llmbench.memory.model import (GIB, Workload, activation_bytes, adapter_params, buffer_bytes,
+                                   layer_activation_bytes, predict, state_bytes)
+from llmbench.models import ModelSpec
+
+from conftest import REPO
+
+L7, L70 = ModelSpec.load("llama2-7b"), ModelSpec.load("llama2-70b")
+N7 = L7.param_counts()["total"]  # 6,738,415,616
+LORA_ALL = {"kind": "lora", "rank": 64, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                            "up_proj", "down_proj"]}
+COMBINED = REPO / "results/reference/combined/tables/records.csv"
+
+
+def w(technique="Naive", batch_size=1, seq_len=350, gpus=1, model=L7, **kw):
+    return Workload(model=model, technique=technique, batch_size=batch_size, seq_len=seq_len, gpus=gpus, **kw)
+
+
+def test_lora_parameters_by_hand_and_as_the_70b_record_counted():
+    # 7B: q, o 4096+4096 each; k, v the same (no GQA); gate, up 4096+11008; down 11008+4096
+    per_layer = 64 * (4 * 8192 + 3 * 15104)
+    assert adapter_params(L7, LORA_ALL) == (32 * per_layer, 0)
+    # 70B (GQA, 8 kv heads of 128): the committed QL record trained 828,375,040 parameters
+    assert adapter_params(L70, LORA_ALL)[0] == 828_375_040
+    fa = adapter_params(L7, {**LORA_ALL, "kind": "lora_fa", "target_modules": ["q_proj"]})
+    assert fa == (32 * 64 * 4096, 32 * 64 * 4096)  # B trains, A is frozen
+    dora = adapter_params(L7, {**LORA_ALL, "kind": "dora", "target_modules": ["down_proj"]})
+    assert dora == (32 * (64 * (11008 + 4096) + 4096), 0)  # + one magnitude per output
+    assert adapter_params(L7, {"kind": "prompt_tuning", "num_virtual_tokens": 20}) == (20 * 4096, 0)
+
+
+@pytest.mark.parametrize("tech, gpus, fb, step", [
+    ("Naive", 1, 20, 24), ("F+R", 2, 20, 24),          # ZeRO-0: nothing sharded
+    ("Z2", 2, 4 + 12 / 2, 4 + 16 / 2), ("Z2", 8, 4 + 12 / 8, 4 + 16 / 8),
+    ("Z3", 4, 16 / 4, 18 / 4), ("Z2+O", 2, 2 + 0.5 / 2, 2 + 0.5 / 2), ("Z3+O", 2, 1.3 / 2, 1.3 / 2),
+])
+def test_full_parameter_states_by_hand(tech, gpus, fb, step):
+    got = state_bytes(w(tech, gpus=gpus))
+    assert got[0] == pytest.approx(fb * N7) and got[1] == pytest.approx(step * N7)
+
+
+def test_offload_puts_the_optimizer_on_the_host():
+    assert state_bytes(w("Z2+O", gpus=2))[2] == pytest.approx(21 * N7 / 2)
+    assert state_bytes(w("Z3+O", gpus=1))[2] == pytest.approx(24 * N7)
+    assert state_bytes(w("Z2", gpus=2))[2] == 0
+
+
+def test_frozen_bases_by_hand():
+    counts = L7.param_counts()
+    lora, _ = adapter_params(L7, LORA_ALL)
+    # LoRA: bf16 base + the adapters' ZeRO-0 bytes
+    assert state_bytes(w("L", adapter=LORA_ALL))[0] == pytest.approx(2 * N7 + 20 * lora)
+    # QLoRA: 4-bit decoder linears, the rest bf16
+    ql = state_bytes(w("QL", adapter=LORA_ALL))[0]
+    base = counts["decoder_linear"] * 0.53 + (N7 - counts["decoder_linear"]) * 2
+    assert ql == pytest.approx(base + 20 * lora)
+    # Q pre-training: embeddings, norms and lm_head train
+    q = state_bytes(w("Q"))[0]
+    assert q == pytest.approx(counts["decoder_linear"] * 0.53 + 20 * (N7 - counts["decoder_linear"]))
+    # ZeRO-3 shards the frozen base too
+    z3 = state_bytes(w("L+Z3", gpus=2, adapter=LORA_ALL))[0]
+    assert z3 == pytest.approx(2 * N7 / 2 + 16 * lora / 2)
+
+
+def test_megatron_states_by_hand():
+    dist = w(backend="megatron", gpus=2, parallel={"tensor_parallel": 1, "pipeline_parallel": 1,
+                                                   "distributed_optimizer": True})
+    assert state_bytes(dist)[:2] == pytest.approx((N7 * (6 + 12 / 2), N7 * (6 + 16 / 2)))
+    tp2 = w(backend="megatron", gpus=2, parallel={"tensor_parallel": 2, "pipeline_parallel": 1,
+                                                  "distributed_optimizer": False})
+    assert state_bytes(tp2)[:2] == pytest.approx((18 * N7 / 2, 22 * N7 / 2))
+
+
+def test_korthikanti_activations_by_hand():
+    # eq. 1: 34h + 5as per token and layer; F drops 5as; eq. 2 with t = 2: h(10 + 12) + 5as/2
+    assert layer_activation_bytes(L7, 350, flash=True) == 34 * 4096
+    assert layer_activation_bytes(L7, 350, flash=False) == 34 * 4096 + 5 * 32 * 350
+    assert layer_activation_bytes(L7, 350, flash=False, tp=2) == 22 * 4096 + 2.5 * 32 * 350
+    k = C.BACKENDS["deepspeed"]
+    acts, layer, logits = activation_bytes(w("F", batch_size=2))
+    assert acts == pytest.approx(700 * 32 * k.act_scale * 34 * 4096) and layer == 0
+    assert logits == pytest.approx(700 * k.logits_bytes * 32000)
+    # R keeps each layer's 2-byte input; one layer is recomputed at a time
+    acts, layer, _ = activation_bytes(w("R", batch_size=2))
+    assert acts == 700 * 32 * 2 * 4096
+    assert layer == pytest.approx(700 * k.act_scale * (34 * 4096 + 5 * 32 * 350))
+
+
+def test_buckets_and_the_peak_is_the_larger_phase():
+    assert buffer_bytes(w("Z2", gpus=2)) == 2 * 5e8 * 2 and buffer_bytes(w("Z3", gpus=2)) == 5e8 * 2
+    assert buffer_bytes(w("Naive")) == 0
+    k = C.BACKENDS["deepspeed"]
+    # ZeRO-2 on two GPUs at batch 1: the step (4N + 16N/2) beats forward/backward (4N + 12N/2 + a little)
+    p = predict(w("F+Z2", gpus=2))
+    assert p.phase == "optimizer step"
+    assert p.gpu_gib == pytest.approx((12 * N7 + 2e9) / GIB + k.overhead_gib)
+    # at batch 64 the activations win
+    big = predict(w("F+Z2", gpus=2, batch_size=64))
+    assert big.phase == "forward-backward"
+    t = big.terms
+    assert big.gpu_gib == pytest.approx(t["states_fb"] + t["activations"] + t["logits"] + t["buffers"] + t["overhead"])
+
+
+def test_fits_with_margin_and_host():
+    p = memory.Prediction(gpu_gib=76.0, host_gib=10.0, phase="forward-backward", terms={"host_offload": 8.0})
+    assert memory.fits(p, 80, margin=0.05)[0] is True  # 79.8 <= 80
+    ok, why = memory.fits(p, 80, margin=0.06)
+    assert not ok and "80 GiB" in why
+    assert memory.fits(p, 80, host_memory_gib=30, ranks_per_node=3, margin=0.0)[0] is True
+    ok, why = memory.fits(p, 80, host_memory_gib=29, ranks_per_node=3, margin=0.0)
+    assert not ok and "host" in why
+    assert memory.fits(p, None)[0] is True  # no capacity known: nothing to say
+
+
+def test_predicted_max_batch_is_the_boundary():
+    cell = w("F+R+Z3", gpus=2)
+    b = memory.predicted_max_batch(cell, 141)
+    assert b > 1
+    assert memory.fits(predict(cell.with_batch(b)), 141)[0]
+    assert not memory.fits(predict(cell.with_batch(b + 1)), 141)[0]
+    assert memory.predicted_max_batch(w("Naive", gpus=2), 141) == 0  # ZeRO-0 7B: 24 bytes a parameter
+    assert memory.predicted_max_batch(w("QL+F+R", adapter=LORA_ALL), 80, max_batch=16) == 16
+
+
+def test_states_lower_bound_kept_for_the_findings():
+    assert memory.model_states_gib(L7, "Naive") == pytest.approx(20 * N7 / GIB)
+    assert memory.cannot_fit(L7, "Naive", 1, 80) and not memory.cannot_fit(L7, "Z3", 8, 80)
+
+
+@pytest.fixture(scope="module")
+def combined():
+    return pd.read_csv(COMBINED)
+
+
+def test_the_stated_constants_are_the_fit_of_the_committed_records(combined):
+    got = memfit.fit(combined, REPO)
+    ds, mg = C.BACKENDS["deepspeed"], C.BACKENDS["megatron"]
+    assert got["logits_bytes"] == pytest.approx(ds.logits_bytes, rel=0.02)
+    assert got["deepspeed"]["act_scale"] == pytest.approx(ds.act_scale, rel=0.02)
+    assert got["deepspeed"]["overhead_gib"] == pytest.approx(ds.overhead_gib, abs=0.01)
+    assert got["megatron"]["act_scale"] == pytest.approx(mg.act_scale, rel=0.02)
+    assert got["compiled_act_scale"] == pytest.approx(C.COMPILED_ACT_SCALE, rel=0.05)
+    assert got["offload_fb_bytes"]["Z2+O"] == pytest.approx(C.DEEPSPEED[(2, True)].fb.sharded, rel=0.05)
+    assert got["offload_fb_bytes"]["Z3+O"] == pytest.approx(C.DEEPSPEED[(3, True)].fb.sharded, rel=0.05)
+    assert got["offload_host_bytes"]["Z2+O"] == pytest.approx(C.DEEPSPEED[(2, True)].host.sharded, rel=0.05)
+    assert got["offload_host_bytes"]["Z3+O"] == pytest.approx(C.DEEPSPEED[(3, True)].host.sharded, rel=0.05)
+
+
+# Skipping cells predicted not to fit (skip_predicted_oom) and the dry run of a config --------
+
+MINI = """
+results_dir: {results}
+protocol: {{warmup_steps: 1, measured_steps: 2, repeats: 1, seq_len: 350, timeout_s: 600, seed: 0}}
+pretrain:
+  - name: ZeRO-0 7B needs 24 bytes a parameter (cannot fit 80 GiB); 4-bit fits
+    platforms: [h100]
+    models: [llama2-7b]
+    techniques: [Naive, Q]
+    batch_sizes: [1]
+"""
+
+
+@pytest.fixture
+def mini(tmp_path):
+    path = tmp_path / "mini.yaml"
+    path.write_text(MINI.format(results=tmp_path / "results"))
+    return path
+
+
+def test_plan_counts_the_cells_that_would_be_skipped_per_platform(mini):
+    from llmbench.memory.cells import plan
+
+    cells, per = plan(mini, REPO)
+    assert per.to_dict("records") == [{"platform": "h100", "cells": 2, "skipped": 1, "runs": 1}]
+    naive = cells.set_index("technique").loc["Naive"]
+    assert not naive["predicted_fits"] and "80 GiB" in naive["reason"]
+
+
+def test_the_plan_command_prints_the_per_platform_counts(mini, capsys):
+    from llmbench.memory.__main__ import main
+
+    assert main(["plan", str(mini)]) == 0
+    assert "1 of 2 training cells predicted not to fit" in capsys.readouterr().out
+
+
+def _spec(mini, technique):
+    from llmbench.grid import load
+
+    grid = load(mini, REPO)
+    return grid.spec(next(c for c in grid.cells if c.technique == technique))
+
+
+def test_a_cell_predicted_not_to_fit_is_skipped_and_runs_nothing(mini, tmp_path, monkeypatch):
+    from llmbench import launch, record
+
+    def never(*a, **k):
+        raise AssertionError("a skipped cell started a worker")
+
+    monkeypatch.setattr(launch, "run_repeat", never)
+    out = tmp_path / "naive" / "record.json"
+    rec = launch.run_cell(_spec(mini, "Naive"), out, tmp_path / "naive.log", skip_predicted_oom=True)
+    assert rec.status == "skipped" and "predicted not to fit" in rec.reason and "skip_predicted_oom=false" in rec.reason
+    back = record.read(out)
+    assert back.status == "skipped" and back.summary["margin"] == memory.MARGIN
+    assert back.summary["predicted_gpu_gib"] > back.summary["capacity_gib"] == 80
+    assert back.provenance["spec"]["cell"]["technique"] == "Naive"
+    assert "skipped:" in (tmp_path / "naive.log").read_text()
+
+
+def test_forcing_runs_the_cell_and_a_fitting_cell_is_never_skipped(mini, tmp_path, monkeypatch):
+    from llmbench import gpus, launch
+    from llmbench.aggregate import Outcome
+
+    ran = []
+
+    def injected(spec, *a, **k):
+        ran.append(spec["cell"]["technique"])
+        return Outcome(status="oom", reason="injected out-of-memory")
+
+    monkeypatch.setattr(launch, "run_repeat", injected)
+    monkeypatch.setattr(gpus, "check_cell", lambda *a, **k: gpus.Check())  # no NVML here: GPUs free
+    forced = launch.run_cell(_spec(mini, "Naive"), tmp_path / "n.json", tmp_path / "n.log", skip_predicted_oom=False)
+    fitting = launch.run_cell(_spec(mini, "Q"), tmp_path / "q.json", tmp_path / "q.log", skip_predicted_oom=True)
+    assert ran == ["Naive", "Q"] and forced.status == fitting.status == "oom"
+
+
+# The validation table --------------------------------------------------------------------
+
+def test_the_validation_table_has_a_row_for_every_training_record(combined):
+    from llmbench.memory import validate
+
+    df = validate.build(combined, REPO, estimators=False)
+    train = combined[combined["stage"].isin(["pretrain", "finetune"])]
+    assert len(df) == len(train) and (train["kind"] == "probe").any()
+    assert list(df["record_path"]) == list(train["record_path"]) and list(df["status"]) == list(train["status"])
+    assert (df["predicted_gib"] > 0).all()
+    figures = validate.figures(df).set_index("estimator")
+    ours = figures.loc["llmbench"]
+    assert ours["ok_measured"] == ((train["status"] == "ok") & train["peak_mem_allocated_gib"].notna()).sum()
+    assert ours["oom_rows"] == (train["status"] == "oom").sum()
+
+
+def test_deepspeeds_and_accelerates_estimators_are_called_where_they_apply():
+    from llmbench.memory import validate
+
+    gpu, host = validate.deepspeed_estimate_gib(w("Z2", gpus=2))
+    assert gpu == pytest.approx((2 * N7 + 18 * N7 // 2) / GIB, rel=1e-6)  # DeepSpeed 0.19's 2N + 18N/g
+    assert validate.deepspeed_estimate_gib(w("Naive")) is None
+    assert validate.deepspeed_estimate_gib(w("L+Z2", adapter=LORA_ALL)) is None
+    acc = validate.accelerate_estimate_gib(w("Naive"))
+    assert acc == pytest.approx(8 * N7 / GIB, rel=0.01)  # fp32 size x 2: its Adam states, the largest part
+    assert validate.accelerate_estimate_gib(w("Z3", gpus=2)) is None
+
+
+# Replaying the max-batch searches from the predicted largest batch -------------------------
+
+def test_replay_reproduces_the_committed_searches_and_the_hint_finds_the_same_batch():
+    from llmbench.memory.replay import replay_all
+
+    df = replay_all(REPO / "results/reference", REPO)
+    assert len(df) == 4
+    # the oracle is faithful: from their own start today's next_probe makes the committed probes
+    assert (df["replayed_probes"] == df["committed_probes"]).all()
+    assert (df["replayed_found"] == df["largest_ok"]).all() and (df["hinted_found"] == df["largest_ok"]).all()
+    assert (df["probes_saved"] == df["replayed_probes"] - df["hinted_probes"]).all()
+
+
+def test_replay_from_the_exact_frontier_needs_few_probes():
+    from llmbench.memory.replay import replay
+
+    probes = [{"batch_size": b, "status": "ok", "peak_gib": 10 + b} for b in (1, 2)]
+    summary = {"probes": probes + [{"batch_size": 40, "status": "oom", "peak_gib": None}], "largest_ok": 30,
+               "max_batch": 64, "capacity_gib": 80, "fit_limit_gib": 76}
+    from_one = replay(summary, 1)
+    exact = replay(summary, 30)
+    assert max(p.batch_size for p in exact if p.status == "ok") == 30 == max(
+        p.batch_size for p in from_one if p.status == "ok")
+    assert len(exact) < len(from_one)
+
+
+def test_the_start_hint_of_a_search_spec(mini):
+    from llmbench.grid import load
+
+    grid = load(mini, REPO)
+    spec = grid.spec(next(c for c in grid.cells if c.technique == "Q"))
+    hint = memory.start_hint({**spec, "search": {"max": 64}})
+    assert hint == memory.predicted_max_batch(Workload.from_spec(spec), 80, max_batch=64) and 1 < hint <= 64
+    cpu = {**spec, "platform": {**spec["platform"], "accelerator": "cpu", "gpu_memory_gib": None}}
+    assert memory.start_hint({**cpu, "search": {"max": 64}}) is None
+
+
+def test_the_paper_check_has_a_row_per_ok_or_oom_cell_of_tables_3_4_9():
+    from llmbench.memory import validate
+
+    paths = [REPO / f"config/reference/{t}.csv" for t in validate.PAPER_TABLES]
+    df = validate.paper_check(paths, REPO)
+    cells = pd.concat([pd.read_csv(p) for p in paths])
+    assert len(df) == cells["status"].isin(["ok", "oom"]).sum()
+    naive_24gb = df[(df["technique"] == "Naive") & df["platform"].str.startswith("rtx")]
+    assert len(naive_24gb) and not naive_24gb["predicted_fits"].any()  # 24 bytes x 6.7e9 > 24 GiB
+    assert set(df.loc[df["platform"] == "a800", "gpus"]) == {8}

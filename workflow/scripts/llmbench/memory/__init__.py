@@ -1,0 +1,13 @@
+"""Predicted memory of training cells (issue 19): the model (llmbench.memory.model), its
+constants and their sources (constants), the fit of those constants to the committed
+records (fit), the validation table (validate), the dry run of a grid (plan) and the replay
+of the max-batch searches from a predicted start (replay). ``python -m llmbench.memory``
+runs fit, plan and replay from the command line."""
+
+from .cells import Verdict, check, start_hint
+from .constants import MARGIN
+from .model import (ADAM_FP32, GIB, GRADS, NF4, WEIGHTS_BF16, Prediction, Workload, adapter_params, cannot_fit,
+                    fits, host_memory_gib, model_states_gib, predict, predicted_max_batch)
+
+__all__ = ["Verdict", "check", "start_hint", "ADAM_FP32", "GIB", "GRADS", "MARGIN", "NF4", "WEIGHTS_BF16", "Prediction", "Workload", "adapter_params",
+           "cannot_fit", "fits", "host_memory_gib", "model_states_gib", "predict", "predicted_max_batch"]

@@ -1,0 +1,119 @@
+"""The memory model's constants, each with where it comes from (llmbench.memory.model).
+
+Two kinds: accounting taken from the frameworks' code and papers (state bytes per
+parameter, bucket sizes), and constants fitted to the committed reference records by
+``llmbench.memory.fit`` (``python -m llmbench.memory fit``: least squares over the ok GPU
+records whose peak is in the forward/backward phase; the test tests/unit/test_memory.py
+refits from the committed combined tidy table and checks these values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class StateBytes:
+    """Bytes per parameter of one rank: ``full`` held whole on every rank plus ``sharded``
+    split over the data-parallel ranks."""
+
+    full: float
+    sharded: float
+
+    def per_rank(self, params: float, ranks: int) -> float:
+        """Bytes one of ``ranks`` holds for ``params`` parameters."""
+        return params * (self.full + self.sharded / ranks)
+
+
+@dataclass(frozen=True, slots=True)
+class StateRow:
+    """Model-state bytes of one technique: through forward/backward, at the optimizer
+    step, and on the host (offload)."""
+
+    fb: StateBytes
+    step: StateBytes
+    host: StateBytes = StateBytes(0.0, 0.0)
+
+
+#: DeepSpeed bf16 mode, per trainable parameter, by (ZeRO stage, offload).
+DEEPSPEED: dict[tuple[int, bool], StateRow] = {
+    # ZeRO-0 (bf16 optimizer): bf16 weights 2 + bf16 gradients 2 + fp32 gradient
+    # accumulation 4 + fp32 master 4 + Adam 8 = 20 through the step; the step adds a flat
+    # fp32 copy of the gradients (4): the H200 OOMs of llama2-7b Naive/F/R "tried to
+    # allocate 25.10 GiB" (4 bytes x 6.74e9) with 125.58 GiB (20 bytes each) allocated.
+    (0, False): StateRow(fb=StateBytes(20, 0), step=StateBytes(24, 0)),
+    # ZeRO-2: bf16 weights 2 and bf16 gradients 2 whole, fp32 master 4 + Adam 8 (+ the fp32
+    # gradient partition 4 at the step) sharded: DeepSpeed <= 0.14's
+    # estimate_zero2_model_states_mem_needs (4N + 16N/g); the H200 pair measured 75.40 GiB
+    # at batch 1 (12 bytes x 6.74e9 at g = 2) where 0.19's estimator says 2N + 18N/g.
+    (2, False): StateRow(fb=StateBytes(4, 12), step=StateBytes(4, 16)),
+    # ZeRO-2 + O: bf16 weights whole on the GPU and a part of the bf16 gradient partition
+    # (0.5 per sharded parameter, fitted to the one record: the H200 pair's 18.25 GiB, where
+    # the accounting's 2 would say 23); the host holds fp32 master, Adam and fp32 gradients
+    # (16) plus pinned bf16 copies: 21, fitted to its 67.3 GiB RSS per rank.
+    (2, True): StateRow(fb=StateBytes(2, 0.5), step=StateBytes(2, 0.5), host=StateBytes(0, 21)),
+    # ZeRO-3: everything sharded, 16 through forward/backward, 18 at the step (the fp32
+    # gradient partition): DeepSpeed's estimate_zero3_model_states_mem_needs (18N/g).
+    (3, False): StateRow(fb=StateBytes(0, 16), step=StateBytes(0, 18)),
+    # ZeRO-3 + O: part of the bf16 gradient partition stays on the GPU (1.3, fitted to the
+    # H200 pair's 7.32 GiB); the host holds the rest (24, fitted to its 77.9 GiB RSS per rank).
+    (3, True): StateRow(fb=StateBytes(0, 1.3), step=StateBytes(0, 1.3), host=StateBytes(0, 24)),
+}
+
+#: Megatron-LM (megatron-core) bf16 with fp32 main gradients, per local parameter (the
+#: model over tensor x pipeline ranks): bf16 weights 2 + fp32 main gradient 4 whole; fp32
+#: master weights 4, their gradient 4 and Adam 8 (16) sharded over the data-parallel ranks
+#: by the distributed optimizer, whole without it. Fitted to the H200 pair's two layouts at
+#: batch 1 (tp1pp1-distopt 87.93 GiB = 14 bytes x 6.74e9; tp2pp1 69.13 GiB = 22 bytes x
+#: 3.37e9): 6 + 16/dp solves both. The step's extra is the master-gradient copy (4/dp).
+MEGATRON_DISTOPT = StateRow(fb=StateBytes(6, 12), step=StateBytes(6, 16))
+MEGATRON = StateRow(fb=StateBytes(18, 0), step=StateBytes(22, 0))
+
+#: DeepSpeed's communication buffers by ZeRO stage, bytes: ZeRO-2 with overlap_comm keeps
+#: two reduce buckets of reduce_bucket_size (default 5e8 elements) in bf16; ZeRO-3 one
+#: (DeepSpeed's config defaults). The tiny model's cells on the H100 measured 1.74 GiB
+#: (R+Z2) and 0.94 GiB (Z3) over Naive, against 1.86 and 0.93 here.
+BUCKETS: dict[int, float] = {2: 2 * 5e8 * 2, 3: 5e8 * 2}
+
+
+@dataclass(frozen=True, slots=True)
+class BackendConstants:
+    """The fitted constants of one backend."""
+
+    act_scale: float
+    """Saved activations over Korthikanti et al.'s eq. 1/2 (fitted)."""
+    logits_bytes: float
+    """Bytes per vocabulary entry and token of the logits and the loss (fitted)."""
+    overhead_gib: float
+    """Fixed GPU memory beyond the terms: workspaces, RoPE tables, small buffers (fitted)."""
+    host_base_gib: float
+    """Host RSS of one rank without offload (median of the ok GPU records)."""
+
+
+#: Fitted by llmbench.memory.fit on the committed reference records (results/reference/
+#: combined/tables/records.csv): logits_bytes from 12 DeepSpeed rows with recomputation
+#: (least squares); deepspeed's act_scale from 27 rows (least squares through the origin)
+#: and its overhead from the 3 tiny-model rows; megatron's act_scale from 11 rows (no tiny
+#: rows: overhead 0, logits as DeepSpeed's). Korthikanti's formula needs no scale for
+#: DeepSpeed's HF Llama (1.03); Megatron-LM's unfused attention and fp32 softmax keep 43%
+#: more.
+BACKENDS: dict[str, BackendConstants] = {
+    "deepspeed": BackendConstants(act_scale=1.03, logits_bytes=12.25, overhead_gib=0.04, host_base_gib=2.16),
+    "megatron": BackendConstants(act_scale=1.43, logits_bytes=12.25, overhead_gib=0.0, host_base_gib=1.83),
+}
+
+#: Saved activations under torch.compile (C) over eager (fitted: the H200 pair's F+Z2+C
+#: against F+Z2 at batch 16; inductor fuses the norms, RoPE and SwiGLU and saves less).
+COMPILED_ACT_SCALE = 0.58
+
+#: Safety margin: a cell fits when its predicted peak x (1 + MARGIN) is at most the
+#: platform's gpu_memory_gib. Chosen on the reference records (llmbench.memory.validate
+#: reports the figures): any margin under 8.4% predicts no ok record not to fit (the
+#: closest: Megatron-LM tp1pp1-distopt at batch 18 on the H200 pair); catching the one OOM
+#: it misses (Megatron-LM TP2 at batch 39, under-predicted by 3.5%) would need 10.4%. 5%
+#: leaves room for the model's spread (90th percentile |error| 6%). The allocator's slack
+#: (reserved over allocated) is not a term: on the ok records it ranged from 0.1 to 28 GiB
+#: (median 15% of allocated; the 4-bit cells keep their load-time reservation), too
+#: irregular for a constant; the margin and the platform's gpu_memory_gib (above what CUDA
+#: reports usable: 139.8 GiB of an H200's 141) absorb it where it matters, near the limit.
+MARGIN = 0.05

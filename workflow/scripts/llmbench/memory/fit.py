@@ -1,0 +1,171 @@
+"""Fit the memory model's per-backend constants to committed records.
+
+    python -m llmbench.memory fit [results/reference/combined/tables/records.csv]
+
+From the tidy table's ok GPU training rows (with their records' specs):
+
+- ``logits_bytes`` (both backends): least squares of ``measured - states_fb - buckets -
+  layer inputs = logits_bytes·V·tokens + c`` over the DeepSpeed rows with recomputation
+  (R) whose peak is in the forward/backward phase: there the decoder keeps only its layer
+  inputs, known exactly. (Without R the logits and the activations both grow with tokens
+  alone, at one sequence length and vocabulary in every record: they cannot be told apart.)
+  Megatron-LM has no R rows and takes the same value;
+- ``overhead_gib`` per backend: the median of what the rows of models under 1e8
+  parameters (the tiny model: its states and activations are a few MiB) leave over
+  states, buckets and logits (0 for a backend without such rows);
+- ``act_scale`` per backend: least squares through the origin of ``measured - states_fb -
+  buckets - logits - overhead = act_scale·A`` over the other rows without recomputation,
+  torch.compile or offload whose predicted peak is in the forward/backward phase (A:
+  Korthikanti et al.'s activations at scale 1). The phase is decided with the constants in
+  llmbench.memory.constants, so a fit that moved a row across phases is rerun after the
+  constants are updated;
+- ``COMPILED_ACT_SCALE``: the mean ratio of the activations the C rows leave to eager's;
+- ``host_base_gib``: the median host RSS of the rows without offload; the offload rows'
+  host bytes per sharded parameter come with them (``offload_host_bytes``), and their GPU
+  bytes per sharded parameter (``offload_fb_bytes``) beside the accounting's value.
+
+The results are printed; llmbench.memory.constants holds them (rounded) with this as their
+source, and tests/unit/test_memory.py refits and compares.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .. import techniques
+from ..config import REPO_ROOT
+from ..models import ModelSpec
+from .constants import BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED
+from .model import GIB, Workload, activation_bytes, buffer_bytes, layer_activation_bytes, predict, state_bytes
+
+TRAIN_STAGES = ("pretrain", "finetune")
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One training record: what the model needs and what was measured."""
+
+    workload: Workload
+    status: str
+    measured_gib: float | None
+    """Peak GPU memory allocated (None on a CPU or where not measured)."""
+    rss_gib: float | None
+    platform: str
+    mem_cap_gib: float | None = None
+    """The cell's per-rank RSS cap (CPU cells), or None."""
+
+
+def record_spec(path: Path) -> dict[str, Any]:
+    """A training record's run spec: its provenance's, or (a probe answered from the search's
+    frontier file, which ran nothing) rebuilt from its cell and config/models."""
+    rec = json.loads(path.read_text())
+    spec = (rec.get("provenance") or {}).get("spec")
+    if spec and "model" in spec:
+        return spec
+    return {"cell": rec["cell"], "model": ModelSpec.load(rec["cell"]["model"]).to_dict()}
+
+
+def rows(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> list[tuple[pd.Series, Row]]:
+    """The tidy table's training rows (cells and probes) with their workloads."""
+    out = []
+    for _, r in tidy[tidy["stage"].isin(TRAIN_STAGES)].iterrows():
+        path = Path(r["record_path"])
+        spec = record_spec(path if path.is_absolute() else root / path)
+        measured = r["peak_mem_allocated_gib"]
+        rss = r["peak_rss_gib"]
+        out.append((r, Row(workload=Workload.from_spec(spec), status=r["status"],
+                           measured_gib=None if pd.isna(measured) else float(measured),
+                           rss_gib=None if pd.isna(rss) else float(rss), platform=r["platform"],
+                           mem_cap_gib=spec["cell"].get("mem_cap_gib"))))
+    return out
+
+
+def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
+    """The fitted constants (see the module docstring) from a tidy table."""
+    ok = [row for _, row in rows(tidy, root) if row.status == "ok" and row.measured_gib is not None]
+    out: dict[str, Any] = {}
+    logits_bytes = BACKENDS["deepspeed"].logits_bytes
+    # 1. logits_bytes from the recomputation rows: there the decoder keeps only its layer
+    #    inputs (known exactly) and the logits are the rest of what grows with the batch
+    xs, ys = [], []
+    for r in ok:
+        w, tech = r.workload, techniques.parse(r.workload.technique)
+        if not tech.recompute or tech.offload or w.backend != "deepspeed":
+            continue
+        acts, layer, logits = activation_bytes(w)
+        if layer > logits or predict(w).phase != "forward-backward":
+            continue
+        xs.append([logits / BACKENDS[w.backend].logits_bytes / GIB, 1.0])
+        ys.append(r.measured_gib - (state_bytes(w)[0] + buffer_bytes(w) + acts) / GIB)
+    if len(xs) >= 2:
+        (logits_bytes, _), *_ = np.linalg.lstsq(np.array(xs), np.array(ys), rcond=None)
+        out["logits_bytes"] = float(logits_bytes)
+        out["logits_rows"] = len(xs)
+    # 2. overhead per backend: what the smallest models' rows (under 1e8 parameters: their
+    #    states and activations are a few MiB) leave over states, buckets and logits; 0
+    #    where the backend has none. 3. act_scale: least squares through the origin of what
+    #    the larger rows leave over states, buckets, logits and overhead (the activations
+    #    and the logits grow together with the tokens: see 1.)
+    for backend in BACKENDS:
+        mine = [r for r in ok if r.workload.backend == backend]
+        small, plain, xs, ys = [], [], [], []
+        for r in mine:
+            tech, w = techniques.parse(r.workload.technique), r.workload
+            if tech.recompute or tech.compiled or tech.offload or predict(w).phase != "forward-backward":
+                continue
+            tp = int((w.parallel or {}).get("tensor_parallel", 1))
+            tokens = w.batch_size * w.seq_len
+            acts = tokens * w.model.num_hidden_layers * layer_activation_bytes(w.model, w.seq_len, tech.flash, tp)
+            rest = r.measured_gib - (state_bytes(w)[0] + buffer_bytes(w)
+                                     + logits_bytes * tokens * w.model.vocab_size / tp) / GIB
+            if w.model.param_counts()["total"] < 1e8:
+                small.append(rest)
+            else:
+                xs.append(acts / GIB)
+                ys.append(rest)
+                plain.append(r)
+        if not xs:
+            continue
+        overhead = float(np.median(small)) if small else 0.0
+        x, y = np.array(xs), np.array(ys) - overhead
+        scale = float(x @ y / (x @ x))
+        base = [r.rss_gib for r in mine if r.rss_gib is not None and not techniques.parse(r.workload.technique).offload]
+        out[backend] = {"act_scale": scale, "overhead_gib": overhead,
+                        "host_base_gib": float(np.median(base)) if base else None, "rows": len(mine),
+                        "rows_fitted": len(plain), "rows_overhead": len(small)}
+    compiled, off_fb, off_host = [], {}, {}
+    for r in ok:
+        tech, w = techniques.parse(r.workload.technique), r.workload
+        if w.backend != "deepspeed":
+            continue
+        k = BACKENDS[w.backend]
+        acts, layer, logits = activation_bytes(w)
+        rest = (buffer_bytes(w) + k.overhead_gib * GIB + max(logits, layer)) / GIB
+        if tech.compiled and not tech.recompute:
+            fb_states = state_bytes(w)[0] / GIB
+            compiled.append((r.measured_gib - fb_states - rest) / (acts / COMPILED_ACT_SCALE / GIB))
+        if tech.offload:
+            row = DEEPSPEED[(tech.zero_stage, True)]
+            n = w.model.param_counts()["total"]
+            per_rank = n / w.gpus
+            gpu = (r.measured_gib * GIB - row.fb.full * n - acts - rest * GIB) / per_rank
+            off_fb.setdefault(f"Z{tech.zero_stage}+O", []).append(gpu)
+            if r.rss_gib is not None:
+                host = (r.rss_gib - BACKENDS[w.backend].host_base_gib) * GIB / per_rank
+                off_host.setdefault(f"Z{tech.zero_stage}+O", []).append(host)
+    out["compiled_act_scale"] = float(np.mean(compiled)) if compiled else None
+    out["offload_fb_bytes"] = {k: float(np.mean(v)) for k, v in off_fb.items()}
+    out["offload_host_bytes"] = {k: float(np.mean(v)) for k, v in off_host.items()}
+    return out
+
+
+def main(tidy_csv: str | Path = "results/reference/combined/tables/records.csv") -> int:
+    """Print the fit of ``tidy_csv`` as JSON."""
+    print(json.dumps(fit(pd.read_csv(tidy_csv)), indent=2))
+    return 0

@@ -1,0 +1,297 @@
+"""The memory model: predicted peak GPU memory (allocated by tensors) of one rank of a
+training cell, and its host memory where there is offload.
+
+A step has two peaks and the model takes the larger (``Prediction.phase``):
+
+- forward/backward: the model states that live through the step (``StateRow.fb`` of
+  constants.DEEPSPEED or MEGATRON) plus the activations saved for the backward pass, the
+  logits, DeepSpeed's communication buckets and a fixed overhead (CUDA/cuBLAS workspaces);
+- optimizer step: the model states plus the flat buffers the optimizer allocates for the
+  step (``StateRow.step``; no activations are alive by then), plus the same buckets and
+  overhead.
+
+Model states, in bytes per parameter, ``full + sharded / data-parallel ranks``
+(``StateBytes``), for DeepSpeed's bf16 mode (bf16 weights and gradients, fp32 master
+weights, fp32 Adam momentum and variance: ZeRO paper, Rajbhandari et al. 2020, §3.1) and
+Megatron-LM's (fp32 main gradients, distributed optimizer). The rows and where each number
+comes from are in llmbench.memory.constants.
+
+Activations saved for the backward pass, per token and decoder layer, in bytes, from
+Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
+§4.1, eq. 1 and, with t-way tensor parallelism and no sequence parallelism, eq. 2):
+
+    h * (10 + 24 / t) + 5 * a * s / t      (2-byte activations; a heads, s sequence, h width)
+
+The ``5·a·s`` part is the attention scores, softmax and its dropout (2 + 2 + 1 bytes per
+score): FlashAttention (F) never materialises them, so it drops out. Llama has no dropout
+and a SwiGLU MLP of width f ≈ 2.7h with three matrices where GPT has 4h and two: their
+saved tensors come to about the same 24h, so the formula is kept and its scale fitted per
+backend (``act_scale``; torch.compile (C) saves fewer: ``COMPILED_ACT_SCALE``). With
+recomputation (R) each checkpointed layer keeps only its 2-byte input (``2h`` per token and
+layer), and one layer's full activations are alive while it is recomputed (after the logits
+are freed: the larger of the two counts). The logits (vocabulary V per token: bf16 logits, their fp32 upcast and
+the loss's fp32 gradient) are ``logits_bytes · V`` per token (fitted), split over tensor-
+parallel ranks (Megatron-LM's vocabulary-parallel loss).
+
+Parameters that do not train (a 4-bit or adapter base) take 2 bytes (bf16) or ``NF4``
+bytes (4-bit with double quantization; embeddings, lm_head and norms stay bf16); what
+trains (adapters; the embeddings, norms and lm_head under Q) takes the technique's state
+bytes. ZeRO-3 shards a frozen base too.
+
+``margin``: a cell is predicted to fit when ``gpu_gib · (1 + margin)`` is at most the
+platform's ``gpu_memory_gib`` (and, with offload, the host memory holds every rank's host
+share). The margin covers allocator slack (reserved over allocated) and the model's error;
+its value and how it was chosen are in llmbench.memory.constants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import techniques
+from ..models import ModelSpec
+from .constants import BACKENDS, BUCKETS, COMPILED_ACT_SCALE, DEEPSPEED, MARGIN, MEGATRON, MEGATRON_DISTOPT
+
+GIB = 2**30
+#: bytes per parameter of the model states (kept for the findings' lower bound)
+WEIGHTS_BF16 = 2.0
+GRADS = 4.0  # DeepSpeed's bf16 mode keeps fp32 gradient accumulation
+ADAM_FP32 = 12.0  # fp32 master weights, momentum, variance
+NF4 = 0.53  # 4 bits + double-quantized block constants (QLoRA paper, Dettmers et al. 2023, §2: 4.127 bits)
+#: Llama decoder linears: name -> (input width, output width) as functions of the spec
+LINEAR_SHAPES = {
+    "q_proj": lambda m: (m.hidden_size, m.hidden_size),
+    "k_proj": lambda m: (m.hidden_size, m.num_key_value_heads * m.head_dim),
+    "v_proj": lambda m: (m.hidden_size, m.num_key_value_heads * m.head_dim),
+    "o_proj": lambda m: (m.hidden_size, m.hidden_size),
+    "gate_proj": lambda m: (m.hidden_size, m.intermediate_size),
+    "up_proj": lambda m: (m.hidden_size, m.intermediate_size),
+    "down_proj": lambda m: (m.intermediate_size, m.hidden_size),
+}
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Workload:
+    """What decides one rank's memory: a training cell without its platform."""
+
+    model: ModelSpec
+    """The model's dimensions."""
+    technique: str
+    """Technique name (llmbench.techniques)."""
+    batch_size: int
+    """Per-GPU micro-batch."""
+    seq_len: int
+    """Tokens per sequence."""
+    gpus: int = 1
+    """Ranks of the cell."""
+    backend: str = "deepspeed"
+    """deepspeed or megatron."""
+    parallel: dict[str, Any] | None = None
+    """Megatron-LM's layout (tensor_parallel, pipeline_parallel, distributed_optimizer)."""
+    adapter: dict[str, Any] | None = None
+    """The cell's resolved adapter settings (lora: rank, target_modules; prompt_tuning)."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.seq_len < 1:
+            raise ValueError(f"seq_len must be >= 1, got {self.seq_len}")
+        if self.gpus < 1:
+            raise ValueError(f"gpus must be >= 1, got {self.gpus}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {self.backend!r}")
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any], batch_size: int | None = None) -> "Workload":
+        """The workload of a run spec ({cell, model, platform}: llmbench.grid.Grid.spec)."""
+        cell = spec["cell"]
+        return cls(model=ModelSpec(**spec["model"]), technique=cell["technique"],
+                   batch_size=batch_size or cell["batch_size"], seq_len=cell["protocol"]["seq_len"],
+                   gpus=cell["gpus"], backend=cell["backend"], parallel=cell.get("parallel"),
+                   adapter=cell.get("adapter"))
+
+    def with_batch(self, batch_size: int) -> "Workload":
+        """The same workload at another batch size."""
+        return Workload(model=self.model, technique=self.technique, batch_size=batch_size, seq_len=self.seq_len,
+                        gpus=self.gpus, backend=self.backend, parallel=self.parallel, adapter=self.adapter)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Prediction:
+    """Predicted memory of one rank of a cell (GiB)."""
+
+    gpu_gib: float
+    """Peak GPU memory allocated by tensors (the larger of the two phases)."""
+    host_gib: float
+    """Peak host RSS of one rank (the process plus what offload keeps there)."""
+    phase: str
+    """'forward-backward' or 'optimizer step': where the peak is."""
+    terms: dict[str, float] = field(default_factory=dict)
+    """Each term in GiB: states_fb, states_step, activations, recomputed_layer, logits, buffers,
+    overhead, host_offload."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (for records)."""
+        return {"gpu_gib": self.gpu_gib, "host_gib": self.host_gib, "phase": self.phase, "terms": dict(self.terms)}
+
+
+def adapter_params(model: ModelSpec, adapter: dict[str, Any] | None) -> tuple[int, int]:
+    """(trainable, frozen extra) parameters an adapter adds: LoRA r·(in + out) per target
+    linear and layer (Hu et al. 2021); DoRA adds a magnitude per output (Liu et al. 2024);
+    LoRA-FA trains only B (r·out) and keeps A frozen (Zhang et al. 2023); prompt tuning
+    trains num_virtual_tokens · h."""
+    if not adapter:
+        return 0, 0
+    kind = adapter.get("kind", "lora")
+    if kind == "prompt_tuning":
+        return int(adapter.get("num_virtual_tokens", 0)) * model.hidden_size, 0
+    r = int(adapter.get("rank", 0))
+    trainable = frozen = 0
+    for name in adapter.get("target_modules") or ():
+        fan_in, fan_out = LINEAR_SHAPES[name](model)
+        if kind == "lora_fa":
+            trainable += r * fan_out
+            frozen += r * fan_in
+        else:
+            trainable += r * (fan_in + fan_out) + (fan_out if kind == "dora" else 0)
+    return trainable * model.num_hidden_layers, frozen * model.num_hidden_layers
+
+
+def _layout(w: Workload) -> tuple[int, int, int, bool]:
+    """(tensor-parallel, pipeline-parallel, data-parallel ranks, distributed optimizer)."""
+    p = w.parallel or {}
+    tp, pp = int(p.get("tensor_parallel", 1)), int(p.get("pipeline_parallel", 1))
+    return tp, pp, max(1, w.gpus // (tp * pp)), bool(p.get("distributed_optimizer", False))
+
+
+def state_bytes(w: Workload) -> tuple[float, float, float]:
+    """(forward/backward, optimizer step, host offload) bytes of one rank's model states."""
+    tech = techniques.parse(w.technique)
+    counts = w.model.param_counts()
+    n = counts["total"]
+    if w.backend == "megatron":
+        tp, pp, dp, distopt = _layout(w)
+        row = MEGATRON_DISTOPT if distopt else MEGATRON
+        local = n / (tp * pp)
+        return row.fb.per_rank(local, dp), row.step.per_rank(local, dp), 0.0
+    row = DEEPSPEED[(tech.zero_stage, tech.offload)]
+    g = w.gpus
+    if tech.adapter is not None:
+        trainable, frozen_extra = adapter_params(w.model, w.adapter)
+        base = _frozen_base_bytes(counts, quant4=tech.quant4) + 2.0 * frozen_extra
+    elif tech.quant4:  # 4-bit pre-training: embeddings, norms and lm_head train
+        trainable = n - counts["decoder_linear"]
+        base = counts["decoder_linear"] * NF4
+    else:
+        trainable, base = n, 0.0
+    if tech.zero_stage == 3:
+        base = base / g
+    return (base + row.fb.per_rank(trainable, g), base + row.step.per_rank(trainable, g),
+            row.host.per_rank(trainable, g))
+
+
+def _frozen_base_bytes(counts: dict[str, int], quant4: bool) -> float:
+    """Bytes of a frozen base: bf16, or 4-bit decoder linears with the rest in bf16."""
+    if not quant4:
+        return WEIGHTS_BF16 * counts["total"]
+    return counts["decoder_linear"] * NF4 + (counts["total"] - counts["decoder_linear"]) * WEIGHTS_BF16
+
+
+def layer_activation_bytes(model: ModelSpec, seq_len: int, flash: bool, tp: int = 1) -> float:
+    """Korthikanti et al. 2022, eq. 1 (tp = 1) and eq. 2 (no sequence parallelism): bytes
+    per token and decoder layer, 2-byte activations, before the backend's scale."""
+    h, a = model.hidden_size, model.num_attention_heads
+    return h * (10 + 24 / tp) + (0.0 if flash else 5.0 * a * seq_len / tp)
+
+
+def activation_bytes(w: Workload) -> tuple[float, float, float]:
+    """(saved activations, one recomputed layer, logits) in bytes of one rank for one
+    micro-batch. Without recomputation no layer is recomputed (0)."""
+    tech = techniques.parse(w.technique)
+    k = BACKENDS[w.backend]
+    tp = _layout(w)[0] if w.backend == "megatron" else 1
+    seq = w.seq_len + (int((w.adapter or {}).get("num_virtual_tokens", 0)) if tech.adapter == "prompt_tuning" else 0)
+    tokens = w.batch_size * seq
+    scale = k.act_scale * (COMPILED_ACT_SCALE if tech.compiled else 1.0)
+    per_layer = tokens * scale * layer_activation_bytes(w.model, seq, tech.flash, tp)
+    logits = tokens * k.logits_bytes * w.model.vocab_size / tp
+    if tech.recompute:
+        return tokens * w.model.num_hidden_layers * 2.0 * w.model.hidden_size, per_layer, logits
+    return w.model.num_hidden_layers * per_layer, 0.0, logits
+
+
+def buffer_bytes(w: Workload) -> float:
+    """DeepSpeed's communication buckets (llmbench.memory.constants.BUCKETS), none elsewhere."""
+    if w.backend != "deepspeed":
+        return 0.0
+    return BUCKETS.get(techniques.parse(w.technique).zero_stage, 0.0)
+
+
+def predict(w: Workload) -> Prediction:
+    """The predicted peak memory of one rank of ``w``."""
+    fb_states, step_states, host = state_bytes(w)
+    acts, layer, logits = activation_bytes(w)
+    buffers = buffer_bytes(w)
+    k = BACKENDS[w.backend]
+    overhead = k.overhead_gib * GIB
+    # The logits and the loss live at the end of the forward pass, a recomputed layer only
+    # later in the backward pass (the logits are gone by then): the larger of the two counts.
+    fb = fb_states + acts + max(logits, layer) + buffers + overhead
+    step = step_states + buffers + overhead
+    terms = {"states_fb": fb_states, "states_step": step_states, "activations": acts, "recomputed_layer": layer,
+             "logits": logits, "buffers": buffers, "overhead": overhead, "host_offload": host}
+    return Prediction(gpu_gib=max(fb, step) / GIB, host_gib=(host / GIB) + k.host_base_gib,
+                      phase="forward-backward" if fb >= step else "optimizer step",
+                      terms={n: v / GIB for n, v in terms.items()})
+
+
+def fits(pred: Prediction, gpu_memory_gib: float | None, host_memory_gib: float | None = None,
+         ranks_per_node: int = 1, margin: float = MARGIN) -> tuple[bool, str]:
+    """Whether a prediction fits a GPU of ``gpu_memory_gib`` (and, with offload, a host of
+    ``host_memory_gib`` shared by ``ranks_per_node`` ranks), with ``margin``; and why not."""
+    if gpu_memory_gib and pred.gpu_gib * (1 + margin) > gpu_memory_gib:
+        return False, (f"predicted GPU peak {pred.gpu_gib:.1f} GiB ({pred.phase}) x (1 + margin {margin:g}) > "
+                       f"{gpu_memory_gib:g} GiB")
+    host = pred.host_gib * ranks_per_node
+    if host_memory_gib and pred.terms.get("host_offload", 0.0) > 0 and host * (1 + margin) > host_memory_gib:
+        return False, (f"predicted host memory {host:.1f} GiB ({ranks_per_node} rank(s) with offload) x "
+                       f"(1 + margin {margin:g}) > {host_memory_gib:g} GiB")
+    return True, ""
+
+
+def predicted_max_batch(w: Workload, gpu_memory_gib: float, host_memory_gib: float | None = None,
+                        ranks_per_node: int = 1, margin: float = MARGIN, max_batch: int = 4096) -> int:
+    """The largest batch (at most ``max_batch``) predicted to fit; 0 where batch 1 does not.
+    Memory grows with the batch, so the largest fitting one is found by bisection."""
+    def ok(b: int) -> bool:
+        return fits(predict(w.with_batch(b)), gpu_memory_gib, host_memory_gib, ranks_per_node, margin)[0]
+
+    if not ok(1):
+        return 0
+    lo, hi = 1, max_batch + 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+def model_states_gib(model: ModelSpec, technique: str, gpus: int = 1) -> float:
+    """GPU memory of the model states of one rank during forward/backward, in GiB (no
+    activations, buckets or step buffers): a lower bound of any cell of the technique."""
+    w = Workload(model=model, technique=technique, batch_size=1, seq_len=1, gpus=gpus)
+    return state_bytes(w)[0] / GIB
+
+
+def cannot_fit(model: ModelSpec, technique: str, gpus: int, gpu_memory_gib: float | None) -> bool:
+    """Whether the model states alone exceed the GPU (a cell that surely runs out of memory)."""
+    if not gpu_memory_gib:
+        return False
+    return model_states_gib(model, technique, gpus) > gpu_memory_gib
+
+
+def host_memory_gib(platform: dict[str, Any]) -> float | None:
+    """A platform's host memory per job in GiB (its Slurm mem_mb, which Slurm counts in
+    MiB), or None."""
+    mb = (platform.get("slurm") or {}).get("mem_mb")
+    return mb / 1024 if mb else None

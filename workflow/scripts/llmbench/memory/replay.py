@@ -1,0 +1,100 @@
+"""Replay the committed max-batch searches with and without the memory model's start.
+
+    python -m llmbench.memory replay [results/reference]
+
+Each search folder's search.json holds the probes it ran. The replay runs today's
+``llmbench.search.next_probe`` (unchanged) against an oracle built from those probes: a
+probed batch shows what it showed; an unprobed one fits when it is at most the search's
+``largest_ok`` (the search is exact) with its peak interpolated linearly between the probed
+peaks (extrapolated along the last two), and is too large otherwise. It replays from the
+search's own ``start`` and from the hinted start: the largest batch the memory model
+predicts to fit (``predicted_max_batch`` at the search's capacity). Right or a little
+over, the search then bisects a narrow interval, or doubles once from a fit, instead of
+climbing from the smallest batches and drawing its memory line through them (where
+allocator growth bends it: on the H200 pair Megatron-LM TP2's batches 4 and 8 pointed at
+50 where 37 was the limit). (Starting at half the prediction, so that the doubling probes
+the prediction, replayed one probe worse in all.)
+
+Hooking the start into the runner is one line where the search's State is made, in
+llmbench.search.run (or the optional start hint of the search package once it is split)::
+
+    state = State(start=memory.start_hint(spec) or search["start"], max_batch=search["max"], capacity_gib=limit)
+
+(``start_hint`` lives in llmbench.memory.cells, which imports nothing of the search, so
+the search may import it.)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..config import REPO_ROOT
+from ..search import Probe, State, next_probe
+from .fit import record_spec
+from .model import Workload, predicted_max_batch
+
+
+def oracle(summary: dict[str, Any]):
+    """batch -> (status, peak) from a search's committed probes (see the module docstring)."""
+    seen = {p["batch_size"]: (p["status"], p.get("peak_gib")) for p in summary["probes"]}
+    fits = sorted((b, peak) for b, (st, peak) in seen.items() if st == "ok" and peak is not None)
+    xs, ys = [b for b, _ in fits], [p for _, p in fits]
+    largest = summary["largest_ok"] or 0
+
+    def answer(batch: int) -> tuple[str, float | None]:
+        if batch in seen:
+            return seen[batch]
+        if batch > largest:
+            return "oom", None
+        if len(xs) >= 2 and batch > xs[-1]:
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            return "ok", ys[-1] + slope * (batch - xs[-1])
+        return "ok", float(np.interp(batch, xs, ys)) if xs else None
+
+    return answer
+
+
+def replay(summary: dict[str, Any], start: int) -> list[Probe]:
+    """The probes today's next_probe makes from ``start`` against the search's oracle."""
+    answer = oracle(summary)
+    cap = summary.get("fit_limit_gib") or summary.get("capacity_gib")
+    state = State(start=max(1, min(start, summary["max_batch"])), max_batch=summary["max_batch"], capacity_gib=cap)
+    while (nxt := next_probe(state)) is not None:
+        batch, why = nxt
+        status, peak = answer(batch)
+        state.probes.append(Probe(batch_size=batch, status=status, peak_gib=peak, chosen_by=why))
+    return state.probes
+
+
+def hinted_start(workload: Workload, capacity_gib: float, max_batch: int) -> int:
+    """The start the memory model hints: the largest batch predicted to fit (at least 1)."""
+    return max(1, predicted_max_batch(workload, capacity_gib, max_batch=max_batch))  # as cells.start_hint
+
+
+def replay_all(results: Path | str = "results/reference", root: Path = REPO_ROOT) -> pd.DataFrame:
+    """One row per committed search: probes from its own start and from the hinted start."""
+    rows = []
+    for path in sorted(Path(results).glob("*/runs/search/**/search.json")):
+        s = json.loads(path.read_text())
+        first = next(path.parent.glob("bs*/record.json"), None)
+        if first is None or not s.get("probes"):
+            continue
+        w = Workload.from_spec(record_spec(first))
+        start = hinted_start(w, s["capacity_gib"], s["max_batch"])
+        base, hinted = replay(s, s["start"]), replay(s, start)
+        found = lambda probes: max((p.batch_size for p in probes if p.status == "ok"), default=0)  # noqa: E731
+        rows.append({
+            "run": path.relative_to(Path(results)).parts[0], "platform": s["platform"], "model": s["model"],
+            "backend": s["backend"], "technique": s["technique"], "gpus": s["gpus"], "largest_ok": s["largest_ok"],
+            "committed_probes": s["n_probes"], "start": s["start"], "replayed_probes": len(base),
+            "replayed_found": found(base), "hinted_start": start,
+            "hinted_probes": len(hinted), "hinted_found": found(hinted), "probes_saved": len(base) - len(hinted),
+            "replayed": " ".join(f"{p.batch_size}:{p.status}" for p in base),
+            "hinted": " ".join(f"{p.batch_size}:{p.status}" for p in hinted),
+        })
+    return pd.DataFrame(rows)

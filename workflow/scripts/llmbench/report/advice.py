@@ -1,0 +1,227 @@
+"""The advisor (tables/advice.{csv,md,html}, ``snakemake advice``): for a platform, a model,
+a stage and a number of GPUs, the paper's methods ranked for a goal, each row marked
+``measured`` (an ok record of that cell exists: its throughput) or ``predicted`` (the memory
+model: whether it fits, its largest batch, its memory at batch 1).
+
+What is asked (config key ``advice``, or on the command line)::
+
+    snakemake advice --config advice='{platforms: [a800], models: [llama2-70b], stage: finetune, goal: throughput, gpus: 8}'
+
+Every key is optional: platforms and models default to those of the config's training cells
+and of the records (the tidy table); stage to both pretrain and finetune; goal to
+throughput; gpus (a number, a list, or per platform: ``{a800: 8, h100: 1}``) to 1 and
+the platform's gpus_per_node. Methods: the paper's (those of
+config/paper.yaml for the stage), or ``methods: [...]``. A platform file nobody ran on
+(a800, rtx4090, rtx3090, or one a user adds) is advised from the model alone.
+
+Goals:
+  throughput  measured rows by tokens/s (the best batch measured), then the predicted ones
+              by an expected-cost order taken from the paper's findings (offload slowest,
+              then 4-bit, recomputation, ZeRO-3, ZeRO-2; FlashAttention helps), larger
+              predicted batch first within a class;
+  memory      by memory at batch 1 (measured peak where measured, else predicted), least first;
+  fits        every method that fits, by the predicted largest batch, largest first.
+Methods predicted not to fit are listed last, unranked, with why.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .. import techniques
+from ..config import REPO_ROOT, ConfigError
+from ..memory import MARGIN, Workload, fits, host_memory_gib, predict, predicted_max_batch
+from ..models import ModelSpec
+from ..platforms import Platform
+from . import catalog, render
+from .render import fmt
+
+GOALS = ("throughput", "memory", "fits")
+STAGES = ("pretrain", "finetune")
+#: expected slowdown weight of each flag (the paper's Tables III, IV and IX: offload costs the
+#: most, then 4-bit dequantisation, recomputation's extra forward, ZeRO-3's gathers, ZeRO-2's
+#: reduce-scatter; FlashAttention speeds a step up)
+COST = {"O": 8.0, "Q": 4.0, "R": 2.0, "Z3": 1.0, "Z2": 0.5, "F": -0.5, "C": -0.25}
+#: LoRA settings of the paper's Table IX (rank 64 on every decoder linear), for predicted rows
+PAPER_LORA = {"kind": "lora", "rank": 64, "alpha": 16, "dropout": 0.05,
+              "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+COLUMNS = ["platform", "model", "stage", "gpus", "goal", "rank", "technique", "basis", "fits", "tokens_per_s",
+           "tokens_per_s_per_gpu", "batch_size", "predicted_max_batch", "memory_gib", "predicted_gib_bs1",
+           "capacity_gib", "expected_cost", "why_not"]
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def request(advice: dict[str, Any] | None, config_cells: list[tuple[str, str]], tidy: pd.DataFrame,
+            platforms: dict[str, Platform]) -> list[dict[str, Any]]:
+    """The (platform, model, stage, gpus, goal, methods) to advise on: the ``advice`` key's,
+    with the defaults of the module docstring (values may come as strings from --config)."""
+    advice = dict(advice or {})
+    train = tidy[tidy["stage"].isin(STAGES)] if "stage" in tidy else tidy
+    known = sorted(set(config_cells) | set(zip(train.get("platform", []), train.get("model", []))))
+    plats = _as_list(advice.get("platforms") or advice.get("platform")) or sorted({p for p, _ in known})
+    models = _as_list(advice.get("models") or advice.get("model")) or sorted({m for _, m in known})
+    stages = _as_list(advice.get("stages") or advice.get("stage")) or list(STAGES)
+    goal = str(advice.get("goal") or "throughput")
+    if goal not in GOALS:
+        raise ConfigError(f"advice.goal must be one of {GOALS}, got {goal!r}")
+    for s in stages:
+        if s not in STAGES:
+            raise ConfigError(f"advice.stage must be one of {STAGES}, got {s!r}")
+    by_platform = advice.get("gpus") if isinstance(advice.get("gpus"), dict) else None
+    gpus = [] if by_platform else [int(g) for g in _as_list(advice.get("gpus"))]
+    methods = [techniques.canonical(str(m)) for m in _as_list(advice.get("methods"))]
+    out = []
+    for p in plats:
+        plat = platforms[p]
+        mine = [int(g) for g in _as_list((by_platform or {}).get(p))] or gpus
+        for g in mine or sorted({1, plat.gpus_per_node}):
+            for m in models:
+                for s in stages:
+                    out.append({"platform": p, "model": m, "stage": s, "gpus": g, "goal": goal,
+                                "methods": methods or paper_methods(s)})
+    return out
+
+
+@lru_cache(maxsize=None)
+def _paper_methods(root: str) -> dict[str, tuple[str, ...]]:
+    from ..grid import Cell, load
+
+    grid = load(Path(root) / "config" / "paper.yaml", Path(root))
+    out: dict[str, list[str]] = {s: [] for s in STAGES}
+    for c in grid.cells:
+        if isinstance(c, Cell) and c.stage in out and c.backend == "deepspeed" and c.technique not in out[c.stage]:
+            out[c.stage].append(c.technique)
+    return {s: tuple(v) for s, v in out.items()}
+
+
+def paper_methods(stage: str, root: Path = REPO_ROOT) -> list[str]:
+    """The DeepSpeed methods of config/paper.yaml for a stage (its Tables III, IV and IX)."""
+    return list(_paper_methods(str(root))[stage])
+
+
+def expected_cost(technique: str) -> float:
+    """The throughput-cost class of a method (COST summed over its flags; the paper's order)."""
+    tech = techniques.parse(technique)
+    return sum(COST[f] for f in tech.flags)
+
+
+def _measured(tidy: pd.DataFrame, platform: str, model: str, stage: str, gpus: int, technique: str) -> dict | None:
+    """The best ok record of a cell (highest tokens/s over the batches measured), or None."""
+    if tidy.empty or "tokens_per_s_mean" not in tidy:
+        return None
+    rows = tidy[(tidy["platform"] == platform) & (tidy["model"] == model) & (tidy["stage"] == stage)
+                & (tidy["gpus"] == gpus) & (tidy["technique"] == technique) & (tidy["status"] == "ok")
+                & (tidy["backend"] == "deepspeed") & tidy["tokens_per_s_mean"].notna()]
+    if "kind" in rows:
+        rows = rows[rows["kind"] != "probe"]
+    if rows.empty:
+        return None
+    best = rows.sort_values("tokens_per_s_mean", ascending=False).iloc[0]
+    bs1 = rows[rows["batch_size"] == 1]
+    return {"tokens_per_s": float(best["tokens_per_s_mean"]), "batch_size": int(best["batch_size"]),
+            "memory_gib": float(bs1["peak_mem_allocated_gib"].iloc[0]) if len(bs1) and pd.notna(
+                bs1["peak_mem_allocated_gib"].iloc[0]) else None}
+
+
+def advise(tidy: pd.DataFrame, asks: list[dict[str, Any]], platforms: dict[str, Platform],
+           root: Path = REPO_ROOT, margin: float = MARGIN) -> pd.DataFrame:
+    """One row per (ask, method), ranked within each ask (see the module docstring)."""
+    rows = []
+    for ask in asks:
+        plat = platforms[ask["platform"]].to_dict()
+        model = ModelSpec.load(ask["model"], root)
+        cap = plat.get("gpu_memory_gib") if plat.get("accelerator") == "cuda" else None
+        host = host_memory_gib(plat)
+        ranks = min(ask["gpus"], plat.get("gpus_per_node") or 1)
+        group = []
+        for tech in ask["methods"]:
+            t = techniques.parse(tech)
+            if t.adapter == "prompt_tuning" or (t.quant4 and not plat.get("supports_4bit", True)):
+                continue
+            w = Workload(model=model, technique=tech, batch_size=1, seq_len=350, gpus=ask["gpus"],
+                         adapter=PAPER_LORA if t.adapter else None)
+            pred = predict(w)
+            ok, why = fits(pred, cap, host, ranks, margin) if cap else (True, "")
+            pmb = predicted_max_batch(w, cap, host, ranks, margin, max_batch=1024) if cap else None
+            m = _measured(tidy, ask["platform"], ask["model"], ask["stage"], ask["gpus"], tech)
+            group.append({
+                "platform": ask["platform"], "model": ask["model"], "stage": ask["stage"], "gpus": ask["gpus"],
+                "goal": ask["goal"], "technique": tech, "basis": "measured" if m else "predicted",
+                "fits": True if m else (ok if cap else None), "tokens_per_s": m["tokens_per_s"] if m else None,
+                "tokens_per_s_per_gpu": m["tokens_per_s"] / ask["gpus"] if m else None,
+                "batch_size": m["batch_size"] if m else (pmb or None), "predicted_max_batch": pmb,
+                "memory_gib": (m or {}).get("memory_gib") or pred.gpu_gib, "predicted_gib_bs1": pred.gpu_gib,
+                "capacity_gib": cap, "expected_cost": expected_cost(tech), "why_not": "" if (m or ok) else why,
+            })
+        rows += _rank(group, ask["goal"])
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _rank(group: list[dict], goal: str) -> list[dict]:
+    """The group's rows in order, fitting ones ranked 1.. (unfitting last, unranked)."""
+    fit = [r for r in group if r["fits"] is not False]
+    rest = [r for r in group if r["fits"] is False]
+    if goal == "throughput":
+        key = lambda r: (r["basis"] != "measured", -(r["tokens_per_s"] or 0), r["expected_cost"],  # noqa: E731
+                         -(r["predicted_max_batch"] or 0))
+    elif goal == "memory":
+        key = lambda r: (r["memory_gib"], r["expected_cost"])  # noqa: E731
+    else:
+        key = lambda r: (-(r["predicted_max_batch"] or r["batch_size"] or 0), r["expected_cost"])  # noqa: E731
+    fit.sort(key=key)
+    for i, r in enumerate(fit, 1):
+        r["rank"] = i
+    for r in rest:
+        r["rank"] = None
+    return fit + rest
+
+
+def build(tidy: pd.DataFrame, advice: dict[str, Any] | None = None, config_cells: list[tuple[str, str]] = (),
+          root: Path | None = None, platform_names: list[str] | None = None) -> pd.DataFrame:
+    """The advice table for a tidy table and an ``advice`` request."""
+    root = root or REPO_ROOT
+    names = set(platform_names or []) | {p for p, _ in config_cells}
+    names |= set(_as_list((advice or {}).get("platforms") or (advice or {}).get("platform")))
+    if "platform" in tidy:
+        names |= set(tidy.loc[tidy["stage"].isin(STAGES), "platform"])
+    platforms = {}
+    for n in names:
+        try:
+            platforms[n] = Platform.load(n, root)
+        except ConfigError as exc:
+            raise ConfigError(f"advice: platform {n!r}: {exc}") from None
+    asks = request(advice, list(config_cells), tidy, platforms)
+    return advise(tidy, asks, platforms, root)
+
+
+def table(df: pd.DataFrame) -> render.Table:
+    """The advisor's page: one part per (platform, GPUs, model, stage)."""
+    parts = []
+    for (p, g, m, s), grp in df.groupby(["platform", "gpus", "model", "stage"], sort=True):
+        rows = [["" if pd.isna(r.rank) else str(int(r.rank)), r.technique, r.basis,
+                 "" if r.fits is None or (not isinstance(r.fits, bool) and pd.isna(r.fits)) else
+                 ("yes" if r.fits else "no"), fmt(r.tokens_per_s, ",.0f"), fmt(r.batch_size, ".0f"),
+                 fmt(r.predicted_max_batch, ".0f"), fmt(r.memory_gib, ".1f"), r.why_not]
+                for r in grp.itertuples()]
+        parts.append(render.Part(
+            frame=pd.DataFrame(rows, columns=["Rank", "Method", "Basis", "Fits", "Measured tok/s", "Batch",
+                                              "Predicted max batch", "Memory GiB (BS 1)", "Why not"]),
+            heading=f"{m}, {s}, {p} x {g} GPU{'s' if g > 1 else ''} (goal: {grp['goal'].iloc[0]})"))
+    note = ("Basis: measured (an ok record of this cell: tokens/s at its best batch measured) or predicted (the "
+            "memory model, llmbench.memory: fits with its safety margin, largest batch, memory at batch 1; no "
+            "throughput is predicted: predicted rows are ordered by the paper's cost of each flag, offload > "
+            "4-bit > recomputation > ZeRO-3 > ZeRO-2, FlashAttention helps). Sequence length 350; LoRA rank 64 on "
+            "every decoder linear (Table IX).")
+    if not parts:
+        parts = [render.Part(frame=pd.DataFrame(columns=["Rank", "Method"]))]
+    parts[-1] = render.Part(frame=parts[-1].frame, heading=parts[-1].heading, note=note)
+    return render.Table(title=catalog.get("table", "advice").title, long=df, parts=tuple(parts))

@@ -278,8 +278,8 @@ def test_replay_from_the_exact_frontier_needs_few_probes():
 
     probes = [{"batch_size": b, "status": "ok", "peak_gib": 10 + b} for b in (1, 2)]
     summary = {"probes": probes + [{"batch_size": 40, "status": "oom", "peak_gib": None}], "largest_ok": 30,
-               "max_batch": 64, "capacity_gib": 80, "fit_limit_gib": 76}
-    from_one = replay(summary, 1)
+               "max_batch": 64, "capacity_gib": 80, "fit_limit_gib": 76, "start": 1}
+    from_one = replay(summary, None)
     exact = replay(summary, 30)
     assert max(p.batch_size for p in exact if p.status == "ok") == 30 == max(
         p.batch_size for p in from_one if p.status == "ok")

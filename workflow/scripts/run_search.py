@@ -4,13 +4,15 @@ import logging
 from pathlib import Path
 
 from llmbench.gpus import BusyPolicy
-from llmbench import search
+from llmbench import memory, search
 
 
 def main(smk) -> None:
     result = search.run(smk.params.spec, Path(smk.output.dir), smk.params.frontier, Path(smk.log[0]),
                         threads=smk.threads, reprobe=bool(smk.config.get("reprobe", False)),
-                        gpu_busy=BusyPolicy.from_config(smk.config))
+                        gpu_busy=BusyPolicy.from_config(smk.config),
+                        # the memory model's largest batch predicted to fit, probed first (None: no hint)
+                        hint=memory.start_hint(smk.params.spec))
     logging.getLogger("llmbench").info("%s: largest batch %s in %d probes", smk.output.dir, result["largest_ok"],
                                        result["n_probes"])
 

@@ -189,7 +189,9 @@ def skip_if_predicted_oom(spec: dict, record_path: Path, log: Path, started: str
         return None
     reason = (f"skip_predicted_oom: predicted not to fit: {verdict.reason} (llmbench.memory; "
               "--config skip_predicted_oom=false runs it)")
-    record = build_record(spec, [Outcome(status="skipped", reason=reason)], started, command)
+    cell = Cell.from_dict(spec["cell"])
+    build = backends.get(cell.backend).build_record()
+    record = build(spec, [Outcome(status="skipped", reason=reason)], started, command)
     record = replace(record, summary=verdict.summary())
     with open(log, "a") as fh:
         fh.write(f"skipped: {reason}\n")

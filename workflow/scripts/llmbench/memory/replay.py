@@ -7,21 +7,17 @@ Each search folder's search.json holds the probes it ran. The replay runs today'
 probed batch shows what it showed; an unprobed one fits when it is at most the search's
 ``largest_ok`` (the search is exact) with its peak interpolated linearly between the probed
 peaks (extrapolated along the last two), and is too large otherwise. It replays from the
-search's own ``start`` and from the hinted start: the largest batch the memory model
-predicts to fit (``predicted_max_batch`` at the search's capacity). Right or a little
-over, the search then bisects a narrow interval, or doubles once from a fit, instead of
-climbing from the smallest batches and drawing its memory line through them (where
-allocator growth bends it: on the H200 pair Megatron-LM TP2's batches 4 and 8 pointed at
-50 where 37 was the limit). (Starting at half the prediction, so that the doubling probes
-the prediction, replayed one probe worse in all.)
+search's own ``start``, without and with the memory model's hint (the largest batch it
+predicts to fit, ``predicted_max_batch`` at the search's capacity), which the runner probes
+first, then one above it (llmbench.search.algorithm.State.hint). Right, the search ends in
+two probes; a little over, it bisects a narrow interval; instead of climbing from the
+smallest batches and drawing its memory line through them (where allocator growth bends
+it: on the H200 pair Megatron-LM TP2's batches 4 and 8 pointed at 50 where 37 was the
+limit).
 
-Hooking the start into the runner is one line where the search's State is made, in
-llmbench.search.run (or the optional start hint of the search package once it is split)::
-
-    state = State(start=memory.start_hint(spec) or search["start"], max_batch=search["max"], capacity_gib=limit)
-
-(``start_hint`` lives in llmbench.memory.cells, which imports nothing of the search, so
-the search may import it.)
+The workflow's searches take the hint (workflow/scripts/run_search.py passes
+``memory.start_hint(spec)`` to llmbench.search.run; it is None where the model does not
+apply, e.g. CPU platforms, and the search starts as before).
 """
 
 from __future__ import annotations
@@ -59,11 +55,13 @@ def oracle(summary: dict[str, Any]):
     return answer
 
 
-def replay(summary: dict[str, Any], start: int) -> list[Probe]:
-    """The probes today's next_probe makes from ``start`` against the search's oracle."""
+def replay(summary: dict[str, Any], hint: int | None) -> list[Probe]:
+    """The probes next_probe makes from the search's own start, ``hint`` probed first
+    (llmbench.search.algorithm.State.hint, as the runner does), against the search's oracle."""
     answer = oracle(summary)
     cap = summary.get("fit_limit_gib") or summary.get("capacity_gib")
-    state = State(start=max(1, min(start, summary["max_batch"])), max_batch=summary["max_batch"], capacity_gib=cap)
+    state = State(start=summary["start"], max_batch=summary["max_batch"], capacity_gib=cap,
+                  hint=None if hint is None else max(1, min(hint, summary["max_batch"])))
     while (nxt := next_probe(state)) is not None:
         batch, why = nxt
         status, peak = answer(batch)
@@ -86,7 +84,7 @@ def replay_all(results: Path | str = "results/reference", root: Path = REPO_ROOT
             continue
         w = Workload.from_spec(record_spec(first))
         start = hinted_start(w, s["capacity_gib"], s["max_batch"])
-        base, hinted = replay(s, s["start"]), replay(s, start)
+        base, hinted = replay(s, None), replay(s, start)
         found = lambda probes: max((p.batch_size for p in probes if p.status == "ok"), default=0)  # noqa: E731
         rows.append({
             "run": path.relative_to(Path(results)).parts[0], "platform": s["platform"], "model": s["model"],

@@ -45,39 +45,6 @@ def local_device(accelerator: str) -> Any:
     return torch.device("cpu")
 
 
-def window_result(window: Any, tokens_per_step: int) -> dict[str, Any]:
-    """A training loop's timed window as result keys (tokens/s over all ranks)."""
-    return {
-        "elapsed_s": window.elapsed_s,
-        "steps": window.steps,
-        "step_times_s": list(window.step_times_s),
-        "tokens_per_s": tokens_per_step * window.steps / window.elapsed_s,
-        "step_time_s": window.elapsed_s / window.steps,
-        "global_batch_tokens": tokens_per_step,
-    }
-
-
-def peak_memory(device: Any, accelerator: str) -> dict[str, float | None]:
-    """Peak allocated and reserved device memory and peak host RSS in GiB, the max over the
-    ranks of the default process group (a collective: every rank calls it)."""
-    import resource
-
-    import torch
-    import torch.distributed as dist
-
-    cuda, gib = accelerator == "cuda", 2.0**30
-    peak = torch.tensor([
-        torch.cuda.max_memory_allocated(device) / gib if cuda else -1.0,
-        torch.cuda.max_memory_reserved(device) / gib if cuda else -1.0,
-        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # KiB on Linux
-    ], dtype=torch.float64, device=device if cuda else "cpu")
-    if dist.is_initialized():
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    return {"peak_mem_allocated_gib": peak[0].item() if cuda else None,
-            "peak_mem_reserved_gib": peak[1].item() if cuda else None,
-            "peak_rss_gib": peak[2].item()}
-
-
 def main(run: Callable[..., dict | None], argv: list[str] | None, doc: str | None,
          teardown: Callable[[], None] | None = None) -> int:
     """Parse the contract's arguments, call ``run(spec, out, trace_dir)``, and apply the

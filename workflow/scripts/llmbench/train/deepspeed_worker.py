@@ -43,6 +43,12 @@ def ds_config(tech, batch_size: int, accelerator: str, *, bf16: bool) -> dict:
         "gradient_clipping": 1.0,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
+        # DeepSpeed's throughput timer (on by default) synchronises the device at the start
+        # of every forward and at the end of every step to time them for a log line we never
+        # print: two host waits per step inside our timed window, which cost most at small
+        # batches where the host's kernel launches would otherwise run ahead of the GPU.
+        # Our own window (llmbench.protocol.run_window) synchronises only at its ends.
+        "timers": {"throughput": {"enabled": False}},
     }
 
 

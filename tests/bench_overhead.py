@@ -9,7 +9,9 @@ adapters; the LoRA settings are the grid's, from the schema's defaults), the sam
 synthetic ids (llmbench.train.scenario), parameters in the compute dtype as DeepSpeed's
 bf16 mode casts them, AdamW with the cells' settings (fused on CUDA, foreach on a CPU) on
 the trainable parameters, gradient clipping at 1.0 as the cells. Both are timed the same
-way: warm-up steps, a device synchronize, ``--steps`` steps, a synchronize. Printed: tokens/s
+way: warm-up steps, a device synchronize, ``--steps`` steps, a synchronize. The plain loop
+keeps no fp32 master copy of the trainable parameters and no fp32 gradient buffer, as
+DeepSpeed's bf16 mode does: what that and DeepSpeed's engine cost is in the ratio. Printed: tokens/s
 of each, cell / plain, and peak allocated memory; ``--rounds`` alternates the two that many
 times (medians; a 7B LoRA step at batch 1 is host-bound and moves between windows).
 

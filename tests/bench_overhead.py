@@ -75,9 +75,13 @@ def run_plain(spec: dict, workdir: Path, index: int, threads: int) -> dict:
     spec_path, out, log = (workdir / f"plain-{index}.{ext}" for ext in ("spec.json", "json", "log"))
     spec_path.write_text(json.dumps(spec))
     env = launch.worker_env(spec["platform"]["env"], threads, 1)  # the cell's threads and variables
+    timeout_s = spec["cell"]["protocol"]["timeout_s"]
     with open(log, "w") as fh:
-        proc = subprocess.run([sys.executable, __file__, "--plain-child", str(spec_path), str(out)], env=env,
-                              stdout=fh, stderr=subprocess.STDOUT, timeout=spec["cell"]["protocol"]["timeout_s"])
+        try:
+            proc = subprocess.run([sys.executable, __file__, "--plain-child", str(spec_path), str(out)], env=env,
+                                  stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"status": "timeout", "reason": [f"past {timeout_s} s"], "log": str(log)}
     if proc.returncode != 0 or not out.exists():
         lines = log.read_text().strip().splitlines()
         return {"status": "error", "reason": lines[-1:] or [f"exit {proc.returncode}"], "log": str(log)}

@@ -1,15 +1,15 @@
 """Parts of the training workers that need no worker process: the phase clock of a repeat
-(llmbench.train.contract.Phases) and the frozen-base checksum (llmbench.train.adapters)."""
+(llmbench.train.scenario.Phases) and the frozen-base checksum (llmbench.train.adapters)."""
 
 import time
 
 import torch
 
-from llmbench.train import adapters, contract
+from llmbench.train import adapters, scenario
 
 
 def test_phases_are_consecutive_intervals():
-    phases = contract.Phases()
+    phases = scenario.Phases()
     time.sleep(0.02)
     phases.mark("build")
     phases.mark("window")
@@ -17,7 +17,7 @@ def test_phases_are_consecutive_intervals():
     assert list(s) == ["phase_start_s", "phase_build_s", "phase_window_s"]
     assert s["phase_build_s"] >= 0.02 and 0 <= s["phase_window_s"] < s["phase_build_s"]
     # from this process's start: positive, and no older than the process
-    assert 0 < s["phase_start_s"] <= contract.process_age_s()
+    assert 0 < s["phase_start_s"] <= scenario.process_age_s()
 
 
 def test_frozen_checksum_is_the_float64_sum_of_frozen_storage():

@@ -89,7 +89,8 @@ def start_hint(spec: dict[str, Any]) -> int | None:
 def plan(configfile: Path | str, root: Path = REPO_ROOT, margin: float = MARGIN) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(one row per training cell of a config with its verdict, per platform: cells and how
     many ``skip_predicted_oom`` would skip)."""
-    from ..grid import Cell, load
+    from ..cells import Cell
+    from ..grid import load
 
     grid = load(Path(configfile), root)
     rows = []

@@ -192,11 +192,11 @@ def run(spec: dict, out: Path, trace_dir: Path) -> dict:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from .. import platforms, provenance
-    from ..train import build
+    from ..train import build, scenario
 
     cuda = accelerator == "cuda"
     device, sync = _device(cuda)
-    torch.manual_seed(proto.seed)
+    scenario.seed(proto.seed)
     attn_impl, attn_ctx, attn_label = build.attention_choice(tech, accelerator)
     dtype = platforms.compute_dtype(spec["platform"])
     model = build.build_llama(model_spec, attn_impl, dtype, device)
@@ -207,8 +207,7 @@ def run(spec: dict, out: Path, trace_dir: Path) -> dict:
     # the DeepSpeed runs' optimizer settings (train.deepspeed_worker.ds_config)
     opt = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0,
                             **({"fused": True} if cuda else {"foreach": True}))
-    gen = torch.Generator(device="cpu").manual_seed(proto.seed + 1000)
-    ids = torch.randint(0, model_spec.vocab_size, (cell.batch_size, proto.seq_len), generator=gen).to(device)
+    ids = scenario.synthetic_ids(model_spec.vocab_size, cell.batch_size, proto.seq_len, proto.seed, 0, device)
     losses = []
 
     def step() -> list[float]:
@@ -300,16 +299,15 @@ def run_inference(spec: dict, out: Path, trace_dir: Path) -> dict:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from .. import platforms, provenance
-    from ..train import build
+    from ..train import build, scenario
 
     cuda = accelerator == "cuda"
     device, sync = _device(cuda)
-    torch.manual_seed(proto.seed)
+    scenario.seed(proto.seed)
     attn_impl, attn_ctx, attn_label = build.attention_choice(tech, accelerator)
     dtype = platforms.compute_dtype(spec["platform"])
     model = build.build_llama(model_spec, attn_impl, dtype, device).eval()
-    gen = torch.Generator(device="cpu").manual_seed(proto.seed + 1000)
-    prompts = torch.randint(0, model_spec.vocab_size, (cell.batch_size, proto.seq_len), generator=gen).to(device)
+    prompts = scenario.synthetic_ids(model_spec.vocab_size, cell.batch_size, proto.seq_len, proto.seed, 0, device)
 
     @torch.no_grad()
     def generate(ranges: bool) -> list[float]:

@@ -93,7 +93,8 @@ def request(advice: dict[str, Any] | None, config_cells: list[tuple[str, str]], 
 
 @lru_cache(maxsize=None)
 def _paper_methods(root: str) -> dict[str, tuple[str, ...]]:
-    from ..grid import Cell, load
+    from ..cells import Cell
+    from ..grid import load
 
     grid = load(Path(root) / "config" / "paper.yaml", Path(root))
     out: dict[str, list[str]] = {s: [] for s in STAGES}

@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -44,66 +43,6 @@ def local_device(accelerator: str) -> Any:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
-
-
-def window_result(window: Any, tokens_per_step: int) -> dict[str, Any]:
-    """A training loop's timed window as result keys (tokens/s over all ranks)."""
-    return {
-        "elapsed_s": window.elapsed_s,
-        "steps": window.steps,
-        "step_times_s": list(window.step_times_s),
-        "tokens_per_s": tokens_per_step * window.steps / window.elapsed_s,
-        "step_time_s": window.elapsed_s / window.steps,
-        "global_batch_tokens": tokens_per_step,
-    }
-
-
-def process_age_s() -> float | None:
-    """Seconds since this process started (Linux /proc), None where that cannot be read."""
-    try:
-        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-class Phases:
-    """Where a repeat's wall time goes: seconds from one mark to the next, as summary keys
-    ``phase_<name>_s`` (the first, ``phase_start_s``, from process start: interpreter and
-    the worker's own imports). Marks are host clock reads; a mark after device work must
-    follow a synchronize to mean the device's time too."""
-
-    def __init__(self) -> None:
-        age = process_age_s()
-        self.seconds: dict[str, float] = {} if age is None else {"phase_start_s": age}
-        self._last = time.perf_counter()
-
-    def mark(self, name: str) -> None:
-        now = time.perf_counter()
-        self.seconds[f"phase_{name}_s"] = now - self._last
-        self._last = now
-
-
-def peak_memory(device: Any, accelerator: str) -> dict[str, float | None]:
-    """Peak allocated and reserved device memory and peak host RSS in GiB, the max over the
-    ranks of the default process group (a collective: every rank calls it)."""
-    import resource
-
-    import torch
-    import torch.distributed as dist
-
-    cuda, gib = accelerator == "cuda", 2.0**30
-    peak = torch.tensor([
-        torch.cuda.max_memory_allocated(device) / gib if cuda else -1.0,
-        torch.cuda.max_memory_reserved(device) / gib if cuda else -1.0,
-        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # KiB on Linux
-    ], dtype=torch.float64, device=device if cuda else "cpu")
-    if dist.is_initialized():
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    return {"peak_mem_allocated_gib": peak[0].item() if cuda else None,
-            "peak_mem_reserved_gib": peak[1].item() if cuda else None,
-            "peak_rss_gib": peak[2].item()}
 
 
 def main(run: Callable[..., dict | None], argv: list[str] | None, doc: str | None,

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
-from . import contract
+from . import contract, scenario
 
 
 def ds_config(tech, batch_size: int, accelerator: str, *, bf16: bool) -> dict:
@@ -41,6 +43,12 @@ def ds_config(tech, batch_size: int, accelerator: str, *, bf16: bool) -> dict:
         "gradient_clipping": 1.0,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
+        # DeepSpeed's throughput timer (on by default) synchronises the device at the start
+        # of every forward and at the end of every step to time them for a log line we never
+        # print: two host waits per step inside our timed window, which cost most at small
+        # batches where the host's kernel launches would otherwise run ahead of the GPU.
+        # Our own window (llmbench.protocol.run_window) synchronises only at its ends.
+        "timers": {"throughput": {"enabled": False}},
     }
 
 
@@ -81,43 +89,37 @@ def profile_window(step, steps: int, synchronize, accelerator: str, trace_dir: P
     return {**kernels.breakdown(events, steps, elapsed / steps, accelerator), "traces": [trace.name]}
 
 
-def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
-    """Build the model, initialise DeepSpeed, run the protocol; rank 0 returns the result. With
-    ``trace_dir`` (profile cells) a second window of ``measured_steps`` runs under
-    torch.profiler after the timed one, and the result's summary says where its time went."""
-    phases = contract.Phases()
-    platform = spec["platform"]
-    accelerator = platform["accelerator"]
-    if accelerator == "cpu":
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import deepspeed
-    import torch
-    import torch.distributed as dist
-    from deepspeed.accelerator import get_accelerator
+@dataclass(kw_only=True, slots=True)
+class BuiltModel:
+    """A cell's model as built before DeepSpeed wraps it (shared with tests/bench_overhead.py,
+    whose plain loop trains the same model)."""
 
-    from .. import platforms, provenance, techniques
-    from ..cells import Cell
-    from ..models import ModelSpec
-    from ..protocol import run_window
-    from . import adapters, build, jit_ops
+    model: Any
+    """The transformers model, PEFT-wrapped for a fine-tuning method."""
+    params: list
+    """The parameters that train (floating point, requires_grad)."""
+    trainable_desc: str
+    """What trains, in words (the record's trainable_desc)."""
+    attn_ctx: Callable[[], Any]
+    """Context manager factory that selects the attention kernel (build.attention_choice)."""
+    attn_label: str
+    """The attention implementation, as recorded."""
+    compiled_layers: int
+    """Decoder layers compiled with torch.compile (C), else 0."""
 
-    phases.mark("imports")
-    jit_ops.guard_jit_loads()  # before init_distributed: it loads the first op on CPU
-    cell = Cell.from_dict(spec["cell"])
-    model_spec = ModelSpec(**spec["model"])
+
+def build_model(cell, model_spec, accelerator: str, device, dtype, config: dict | None = None) -> BuiltModel:
+    """The random-initialised model of a DeepSpeed cell: attention kernel, 4-bit (Q), the
+    fine-tuning method's adapters, recomputation (R), torch.compile (C); non-float parameters
+    frozen. ``config`` (the DeepSpeed config): ZeRO-3 builds under zero.Init with it."""
+    from .. import techniques
+    from . import adapters, build
+
     tech = techniques.parse(cell.technique)
-    proto = cell.protocol
-
-    deepspeed.init_distributed(dist_backend="gloo" if accelerator == "cpu" else "nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = contract.local_device(accelerator)
-    torch.manual_seed(proto.seed)
     attn_impl, attn_ctx, attn_label = build.attention_choice(tech, accelerator)
-    dtype = platforms.compute_dtype(platform)
-    config = ds_config(tech, cell.batch_size, accelerator, bf16=dtype == torch.bfloat16)
-    phases.mark("init_distributed")
-
     if tech.zero_stage == 3 and not tech.quant4:
+        import deepspeed
+
         # Parameters are partitioned as they are created: a 70B model never exists whole.
         # No dtype= here: zero.Init takes it from the config's bf16 section. DeepSpeed 0.19's
         # Init._set_dtype ignores an explicit dtype where the accelerator has no fp16 (CPU:
@@ -127,7 +129,6 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
     else:
         # 4-bit: each decoder layer is quantised as it is built (build_llama)
         model = build.build_llama(model_spec, attn_impl, dtype, device, quant4=tech.quant4)
-    phases.mark("build")
     trainable_desc = "all parameters"
     if tech.quant4:
         trainable_desc = build.q_trainable(dtype)
@@ -141,67 +142,128 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
     for p in model.parameters():
         if not p.dtype.is_floating_point:
             p.requires_grad_(False)
+    return BuiltModel(model=model, params=params, trainable_desc=trainable_desc, attn_ctx=attn_ctx,
+                      attn_label=attn_label, compiled_layers=compiled_layers)
 
-    def count(ps):
-        return sum(getattr(p, "ds_numel", p.numel()) for p in ps)
 
-    # logical parameter count from the spec: 4-bit layers store two weights per byte
-    total_params, trainable_params = model_spec.param_counts()["total"], count(params)
-    phases.mark("adapters")
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config)
-    phases.mark("deepspeed_initialize")
-    if not (tech.adapter and tech.quant4):  # QLoRA's k-bit preparation keeps the rest in fp32
-        built = engine.module.get_output_embeddings().weight.dtype
-        if built != dtype:
-            raise RuntimeError(f"the model trains in {built}, not the platform's compute dtype {dtype}")
-    has_frozen = trainable_params < total_params
-    frozen_before = adapters.frozen_checksum(engine.module) if has_frozen else None
-    phases.mark("checksum")
+class DeepSpeedBackend:
+    """The scenario's backend (llmbench.train.scenario): a cell's model in a DeepSpeed engine."""
 
-    gen = torch.Generator(device="cpu").manual_seed(proto.seed + 1000 + rank)
-    ids = torch.randint(0, model_spec.vocab_size, (cell.batch_size, proto.seq_len), generator=gen).to(engine.device)
-    losses: list[float] = []
+    def __init__(self, cell, model_spec, accelerator: str, device, dtype, config: dict) -> None:
+        self.cell, self.model_spec, self.accelerator = cell, model_spec, accelerator
+        self.device, self.dtype, self.config = device, dtype, config
+        self.built: BuiltModel | None = None
+        self.engine = None
+        self.frozen_before: float | None = None
+        # logical parameter count from the spec: 4-bit layers store two weights per byte
+        self.total_params = int(model_spec.param_counts()["total"])
+        self.trainable_params = 0
 
-    def step() -> None:
-        with attn_ctx():
+    def build(self) -> "scenario.Layout":
+        """Build the model and initialise DeepSpeed; note the frozen weights' checksum."""
+        import deepspeed
+        import torch.distributed as dist
+        from deepspeed.accelerator import get_accelerator
+
+        from .. import techniques
+        from . import adapters
+
+        tech = techniques.parse(self.cell.technique)
+        self.built = build_model(self.cell, self.model_spec, self.accelerator, self.device, self.dtype, self.config)
+        # full sizes, counted before DeepSpeed partitions anything (ZeRO-3: ds_numel, not the shard)
+        self.trainable_params = int(sum(getattr(p, "ds_numel", p.numel()) for p in self.built.params))
+        self.engine, _, _, _ = deepspeed.initialize(model=self.built.model, model_parameters=self.built.params,
+                                                    config=self.config)
+        if not (tech.adapter and tech.quant4):  # QLoRA's k-bit preparation keeps the rest in fp32
+            built = self.engine.module.get_output_embeddings().weight.dtype
+            if built != self.dtype:
+                raise RuntimeError(f"the model trains in {built}, not the platform's compute dtype {self.dtype}")
+        if self.has_frozen:
+            self.frozen_before = adapters.frozen_checksum(self.engine.module)
+        self._sync = get_accelerator().synchronize
+        return scenario.Layout(data_rank=dist.get_rank(), data_parallel=dist.get_world_size())
+
+    @property
+    def has_frozen(self) -> bool:
+        """Whether part of the model is frozen (adapters, 4-bit)."""
+        return self.trainable_params < self.total_params
+
+    def step(self, ids):
+        """Forward, backward and optimizer step through the engine; the loss, not read back."""
+        engine = self.engine
+        with self.built.attn_ctx():
             loss = engine(input_ids=ids, labels=ids).loss
             engine.backward(loss)
         engine.step()
-        losses.append(loss.detach())
+        return loss
 
-    acc = get_accelerator()
-    if accelerator == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    window = run_window(step, proto, acc.synchronize)
-    phases.mark("window")  # warm-up and measured steps (run_window ends synchronised)
-    summary = None
-    if trace_dir is not None:
-        summary = profile_window(step, proto.measured_steps, acc.synchronize, accelerator, trace_dir, out, rank)
+    def synchronize(self) -> None:
+        """DeepSpeed's accelerator synchronize (CUDA: the device; CPU: nothing queued)."""
+        self._sync()
 
+
+def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
+    """Build the model, initialise DeepSpeed, run the scenario (llmbench.train.scenario); rank 0
+    returns the result. With ``trace_dir`` (profile cells) a second window of ``measured_steps``
+    runs under torch.profiler after the timed one, and the result's summary says where its time went."""
+    phases = scenario.Phases()
+    platform = spec["platform"]
+    accelerator = platform["accelerator"]
+    if accelerator == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    from .. import platforms, provenance, techniques
+    from ..cells import Cell
+    from ..models import ModelSpec
+    from . import adapters, build, jit_ops
+
+    phases.mark("imports")
+    jit_ops.guard_jit_loads()  # before init_distributed: it loads the first op on CPU
+    cell = Cell.from_dict(spec["cell"])
+    model_spec = ModelSpec(**spec["model"])
+    tech = techniques.parse(cell.technique)
+    proto = cell.protocol
+
+    deepspeed.init_distributed(dist_backend="gloo" if accelerator == "cpu" else "nccl")
+    rank = dist.get_rank()
+    device = contract.local_device(accelerator)
+    dtype = platforms.compute_dtype(platform)
+    config = ds_config(tech, cell.batch_size, accelerator, bf16=dtype == torch.bfloat16)
+    backend = DeepSpeedBackend(cell, model_spec, accelerator, device, dtype, config)
+    phases.mark("init_distributed")
+    summary: dict = {}
+
+    def traced(step) -> None:
+        if trace_dir is not None:
+            summary.update(profile_window(step, proto.measured_steps, backend.synchronize, accelerator, trace_dir,
+                                          out, rank) or {})
+
+    result = scenario.run(backend, proto, batch_size=cell.batch_size, vocab_size=model_spec.vocab_size,
+                          accelerator=accelerator, device=device, after_window=traced, phases=phases)
+
+    engine = backend.engine
     frozen_unchanged = None
-    if has_frozen:
-        frozen_unchanged = adapters.frozen_checksum(engine.module) == frozen_before
+    if backend.has_frozen:
+        frozen_unchanged = adapters.frozen_checksum(engine.module) == backend.frozen_before
     opt_numel = torch.tensor([float(_optimizer_numel(engine))], dtype=torch.float64,
                              device=device if accelerator == "cuda" else "cpu")
     dist.all_reduce(opt_numel)
 
-    peak = contract.peak_memory(device, accelerator)
-    phases.mark("after_window")
     if rank == 0:
         return {
-            "world_size": world,
-            **contract.window_result(window, cell.batch_size * proto.seq_len * world),
-            **peak,
-            "total_params": int(total_params),
-            "trainable_params": int(trainable_params),
-            "trainable_desc": trainable_desc,
-            "attention": attn_label,
+            **result.payload(),
+            "total_params": backend.total_params,
+            "trainable_params": backend.trainable_params,
+            "trainable_desc": backend.built.trainable_desc,
+            "attention": backend.built.attn_label,
             "compute_dtype": platforms.dtype_name(dtype),
             "frozen_params_unchanged": frozen_unchanged,
             "optimizer_param_numel": int(opt_numel.item()),
-            "loss_last": float(losses[-1].float().item()),
             "ds_config": config,
-            "summary": {**(summary or {}), **(build.compile_stats(compiled_layers) if tech.compiled else {}),
+            "summary": {**summary, **(build.compile_stats(backend.built.compiled_layers) if tech.compiled else {}),
                         **phases.seconds},
             "versions": provenance.versions(),
             "devices": provenance.devices(),

@@ -52,7 +52,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import contract
+from . import contract, scenario
 
 #: How R recomputes (see the module docstring): every layer, one layer per checkpoint.
 RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
@@ -166,8 +166,93 @@ def _optimizer_class(optimizer) -> str:
                              for o in parts}))
 
 
+class MegatronBackend:
+    """The scenario's backend (llmbench.train.scenario): megatron-core's GPTModel, DDP wrapper,
+    optimizer and forward-backward schedule for a cell."""
+
+    def __init__(self, cell, model_spec, tech, accelerator: str, device, dtype) -> None:
+        self.cell, self.model_spec, self.tech = cell, model_spec, tech
+        self.accelerator, self.device, self.dtype = accelerator, device, dtype
+        self.model = self.optimizer = self.schedule = self.positions = None
+        self.local_params = 0
+
+    def build(self) -> "scenario.Layout":
+        """Model parallel groups, the model (seeded by Megatron's CUDA RNG tracker too), its
+        DDP wrapper and Megatron's optimizer."""
+        import torch
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed, param_is_not_tensor_parallel_duplicate
+
+        cell, model_spec, tech, parallel = self.cell, self.model_spec, self.tech, self.cell.parallel
+        bf16 = self.dtype == torch.bfloat16
+        ps.initialize_model_parallel(tensor_model_parallel_size=parallel["tensor_parallel"],
+                                     pipeline_model_parallel_size=parallel["pipeline_parallel"])
+        model_parallel_cuda_manual_seed(cell.protocol.seed)
+        config = transformer_config(model_spec, tech, parallel, self.accelerator, self.dtype)
+        model = GPTModel(
+            config=config, transformer_layer_spec=layer_spec(tech, self.accelerator),
+            vocab_size=model_spec.vocab_size, max_sequence_length=model_spec.max_position_embeddings,
+            pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
+            share_embeddings_and_output_weights=model_spec.tie_word_embeddings,
+            position_embedding_type="rope", rotary_base=int(model_spec.rope_theta),
+        )
+        model.to(self.device)
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,  # Megatron-LM's default with bf16 (a no-op in fp32)
+            use_distributed_optimizer=parallel["distributed_optimizer"],
+            overlap_grad_reduce=False, overlap_param_gather=False,  # no CUDA streams on a CPU; kept alike on GPUs
+        )
+        self.model = DistributedDataParallel(config, ddp_config, model)
+        config.finalize_model_grads_func = finalize_model_grads  # the data-parallel gradient reduction
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(optimizer="adam", lr=1e-5, min_lr=1e-5, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.95,
+                            adam_eps=1e-8, clip_grad=1.0, bf16=bf16, params_dtype=self.dtype,
+                            use_distributed_optimizer=parallel["distributed_optimizer"]),
+            [self.model],
+        )
+        # each weight once per data-parallel replica: TP-replicated ones (norms) on TP rank 0 only
+        self.local_params = sum(p.numel() for p in self.model.parameters()
+                                if param_is_not_tensor_parallel_duplicate(p))
+        self.positions = torch.arange(cell.protocol.seq_len, device=self.device).unsqueeze(0).expand(cell.batch_size, -1)
+        self.schedule = get_forward_backward_func()
+        # every rank of one data-parallel replica (its TP and PP ranks) sees the same batch
+        return scenario.Layout(data_rank=ps.get_data_parallel_rank(), data_parallel=parallel["data_parallel"])
+
+    def step(self, ids):
+        """Megatron's forward-backward schedule over one micro-batch, then its optimizer; the
+        loss on the last pipeline stage (a device tensor), None on the others."""
+        def loss_func(per_token):
+            loss = per_token.float().mean()
+            return loss, {"loss": loss.detach()}
+
+        def forward_step(_data_iterator, chunk):
+            return chunk(ids, self.positions, None, labels=ids), loss_func
+
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        reduced = self.schedule(forward_step_func=forward_step, data_iterator=None, model=[self.model],
+                                num_microbatches=1, seq_length=self.cell.protocol.seq_len,
+                                micro_batch_size=self.cell.batch_size, forward_only=False)
+        ok, _, _ = self.optimizer.step()
+        if not ok:
+            raise RuntimeError("Megatron's optimizer skipped a step (non-finite gradients)")
+        return reduced[-1]["loss"] if reduced else None  # the last pipeline stage holds the loss
+
+    def synchronize(self) -> None:
+        """Wait for the GPU (a CPU's ops are synchronous)."""
+        if self.accelerator == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+
 def run(spec: dict, out: Path) -> dict | None:
-    """Build the model, Megatron's DDP and optimizer, run the protocol, write the result."""
+    """Build the model, Megatron's DDP and optimizer, run the scenario (llmbench.train.scenario),
+    return the result (rank 0)."""
     import contextlib
 
     import torch
@@ -176,7 +261,6 @@ def run(spec: dict, out: Path) -> dict | None:
     from .. import platforms, provenance, techniques
     from ..cells import Cell
     from ..models import ModelSpec
-    from ..protocol import run_window
     from . import megatron_cpu_compat
 
     platform = spec["platform"]
@@ -187,100 +271,36 @@ def run(spec: dict, out: Path) -> dict | None:
     model_spec = ModelSpec(**spec["model"])
     tech = techniques.parse(cell.technique)
     parallel = cell.parallel
-    proto = cell.protocol
 
     dist.init_process_group(backend="gloo" if accelerator == "cpu" else "nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     device = contract.local_device(accelerator)
     compat = megatron_cpu_compat.apply(accelerator)  # None on a GPU
-
-    from megatron.core import parallel_state as ps
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed, param_is_not_tensor_parallel_duplicate
+    # megatron-core's modules are imported here, outside the CPU mode (MegatronBackend.build uses them)
+    import megatron.core.distributed  # noqa: F401
+    import megatron.core.models.gpt  # noqa: F401
+    import megatron.core.optimizer  # noqa: F401
+    import megatron.core.pipeline_parallel  # noqa: F401
+    backend = MegatronBackend(cell, model_spec, tech, accelerator, device, dtype)
 
     with compat or contextlib.nullcontext():
-        ps.initialize_model_parallel(tensor_model_parallel_size=parallel["tensor_parallel"],
-                                     pipeline_model_parallel_size=parallel["pipeline_parallel"])
-        torch.manual_seed(proto.seed)
-        model_parallel_cuda_manual_seed(proto.seed)
-        config = transformer_config(model_spec, tech, parallel, accelerator, dtype)
-        model = GPTModel(
-            config=config, transformer_layer_spec=layer_spec(tech, accelerator),
-            vocab_size=model_spec.vocab_size, max_sequence_length=model_spec.max_position_embeddings,
-            pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
-            share_embeddings_and_output_weights=model_spec.tie_word_embeddings,
-            position_embedding_type="rope", rotary_base=int(model_spec.rope_theta),
-        )
-        model.to(device)
-        ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True,  # Megatron-LM's default with bf16 (a no-op in fp32)
-            use_distributed_optimizer=parallel["distributed_optimizer"],
-            overlap_grad_reduce=False, overlap_param_gather=False,  # no CUDA streams on a CPU; kept alike on GPUs
-        )
-        model = DistributedDataParallel(config, ddp_config, model)
-        config.finalize_model_grads_func = finalize_model_grads  # the data-parallel gradient reduction
-        optimizer = get_megatron_optimizer(
-            OptimizerConfig(optimizer="adam", lr=1e-5, min_lr=1e-5, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.95,
-                            adam_eps=1e-8, clip_grad=1.0, bf16=bf16, params_dtype=dtype,
-                            use_distributed_optimizer=parallel["distributed_optimizer"]),
-            [model],
-        )
-        # each weight once per data-parallel replica: TP-replicated ones (norms) on TP rank 0 only
-        local_params = sum(p.numel() for p in model.parameters() if param_is_not_tensor_parallel_duplicate(p))
-
-        # every rank of one data-parallel replica (its TP and PP ranks) sees the same batch
-        dp_rank = ps.get_data_parallel_rank()
-        gen = torch.Generator(device="cpu").manual_seed(proto.seed + 1000 + dp_rank)
-        ids = torch.randint(0, model_spec.vocab_size, (cell.batch_size, proto.seq_len), generator=gen).to(device)
-        positions = torch.arange(proto.seq_len, device=device).unsqueeze(0).expand(cell.batch_size, -1)
-        losses: list[torch.Tensor] = []
-
-        def loss_func(per_token: torch.Tensor):
-            loss = per_token.float().mean()
-            return loss, {"loss": loss.detach()}
-
-        def forward_step(_data_iterator, chunk):
-            return chunk(ids, positions, None, labels=ids), loss_func
-
-        schedule = get_forward_backward_func()
-
-        def step() -> None:
-            model.zero_grad_buffer()
-            optimizer.zero_grad()
-            reduced = schedule(forward_step_func=forward_step, data_iterator=None, model=[model],
-                               num_microbatches=1, seq_length=proto.seq_len, micro_batch_size=cell.batch_size,
-                               forward_only=False)
-            ok, _, _ = optimizer.step()
-            if not ok:
-                raise RuntimeError("Megatron's optimizer skipped a step (non-finite gradients)")
-            if reduced:  # the last pipeline stage holds the loss
-                losses.append(reduced[-1]["loss"])
-
-        sync = torch.cuda.synchronize if accelerator == "cuda" else (lambda: None)
-        if accelerator == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        window = run_window(step, proto, sync)
-
+        result = scenario.run(backend, cell.protocol, batch_size=cell.batch_size, vocab_size=model_spec.vocab_size,
+                              accelerator=accelerator, device=device)
         on = device if accelerator == "cuda" else "cpu"
-        counts = torch.tensor([float(local_params), float(_optimizer_numel(optimizer))], dtype=torch.float64, device=on)
+        counts = torch.tensor([float(backend.local_params), float(_optimizer_numel(backend.optimizer))],
+                              dtype=torch.float64, device=on)
         dist.all_reduce(counts)
-        peak = contract.peak_memory(device, accelerator)
-        last_loss = torch.tensor([float(losses[-1]) if losses else float("nan")], dtype=torch.float64, device=on)
+        last = result.loss_last
+        last_loss = torch.tensor([float("nan") if last is None else last], dtype=torch.float64, device=on)
         # the loss lives on the last pipeline stage: bring it to rank 0
         dist.all_reduce(last_loss.nan_to_num_(-1.0), op=dist.ReduceOp.MAX)
-        optimizer_class = _optimizer_class(optimizer)
+        optimizer_class = _optimizer_class(backend.optimizer)
 
     if rank == 0:
-        tokens = cell.batch_size * proto.seq_len * parallel["data_parallel"]
         # the sum over ranks counts each weight once per data-parallel replica
         trainable = int(counts[0].item()) // parallel["data_parallel"]
         return {
-            "world_size": world,
-            **contract.window_result(window, tokens),
-            **peak,
+            **result.payload(),
             "total_params": int(model_spec.param_counts()["total"]),
             "trainable_params": trainable,
             "trainable_desc": "all parameters",

@@ -18,10 +18,9 @@ whose id equals the activity's correlation id, and the CPU events other than ope
 (runtime calls such as cudaLaunchKernel, kineto's own "Activity Buffer Request" and "Buffer
 Flush") have ids from another counter, so some of them carry copies of an operator's
 kernels. torch 2.13 marks operators (``activity_type`` cpu_op); torch 2.11, which the H100
-runs used, has no ``activity_type``, so those events passed as operators there: the F cell
-of 2026-11-23 counted 83.5 ms of kernels in a 62.9 ms optimizer phase (a "Buffer Flush"
-and an "Activity Buffer Request" holding copies of the fused AdamW's kernels; the serving
-prefill 1.28 s in 0.98 s through "Command Buffer Full"). Without ``activity_type``, runtime
+runs used, has no ``activity_type``, so those events passed as operators there and a
+phase's kernels were counted twice (an optimizer phase held more kernel time than its
+wall). Without ``activity_type``, runtime
 calls and the kineto events seen so far are told by name, and of several events that share
 an id and hold kernels only the operator counts (``_shadowed``: the one named ``ns::op``,
 else one inside the op tree), so an event kineto adds later cannot double count. A range
@@ -93,10 +92,9 @@ device idle time. So each phase's rows add up to its wall time and its shares to
 GPU, kernels of several streams that overlap can make it negative.
 
 Which wall time (``step_walls``). torch.profiler costs host time per operator and kernel
-(tests/bench_profiler_overhead.py): on H100s, llama2-7b at batch 2 (F) took 180 and 162 ms
-a step with a sync per phase, 240 and 240 ms under the profiler, 288 and 255 ms with the
-module hooks as well; R at batch 8 443 and 452 ms, then 625 and 506 ms (two machines,
-2026-11-24). Op times on a GPU are device times, which that host cost does
+(tests/bench_profiler_overhead.py measures it; on the H100s a step under the profiler and
+the module hooks took up to 1.6 times its unprofiled wall). Op times on a GPU are device
+times, which that host cost does
 not change, so on a GPU the phases take the wall times of the settled unprofiled steps (the
 later half of the warm-up, run with the same syncs) and the rows add up to the step the
 profiler did not slow down; 'other' there is mostly the device waiting for the host. On a

@@ -67,7 +67,7 @@ def phases(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | 
         for p in PHASES:
             wall, profiled, kernel, gemm, device = (getattr(c, f"{p}_{k}_s")
                                                     for k in ("wall", "profiled_wall", "kernel", "gemm", "device"))
-            if profiled is None or pd.isna(profiled):  # records before 2026-11-24: their walls are the profiled ones
+            if profiled is None or pd.isna(profiled):  # older records kept only the profiled walls
                 profiled = wall
             out.append({**{k: getattr(c, k) for k in CELL}, "attention": c.attention, "phase": p,
                         "wall_ms": wall * 1e3, "share_pct": 100 * wall / step if step else None,

@@ -86,7 +86,7 @@ def leave(code: int) -> None:
 
     The work is done (rank 0 wrote ``--out``, the process group is gone): what follows is
     C++ destructors and atexit hooks, and one of them once aborted a rank ("terminate called
-    without an active exception": a 2-rank ZeRO-3 profile cell on the CPU, 2026-11-23),
+    without an active exception": a 2-rank ZeRO-3 profile cell on the CPU),
     which turned a measured repeat into an error. Output is flushed first."""
     sys.stdout.flush()
     sys.stderr.flush()

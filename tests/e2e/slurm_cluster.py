@@ -1,9 +1,15 @@
-"""A throw-away single-node Slurm cluster for the end-to-end tests.
+"""A throw-away Slurm cluster for the end-to-end tests, of one node or several.
 
 ``slurm_cluster(workdir)`` writes its own slurm.conf into *workdir*, starts
 munged (unless one already answers), slurmctld and ``slurmd -N localhost``,
 waits until the node is idle, yields a :class:`SlurmCluster` and always tears
-the daemons down again.  Requires root and the Debian packages installed by
+the daemons down again. ``slurm_cluster(workdir, nodes=2)`` starts one slurmd
+per node instead, ``n1``, ``n2``, ..., each with a loopback address of its own
+(127.0.0.2, 127.0.0.3, ...; Linux routes all of 127/8 to lo) and its own port,
+spool, pid and log file (``%n`` in slurm.conf): Debian's slurmd, built without
+--enable-multiple-slurmd, runs that way. Every node is this machine, so jobs
+see the same files (a shared file system, as on a cluster) and all traffic
+stays on loopback.  Requires root and the Debian packages installed by
 ``envs/install-slurm.sh`` (slurmctld slurmd slurm-client munge).
 
 Nothing here imports pytest, so conftest.py can import it freely.
@@ -35,13 +41,15 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from llmbench import procs
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow" / "scripts"))  # run as a script (main)
+from llmbench import procs  # noqa: E402
 
 __all__ = ["SlurmCluster", "SlurmClusterError", "slurm_available", "slurm_cluster"]
 
@@ -91,6 +99,7 @@ class SlurmCluster:
     env: dict[str, str]
     partition: str = PARTITION
     node: str = NODE
+    nodes: tuple[str, ...] = (NODE,)
     slurmctld_port: int = 0
     slurmd_port: int = 0
     cpus: int = 1
@@ -196,16 +205,27 @@ def _stop(proc: subprocess.Popen | None, timeout: float = 15) -> None:
         pass
 
 
+def _node_lines(names: tuple[str, ...], ports: tuple[int, ...], cpus: int, real_mem: int) -> str:
+    """slurm.conf's node lines: one node at 127.0.0.1 (SlurmdPort), or each of several at a
+    loopback address and port of its own."""
+    if names == (NODE,):
+        return f"NodeName={NODE} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={real_mem} State=UNKNOWN"
+    return "\n".join(f"NodeName={n} NodeAddr=127.0.0.{i + 2} Port={port} CPUs={cpus} RealMemory={real_mem} "
+                     "State=UNKNOWN" for i, (n, port) in enumerate(zip(names, ports)))
+
+
 def _write_conf(
-    workdir: Path, ctld_port: int, slurmd_port: int, cpus: int, real_mem: int, def_mem: int
+    workdir: Path, ctld_port: int, slurmd_port: int, cpus: int, real_mem: int, def_mem: int,
+    names: tuple[str, ...] = (NODE,), ports: tuple[int, ...] = (),
 ) -> Path:
     d = {k: workdir / k for k in ("state", "spool", "log", "run")}
     for p in d.values():
         p.mkdir(parents=True, exist_ok=True)
     conf = workdir / "slurm.conf"
+    multi = names != (NODE,)
     conf.write_text(
         f"""\
-# Written by tests/e2e/slurm_cluster.py -- a single-node throw-away cluster.
+# Written by tests/e2e/slurm_cluster.py -- a throw-away cluster on this machine.
 ClusterName={CLUSTER_NAME}
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={ctld_port}
@@ -215,11 +235,11 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 StateSaveLocation={d['state']}
-SlurmdSpoolDir={d['spool']}
+SlurmdSpoolDir={d['spool']}{'/%n' if multi else ''}
 SlurmctldPidFile={d['run']}/slurmctld.pid
-SlurmdPidFile={d['run']}/slurmd.pid
+SlurmdPidFile={d['run']}/slurmd{'-%n' if multi else ''}.pid
 SlurmctldLogFile={d['log']}/slurmctld.log
-SlurmdLogFile={d['log']}/slurmd.log
+SlurmdLogFile={d['log']}/slurmd{'-%n' if multi else ''}.log
 SlurmctldDebug=info
 SlurmdDebug=info
 # No cgroups in a container without systemd: track processes by parentage.
@@ -250,8 +270,8 @@ SlurmdTimeout=30
 InactiveLimit=0
 KillWait=5
 Waittime=0
-NodeName={NODE} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={real_mem} State=UNKNOWN
-PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
+{_node_lines(names, ports, cpus, real_mem)}
+PartitionName={PARTITION} Nodes={','.join(names)} Default=YES MaxTime=INFINITE State=UP
 """
     )
     # Not read with proctrack/linuxproc + task/none, but slurmd looks for it in
@@ -270,8 +290,9 @@ def slurm_cluster(
     startup_timeout: float = 60.0,
     slurmctld_port: int | None = None,
     slurmd_port: int | None = None,
+    nodes: int = 1,
 ) -> Iterator[SlurmCluster]:
-    """Start a single-node Slurm in *workdir*; stop everything it started on exit."""
+    """Start a Slurm of ``nodes`` nodes in *workdir*; stop everything it started on exit."""
     if not slurm_available():
         raise SlurmClusterError(
             "Slurm/munge binaries not found; run envs/install-slurm.sh (as root)"
@@ -286,30 +307,38 @@ def slurm_cluster(
     d_port = slurmd_port or _free_port()
     while d_port == ctld_port:
         d_port = _free_port()
+    names = (NODE,) if nodes == 1 else tuple(f"n{i + 1}" for i in range(nodes))
+    node_ports: list[int] = []
+    while len(node_ports) < (nodes if nodes > 1 else 0):
+        port = _free_port()
+        if port not in (ctld_port, d_port, *node_ports):
+            node_ports.append(port)
     cpus = os.cpu_count() or 1
     mem_total = _mem_total_mb()
     # "A little under" the machine: slurmd would drain the node if RealMemory
     # exceeded what it sees, and jobs should not be able to eat the last bits.
     real_mem = max(256, mem_total - max(512, mem_total // 20))
     def_mem = max(100, min(1024, real_mem // cpus))
-    conf = _write_conf(workdir, ctld_port, d_port, cpus, real_mem, def_mem)
+    conf = _write_conf(workdir, ctld_port, d_port, cpus, real_mem, def_mem, names, tuple(node_ports))
     log = workdir / "log"
 
     # snakemake-executor-plugin-slurm-jobstep (0.6.1) strips every SLURM_*
     # variable except job ids before it runs `srun ... python -m snakemake`
     # inside the job, SLURM_CONF included; srun then finds no config (no
     # /etc/slurm/slurm.conf here) and dies with "DNS SRV lookup failed".
-    # Jobs keep PATH, so an `srun` wrapper first on PATH puts SLURM_CONF back.
+    # Jobs keep PATH, so wrappers first on PATH put SLURM_CONF back: srun, and the
+    # client commands a cell over several nodes reads its allocation with (llmbench.nodes).
     bindir = workdir / "bin"
     bindir.mkdir(exist_ok=True)
-    wrapper = bindir / "srun"
-    wrapper.write_text(
-        "#!/bin/sh\n"
-        "# srun for the llmbench test cluster: restore SLURM_CONF (see slurm_cluster.py)\n"
-        f"SLURM_CONF='{conf}'\nexport SLURM_CONF\n"
-        f'exec \'{_which("srun")}\' "$@"\n'
-    )
-    wrapper.chmod(0o755)
+    for client in ("srun", "scontrol", "squeue", "scancel"):
+        wrapper = bindir / client
+        wrapper.write_text(
+            "#!/bin/sh\n"
+            f"# {client} for the llmbench test cluster: restore SLURM_CONF (see slurm_cluster.py)\n"
+            f"SLURM_CONF='{conf}'\nexport SLURM_CONF\n"
+            f'exec \'{_which(client)}\' "$@"\n'
+        )
+        wrapper.chmod(0o755)
     # The marker also goes into .env: sbatch --export=ALL hands it to the jobs,
     # so teardown can find job processes (or a workflow subprocess) of ours
     # that outlive the cluster.
@@ -341,6 +370,7 @@ def slurm_cluster(
         slurmd_port=d_port,
         cpus=cpus,
         real_memory_mb=real_mem,
+        nodes=names,
     )
 
     def spawn(name: str, argv: list[str], **kw) -> subprocess.Popen:
@@ -366,7 +396,9 @@ def slurm_cluster(
         parts = [reason, f"conf: {conf}"]
         for name, p in procs.items():
             parts.append(f"{name}: pid {p.pid}, exit code {p.poll()}")
-        for f in ("slurmctld.log", "slurmd.log", "slurmctld.stdout", "slurmd.stdout", "munged.stdout"):
+        daemons = [f"{n}.stdout" for n in procs] + ["slurmctld.log"] + [
+            f"slurmd{'' if names == (NODE,) else '-' + n}.log" for n in names]
+        for f in daemons:
             if (log / f).exists():
                 parts.append(f"--- {f} (tail) ---\n{_tail(log / f)}")
         if "munged" in procs:
@@ -414,24 +446,26 @@ def slurm_cluster(
                 )
         # -D: foreground (we own the pid); -c: clear any old state in workdir
         spawn("slurmctld", [_which("slurmctld"), "-D", "-c", "-f", str(conf)])
-        spawn("slurmd", [_which("slurmd"), "-D", "-N", NODE, "-f", str(conf)])
+        slurmds = ["slurmd"] if names == (NODE,) else [f"slurmd-{n}" for n in names]
+        for daemon, name in zip(slurmds, names):
+            spawn(daemon, [_which("slurmd"), "-D", "-N", name, "-f", str(conf)])
 
         deadline = time.monotonic() + startup_timeout
         last = ""
         while True:
-            for name in ("slurmctld", "slurmd"):
+            for name in ("slurmctld", *slurmds):
                 if procs[name].poll() is not None:
                     raise diagnostics(f"{name} exited during start-up")
             r = subprocess.run(
-                [_which("sinfo"), "-h", "-N", "-n", NODE, "-o", "%t"],
+                [_which("sinfo"), "-h", "-N", "-n", ",".join(names), "-o", "%t"],
                 env=client_env, capture_output=True, text=True, timeout=15,
             )
             last = (r.stdout + r.stderr).strip()
-            if r.returncode == 0 and r.stdout.strip() == "idle":
+            if r.returncode == 0 and r.stdout.split() == ["idle"] * len(names):
                 break
             if time.monotonic() > deadline:
                 raise diagnostics(
-                    f"node {NODE} not idle after {startup_timeout:.0f} s (last sinfo: {last!r})"
+                    f"node(s) {','.join(names)} not idle after {startup_timeout:.0f} s (last sinfo: {last!r})"
                 )
             time.sleep(0.2)
         cluster.startup_seconds = time.monotonic() - t0
@@ -484,7 +518,7 @@ def _teardown(procs: dict[str, subprocess.Popen], client_env: dict[str, str], ma
                         if not q.stdout.strip():
                             break
                         time.sleep(0.3)
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in (*(n for n in procs if n.startswith("slurmd")), "slurmctld", "munged"):
             with contextlib.suppress(Exception):
                 _stop(procs.get(name))
         # slurmstepd and job processes inherit our marker; anything still
@@ -506,3 +540,35 @@ def _teardown(procs: dict[str, subprocess.Popen], client_env: dict[str, str], ma
                 signal.signal(signal.SIGINT, old_handler)
             if old_term is not None:
                 signal.signal(signal.SIGTERM, old_term)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command inside a throw-away cluster (stopped when the command ends), e.g. the
+    committed two-node CPU run (results/README.md):
+
+        python tests/e2e/slurm_cluster.py --nodes 2 -- \\
+            .venv/bin/snakemake --profile "$PWD/profiles/slurm_ci" --configfile config/cpu-2node-slurm.yaml
+    """
+    import argparse
+    import tempfile
+
+    ap = argparse.ArgumentParser(description=main.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=1, help="slurmd daemons (n1, n2, ...; 1: 'localhost')")
+    ap.add_argument("--workdir", type=Path, default=None, help="the cluster's state and logs (default: a temp folder)")
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
+    args = ap.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        ap.error("give a command after --")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="llmbench-slurm-"))
+    with slurm_cluster(workdir, nodes=args.nodes) as cluster:
+        print(f"slurm_cluster: {', '.join(cluster.nodes)} up in {cluster.startup_seconds:.1f} s ({workdir})",
+              flush=True)
+        env = {**os.environ, **cluster.env}
+        env["PATH"] = os.pathsep.join([cluster.env["PATH"].split(os.pathsep)[0], str(Path(sys.executable).parent),
+                                       os.environ.get("PATH", "")])
+        return subprocess.run(command, env=env).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -186,6 +186,18 @@ def test_the_leash_passes_exit_status_through_and_forwards_sigterm(tmp_path):
     assert leashed.wait(timeout=30) == 0 and marker.read_text() == "graceful"
 
 
+def test_what_the_leashed_child_leaves_running_is_killed_when_it_ends(tmp_path):
+    """A rank orphaned by its torchrun (or a node launcher's torchrun, llmbench.nodes) is
+    re-parented to the leash, which kills it once its child has ended."""
+    pidfile = tmp_path / "orphan.pid"
+    code = ("import subprocess, sys, pathlib\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
+            f"pathlib.Path({str(pidfile)!r}).write_text(str(p.pid))\n")
+    assert subprocess.run(procs.leash_argv([sys.executable, "-c", code]), timeout=60).returncode == 0
+    orphan = int(pidfile.read_text())
+    wait_until(lambda: not live(orphan), 10, f"the orphan {orphan} killed")
+
+
 def test_a_worker_killed_by_sigkill_is_still_oom_behind_the_leash(tmp_path):
     out = tmp_path / "o.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FIXTURES), str(SCRIPTS)]), "FAKE_MODE": "sigkill"}

@@ -39,10 +39,10 @@ def test_every_cell_round_trips_cell_path_wildcards_cell(every_kind):
         for cell in g.cells:
             path = cell.record_path("results")
             parsed = cells.parse(path)
-            assert parsed is not None and parsed.pattern == cell.PATTERN and parsed.root == "results", path
+            assert parsed is not None and parsed.pattern == cell.pattern and parsed.root == "results", path
             assert parsed.wildcards == {k: str(v) for k, v in cell.key.items()}
-            assert snakemake_wildcards(f"results/{cell.PATTERN}", path) == {
-                k: v for k, v in parsed.wildcards.items() if f"{{{k}}}" in cell.PATTERN}
+            assert snakemake_wildcards(f"results/{cell.pattern}", path) == {
+                k: v for k, v in parsed.wildcards.items() if f"{{{k}}}" in cell.pattern}
             assert g.find(**parsed.wildcards) == cell  # what the rules' input functions do
             assert cells.cell_from_dict(cell.to_dict()) == cell
             kinds.add((type(cell).__name__, getattr(cell, "backend", None)))

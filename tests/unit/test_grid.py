@@ -154,7 +154,11 @@ def test_shipped_configs_expand(repo):
     assert {c.model for c in paper.cells if c.stage != "micro"} == {"llama2-7b", "llama2-13b", "llama2-70b"}
     bs1 = {(c.platform, c.model, c.technique) for c in paper.cells if c.stage == "pretrain" and c.batch_size == 1}
     assert len(bs1) == 4 * 3 * 22  # every method row of Table III, on every platform and model
-    assert {c.gpus for c in paper.cells if c.stage not in ("micro", "profile")} == {1, 2, 4, 8}  # Fig. 4: 1..8
+    assert {c.gpus for c in paper.cells if c.stage not in ("micro", "profile") and getattr(c, "nodes", 1) == 1} == {1, 2, 4, 8}  # Fig. 4
+    # beyond one node: Table III's llama2-70b rows and Fig. 4's 16-GPU point, 2 nodes of 8 A800s
+    over = {(c.model, c.technique, c.gpus) for c in paper.cells if getattr(c, "nodes", 1) > 1}
+    assert {(c.platform, c.nodes) for c in paper.cells if getattr(c, "nodes", 1) > 1} == {("a800", 2)}
+    assert len(over) == 22 + 1 and ("llama2-7b", "Q", 16) in over
     serve = {(c.platform, c.model, c.engine) for c in paper.cells if c.stage == "serve"}
     assert len(serve) == 3 * 3 * 3  # Figs. 6-10: three engines on three platforms, three models
 

@@ -28,10 +28,12 @@ R = GRID.results_dir
 # Outputs: a cell's record (or a search's folder) at its pattern under R; its log and
 # benchmark files named by the pattern's fields (CELL_DIR ...: "{platform}/{bench}/{case}-g{gpus}")
 RECORD = f"{R}/{lbcells.RECORD_PATTERN}"
+NODES_RECORD = f"{R}/{lbcells.NODES_RECORD_PATTERN}"
 SERVE_RECORD = f"{R}/{lbcells.SERVE_RECORD_PATTERN}"
 MICRO_RECORD = f"{R}/{lbcells.MICRO_RECORD_PATTERN}"
 SEARCH_FOLDER = f"{R}/{lbcells.SEARCH_PATTERN}"
 CELL_DIR = lbcells.cell_dir(lbcells.RECORD_PATTERN)
+NODES_CELL_DIR = lbcells.cell_dir(lbcells.NODES_RECORD_PATTERN)
 SERVE_CELL_DIR = lbcells.cell_dir(lbcells.SERVE_RECORD_PATTERN)
 MICRO_CELL_DIR = lbcells.cell_dir(lbcells.MICRO_RECORD_PATTERN)
 SEARCH_DIR = lbcells.cell_dir(lbcells.SEARCH_PATTERN)
@@ -174,14 +176,15 @@ def platform_of(wildcards):
 
 
 def cell_threads(wildcards):
-    """CPUs a training cell holds. A GPU platform's cpus_per_task is the job's share of the
-    node, split among its ranks; on a CPU platform each rank *is* a process that computes,
-    so a cell of n ranks holds n x cpus_per_task (else two cells share cores and a 2-rank
-    cell measures contention, not scaling). Snakemake caps it at --cores."""
+    """CPUs a training cell holds on each of its nodes. A GPU platform's cpus_per_task is
+    the job's share of the node, split among its ranks; on a CPU platform each rank *is* a
+    process that computes, so a cell of n ranks on a node holds n x cpus_per_task there
+    (else two cells share cores and a 2-rank cell measures contention, not scaling).
+    Snakemake caps it at --cores."""
     platform = platform_of(wildcards)
     per_task = platform.slurm.get("cpus_per_task", 1)
     if platform.accelerator == "cpu":
-        return per_task * int(getattr(wildcards, "gpus", 1))
+        return per_task * int(getattr(wildcards, "gpus", 1)) // int(getattr(wildcards, "nodes", 1))
     return per_task
 
 

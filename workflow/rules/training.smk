@@ -24,3 +24,37 @@ rule run_training_cell:
         gpu_slots=lambda wildcards: int(wildcards.gpus),
     script:
         "../scripts/run_cell.py"
+
+
+# A cell over several nodes (a block's nodes: N >= 2): one Slurm job of N nodes, one task
+# per node. The slurm executor plugin's `mpi` resource makes it run the job's command in
+# the batch script on the first node, instead of inside `srun -n1` (which would hold the
+# allocation's only task); the launcher then starts its own srun over the N nodes
+# (llmbench.nodes). `tasks` is N (sbatch --ntasks; the plugin wants > 1 for mpi jobs), and
+# tasks_per_gpu 0 keeps the plugin from turning `tasks` into --ntasks-per-gpu on GPU jobs.
+# cpus_per_task, mem_mb and gres are per node. Without Slurm the job fails (no record).
+rule run_multinode_training_cell:
+    output:
+        record=NODES_RECORD,
+    log:
+        f"{R}/logs/{NODES_CELL_DIR}.log",
+    benchmark:
+        f"{R}/benchmarks/{NODES_CELL_DIR}.tsv"
+    params:
+        spec=cell_spec,
+    threads: cell_threads
+    conda:
+        "../../envs/pretrain.yaml"
+    resources:
+        slurm_partition=slurm_resource("partition"),
+        gres=slurm_resource("gres"),
+        cpus_per_task=cell_threads,
+        mem_mb=slurm_resource("mem_mb", 4000),
+        runtime=cell_runtime_min,
+        nodes=lambda wildcards: int(wildcards.nodes),
+        tasks=lambda wildcards: int(wildcards.nodes),
+        tasks_per_gpu=0,
+        mpi="srun",
+        gpu_slots=lambda wildcards: int(wildcards.gpus) // int(wildcards.nodes),
+    script:
+        "../scripts/run_cell.py"

@@ -28,6 +28,8 @@ class Outcome:
     result: dict | None = None
     log_tail: str = ""
     launcher: str = "not started"
+    nodes: tuple[str, ...] = ()
+    """The hostnames of a repeat over several nodes (llmbench.nodes), first node first."""
 
 
 def _max(values: list[Any]) -> float | None:
@@ -51,6 +53,8 @@ def provenance_of(spec: dict, outcomes: list[Outcome], started: str, command: li
         "spec": spec,
         "command": command,
         "launchers": [o.launcher for o in outcomes],
+        # a cell over several nodes: the hostnames of its last repeat
+        **({"nodes": list(o.nodes)} if (o := next((o for o in reversed(outcomes) if o.nodes), None)) else {}),
         "started": started,
         "finished": datetime.now(timezone.utc).isoformat(),
     }

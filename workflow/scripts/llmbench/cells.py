@@ -4,6 +4,8 @@ torch, no pandas): common.smk, the grid and the report read it.
 
 Path grammar (relative to results_dir; every pattern below is the one copy):
     runs/{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}/record.json
+    runs/{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-n{nodes}-g{gpus}/record.json
+                                                                        a cell over nodes >= 2
     runs/search/{stage}/{platform}/{model}/{backend}/{technique}-g{gpus}/            a search
     runs/search/.../{technique}-g{gpus}/bs{batch_size}/record.json                   its probes
     frontier/{stage}/{platform}/{model}/{backend}/{technique}-g{gpus}.json
@@ -40,6 +42,11 @@ MICRO_BENCHES = ("gemm", "memcpy", "collectives")
 RECORD_PATTERN = (
     "runs/{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-g{gpus}/record.json"
 )
+#: A training cell over several nodes (nodes >= 2; g{gpus} counts the GPUs of all of them).
+#: A one-node cell keeps RECORD_PATTERN: its path and spec are what they were before nodes.
+NODES_RECORD_PATTERN = (
+    "runs/{stage}/{platform}/{model}/{backend}/{technique}/bs{batch_size}-n{nodes}-g{gpus}/record.json"
+)
 #: a max-batch search's folder: its probes' records (PROBE_RECORD_PATTERN) and search.json
 SEARCH_PATTERN = (
     "runs/search/{stage}/{platform}/{model}/{backend}/{technique}-g{gpus}"
@@ -66,12 +73,14 @@ WILDCARD_CONSTRAINTS: dict[str, str] = {
     "technique": "[A-Za-z0-9+]+",
     "batch_size": "[0-9]+",
     "gpus": "[0-9]+",
+    "nodes": "[2-9]|[1-9][0-9]+",
     "engine": "[a-z]+",
     "load": "[a-z0-9][a-z0-9-]*",
     "bench": "|".join(MICRO_BENCHES),
     "case": "[a-z0-9][a-z0-9-]*",
 }
 TRAIN_KEY = ("stage", "platform", "model", "backend", "technique", "batch_size", "gpus")
+NODES_TRAIN_KEY = (*TRAIN_KEY, "nodes")
 SERVE_KEY = ("stage", "platform", "model", "engine", "load", "gpus")
 MICRO_KEY = ("stage", "platform", "bench", "case", "gpus")
 SEARCH_KEY = ("stage", "platform", "model", "backend", "technique", "gpus")
@@ -132,9 +141,14 @@ class _Addressed:
         """The fields that name the cell's path."""
         return {k: getattr(self, k) for k in self.KEY}
 
+    @property
+    def pattern(self) -> str:
+        """The path pattern of this cell's record."""
+        return self.PATTERN
+
     def record_path(self, results_dir: str = "results") -> str:
         """Where this cell's Record lives."""
-        return f"{results_dir}/" + self.PATTERN.format(**self.key)
+        return f"{results_dir}/" + self.pattern.format(**self.key)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (JSON-ready)."""
@@ -161,9 +175,12 @@ class Cell(_Addressed):
     batch_size: int
     """Per-GPU micro-batch size (global batch = batch_size * gpus)."""
     gpus: int
-    """GPUs (ranks) the cell runs on, all on one node."""
+    """GPUs (ranks) the cell runs on, over all its nodes."""
     protocol: Protocol
     """How it is measured."""
+    nodes: int = 1
+    """Nodes the ranks span, gpus / nodes on each (llmbench.nodes: one torchrun per node,
+    started by srun inside a Slurm allocation); left out of to_dict where 1."""
     mem_cap_gib: float | None = None
     """Per-rank host-RSS cap in GiB (None: none)."""
     adapter: dict[str, Any] | None = None
@@ -179,6 +196,8 @@ class Cell(_Addressed):
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.gpus < 1:
             raise ConfigError(f"gpus must be >= 1, got {self.gpus}")
+        if self.nodes < 1 or self.gpus % self.nodes:
+            raise ConfigError(f"nodes must be >= 1 and divide gpus ({self.gpus}), got {self.nodes}")
         if techniques.canonical(self.technique) != self.technique:
             raise ConfigError(f"technique {self.technique!r} is not canonical")
         if (self.backend == "megatron") != (self.parallel is not None):
@@ -190,15 +209,29 @@ class Cell(_Addressed):
         return self.backend if self.parallel is None else f"{self.backend}-{layout_name(self.parallel)}"
 
     @property
+    def ranks_per_node(self) -> int:
+        """Ranks (GPUs) on each node."""
+        return self.gpus // self.nodes
+
+    @property
+    def pattern(self) -> str:
+        """RECORD_PATTERN, or NODES_RECORD_PATTERN for a cell over several nodes."""
+        return self.PATTERN if self.nodes == 1 else NODES_RECORD_PATTERN
+
+    @property
     def key(self) -> dict[str, Any]:
-        """The fields that name the cell's path (backend: backend_dir)."""
-        return {k: self.backend_dir if k == "backend" else getattr(self, k) for k in self.KEY}
+        """The fields that name the cell's path (backend: backend_dir; nodes where > 1)."""
+        names = self.KEY if self.nodes == 1 else NODES_TRAIN_KEY
+        return {k: self.backend_dir if k == "backend" else getattr(self, k) for k in names}
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data form (JSON-ready); ``parallel`` only where it is set."""
+        """Plain-data form (JSON-ready); ``parallel`` only where it is set, ``nodes`` only
+        where it is > 1 (so one-node specs, the params rerun trigger, are unchanged)."""
         data = asdict(self)
         if data["parallel"] is None:
             del data["parallel"]
+        if data["nodes"] == 1:
+            del data["nodes"]
         return data
 
     @classmethod
@@ -350,7 +383,7 @@ def cell_from_dict(data: dict[str, Any]) -> "Cell | ServeCell | MicroCell":
 #: The patterns of record files, each with the stage its records belong to (None: the
 #: path's {stage} field).
 RECORD_PATTERNS: dict[str, str | None] = {
-    RECORD_PATTERN: None, PROBE_RECORD_PATTERN: None, SERVE_RECORD_PATTERN: "serve",
+    RECORD_PATTERN: None, NODES_RECORD_PATTERN: None, PROBE_RECORD_PATTERN: None, SERVE_RECORD_PATTERN: "serve",
     MICRO_RECORD_PATTERN: "micro",
 }
 _REGEXES = {p: _regex(p) for p in (*RECORD_PATTERNS, SEARCH_PATTERN, FRONTIER_PATTERN, SEARCH_SUMMARY_PATTERN)}

@@ -5,7 +5,9 @@ Each repeat runs ``torchrun --standalone --nproc-per-node <gpus> -m <worker>`` (
 new session behind a leash (llmbench.procs.start_group), so the whole group (torchrun and
 every rank) can be stopped together: on a timeout, on a per-rank memory cap, or when this
 process is told to stop (Snakemake cancelling the job, Ctrl-C); and it dies with this
-process, also when this process is killed by SIGKILL. On a platform with ``fork_server`` (the CPU's) the ranks are
+process, also when this process is killed by SIGKILL. A cell over several nodes runs
+``srun`` instead, one torchrun per node with a c10d rendezvous (llmbench.nodes), in the
+same process group. On a platform with ``fork_server`` (the CPU's) the ranks are
 forked instead from a server that has the heavy imports done (llmbench.forkserver), in a
 new session too, with the same classification (start_ranks). Status is data:
   ok       every repeat wrote its result
@@ -25,12 +27,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import backends, forkserver, gpus
+from . import backends, forkserver, gpus, nodes
 from .aggregate import Outcome
 from .cells import Cell
 from .procs import (RssWatchdog, free_port, kill_group, last_error, says_oom, start_group, stop_group,
@@ -91,14 +93,32 @@ def worker_args(spec_path: Path, out: Path, *extra: str) -> list[str]:
     return ["--spec", str(spec_path), "--out", str(out), *extra]
 
 
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a repeat of a cell over several nodes runs: the allocation, and what its srun
+    and torchrun need (llmbench.nodes)."""
+
+    alloc: nodes.Allocation
+    rdzv_id: str
+    cpus_per_node: int
+    join_timeout_s: int
+
+
 def start_ranks(ranks: int, module: str, args: list[str], *, env: dict[str, str], log: Path, workdir: Path,
-                fork_server: bool = False) -> tuple[Any, str]:
+                fork_server: bool = False, placement: Placement | None = None) -> tuple[Any, str]:
     """Start ``ranks`` processes of worker ``module`` in one new session; returns the process
     that leads it (Popen or forkserver.Forked) and how it was started.
 
+    ``placement``: the ranks span its nodes, ranks / nodes on each, started by srun.
     ``fork_server`` (forkserver.usable: the platform's key, CPU only, not under Slurm): fork
     the ranks from a server that has torch, DeepSpeed and transformers imported. If that
     server cannot be had, the log says why and the ranks are exec'ed as without it."""
+    if placement is not None:
+        alloc = placement.alloc
+        argv = nodes.srun_argv(alloc, ranks // len(alloc.hostnames), module, args,
+                               port=free_port(alloc.host), rdzv_id=placement.rdzv_id,
+                               cpus_per_node=placement.cpus_per_node, join_timeout_s=placement.join_timeout_s)
+        return start_group(argv, env=env, log=log, cwd=workdir), "srun"
     if fork_server:
         try:
             port = free_port()
@@ -115,24 +135,48 @@ def start_ranks(ranks: int, module: str, args: list[str], *, env: dict[str, str]
 
 def run_worker(ranks: int, module: str, args: list[str], *, env: dict[str, str], log: Path, workdir: Path,
                out: Path, timeout_s: float, mem_cap_gib: float | None = None, label: str = "run",
-               fork_server: bool = False) -> Outcome:
+               fork_server: bool = False, placement: Placement | None = None) -> Outcome:
     """Run a worker's ranks in their own process group (start_ranks) and classify how it ended.
 
     Contract: the worker writes ``out`` (JSON) on success; a rank that runs out of memory
-    may write ``<out>.oom.rank<r>`` with the message.
+    may write ``<out>.oom.rank<r>`` with the message. Over several nodes (``placement``)
+    ``workdir`` must be on a file system every node sees, and the log tail is each node's.
     """
     with open(log, "a") as fh:
         fh.write(f"\n=== {label}\n")
-    proc, launcher = start_ranks(ranks, module, args, env=env, log=log, workdir=workdir, fork_server=fork_server)
-    outcome = _classify(proc, log=log, workdir=workdir, out=out, timeout_s=timeout_s,
-                        mem_cap_gib=mem_cap_gib, label=label)
+    start = log.stat().st_size
+    proc, launcher = start_ranks(ranks, module, args, env=env, log=log, workdir=workdir, fork_server=fork_server,
+                                 placement=placement)
+    try:
+        outcome = _classify(proc, log=log, workdir=workdir, out=out, timeout_s=timeout_s,
+                            mem_cap_gib=mem_cap_gib, label=label, sigkill_is_oom=placement is None)
+    finally:
+        if placement is not None:
+            left = nodes.cancel_step(placement.alloc, placement.rdzv_id)
+            if left:
+                with open(log, "a") as fh:
+                    fh.write(f"=== cancelled Slurm step(s) still listed after srun ended: {' '.join(left)}\n")
+    if placement is not None:
+        outcome.nodes = placement.alloc.hostnames
+        if outcome.status != "ok":  # what each node said, not the interleaved last lines
+            with open(log, errors="replace") as fh:
+                fh.seek(start)
+                text = fh.read()
+            outcome.log_tail = nodes.node_tails(text, placement.alloc.hostnames)
+            if outcome.status == "error" and (first := nodes.first_failure(text)):
+                outcome.reason = f"{label}: first failure: {first}; {outcome.reason}"
     outcome.launcher = launcher
     return outcome
 
 
 def _classify(proc, *, log: Path, workdir: Path, out: Path, timeout_s: float, mem_cap_gib: float | None,
-              label: str) -> Outcome:
-    """Wait for a started worker (timeout, memory cap) and say how it ended."""
+              label: str, sigkill_is_oom: bool = True) -> Outcome:
+    """Wait for a started worker (timeout, memory cap) and say how it ended.
+
+    On one node a rank killed by SIGKILL is taken for the kernel's OOM killer (nothing else
+    here sends it). Over several nodes (``sigkill_is_oom`` False) it is not: srun reports any
+    task killed by a signal, for any reason, and a node's OOM is said in the log (Slurm's
+    oom-kill event, a worker's OOM message or marker file)."""
     dog = None
     if mem_cap_gib:
         dog = RssWatchdog(proc, mem_cap_gib * 2**30)
@@ -159,24 +203,30 @@ def _classify(proc, *, log: Path, workdir: Path, out: Path, timeout_s: float, me
         return Outcome(status="ok", result=json.loads(out.read_text()))
     if says_oom(log_tail_text):
         return Outcome(status="oom", reason="out-of-memory error in the log", log_tail=log_tail_text)
-    if "Signal 9 (SIGKILL)" in log_tail_text or rc in (-9, 137):
+    if sigkill_is_oom and ("Signal 9 (SIGKILL)" in log_tail_text or rc in (-9, 137)):
         return Outcome(status="oom", reason="a rank was killed by SIGKILL (the kernel's OOM killer is the usual sender)", log_tail=log_tail_text)
     return Outcome(status="error", reason=f"{label} exited with code {rc}: {last_error(log)}", log_tail=log_tail_text)
 
 
 def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int,
-               keep_dir: Path | None = None) -> Outcome:
-    """Run one repeat of a training cell (``rank_launch``) in its own session. A profile
-    cell's worker writes its Chrome trace into ``keep_dir`` (the record's folder)."""
+               keep_dir: Path | None = None, alloc: nodes.Allocation | None = None) -> Outcome:
+    """Run one repeat of a training cell (``rank_launch``; over ``alloc``'s nodes for a cell
+    of several) in its own session. A profile cell's worker writes its Chrome trace into
+    ``keep_dir`` (the record's folder)."""
     cell = Cell.from_dict(spec["cell"])
     spec_path = workdir / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
     out = workdir / f"repeat-{index}.json"
     extra = ("--trace-dir", str(keep_dir)) if cell.stage == "profile" and keep_dir else ()
+    placement = None
+    if alloc is not None:
+        placement = Placement(alloc=alloc, rdzv_id=f"{alloc.job_id}-{workdir.name.lstrip('.')}-r{index}", cpus_per_node=threads,
+                              join_timeout_s=min(600, cell.protocol.timeout_s))
     return run_worker(cell.gpus, backends.get(cell.backend).worker, worker_args(spec_path, out, *extra),
-                      env=worker_env(spec["platform"]["env"], threads, cell.gpus), log=log, workdir=workdir,
+                      env=worker_env(spec["platform"]["env"], threads, cell.ranks_per_node), log=log, workdir=workdir,
                       out=out, timeout_s=cell.protocol.timeout_s, mem_cap_gib=cell.mem_cap_gib,
-                      label=f"repeat {index}", fork_server=forkserver.usable(spec["platform"]))
+                      label=f"repeat {index}", fork_server=forkserver.usable(spec["platform"]) and alloc is None,
+                      placement=placement)
 
 
 def skip_if_predicted_oom(spec: dict, record_path: Path, log: Path, started: str, command: list[str]) -> Record | None:
@@ -212,15 +262,19 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
     log.write_text(f"cell {cell.record_path()}\n")
     if skip_predicted_oom and (skipped := skip_if_predicted_oom(spec, Path(record_path), log, started, command)):
         return skipped
-    workdir = Path(tempfile.mkdtemp(prefix="llmbench-cell-"))
+    keep_dir = Path(record_path).parent.absolute()  # workers run in a temporary cwd
+    keep_dir.mkdir(parents=True, exist_ok=True)
+    # a cell over several nodes: its Slurm allocation (no allocation: the job fails, no
+    # record), and a work folder every node sees (the results folder is on a shared one)
+    alloc = nodes.allocation(cell.nodes) if cell.nodes > 1 else None
+    workdir = Path(tempfile.mkdtemp(prefix=".llmbench-cell-", dir=keep_dir if alloc else None))
     try:
         with stop_groups_on_signal():
-            keep_dir = Path(record_path).parent.absolute()  # workers run in a temporary cwd
-            keep_dir.mkdir(parents=True, exist_ok=True)
-            check = gpus.check_cell(spec, cell.gpus, gpu_busy, log)
+            # over several nodes: the launcher's node's GPUs (the others' are not read)
+            check = gpus.check_cell(spec, cell.ranks_per_node, gpu_busy, log)
             outcomes = [Outcome(status="error", reason=check.busy)] if check.busy else []
             for i in range(cell.protocol.repeats if not check.busy else 0):
-                outcome = run_repeat(spec, workdir, i, log, threads, keep_dir)
+                outcome = run_repeat(spec, workdir, i, log, threads, keep_dir, alloc)
                 outcomes.append(outcome)
                 with open(log, "a") as fh:
                     fh.write(f"=== repeat {i}: {outcome.status} {outcome.reason}\n")

@@ -15,7 +15,11 @@ GPU for the next cell. The leash:
 - passes its child's exit status through unchanged (a child killed by signal s kills the
   leash with s), so ``Popen.returncode`` means what it meant without it (launch reads -9
   as the kernel's OOM killer);
-- forwards SIGTERM and SIGINT to its child: the graceful stop of stop_group still works.
+- forwards SIGTERM and SIGINT to its child: the graceful stop of stop_group still works;
+- once its child has ended, kills what the child left behind (orphans re-parented to it).
+
+Each node of a cell over several nodes runs its torchrun behind a leash too, tied to the
+Slurm task's parent (llmbench.nodes).
 
 Ranks forked by llmbench.forkserver have no leash; their leader watches the launcher
 with ``watch_launcher`` instead.
@@ -44,7 +48,9 @@ from typing import Callable, Iterator
 #: device and host allocators, and the serving engines' start-up messages (vLLM's KV
 #: cache, its CPU backend's "Not enough memory")
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "DefaultCPUAllocator: can't allocate memory",
-               "out of memory", "Not enough memory", "No available memory for the cache blocks")
+               "out of memory", "Not enough memory", "No available memory for the cache blocks",
+               # Slurm's step (cgroup) OOM report: the evidence a rank on another node was OOM-killed
+               "oom-kill event", "oom_kill event")
 LOG_TAIL_LINES = 40
 #: seconds between SIGTERM and SIGKILL when a group is stopped
 GRACE_S = 5.0
@@ -313,6 +319,7 @@ def leash(launcher_pid: int, argv: list[str]) -> None:
         if dead:
             kill_tree(os.getpid())
             os.killpg(0, signal.SIGKILL)
+    kill_tree(os.getpid())  # what the child left running (a rank orphaned by its torchrun)
     _exit_like(status)
 
 

@@ -45,8 +45,9 @@ def _block(b: Builder, stage: str, block: dict[str, Any], where: str, protocol: 
         raise ConfigError(f"{where}.max_batch: the search runs {' and '.join(SEARCH_STAGES)} cells, "
                           f"not {stage} cells")
     canon = _sizes_by_technique(sizes, names, where) if isinstance(sizes, dict) else None
+    nodes = _nodes(block, stage, where)
     for plat_name, platform in b.block_platforms(block):
-        gpu_counts = _gpu_counts(block["gpus"], platform, f"{where}.gpus")
+        gpu_counts = _gpu_counts(block["gpus"], platform, f"{where}.gpus", nodes)
         for model_name, tech, gpus in itertools.product(block["models"], names, gpu_counts):
             if techniques.parse(tech).quant4 and not platform.supports_4bit:
                 raise ConfigError(f"{where}: technique {tech!r} needs bitsandbytes 4-bit, which "
@@ -61,7 +62,7 @@ def _block(b: Builder, stage: str, block: dict[str, Any], where: str, protocol: 
 
             def cell(bs: int) -> Cell:
                 return Cell(stage=stage, platform=plat_name, model=model_name, backend=backend, technique=tech,
-                            batch_size=bs, gpus=gpus, protocol=protocol, mem_cap_gib=block["mem_cap_gib"],
+                            batch_size=bs, gpus=gpus, nodes=nodes, protocol=protocol, mem_cap_gib=block["mem_cap_gib"],
                             adapter=_adapter(block, where, tech), parallel=parallel)
 
             if search is not None:
@@ -165,15 +166,36 @@ def _parallel(block: dict, where: str, backend: str, model: ModelSpec, gpus: int
             "distributed_optimizer": bool(block["distributed_optimizer"])}
 
 
-def _gpu_counts(value: int | list[int] | None, platform: Platform, where: str) -> list[int]:
+def _nodes(block: dict[str, Any], stage: str, where: str) -> int:
+    """The block's node count, checked against what a cell over several nodes can do."""
+    nodes = block["nodes"]
+    if nodes == 1:
+        return nodes
+    if stage not in SEARCH_STAGES:
+        raise ConfigError(f"{where}.nodes: {nodes}: a {stage} cell runs on one node (cells over nodes are "
+                          f"{' and '.join(SEARCH_STAGES)} cells)")
+    if block["max_batch"] is not None:
+        raise ConfigError(f"{where}.max_batch: the max-batch search runs on one node; a block with nodes: "
+                          f"{nodes} gives batch_sizes")
+    if block["mem_cap_gib"] is not None:
+        raise ConfigError(f"{where}.mem_cap_gib: the cap is watched on the launcher's node only; a block "
+                          f"with nodes: {nodes} cannot have one")
+    return nodes
+
+
+def _gpu_counts(value: int | list[int] | None, platform: Platform, where: str, nodes: int = 1) -> list[int]:
     """The GPU-count axis of a training block: a count, a list of counts (Fig. 4's scaling),
-    or null for all GPUs of the node. On a GPU platform no count may exceed the node."""
-    counts = value if isinstance(value, list) else [value or platform.gpus_per_node]
+    or null for all GPUs of its nodes. Each count splits evenly over the nodes, and on a GPU
+    platform no node gets more than it has."""
+    counts = value if isinstance(value, list) else [value or platform.gpus_per_node * nodes]
     for i, n in enumerate(counts):
-        if platform.accelerator == "cuda" and n > platform.gpus_per_node:
-            at = f"{where}[{i}]" if isinstance(value, list) else where
-            raise ConfigError(f"{at}: {n} GPUs, but platform {platform.name!r} has {platform.gpus_per_node} per node "
-                              "(cells run on one node)")
+        at = f"{where}[{i}]" if isinstance(value, list) else where
+        if n % nodes:
+            raise ConfigError(f"{at}: {n} GPUs do not split evenly over nodes: {nodes}")
+        if platform.accelerator == "cuda" and n // nodes > platform.gpus_per_node:
+            per = "" if nodes == 1 else f" ({n // nodes} on each of {nodes} nodes)"
+            raise ConfigError(f"{at}: {n} GPUs{per}, but platform {platform.name!r} has {platform.gpus_per_node} "
+                              f"per node ({'cells run on one node unless the block sets nodes' if nodes == 1 else 'raise nodes'})")
     return counts
 
 

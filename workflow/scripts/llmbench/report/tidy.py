@@ -14,8 +14,9 @@ from ..record import Record, read
 from . import render
 
 COLUMNS = [
-    "stage", "platform", "model", "backend", "technique", "batch_size", "gpus", "seq_len",
-    "status", "reason", "tokens_per_s_mean", "tokens_per_s_std", "tokens_per_s_runs",
+    "stage", "platform", "model", "backend", "technique", "batch_size", "gpus",
+    "nodes",  # training cells: the nodes its gpus span (1 unless the block set nodes)
+    "seq_len", "status", "reason", "tokens_per_s_mean", "tokens_per_s_std", "tokens_per_s_runs",
     "step_time_s_mean", "peak_mem_gib", "peak_mem_kind", "peak_mem_allocated_gib",
     "peak_mem_reserved_gib", "peak_rss_gib", "mfu", "model_tflops_per_gpu", "mfu_vs_gemm",
     "total_params", "trainable_params",
@@ -100,7 +101,7 @@ def row(record: Record, path: str) -> dict:
     return {
         "stage": c["stage"], "platform": c["platform"], "model": c["model"],
         "backend": c["backend"], "technique": c["technique"], "batch_size": c["batch_size"],
-        "gpus": c["gpus"], "seq_len": proto["seq_len"], "status": record.status,
+        "gpus": c["gpus"], "nodes": c.get("nodes", 1), "seq_len": proto["seq_len"], "status": record.status,
         "reason": record.reason, "tokens_per_s_mean": m.tokens_per_s_mean,
         # a single run has no spread: leave std empty rather than print a misleading 0
         "tokens_per_s_std": m.tokens_per_s_std if len(m.tokens_per_s_runs) > 1 else None,

@@ -56,6 +56,10 @@ def main(run: Callable[..., dict | None], argv: list[str] | None, doc: str | Non
     ap.add_argument("--trace-dir", type=Path, default=None,
                     help="profile cells: where the Chrome trace goes (the worker's default otherwise)")
     args = ap.parse_args(argv)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank of torchrun: it never outlives its torchrun
+        from ..procs import die_with_parent
+
+        die_with_parent(os.getppid())
     spec = json.loads(args.spec.read_text())
     rank = int(os.environ.get("RANK", 0))
     try:

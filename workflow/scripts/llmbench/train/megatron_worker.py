@@ -252,7 +252,8 @@ class MegatronBackend:
 
 def run(spec: dict, out: Path) -> dict | None:
     """Build the model, Megatron's DDP and optimizer, run the scenario (llmbench.train.scenario),
-    return the result (rank 0)."""
+    return the result (rank 0); its summary has the phase clock (scenario.Phases)."""
+    phases = scenario.Phases()
     import contextlib
 
     import torch
@@ -272,6 +273,7 @@ def run(spec: dict, out: Path) -> dict | None:
     tech = techniques.parse(cell.technique)
     parallel = cell.parallel
 
+    phases.mark("imports")
     dist.init_process_group(backend="gloo" if accelerator == "cpu" else "nccl")
     rank = dist.get_rank()
     device = contract.local_device(accelerator)
@@ -282,10 +284,11 @@ def run(spec: dict, out: Path) -> dict | None:
     import megatron.core.optimizer  # noqa: F401
     import megatron.core.pipeline_parallel  # noqa: F401
     backend = MegatronBackend(cell, model_spec, tech, accelerator, device, dtype)
+    phases.mark("init_distributed")  # and megatron-core's imports
 
     with compat or contextlib.nullcontext():
         result = scenario.run(backend, cell.protocol, batch_size=cell.batch_size, vocab_size=model_spec.vocab_size,
-                              accelerator=accelerator, device=device)
+                              accelerator=accelerator, device=device, phases=phases)
         on = device if accelerator == "cuda" else "cpu"
         counts = torch.tensor([float(backend.local_params), float(_optimizer_numel(backend.optimizer))],
                               dtype=torch.float64, device=on)
@@ -321,6 +324,7 @@ def run(spec: dict, out: Path) -> dict | None:
                 "process_group": "gloo" if accelerator == "cpu" else "nccl",
                 "cpu_compat": megatron_cpu_compat.applied(),
             },
+            "summary": phases.seconds,
             "versions": provenance.versions(),
             "devices": provenance.devices(),
         }

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol as Interface
 
+from ..nodes import NODE_T0_VAR
 from ..protocol import Protocol, Window, run_window
 
 #: Offset of the synthetic-id generator's seed from the protocol's (weights use the seed itself).
@@ -42,6 +43,11 @@ class Phases:
     def __init__(self) -> None:
         age = process_age_s()
         self.seconds: dict[str, float] = {} if age is None else {"phase_start_s": age}
+        node_t0 = os.environ.get(NODE_T0_VAR)
+        if age is not None and node_t0:
+            # a cell over several nodes: from its node launcher's start to this rank's
+            # start, i.e. torchrun's start-up and the c10d rendezvous across the nodes
+            self.seconds["phase_rendezvous_s"] = time.time() - age - float(node_t0)
         self._last = time.perf_counter()
 
     def mark(self, name: str) -> None:

@@ -185,7 +185,7 @@ def scaling_chart(tables: Tables | None = None) -> alt.TopLevelMixin:
     """Fig. 4: how tokens/s per GPU holds up as GPUs are added, per training cell run on
     several counts; the linear ideal (the fewest GPUs' per-GPU rate) dashed."""
     df = _get(tables, "scaling", ["stage", "platform", "model", "backend", "layout", "technique", "batch_size", "gpus",
-                                  "tokens_per_s",
+                                  "nodes", "tokens_per_s",
                                   "ideal_tokens_per_s", "efficiency_pct", "tokens_per_s_per_gpu", "mfu",
                                   "paper_efficiency_pct"])
     title = _title("scaling")
@@ -200,13 +200,17 @@ def scaling_chart(tables: Tables | None = None) -> alt.TopLevelMixin:
     long = pd.concat([df.assign(series="measured", value=df["tokens_per_s_per_gpu"]),
                       df.assign(series="linear", value=df["ideal_per_gpu"])], ignore_index=True)
     long["mfu_pct"] = 100 * long["mfu"].astype(float)
+    # the nodes the GPUs span: a point over several nodes has a shape of its own (older
+    # tables have no such column: one node)
+    long["nodes"] = long["nodes"].fillna(1).astype(int).astype(str)
     lines = alt.Chart(long).mark_line(point=True).encode(
         x=alt.X("gpus:Q", title="GPUs", axis=alt.Axis(values=sorted({int(g) for g in df["gpus"]}), format="d")),
         y=alt.Y("value:Q", title="tokens/s per GPU"),
         color=alt.Color("cell:N", title="cell"),
         strokeDash=alt.StrokeDash("series:N", title=None, scale=alt.Scale(domain=["measured", "linear"],
                                                                          range=[[1, 0], [5, 4]])),
-        tooltip=["cell", "gpus", "series", alt.Tooltip("value:Q", format=",.1f"),
+        shape=alt.Shape("nodes:N", title="nodes"),
+        tooltip=["cell", "gpus", "nodes", "series", alt.Tooltip("value:Q", format=",.1f"),
                  alt.Tooltip("efficiency_pct:Q", format=".1f", title="efficiency %"),
                  alt.Tooltip("mfu_pct:Q", format=".1f", title="MFU %"),
                  alt.Tooltip("paper_efficiency_pct:Q", format=".1f", title="paper efficiency %")])

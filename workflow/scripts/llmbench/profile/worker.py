@@ -357,8 +357,11 @@ def run_inference(spec: dict, out: Path, trace_dir: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point (one rank; llmbench.train.contract)."""
+    from .. import backends
+
     def runner(spec: dict, out: Path, trace_dir: Path | None) -> dict:
-        work = run_inference if spec["cell"]["backend"] == "inference" else run
+        # what is profiled is the kind the backend registry gives the cell's backend
+        work = {"inference": run_inference, "training": run}[backends.get(spec["cell"]["backend"]).profile]
         return work(spec, out, trace_dir or out.parent)
 
     return contract.main(runner, argv, __doc__)

@@ -3,7 +3,8 @@
 Nothing comes from a hub. The directory holds
   config.json              the Llama config of the model spec (transformers' format)
   generation_config.json   greedy decoding, and no EOS token (below)
-  model.safetensors        random bf16 weights as transformers initialises them, seeded (omitted with weights="dummy":
+  model.safetensors        random bf16 weights as transformers initialises them (llmbench.train.build.init_random),
+                           seeded (omitted with weights="dummy":
                            engines that can, e.g. vLLM's --load-format dummy, make their own)
   tokenizer.json           a word-level tokenizer whose token for id i is the word "t<i>"
   tokenizer_config.json, special_tokens_map.json
@@ -79,39 +80,19 @@ def build(spec: ModelSpec, out_dir: Path | str, weights: str = "random", seed: i
     return out
 
 
-def random_state(model, std: float, seed: int, threads: int = 1) -> None:
-    """Fill ``model``'s parameters as transformers initialises a Llama: RMSNorm weights 1,
-    every other weight N(0, std). Each tensor draws from its own generator, seeded by
-    ``seed`` and its position, so tensors fill in parallel (torch's CPU normal_ is serial:
-    llama2-7b took 5.6 min on one core) and the result does not depend on ``threads``."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import torch
-
-    named = list(model.named_parameters())
-
-    def fill(item: tuple[int, tuple[str, torch.nn.Parameter]]) -> None:
-        i, (name, param) = item
-        with torch.no_grad():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, std, generator=torch.Generator().manual_seed(seed * 1_000_003 + i))
-
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        list(pool.map(fill, enumerate(named)))
-
-
 def _write_random_weights(spec: ModelSpec, out: Path, seed: int, threads: int) -> None:
-    """Random bf16 weights (random_state), saved as safetensors."""
+    """Random bf16 weights, saved as safetensors: the training builds' initialiser
+    (llmbench.train.build.init_random), seeded per tensor so the files are reproducible."""
     import torch
     from transformers import LlamaForCausalLM
+
+    from ..train.build import init_random
 
     config = spec.hf_config()
     with torch.device("meta"):  # no serial default initialisation first
         model = LlamaForCausalLM._from_config(config, dtype=torch.bfloat16)
     model = model.to_empty(device="cpu")
-    random_state(model, config.initializer_range, seed, threads)
+    init_random(model, config.initializer_range, seed=seed, threads=threads)
     model.save_pretrained(out, safe_serialization=True, max_shard_size="5GB")
     # save_pretrained rewrites config.json from the training config: restore the serving one
     cfg = json.loads((out / "config.json").read_text())

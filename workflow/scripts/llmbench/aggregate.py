@@ -38,10 +38,11 @@ def _max(values: list[Any]) -> float | None:
 
 
 def provenance_of(spec: dict, outcomes: list[Outcome], started: str, command: list[str]) -> dict[str, Any]:
-    """A cell's provenance (training, profile and microbenchmark cells): the last ok
-    repeat's versions and devices, and how each repeat was started (exec, or forked from
-    llmbench.forkserver)."""
-    results = [o.result for o in outcomes if o.status == "ok"]
+    """A cell's provenance (training, profile, microbenchmark and serving cells): the last ok
+    repeat's versions and devices (this process's versions where no repeat reported them),
+    and how each repeat was started (exec, forked from llmbench.forkserver, srun over nodes,
+    an engine server)."""
+    results = [o.result for o in outcomes if o.status == "ok" and o.result]  # a serving cell's carry none
     return {
         "git": provenance.git_state(),
         "host": provenance.host(),

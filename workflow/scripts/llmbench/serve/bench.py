@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import gpus, provenance
+from ..aggregate import Outcome, provenance_of
 from ..cells import ServeCell
 from ..procs import free_port, last_error, log_says_oom, stop_groups_on_signal, tail
 from ..models import ModelSpec
@@ -163,17 +164,13 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
     serving.update(engine=cell.engine, dialect=engine.dialect,
                    prompts="token ids" if engine.token_id_prompts else "text (word-level tokenizer, same ids)",
                    ignore_eos=engine.ignore_eos)
+    # the one provenance builder (llmbench.aggregate), plus the engine's own
     prov = {
-        "git": provenance.git_state(),
-        "host": provenance.host(),
-        "versions": provenance.versions(),
+        **provenance_of(spec, [Outcome(status=status, reason=reason, launcher="engine server")], started,
+                        [sys.executable, *sys.argv]),
         "engine_versions": provenance.engine_versions(python),
-        "spec": spec,
-        "command": [sys.executable, *sys.argv],
         "engine_command": argv,
         **check.provenance(),
-        "started": started,
-        "finished": datetime.now(timezone.utc).isoformat(),
     }
     record = Record(cell=cell.to_dict(), status=status, reason=reason,
                     log_tail=tail(server_log) if status != "ok" else "",

@@ -157,6 +157,7 @@ def test_a_killed_node_task_ends_the_cell_as_an_error_with_both_nodes_tails(clus
         os.kill(victim, signal.SIGKILL)
         out, _ = run.communicate(timeout=PROTOCOL["timeout_s"])
         ended_s = time.monotonic() - killed_at
+        print(f"two-node fault: snakemake ended {ended_s:.1f} s after n2's task was killed")  # pytest -s shows it
     finally:
         if run.poll() is None:
             run.kill()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -211,6 +212,10 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
     accelerator = platform["accelerator"]
     if accelerator == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # DeepSpeed's ZeRO calls torch's deprecated all_gather_into_tensor / reduce_scatter_tensor,
+    # and torch warns at every call: hundreds of lines that bury a log's, and a node's, tail
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
+                            r"is deprecated", category=FutureWarning)
     import deepspeed
     import torch
     import torch.distributed as dist

@@ -44,13 +44,19 @@ def make_workspace(dest: Path) -> Path:
     return dest
 
 
+def snakemake_env(env: dict | None = None) -> dict[str, str]:
+    """The environment a snakemake of the venv runs in: ours, ``env`` over it (a test
+    cluster's), and the venv's bin first on PATH (jobs run python -m snakemake again)."""
+    full_env = {**os.environ, **(env or {})}
+    full_env["PATH"] = f"{BIN}{os.pathsep}{full_env.get('PATH', '')}"
+    return full_env
+
+
 def snakemake(workspace: Path, *args: str, env: dict | None = None, timeout: int = 3600) -> subprocess.CompletedProcess:
     """Run the venv's snakemake in ``workspace``; output captured as text. The bound is for
     a hung run only: a grid's real time is minutes (README, Tests), and bf16 on a CPU
     without native bf16 can be several times slower."""
-    full_env = {**os.environ, **(env or {})}
-    full_env["PATH"] = f"{BIN}{os.pathsep}{full_env.get('PATH', '')}"
-    return subprocess.run([str(BIN / "snakemake"), *args], cwd=workspace, env=full_env,
+    return subprocess.run([str(BIN / "snakemake"), *args], cwd=workspace, env=snakemake_env(env),
                           capture_output=True, text=True, timeout=timeout)
 
 

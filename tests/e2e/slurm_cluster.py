@@ -564,9 +564,9 @@ def main(argv: list[str] | None = None) -> int:
     with slurm_cluster(workdir, nodes=args.nodes) as cluster:
         print(f"slurm_cluster: {', '.join(cluster.nodes)} up in {cluster.startup_seconds:.1f} s ({workdir})",
               flush=True)
+        # the interpreter's bin first: jobs run python -m snakemake of the same venv
         env = {**os.environ, **cluster.env}
-        env["PATH"] = os.pathsep.join([cluster.env["PATH"].split(os.pathsep)[0], str(Path(sys.executable).parent),
-                                       os.environ.get("PATH", "")])
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
         return subprocess.run(command, env=env).returncode
 
 

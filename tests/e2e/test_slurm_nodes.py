@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workspaces import BIN, make_workspace
+from workspaces import BIN, make_workspace, snakemake_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from slurm_cluster import slurm_available, slurm_cluster  # noqa: E402
@@ -91,10 +91,9 @@ def _cell_processes(marker: str) -> dict[int, str]:
 
 
 def _snakemake(ws: Path, cluster, config: str, *targets: str) -> subprocess.Popen:
-    env = {**os.environ, **cluster.env}
-    env["PATH"] = f"{cluster.env['PATH'].split(os.pathsep)[0]}{os.pathsep}{BIN}{os.pathsep}{os.environ['PATH']}"
+    """snakemake through the cluster, in the background (the fault test kills a task meanwhile)."""
     return subprocess.Popen([str(BIN / "snakemake"), *targets, "--profile", str(ws / "profiles" / "slurm_ci"),
-                             "--configfile", config], cwd=ws, env=env, stdout=subprocess.PIPE,
+                             "--configfile", config], cwd=ws, env=snakemake_env(cluster.env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 

@@ -33,18 +33,15 @@ rule run_training_cell:
 # (llmbench.nodes). `tasks` is N (sbatch --ntasks; the plugin wants > 1 for mpi jobs), and
 # tasks_per_gpu 0 keeps the plugin from turning `tasks` into --ntasks-per-gpu on GPU jobs.
 # cpus_per_task, mem_mb and gres are per node. Without Slurm the job fails (no record).
-rule run_multinode_training_cell:
+# Everything else is run_training_cell's; `with: resources` replaces the whole set (not merged),
+# so the per-node Slurm resources are listed again.
+use rule run_training_cell as run_multinode_training_cell with:
     output:
         record=NODES_RECORD,
     log:
         f"{R}/logs/{NODES_CELL_DIR}.log",
     benchmark:
         f"{R}/benchmarks/{NODES_CELL_DIR}.tsv"
-    params:
-        spec=cell_spec,
-    threads: cell_threads
-    conda:
-        "../../envs/pretrain.yaml"
     resources:
         slurm_partition=slurm_resource("partition"),
         gres=slurm_resource("gres"),
@@ -56,5 +53,3 @@ rule run_multinode_training_cell:
         tasks_per_gpu=0,
         mpi="srun",
         gpu_slots=lambda wildcards: int(wildcards.gpus) // int(wildcards.nodes),
-    script:
-        "../scripts/run_cell.py"

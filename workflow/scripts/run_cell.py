@@ -11,16 +11,12 @@ from llmbench.nodes import NodesError
 
 def main(smk) -> None:
     try:
-        record = _run(smk)
+        record = run_cell(smk.params.spec, Path(smk.output.record), Path(smk.log[0]), threads=smk.threads,
+                          gpu_busy=BusyPolicy.from_config(smk.config),
+                          skip_predicted_oom=str(smk.config.get("skip_predicted_oom", False)).lower() == "true")
     except NodesError as exc:  # a cell over several nodes outside a Slurm job of as many: no record
         sys.exit(f"{smk.output.record}: not run: {exc}")
     logging.getLogger("llmbench").info("%s: %s %s", smk.output.record, record.status, record.reason)
-
-
-def _run(smk):
-    return run_cell(smk.params.spec, Path(smk.output.record), Path(smk.log[0]), threads=smk.threads,
-                    gpu_busy=BusyPolicy.from_config(smk.config),
-                    skip_predicted_oom=str(smk.config.get("skip_predicted_oom", False)).lower() == "true")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,12 @@ DeepSpeed's bf16 mode does: what that and DeepSpeed's engine cost is in the rati
 of each, cell / plain, and peak allocated memory; ``--rounds`` alternates the two that many
 times (medians; a 7B LoRA step at batch 1 is host-bound and moves between windows).
 
+The plain child also times ``--variants`` of its loop on the same model (VARIANTS), to split
+the cell's cost: ``overflow`` adds DeepSpeed's own per-tensor gradient-overflow check (what
+its bf16 mode runs at ZeRO stage 0, a host read per trainable tensor), ``master`` adds fp32
+master weights and gradients as DeepSpeed's bf16 mode keeps them. Each is printed over the
+plain loop of the same child (``overflow_over_plain``, ``master_over_plain``).
+
     # one GPU (deepspeed, bitsandbytes, peft on PYTHONPATH, e.g. /tmp/site from envs/offline-run.sh)
     python3 tests/bench_overhead.py --model llama2-7b --device cuda --batch 8 --rounds 3 --json overhead.json
     # the CPU smoke run (fp32, the CPU platform's dtype)
@@ -68,8 +74,8 @@ def run_cell(spec: dict, workdir: Path, index: int, threads: int) -> dict:
             "peak_rss_gib": r["peak_rss_gib"], "attention": r["attention"], "trainable_params": r["trainable_params"]}
 
 
-def run_plain(spec: dict, workdir: Path, index: int, threads: int) -> dict:
-    """The plain loop of the same cell, in a process of its own (``--plain-child``)."""
+def run_plain(spec: dict, workdir: Path, index: int, threads: int, variants: tuple[str, ...]) -> dict:
+    """The plain loop of the same cell and its ``variants``, in a process of its own (``--plain-child``)."""
     from llmbench import launch
 
     spec_path, out, log = (workdir / f"plain-{index}.{ext}" for ext in ("spec.json", "json", "log"))
@@ -78,7 +84,8 @@ def run_plain(spec: dict, workdir: Path, index: int, threads: int) -> dict:
     timeout_s = spec["cell"]["protocol"]["timeout_s"]
     with open(log, "w") as fh:
         try:
-            proc = subprocess.run([sys.executable, __file__, "--plain-child", str(spec_path), str(out)], env=env,
+            proc = subprocess.run([sys.executable, __file__, "--plain-child", str(spec_path), str(out),
+                                   "--variants", ",".join(variants)], env=env,
                                   stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return {"status": "timeout", "reason": [f"past {timeout_s} s"], "log": str(log)}
@@ -88,8 +95,20 @@ def run_plain(spec: dict, workdir: Path, index: int, threads: int) -> dict:
     return {"status": "ok", **json.loads(out.read_text())}
 
 
-def plain_loop(spec: dict) -> dict:
-    """Train the cell's model with a plain PyTorch loop; tokens/s and peak memory."""
+#: The plain loop's variants, each timed in the same child on the same model (--variants).
+#: ``plain``: bf16 parameters, gradients and AdamW; what the cell would cost without an engine.
+#: ``overflow``: plain plus DeepSpeed's own gradient-overflow check as its bf16 mode (FP16_Optimizer,
+#: ZeRO stage 0) runs it every step (deepspeed.runtime.utils.CheckOverflow.has_overflow: one
+#: reduction and one host read per trainable tensor).
+#: ``master``: mixed precision as DeepSpeed's bf16 mode keeps it (fp32 master weights and
+#: gradients, AdamW on fp32, bf16 copies back), written with torch's multi-tensor ops.
+VARIANTS = ("plain", "overflow", "master")
+
+
+def plain_loop(spec: dict, variants: tuple[str, ...] = ("plain",)) -> dict:
+    """Train the cell's model with a plain PyTorch loop, one timed window per variant
+    (VARIANTS) in this order and the plain one again at the end; tokens/s of each (plain:
+    the mean of its two windows), peak memory over all of them."""
     import torch
 
     from llmbench import platforms
@@ -110,34 +129,78 @@ def plain_loop(spec: dict) -> dict:
         if p.dtype.is_floating_point and p.dtype != dtype:
             p.data = p.data.to(dtype)
     params = built.params
-    opt = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0,
-                            **({"fused": True} if cuda else {"foreach": True}))
+    adamw = dict(lr=1e-5, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0,
+                 **({"fused": True} if cuda else {"foreach": True}))
     ids = scenario.synthetic_ids(model_spec.vocab_size, cell.batch_size, proto.seq_len, proto.seed, 0, device)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-    def step():
+    def backward():
         with built.attn_ctx():
             loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
         return loss
+
+    def make_step(variant: str):
+        if variant == "master":
+            master = [p.detach().float().clone().requires_grad_(True) for p in params]
+            opt = torch.optim.AdamW(master, **adamw)
+
+            def step():
+                loss = backward()
+                for m, p in zip(master, params):  # fp32 gradients (DeepSpeed flattens them into one buffer)
+                    m.grad = p.grad.float()
+                    p.grad = None
+                torch.nn.utils.clip_grad_norm_(master, 1.0, foreach=True)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                torch._foreach_copy_([p.data for p in params], master)  # bf16 weights from the masters
+                return loss
+            return step
+
+        opt = torch.optim.AdamW(params, **adamw)
+        checker = None
+        if variant == "overflow":
+            from deepspeed.runtime.utils import CheckOverflow
+
+            checker = CheckOverflow(param_groups=[params])
+
+        def step():
+            loss = backward()
+            if checker is not None and checker.check():
+                raise RuntimeError("DeepSpeed's overflow check found a non-finite gradient")
+            torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+        return step
 
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    for _ in range(proto.warmup_steps):
-        step()
-    sync()
-    start = time.perf_counter()
-    for _ in range(proto.measured_steps):
-        loss = step()
-    sync()
-    elapsed = time.perf_counter() - start
+    def window(variant: str) -> float:
+        nonlocal loss
+        step = make_step(variant)
+        for _ in range(proto.warmup_steps):
+            step()
+        sync()
+        start = time.perf_counter()
+        for _ in range(proto.measured_steps):
+            loss = step()
+        sync()
+        return cell.batch_size * proto.seq_len * proto.measured_steps / (time.perf_counter() - start)
+
+    loss = None
+    # plain first and again last: the reference is their mean, so a drift of the machine
+    # over the child's windows (clocks, a host-bound step's jitter) does not land on one variant
+    tps = {v: window(v) for v in variants}
+    if len(variants) > 1:
+        tps["plain_last"] = window("plain")
+        tps["plain_first"] = tps["plain"]
+        tps["plain"] = statistics.fmean([tps["plain_first"], tps["plain_last"]])
     peak = scenario.peak_memory(device, accelerator)
-    return {"tokens_per_s": cell.batch_size * proto.seq_len * proto.measured_steps / elapsed,
+    return {"tokens_per_s": tps["plain"], "variants_tokens_per_s": tps,
             "peak_mem_allocated_gib": peak.allocated_gib, "peak_rss_gib": peak.rss_gib, "attention": built.attn_label,
-            "trainable_params": sum(p.numel() for p in params), "loss_last": float(loss.float().item())}
+            "trainable_params": sum(p.numel() for p in params), "trainable_tensors": len(params),
+            "loss_last": float(loss.float().item())}
 
 
 def median(rounds: list[dict], key: str) -> float | None:
@@ -160,10 +223,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--timeout-s", type=int, default=1800)
     ap.add_argument("--json", type=Path, default=None, help="also write every round's numbers here")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"plain-loop variants, the first the reference (default {','.join(VARIANTS)}; see VARIANTS)")
     args = ap.parse_args(argv)
+    variants = tuple(args.variants.split(","))
+    if variants[0] != "plain" or not set(variants) <= set(VARIANTS):
+        ap.error(f"--variants: plain first, then any of {', '.join(VARIANTS[1:])}; got {args.variants!r}")
     if args.plain_child:
         spec_path, out = map(Path, args.plain_child)
-        out.write_text(json.dumps(plain_loop(json.loads(spec_path.read_text()))))
+        spec = json.loads(spec_path.read_text())
+        if spec["platform"]["accelerator"] == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # as the DeepSpeed worker does (overflow variant)
+        out.write_text(json.dumps(plain_loop(spec, variants)))
         return 0
 
     import pandas as pd
@@ -179,27 +250,33 @@ def main(argv: list[str] | None = None) -> int:
                              args.timeout_s)
             plain, cell = [], []
             for _ in range(args.rounds):
-                plain.append(run_plain(spec, workdir, index, args.threads))
+                plain.append(run_plain(spec, workdir, index, args.threads, variants))
                 cell.append(run_cell(spec, workdir, index, args.threads))
                 index += 1
             p_tps, c_tps = median(plain, "tokens_per_s"), median(cell, "tokens_per_s")
             status = "; ".join(f"{side} {r['status']}: {' '.join(r['reason'])} ({r['log']})"
                                for side, rs in (("plain", plain), ("cell", cell)) for r in rs if r["status"] != "ok")
+            # each variant's tokens/s over the plain loop's in the same child, median over rounds
+            shares = {f"{v}_over_plain": statistics.median(r["variants_tokens_per_s"][v] / r["tokens_per_s"]
+                                                           for r in plain if r["status"] == "ok")
+                      if any(r["status"] == "ok" for r in plain) else None for v in variants[1:]}
             rows.append({"technique": technique, "batch": batch, "plain_tokens_per_s": p_tps,
                          "cell_tokens_per_s": c_tps, "cell_over_plain": c_tps / p_tps if p_tps and c_tps else None,
+                         **shares, "trainable_tensors": next((r["trainable_tensors"] for r in plain
+                                                              if r["status"] == "ok"), None),
                          "plain_peak_gib": median(plain, peak_key), "cell_peak_gib": median(cell, peak_key),
                          "attention": next((r["attention"] for r in cell + plain if r["status"] == "ok"), None),
                          "status": status or "ok", "plain_rounds": plain, "cell_rounds": cell})
             print(json.dumps({k: v for k, v in rows[-1].items() if not k.endswith("_rounds")}), file=sys.stderr,
                   flush=True)
+            if args.json:  # after every point: a benchmark stopped by its time limit keeps what it measured
+                args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                                 "platform": platform, "rows": rows}, indent=2))
     table = pd.DataFrame(rows).drop(columns=["plain_rounds", "cell_rounds"])
     print(f"model {args.model}, platform {platform}, seq {args.seq_len}, {args.warmup} warm-up + {args.steps} "
           f"measured steps, {args.rounds} round(s), medians; peak: {peak_key}; logs in {workdir}")
     with pd.option_context("display.width", 200, "display.max_colwidth", 80, "display.float_format", "{:.3f}".format):
         print(table.to_string(index=False))
-    if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "platform": platform,
-                                         "rows": rows}, indent=2))
     return 0
 
 

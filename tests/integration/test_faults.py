@@ -198,9 +198,12 @@ def test_what_the_leashed_child_leaves_running_is_killed_when_it_ends(tmp_path):
     wait_until(lambda: not live(orphan), 10, f"the orphan {orphan} killed")
 
 
-def test_a_worker_killed_by_sigkill_is_still_oom_behind_the_leash(tmp_path):
+def test_a_worker_killed_by_sigkill_is_still_oom_behind_the_leash(tmp_path, monkeypatch):
+    counts = iter([0, 1])  # the kernel's OOM killer ran while the worker did
+    monkeypatch.setattr(launch, "oom_kills", lambda: next(counts))
     out = tmp_path / "o.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FIXTURES), str(SCRIPTS)]), "FAKE_MODE": "sigkill"}
     outcome = launch.run_worker(1, "fake_worker", launch.worker_args(tmp_path / "s.json", out), env=env,
                                 log=tmp_path / "run.log", workdir=tmp_path, out=out, timeout_s=60)
     assert outcome.status == "oom" and "SIGKILL" in outcome.reason and outcome.launcher == "exec"
+    assert "oom_kill 0 -> 1" in outcome.reason

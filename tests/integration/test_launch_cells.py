@@ -58,9 +58,23 @@ def test_oom_file_is_oom(spec_for, tmp_path):
     assert rec.status == "oom" and "out of memory" in rec.reason
 
 
-def test_sigkill_is_oom(spec_for, tmp_path):
+def test_sigkill_while_the_kernels_oom_killer_ran_is_oom(spec_for, tmp_path, monkeypatch):
+    counts = iter([7, 8])  # /proc/vmstat oom_kill before the repeat, and after it
+    monkeypatch.setattr(launch, "oom_kills", lambda: next(counts))
     rec = run(spec_for("sigkill"), tmp_path)
-    assert rec.status == "oom" and "SIGKILL" in rec.reason
+    assert rec.status == "oom" and "host out of memory" in rec.reason and "oom_kill 7 -> 8" in rec.reason
+
+
+def test_sigkill_without_the_kernels_oom_killer_is_an_error(spec_for, tmp_path, monkeypatch):
+    monkeypatch.setattr(launch, "oom_kills", lambda: 7)
+    rec = run(spec_for("sigkill"), tmp_path)
+    assert rec.status == "error" and "SIGKILL, not by the kernel's OOM killer" in rec.reason
+
+
+def test_sigkill_where_the_kill_count_cannot_be_read_is_taken_for_the_oom_killer(spec_for, tmp_path, monkeypatch):
+    monkeypatch.setattr(launch, "oom_kills", lambda: None)
+    rec = run(spec_for("sigkill"), tmp_path)
+    assert rec.status == "oom" and "could not be read" in rec.reason
 
 
 def test_memory_cap_kills_and_records_oom(spec_for, tmp_path):

@@ -35,3 +35,15 @@ def test_one_rank_runs_without_torchrun_with_the_env_torchrun_gives(tmp_path):
     argv, env = launch.rank_launch(2, "m", launch.worker_args(tmp_path / "s.json", tmp_path / "o.json", "--trace-dir", "t"))
     assert argv[1:3] == ["-m", "torch.distributed.run"] and "--nproc-per-node=2" in argv and env == {}
     assert argv[-2:] == ["--trace-dir", "t"]
+
+
+def test_the_kernels_oom_kill_count_is_read_from_vmstat(tmp_path):
+    from llmbench import procs
+
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("pgfault 12\noom_kill 3\nnr_free_pages 9\n")
+    assert procs.oom_kills(str(vmstat)) == 3
+    vmstat.write_text("pgfault 12\n")  # a kernel before 4.13 does not count
+    assert procs.oom_kills(str(vmstat)) is None
+    assert procs.oom_kills(str(tmp_path / "absent")) is None
+    assert isinstance(procs.oom_kills(), int)  # this machine's kernel counts them

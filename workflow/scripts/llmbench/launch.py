@@ -12,7 +12,8 @@ forked instead from a server that has the heavy imports done (llmbench.forkserve
 new session too, with the same classification (start_ranks). Status is data:
   ok       every repeat wrote its result
   oom      a rank reported an out-of-memory error, exceeded the cell's mem_cap_gib
-           (killed by the watchdog) or was killed by SIGKILL (the kernel's OOM killer)
+           (killed by the watchdog) or was killed by SIGKILL while the kernel's OOM killer ran
+           (its kill count, procs.oom_kills, went up); a SIGKILL without it is an error
   timeout  a repeat ran past protocol.timeout_s
   error    anything else (the reason and log tail say what)
   skipped  with ``skip_predicted_oom``, a cell the memory model (llmbench.memory) predicts
@@ -35,7 +36,7 @@ from typing import Any
 from . import backends, forkserver, gpus, nodes
 from .aggregate import Outcome
 from .cells import Cell
-from .procs import (RssWatchdog, free_port, kill_group, last_error, says_oom, start_group, stop_group,
+from .procs import (RssWatchdog, free_port, kill_group, last_error, oom_kills, says_oom, start_group, stop_group,
                     stop_groups_on_signal, tail, track)
 from .record import Record, write
 
@@ -145,11 +146,13 @@ def run_worker(ranks: int, module: str, args: list[str], *, env: dict[str, str],
     with open(log, "a") as fh:
         fh.write(f"\n=== {label}\n")
     start = log.stat().st_size
+    kills_before = oom_kills()
     proc, launcher = start_ranks(ranks, module, args, env=env, log=log, workdir=workdir, fork_server=fork_server,
                                  placement=placement)
     try:
         outcome = _classify(proc, log=log, workdir=workdir, out=out, timeout_s=timeout_s,
-                            mem_cap_gib=mem_cap_gib, label=label, sigkill_is_oom=placement is None)
+                            mem_cap_gib=mem_cap_gib, label=label, sigkill_is_oom=placement is None,
+                            oom_kills_before=kills_before)
     finally:
         if placement is not None:
             left = nodes.cancel_step(placement.alloc, placement.rdzv_id)
@@ -170,11 +173,13 @@ def run_worker(ranks: int, module: str, args: list[str], *, env: dict[str, str],
 
 
 def _classify(proc, *, log: Path, workdir: Path, out: Path, timeout_s: float, mem_cap_gib: float | None,
-              label: str, sigkill_is_oom: bool = True) -> Outcome:
+              label: str, sigkill_is_oom: bool = True, oom_kills_before: int | None = None) -> Outcome:
     """Wait for a started worker (timeout, memory cap) and say how it ended.
 
-    On one node a rank killed by SIGKILL is taken for the kernel's OOM killer (nothing else
-    here sends it). Over several nodes (``sigkill_is_oom`` False) it is not: srun reports any
+    On one node a rank killed by SIGKILL is an OOM if the kernel's OOM killer ran meanwhile
+    (its kill count went up from ``oom_kills_before``), and an error if it did not: somebody
+    else killed it. Where the count cannot be read, SIGKILL is taken for the OOM killer, its
+    usual sender, and the reason says so. Over several nodes (``sigkill_is_oom`` False) it is not: srun reports any
     task killed by a signal, for any reason, and a node's OOM is said in the log (Slurm's
     oom-kill event, a worker's OOM message or marker file)."""
     dog = None
@@ -204,7 +209,15 @@ def _classify(proc, *, log: Path, workdir: Path, out: Path, timeout_s: float, me
     if says_oom(log_tail_text):
         return Outcome(status="oom", reason="out-of-memory error in the log", log_tail=log_tail_text)
     if sigkill_is_oom and ("Signal 9 (SIGKILL)" in log_tail_text or rc in (-9, 137)):
-        return Outcome(status="oom", reason="a rank was killed by SIGKILL (the kernel's OOM killer is the usual sender)", log_tail=log_tail_text)
+        after = oom_kills()
+        if oom_kills_before is None or after is None:
+            return Outcome(status="oom", reason="a rank was killed by SIGKILL (the kernel's OOM killer is the usual "
+                           "sender; its kill count, /proc/vmstat oom_kill, could not be read)", log_tail=log_tail_text)
+        if after > oom_kills_before:
+            return Outcome(status="oom", reason="host out of memory: a rank was killed by SIGKILL while the kernel's "
+                           f"OOM killer ran (/proc/vmstat oom_kill {oom_kills_before} -> {after})", log_tail=log_tail_text)
+        return Outcome(status="error", reason=f"{label}: a rank was killed by SIGKILL, not by the kernel's OOM killer "
+                       f"(/proc/vmstat oom_kill stayed at {after})", log_tail=log_tail_text)
     return Outcome(status="error", reason=f"{label} exited with code {rc}: {last_error(log)}", log_tail=log_tail_text)
 
 

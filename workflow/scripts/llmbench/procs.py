@@ -14,7 +14,7 @@ GPU for the next cell. The leash:
   starts every rank in a session of its own) still hangs below it and is found and killed;
 - passes its child's exit status through unchanged (a child killed by signal s kills the
   leash with s), so ``Popen.returncode`` means what it meant without it (launch reads -9
-  as the kernel's OOM killer);
+  as a SIGKILL, an OOM only when the kernel's OOM killer ran meanwhile: oom_kills);
 - forwards SIGTERM and SIGINT to its child: the graceful stop of stop_group still works;
 - once its child has ended, kills what the child left behind (orphans re-parented to it).
 
@@ -99,6 +99,20 @@ def last_error(path: Path, lines: int = 400) -> str:
 def says_oom(text: str) -> bool:
     """Whether a log's text reports running out of memory (OOM_MARKERS)."""
     return any(m in text for m in OOM_MARKERS)
+
+
+def oom_kills(path: str = "/proc/vmstat") -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot (``oom_kill`` in
+    /proc/vmstat, Linux 4.13+; the host's count, a cgroup's OOM included); None where it
+    cannot be read. A SIGKILL'd rank is an OOM only if this went up while it ran."""
+    try:
+        with open(path) as fh:
+            for line in fh:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def log_says_oom(path: Path, chars: int = 200_000) -> bool:

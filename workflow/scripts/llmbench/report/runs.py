@@ -119,12 +119,13 @@ def choose(candidates: Iterable[Candidate]) -> dict[str, dict]:
     ``superseded_by`` (the run whose record the report uses instead; None for the one it
     uses) and ``choice`` (None where the cell has one record; else, on the record used, the
     runs it was chosen over and why, and on a superseded one, why it was not)."""
-    by_cell: dict[str, list[Candidate]] = {}
+    by_cell: dict[str, dict[str, Candidate]] = {}
     for c in candidates:
-        by_cell.setdefault(c.cell, []).append(c)
+        # a path given twice (a searched cell the grid also lists) is one record, not two runs
+        by_cell.setdefault(c.cell, {}).setdefault(c.path, c)
     out = {}
-    for group in by_cell.values():
-        group.sort(key=Candidate.key, reverse=True)
+    for records in by_cell.values():
+        group = sorted(records.values(), key=Candidate.key, reverse=True)
         best, rest = group[0], group[1:]
         out[best.path] = {"runs": len(group), "superseded_by": None,
                           "choice": "; ".join(f"over {o.run}: {why(best, o)}" for o in rest) or None}

@@ -150,9 +150,10 @@ def test_a_platform_filter_and_a_cross_platform_check(tmp_path):
     assert "0.451" in r.paper_value  # the paper's own: 4879.2 / 10813.4
 
 
-def test_the_larger_of_two_runs_of_one_cell_does_not_hide_the_other(tmp_path):
-    """Two results folders measured the same cell: the verdict uses both (their mean) and
-    names both runs."""
+def test_the_larger_of_two_rows_a_selection_picks_does_not_hide_the_other(tmp_path):
+    """Two rows match one selection (the tidy table holds one record per cell, so rows of
+    cells the selection does not tell apart): the verdict uses both (their mean) and names
+    both runs."""
     frame = pd.concat([rows(("h100", "llama2-7b", "Z2", 1, 1, "ok", 1.0, 30.0), run="a"),
                        rows(("h100", "llama2-7b", "Z2", 1, 1, "ok", 1.0, 34.0), run="b"),
                        rows(("h100", "llama2-7b", "Naive", 1, 1, "ok", 1.0, 64.0), run="a")])

@@ -467,18 +467,21 @@ def test_the_papers_typo_is_printed_and_never_compared(tmp_path):
     assert row["a800 (paper) tok/s"] == "640435.0 (typo, not compared)"
 
 
-def test_two_runs_of_one_cell_both_stay_with_their_run(tmp_path):
-    """The combined view reads several results folders: a cell two of them measured keeps
-    a row for each, saying which run it came from."""
-    a = write_records(tmp_path, [("h100", "llama2-7b", "Q", 1, "ok", 1800.0, 9.0)], results="run-a")
+def test_two_runs_of_one_cell_show_one_row_and_the_table_names_each_rows_run(tmp_path):
+    """The combined view reads several results folders: a cell two of them measured shows
+    the record the tidy table chose (the same protocol here: the later folder name decides,
+    as neither record has a start time), and a table whose rows come from several runs names
+    each row's run (the choice and the superseded runs: tests/unit/test_runs.py)."""
+    a = write_records(tmp_path, [("h100", "llama2-7b", "Q", 1, "ok", 1800.0, 9.0),
+                                 ("h100", "llama2-7b", "Z3", 1, "ok", 900.0, 9.0)], results="run-a")
     b = write_records(tmp_path, [("h100", "llama2-7b", "Q", 1, "ok", 1700.0, 9.1)], results="run-b")
     df = tidy.build(a + b)
-    assert sorted(df["run"]) == ["run-a", "run-b"]
+    assert sorted(df["run"]) == ["run-a", "run-b"] and list(df.loc[df.technique == "Q", "run"]) == ["run-b"]
     long = paper_tables.build(df, "table3")
     ours = long[long.platform == "h100"]
-    assert len(ours) == 2 and set(ours["tokens_per_s"]) == {1800.0, 1700.0}
-    rows = [r for r in md_rows(md(long, "table3")) if r["Method"] == "Q"]
-    assert len(rows) == 2 and {r["h100 run"] for r in rows} == {"run-a", "run-b"}
+    assert len(ours) == 2 and set(ours["tokens_per_s"]) == {900.0, 1700.0}
+    rows = [r for r in md_rows(md(long, "table3")) if r["Method"] in ("Q", "Z3")]
+    assert [(r["Method"], r["h100 run"]) for r in rows] == [("Z3", "run-a"), ("Q", "run-b")]
 
 
 def test_origin_names_the_results_folder_and_tells_probes_apart():

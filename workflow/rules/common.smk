@@ -112,7 +112,7 @@ def table_targets():
     """The tidy table (whole and by stage), the per-row tables, every catalog table (CSV,
     Markdown, HTML) and the ranked missing cells of the findings."""
     return (
-        [f"{R}/tables/records.csv", f"{R}/tables/records.parquet"]
+        [f"{R}/tables/records.csv", f"{R}/tables/records.parquet", f"{R}/tables/records-superseded.csv"]
         + [f"{R}/tables/records-{s}.csv" for s in lbcatalog.SLICES]
         + [f"{R}/tables/{s}.parquet" for s in lbcatalog.SAMPLES]
         + [f"{R}/tables/{t}.{ext}" for t in TABLES for ext in ("csv", "md", "html")]

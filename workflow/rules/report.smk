@@ -10,6 +10,8 @@ rule build_tidy_table:
     output:
         csv=f"{R}/tables/records.csv",
         parquet=f"{R}/tables/records.parquet",
+        # records another run's record of the same cell superseded (llmbench.report.runs)
+        superseded=f"{R}/tables/records-superseded.csv",
     log:
         f"{R}/logs/report/build_tidy_table.log",
     conda:

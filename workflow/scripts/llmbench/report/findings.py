@@ -405,7 +405,8 @@ def _cell_text(stage: str, group: dict, sel: dict) -> str:
 
 
 def _measure(grp: pd.DataFrame, sel: dict, metric: str, stage: str, group: dict) -> tuple[float | None, list, set]:
-    """The metric of the cells ``sel`` picks in ``grp`` (mean over ok runs), or why not."""
+    """The metric of the cells ``sel`` picks in ``grp`` (mean over the ok ones; the tidy table
+    holds one record per cell, llmbench.report.runs), or why not."""
     rows = _match(grp, sel)
     cell = _cell_text(stage, group, sel)
     spec = {"stage": stage, **group, **sel}

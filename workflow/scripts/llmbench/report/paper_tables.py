@@ -17,7 +17,9 @@ GPU count (``BASELINE``). A baseline missing on a platform leaves the relative e
 table's note says where; it never switches to another method. Memory: the paper's "GB" sits
 beside our peak *allocated* memory in GB (paper_frame.MEMORY_BASIS), reserved kept beside.
 "-" is an out-of-memory cell (ours or the paper's); an empty cell was not run/printed. Where
-several results folders measured one cell (the combined view), each keeps its row, with its run.
+several results folders feed the tables (the combined view), each row names its run, and a cell
+several of them measured shows the one record the tidy table uses (llmbench.report.runs: the
+stronger protocol, then the later run); the note names the runs it superseded.
 """
 
 from __future__ import annotations
@@ -45,13 +47,14 @@ LONG_COLUMNS = [
     "paper_status", "paper_batch_size", "paper_tokens_per_s", "paper_tokens_per_s_std",
     "paper_tokens_per_s_per_gpu", "paper_mfu", "paper_relative_tokens_per_s", "paper_mem_gb", "paper_flag",
     "ratio_tokens_per_s", "ratio_mem",
+    "choice",  # where several runs measured the cell: the runs this record was chosen over, and why
 ]
 
 
 def _cells(tidy: pd.DataFrame) -> pd.DataFrame:
     """Measured cells only (not max-batch probes), with the columns older tidy tables lack."""
     df = tidy.copy()
-    for col, default in (("run", ""), ("kind", "cell"), ("searched_max_batch", None)):
+    for col, default in (("run", ""), ("kind", "cell"), ("searched_max_batch", None), ("choice", None)):
         if col not in df:
             df[col] = default
     df["run"] = df["run"].astype(object).where(df["run"].notna(), "")
@@ -100,7 +103,8 @@ def build(tidy: pd.DataFrame, table: str, root=None) -> pd.DataFrame:
                                               ["platform", "model", "gpus"])
     ours = ours[["model", "technique", "platform", "run", "gpus", "status", "batch_size", "searched_max_batch",
                  "tokens_per_s", "tokens_per_s_std", "tokens_per_s_per_gpu", "mfu", "relative_tokens_per_s",
-                 "peak_mem_gib", "peak_mem_allocated_gib", "peak_mem_allocated_gb", "peak_mem_reserved_gib"]]
+                 "peak_mem_gib", "peak_mem_allocated_gib", "peak_mem_allocated_gb", "peak_mem_reserved_gib",
+                 "choice"]]
     p = paper_rows(table, root)
     paper = pd.DataFrame({
         "model": p["model"], "technique": p["technique"], "platform": p["platform"],
@@ -164,7 +168,8 @@ def wide(long: pd.DataFrame, table: str) -> pd.DataFrame:
     """The paper's wide layout: a row per (model, method), per platform: ours (tok/s ± std,
     tok/s per GPU, MFU %, x baseline, memory allocated GB and reserved GiB, GPUs, run) and
     the paper's (tok/s, per GPU, MFU %, x baseline, GB), and ours / paper where both ran on
-    the same platform and GPU count. A cell two runs measured gets a row per run.
+    the same platform and GPU count. The run column is shown where our rows come from
+    several runs (results folders).
 
     Shows the models we ran (all of the paper's if we ran none) and the platforms that have
     a value, ours or the paper's, for those models."""
@@ -174,7 +179,7 @@ def wide(long: pd.DataFrame, table: str) -> pd.DataFrame:
     ours_plats = list(dict.fromkeys(long.loc[long["status"].notna(), "platform"]))
     paper_plats = list(dict.fromkeys(long.loc[long["paper_status"].notna(), "platform"]))
     plats = [p for p in dict.fromkeys(list(long["platform"])) if p in ours_plats or p in paper_plats]
-    multi_run = long[long["status"].notna()].groupby(KEY)["run"].nunique().max() > 1 if ours_plats else False
+    multi_run = long.loc[long["status"].notna(), "run"].nunique() > 1
     rows = []
     for (model, tech), grp in long.groupby(["model", "technique"], sort=False):
         by: dict[str, list] = {}
@@ -226,6 +231,18 @@ def wide(long: pd.DataFrame, table: str) -> pd.DataFrame:
     return pd.DataFrame(rows).fillna("")
 
 
+def _superseded_note(long: pd.DataFrame, key: list[str]) -> str:
+    """The cells several runs measured: which run's record the row shows, and over which."""
+    chosen = long[long["choice"].notna() & (long["choice"].astype(str) != "")] if "choice" in long else long.iloc[0:0]
+    if chosen.empty:
+        return ""
+    cells = "; ".join(f"{' '.join(str(r[k]) for k in key if pd.notna(r[k]) and str(r[k]))}: {r['run']} {r['choice']}"
+                      for _, r in chosen.drop_duplicates(key + ["run"]).iterrows())
+    return ("Cells several runs measured show one record: a result before none, then the stronger protocol "
+            "(measured steps x repeats), then the later run (llmbench.report.runs; the others are in "
+            f"tables/records-superseded.csv). {cells}.")
+
+
 def note(long: pd.DataFrame, table: str) -> str:
     """What the columns mean, which compare across hardware, and where the baseline is missing."""
     base = BASELINE[table]
@@ -244,6 +261,7 @@ def note(long: pd.DataFrame, table: str) -> str:
         "none for 4-bit methods; the paper's from its printed tokens/s and config/platforms' peaks.",
         "M: " + paper_frame.MEMORY_BASIS + " M GB is ours allocated; M GiB rsv ours reserved (host RSS on a "
         "CPU platform).",
+        _superseded_note(long, ["platform", "model", "technique"]),
     ]
     if table == "table4":
         parts.append("BS: the best batch run; '(not maximised)': no max-batch search of that method ran, so "
@@ -269,6 +287,7 @@ TABLE2_COLUMNS = [
     "tokens_per_s", "tokens_per_s_std", "tokens_per_s_per_gpu", "mfu", "relative_tokens_per_s", "peak_mem_gib",
     "peak_mem_allocated_gb", "peak_mem_reserved_gib", "paper_status", "paper_batch_size", "paper_tokens_per_s",
     "paper_tokens_per_s_per_gpu", "paper_mfu", "paper_relative_tokens_per_s", "paper_mem_gb", "ratio_tokens_per_s",
+    "choice",  # as in LONG_COLUMNS
 ]
 
 
@@ -309,7 +328,7 @@ def build_table2(tidy: pd.DataFrame, root=None) -> pd.DataFrame:
     ours["relative_tokens_per_s"] = _relative_to_deepspeed(ours, "tokens_per_s_per_gpu", ["platform", "model", "batch"])
     ours = ours[["framework", "layout", "platform", "model", "run", "gpus", "batch", "status", "batch_size",
                  "searched_max_batch", "tokens_per_s", "tokens_per_s_std", "tokens_per_s_per_gpu", "mfu",
-                 "relative_tokens_per_s", "peak_mem_gib", "peak_mem_allocated_gb", "peak_mem_reserved_gib"]]
+                 "relative_tokens_per_s", "peak_mem_gib", "peak_mem_allocated_gb", "peak_mem_reserved_gib", "choice"]]
     p = paper_frame.frame(**({"root": root} if root else {}))
     p = p[p["table"] == "table2"].rename(columns={"backend": "framework"})
     p = p.assign(batch=["1" if b == 1 else "max" for b in p["batch_size"]])
@@ -371,5 +390,6 @@ NOTE_TABLE2 = ("Pre-training without any other technique (Naive). Batch '1' and 
 
 def table2(long: pd.DataFrame) -> render.Table:
     """Table II for the report: the long form (CSV), its layout and note."""
+    extra = _superseded_note(long, ["framework", "layout", "platform", "model", "batch"])
     return render.Table(title=catalog.get("table", "table2").title, long=long,
-                        parts=(render.Part(frame=wide_table2(long), note=NOTE_TABLE2),))
+                        parts=(render.Part(frame=wide_table2(long), note=NOTE_TABLE2 + ("\n\n" + extra if extra else "")),))

@@ -1,4 +1,5 @@
-"""The tidy table: one row per Record, flat columns with units in their names."""
+"""The tidy table: one row per cell (per Record of one results folder; where several runs
+hold a cell, the record llmbench.report.runs chooses), flat columns with units in their names."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pandas as pd
 from .. import cells
 from ..profile import kernels
 from ..record import Record, read
-from . import render
+from . import render, runs
 
 COLUMNS = [
     "stage", "platform", "model", "backend", "technique", "batch_size", "gpus",
@@ -23,8 +24,9 @@ COLUMNS = [
     "attention", "compute_dtype", "warmup_steps", "measured_steps", "repeats", "git_sha", "record_path",
     "layout",  # Megatron-LM cells' parallel layout (llmbench.cells.layout_name); empty otherwise
     # where the record comes from: the results folder ("run") and whether it is a measured
-    # cell or a max-batch search's probe ("kind"); several folders feed the combined view
-    "run", "kind",
+    # cell or a max-batch search's probe ("kind"); several folders feed the combined view,
+    # and where several hold one cell, which record is used and why (llmbench.report.runs)
+    "run", "kind", *runs.COLUMNS,
     # training cells: the largest batch a max-batch search of the same method found (empty
     # where none ran: Table IV then says "not maximised"); per-GPU throughput; memory in GB
     "searched_max_batch", "tokens_per_s_per_gpu", "peak_mem_allocated_gb",
@@ -139,8 +141,10 @@ def _model_tflops_per_gpu(record: Record) -> float | None:
 
 def _gemm_ceiling(df: pd.DataFrame) -> pd.DataFrame:
     """mfu_vs_gemm: model FLOP/s per GPU against the best bf16 GEMM the platform's GEMM
-    microbenchmark measured (DESIGN: MFU against the measured ceiling, beside the peak)."""
-    gemm = df[(df["stage"] == "micro") & (df["bench"] == "gemm") & (df["status"] == "ok")]
+    microbenchmark measured (DESIGN: MFU against the measured ceiling, beside the peak; of the
+    GEMM records the report uses, not those another run superseded)."""
+    gemm = df[(df["stage"] == "micro") & (df["bench"] == "gemm") & (df["status"] == "ok")
+              & df["superseded_by"].isna()]
     best = gemm.groupby("platform")["best_tflops"].max()
     df["mfu_vs_gemm"] = df["model_tflops_per_gpu"] / df["platform"].map(best)
     return df
@@ -179,31 +183,57 @@ def searched_max_batch(path: str | Path) -> int | None:
     return json.loads(summary.read_text()).get("largest_ok")
 
 
-def build(paths: Iterable[str | Path]) -> pd.DataFrame:
-    """The tidy table of the given record files (sorted by their path fields)."""
-    rows = []
+def build_all(paths: Iterable[str | Path]) -> pd.DataFrame:
+    """Every given record's row (sorted by their path fields), with which record of its cell
+    the report uses where several runs hold one (llmbench.report.runs: ``runs``,
+    ``superseded_by``, ``choice``)."""
+    rows, candidates = [], []
     for p in paths:
         rec = read(p)
         r = ROWS.get(rec.cell.get("stage"), row)(rec, str(p))
         r["run"], r["kind"] = origin(p)
         rows.append(r)
+        candidates.append(runs.candidate(rec, str(p), r["run"]))
+    chosen = runs.choose(candidates)
+    for r in rows:
+        r.update(chosen[r["record_path"]])
     df = _gemm_ceiling(pd.DataFrame(rows, columns=ALL_COLUMNS))
     train = df["stage"].isin(["pretrain", "finetune"]) & (df["kind"] == "cell")
     df["searched_max_batch"] = pd.array(
         [searched_max_batch(p) if t else None for p, t in zip(df["record_path"], train)], dtype="Int64")
+    df["runs"] = df["runs"].astype("Int64")
     per_gpu(df)
     return df.sort_values(["stage", "platform", "model", "backend", "technique", "load", "bench", "case",
                            "batch_size", "gpus", "run"], ignore_index=True, na_position="first")
 
 
+def used(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows the report uses: one per cell (those no other run's record superseded)."""
+    return df[df["superseded_by"].isna()].reset_index(drop=True)
+
+
+def superseded(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows another run's record of the same cell superseded (tables/records-superseded.csv)."""
+    return df[df["superseded_by"].notna()].reset_index(drop=True)
+
+
+def build(paths: Iterable[str | Path]) -> pd.DataFrame:
+    """The tidy table of the given record files: one row per cell, the record the report
+    uses where several runs hold it (sorted by their path fields)."""
+    return used(build_all(paths))
+
+
 def build_samples(paths: Iterable[str | Path], stage: str) -> pd.DataFrame:
-    """One row per sample of every record of ``stage``: a request of a serving cell (exact
-    latency CDFs), a measured point of a microbenchmark cell."""
+    """One row per sample of every record of ``stage`` the report uses (the tidy table's
+    choice where several runs hold a cell): a request of a serving cell (exact latency CDFs),
+    a measured point of a microbenchmark cell."""
     key = SAMPLE_KEYS[stage]
+    recs = [(str(p), read(p)) for p in paths]
+    recs = [(p, rec) for p, rec in recs if rec.cell.get("stage") == stage]
+    choice = runs.choose(runs.candidate(rec, p, origin(p)[0]) for p, rec in recs)
     frames = []
-    for p in paths:
-        rec = read(p)
-        if rec.cell.get("stage") != stage or not rec.samples:
+    for p, rec in recs:
+        if not rec.samples or choice[p]["superseded_by"] is not None:
             continue
         df = pd.DataFrame(rec.samples)
         for k in key:

@@ -174,6 +174,22 @@ def test_table4_compares_cells_of_the_most_gpus(tmp_path):
     assert (z2.batch_size, z2.tokens_per_s) == (4, 90.0)
 
 
+def test_table4_shows_one_row_per_method_over_runs(tmp_path):
+    """A method's batch sizes may come from several runs (batch 1 in one folder, a search's
+    largest in another): Table IV shows the best ok cell over all of them, once."""
+    paths = write_records(tmp_path, [("h100", "llama2-7b", "Q", 1, "ok", 1700.0, 9.0)], results="a/2026-01-01-h100")
+    paths += write_records(tmp_path, [("h100", "llama2-7b", "Q", 26, "ok", 11000.0, 70.0),
+                                      ("h100", "llama2-7b", "Z3", 4, "oom", None, None)],
+                           results="b/2026-01-02-h100-search")
+    paths += write_records(tmp_path, [("h100", "llama2-7b", "Z3", 1, "oom", None, None)], results="a/2026-01-01-h100")
+    long = paper_tables.build(tidy.build(paths), "table4")
+    ours = long[long["status"].notna()]
+    q = ours[ours.technique == "Q"]
+    assert len(q) == 1 and (q.iloc[0].batch_size, q.iloc[0].run) == (26, "2026-01-02-h100-search")
+    z3 = ours[ours.technique == "Z3"]
+    assert len(z3) == 1 and (z3.iloc[0].status, z3.iloc[0].batch_size) == ("oom", 1)
+
+
 def built(tmp_path, tidy_df: pd.DataFrame, name: str, kind: str = "table", **frames) -> dict:
     """The workflow's inputs of catalog entry ``name``, made from ``tidy_df`` (and per-row
     ``frames``: profile, micro, requests): the tidy table written and read back as CSV, each
@@ -417,6 +433,29 @@ def test_mfu_against_the_measured_gemm_ceiling(tmp_path):
     assert df.loc["Naive", "model_tflops_per_gpu"] == pytest.approx(8000 * fpt / 8 / 1e12)
     assert df.loc["Naive", "mfu_vs_gemm"] == pytest.approx(8000 * fpt / 8 / 1e12 / 200.0)
     assert pd.isna(df.loc["Q", "mfu_vs_gemm"])  # 4-bit matmuls are no bf16 GEMMs
+
+
+def test_mfu_is_recomputed_by_one_formula_for_old_and_new_records(tmp_path):
+    """A LoRA record written when the frozen base still counted 6N carries an MFU a third too
+    high; the tidy table computes every record's MFU by today's formula (4N with a frozen base)
+    over the record's own platform peak, so old and new records compare. A record without a
+    spec keeps its own value."""
+    from llmbench.models import ModelSpec, flops_per_token
+
+    g = grid.expand({"protocol": {"repeats": 1, "seq_len": 350}, "finetune": [
+        {"platforms": ["h100"], "models": ["llama2-7b"], "techniques": ["L", "L+R"], "batch_sizes": [1]}]})
+    paths = []
+    for cell in g.cells:
+        spec = g.spec(cell) if cell.technique == "L" else None
+        old = 1000.0 * flops_per_token(ModelSpec.load("llama2-7b"), 350) / 989.4e12  # 6N: the old count
+        r = Record(cell=cell.to_dict(), status="ok", metrics=Metrics(tokens_per_s_mean=1000.0, mfu=old),
+                   provenance={"spec": spec} if spec else {})
+        paths.append(tmp_path / cell.record_path("results"))
+        record.write(r, paths[-1])
+    df = tidy.build(paths).set_index("technique")
+    four_n = flops_per_token(ModelSpec.load("llama2-7b"), 350, frozen_base=True)
+    assert df.loc["L", "mfu"] == pytest.approx(1000.0 * four_n / 989.4e12)
+    assert df.loc["L+R", "mfu"] == pytest.approx(1000.0 * flops_per_token(ModelSpec.load("llama2-7b"), 350) / 989.4e12)
 
 
 def test_table3_takes_batch_1_at_the_most_gpus_it_ran(tmp_path):

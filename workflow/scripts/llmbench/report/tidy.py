@@ -113,7 +113,7 @@ def row(record: Record, path: str) -> dict:
         "peak_mem_kind": "gpu_reserved" if gpu_mem is not None else ("host_rss" if m.peak_rss_gib is not None else None),
         "peak_mem_allocated_gib": m.peak_mem_allocated_gib,
         "peak_mem_reserved_gib": m.peak_mem_reserved_gib, "peak_rss_gib": m.peak_rss_gib,
-        "mfu": m.mfu, "model_tflops_per_gpu": _model_tflops_per_gpu(record),
+        "mfu": _mfu(record), "model_tflops_per_gpu": _model_tflops_per_gpu(record),
         "total_params": m.total_params, "trainable_params": m.trainable_params,
         "attention": m.attention, "compute_dtype": m.compute_dtype, "warmup_steps": proto["warmup_steps"],
         "measured_steps": proto["measured_steps"], "repeats": proto["repeats"],
@@ -137,6 +137,16 @@ def _model_tflops_per_gpu(record: Record) -> float | None:
         return None
     fpt = flops_per_token(ModelSpec(**spec["model"]), c["protocol"]["seq_len"], frozen_base=tech.adapter is not None)
     return record.metrics.tokens_per_s_mean * fpt / c["gpus"] / 1e12
+
+
+def _mfu(record: Record) -> float | None:
+    """MFU by today's formula (llmbench.models.flops_per_token over the record's own platform
+    peak), so records written under an older formula compare with newer ones (LoRA cells
+    measured before the frozen-base count was 6N, not 4N); the record's own value where the
+    record lacks what the formula needs."""
+    tflops = _model_tflops_per_gpu(record)
+    peak = ((record.provenance.get("spec") or {}).get("platform") or {}).get("peak_bf16_tflops")
+    return tflops / peak if tflops is not None and peak else record.metrics.mfu
 
 
 def _gemm_ceiling(df: pd.DataFrame) -> pd.DataFrame:

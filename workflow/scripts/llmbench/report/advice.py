@@ -133,6 +133,27 @@ def _measured(tidy: pd.DataFrame, platform: str, model: str, stage: str, gpus: i
                 bs1["peak_mem_allocated_gib"].iloc[0]) else None}
 
 
+def predicted(plat: dict[str, Any], model: ModelSpec, technique: str, gpus: int,
+              margin: float = MARGIN) -> dict[str, Any] | None:
+    """The memory model's answer for one of the paper's methods at batch 1 (sequence 350; LoRA
+    as Table IX's) on ``gpus`` GPUs of a platform (its to_dict()): ``fits`` (None on a platform
+    without a GPU capacity), ``why`` not, ``gib_bs1``, ``max_batch`` (the largest predicted to
+    fit, at most 1024), ``capacity_gib``. None where the platform cannot run the method at all
+    (prompt tuning is not modelled; 4-bit where the platform has no 4-bit kernels)."""
+    t = techniques.parse(technique)
+    if t.adapter == "prompt_tuning" or (t.quant4 and not plat.get("supports_4bit", True)):
+        return None
+    cap = plat.get("gpu_memory_gib") if plat.get("accelerator") == "cuda" else None
+    host = host_memory_gib(plat)
+    ranks = min(gpus, plat.get("gpus_per_node") or 1)
+    w = Workload(model=model, technique=technique, batch_size=1, seq_len=350, gpus=gpus,
+                 adapter=PAPER_LORA if t.adapter else None)
+    pred = predict(w)
+    ok, why = fits(pred, cap, host, ranks, margin) if cap else (None, "")
+    pmb = predicted_max_batch(w, cap, host, ranks, margin, max_batch=1024) if cap else None
+    return {"fits": ok, "why": why, "gib_bs1": pred.gpu_gib, "max_batch": pmb, "capacity_gib": cap}
+
+
 def advise(tidy: pd.DataFrame, asks: list[dict[str, Any]], platforms: dict[str, Platform],
            root: Path = REPO_ROOT, margin: float = MARGIN) -> pd.DataFrame:
     """One row per (ask, method), ranked within each ask (see the module docstring)."""
@@ -140,28 +161,21 @@ def advise(tidy: pd.DataFrame, asks: list[dict[str, Any]], platforms: dict[str, 
     for ask in asks:
         plat = platforms[ask["platform"]].to_dict()
         model = ModelSpec.load(ask["model"], root)
-        cap = plat.get("gpu_memory_gib") if plat.get("accelerator") == "cuda" else None
-        host = host_memory_gib(plat)
-        ranks = min(ask["gpus"], plat.get("gpus_per_node") or 1)
         group = []
         for tech in ask["methods"]:
-            t = techniques.parse(tech)
-            if t.adapter == "prompt_tuning" or (t.quant4 and not plat.get("supports_4bit", True)):
+            p = predicted(plat, model, tech, ask["gpus"], margin)
+            if p is None:
                 continue
-            w = Workload(model=model, technique=tech, batch_size=1, seq_len=350, gpus=ask["gpus"],
-                         adapter=PAPER_LORA if t.adapter else None)
-            pred = predict(w)
-            ok, why = fits(pred, cap, host, ranks, margin) if cap else (True, "")
-            pmb = predicted_max_batch(w, cap, host, ranks, margin, max_batch=1024) if cap else None
             m = _measured(tidy, ask["platform"], ask["model"], ask["stage"], ask["gpus"], tech)
             group.append({
                 "platform": ask["platform"], "model": ask["model"], "stage": ask["stage"], "gpus": ask["gpus"],
                 "goal": ask["goal"], "technique": tech, "basis": "measured" if m else "predicted",
-                "fits": True if m else (ok if cap else None), "tokens_per_s": m["tokens_per_s"] if m else None,
+                "fits": True if m else p["fits"], "tokens_per_s": m["tokens_per_s"] if m else None,
                 "tokens_per_s_per_gpu": m["tokens_per_s"] / ask["gpus"] if m else None,
-                "batch_size": m["batch_size"] if m else (pmb or None), "predicted_max_batch": pmb,
-                "memory_gib": (m or {}).get("memory_gib") or pred.gpu_gib, "predicted_gib_bs1": pred.gpu_gib,
-                "capacity_gib": cap, "expected_cost": expected_cost(tech), "why_not": "" if (m or ok) else why,
+                "batch_size": m["batch_size"] if m else (p["max_batch"] or None),
+                "predicted_max_batch": p["max_batch"], "memory_gib": (m or {}).get("memory_gib") or p["gib_bs1"],
+                "predicted_gib_bs1": p["gib_bs1"], "capacity_gib": p["capacity_gib"],
+                "expected_cost": expected_cost(tech), "why_not": "" if (m or p["fits"] is not False) else p["why"],
             })
         rows += _rank(group, ask["goal"])
     return pd.DataFrame(rows, columns=COLUMNS)

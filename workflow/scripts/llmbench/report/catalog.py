@@ -135,6 +135,9 @@ TABLES: tuple[Entry, ...] = (
     _t("memory-model", MEMORY, "Memory model: predicted against measured peak GPU memory of every training record, "
        "DeepSpeed's and accelerate's estimators beside (llmbench.memory)", "tidy", "reference:table3",
        "reference:table4", "reference:table9"),
+    _t("coverage", MEMORY, "Coverage: every training row of Tables III, IV and IX on each GPU platform run, "
+       "measured (protocol, CV), out of memory, predicted not to fit or still to run (llmbench.report.coverage)",
+       "tidy:pretrain", "tidy:finetune", "reference:table3", "reference:table9"),
     _t("advice", MEMORY, "Advice: the methods ranked per platform, model and stage, measured where measured, "
        "predicted by the memory model elsewhere (llmbench.report.advice)", "tidy"),
 )

@@ -15,7 +15,7 @@ import pandas as pd
 
 from . import catalog, findings as verdicts, micro as micro_tables, paper_tables, profile as profile_tables, render
 from . import advice as advice_table, memory_model as memory_table, scaling as scaling_table, search as search_table
-from . import serving as serving_table
+from . import coverage as coverage_table, serving as serving_table
 
 
 class Inputs:
@@ -168,6 +168,10 @@ def profile_comm(inputs: Inputs) -> render.Table:
 
 def memory_model(inputs: Inputs) -> render.Table:
     return memory_table.table(*memory_table.build(inputs.tidy, inputs.root, inputs.paths("reference")))
+
+
+def coverage(inputs: Inputs) -> render.Table:
+    return coverage_table.table(coverage_table.build(inputs.tidy, inputs.root))
 
 
 def advice(inputs: Inputs) -> render.Table:

@@ -1,0 +1,114 @@
+"""The coverage table: every paper row on each GPU platform run, with its answer and what is
+left to do (llmbench.report.coverage), built from fixture records."""
+
+import pandas as pd
+import pytest
+
+from llmbench import grid, record
+from llmbench.record import Metrics, Record
+from llmbench.report import coverage, render, tables, tidy
+
+
+def write(tmp_path, stage, plat, model, tech, bs, status, tps=None, runs=(), protocol=None, results="results",
+          reason="CUDA out of memory. Tried to allocate 2.00 GiB", gpus=1):
+    proto = protocol or {"warmup_steps": 3, "measured_steps": 10, "repeats": max(1, len(runs))}
+    g = grid.expand({"protocol": proto, stage: [
+        {"platforms": [plat], "models": [model], "techniques": [tech], "batch_sizes": [bs], "gpus": gpus}]})
+    cell = g.cells[0]
+    if status == "ok":
+        runs = runs or (tps,)
+        m = Metrics(tokens_per_s_mean=sum(runs) / len(runs), tokens_per_s_std=pd.Series(runs).std() if len(runs) > 1 else 0.0,
+                    tokens_per_s_runs=tuple(runs), peak_mem_allocated_gib=10.0, peak_mem_reserved_gib=11.0)
+        r = Record(cell=cell.to_dict(), status="ok", metrics=m)
+    else:
+        r = Record(cell=cell.to_dict(), status=status, reason=reason)
+    path = tmp_path / cell.record_path(results)
+    record.write(r, path)
+    return path
+
+
+PAPER = {"warmup_steps": 30, "measured_steps": 100, "repeats": 3}
+
+
+@pytest.fixture
+def cov(tmp_path):
+    paths = [
+        write(tmp_path, "finetune", "h100", "llama2-7b", "L", 1, "ok", runs=(900.0, 910.0, 905.0), protocol=PAPER),
+        write(tmp_path, "finetune", "h100", "llama2-7b", "QL", 1, "ok", 800.0),
+        write(tmp_path, "finetune", "h100", "llama2-7b", "L+Z3", 1, "error", reason="repeat 0 exited with code 1"),
+        write(tmp_path, "pretrain", "h100", "llama2-7b", "Q", 1, "ok", 1700.0),
+        write(tmp_path, "pretrain", "h100", "llama2-7b", "Z3+O", 1, "oom", reason="host out of memory (oom_kill 0 -> 1)"),
+        write(tmp_path, "pretrain", "cpu", "tiny", "Z3", 1, "ok", 100.0),  # no GPU platform: not covered
+    ]
+    return coverage.build(tidy.build(paths))
+
+
+def at(df, stage, model, tech):
+    return df[(df.stage == stage) & (df.model == model) & (df.technique == tech)].iloc[0]
+
+
+def test_every_paper_row_is_there_once_per_gpu_platform(cov):
+    rows = coverage.paper_rows()
+    assert set(cov["platform"]) == {"h100"} and set(cov["gpus"]) == {1}
+    assert len(cov) == len(rows) and not cov.duplicated(["stage", "model", "technique"]).any()
+    # the paper's Tables III (pre-training) and IX (fine-tuning), every model
+    assert {("pretrain", "llama2-13b"), ("finetune", "llama2-70b"), ("finetune", "llama2-13b")} <= set(
+        zip(cov["stage"], cov["model"]))
+    assert set(cov["answer"]) <= set(coverage.ANSWERS)
+
+
+def test_answers_and_what_is_left_to_do(cov):
+    lora = at(cov, "finetune", "llama2-7b", "L")
+    assert (lora.answer, lora.paper_protocol, lora.to_do) == ("measured", True, "search the largest batch")
+    assert lora.cv == pytest.approx(pd.Series([900.0, 910.0, 905.0]).std() / 905.0)
+    ql = at(cov, "finetune", "llama2-7b", "QL")
+    assert ql.paper_protocol is False or ql.paper_protocol == False  # noqa: E712 (numpy bool)
+    assert ql.to_do == "rerun under the paper's protocol; search the largest batch" and pd.isna(ql.cv)
+    failed = at(cov, "finetune", "llama2-7b", "L+Z3")
+    assert (failed.answer, failed.to_do) == ("error", "run batch 1") and "exited with code 1" in failed.why
+    oom = at(cov, "pretrain", "llama2-7b", "Z3+O")
+    assert (oom.answer, oom.to_do) == ("out of memory", "") and "host out of memory" in oom.why
+    # 7B full-parameter training needs its fp32 states: more than one 80 GiB GPU holds
+    naive = at(cov, "pretrain", "llama2-7b", "Naive")
+    assert naive.answer == "predicted not to fit" and naive.to_do == "" and "> 80 GiB" in naive.why
+    assert naive.predicted_fits == False  # noqa: E712
+    # a row nobody ran that the model says fits is a run to make, not a silent gap
+    lz2 = at(cov, "finetune", "llama2-7b", "L+Z2")
+    assert (lz2.answer, lz2.to_do, lz2.predicted_fits) == ("not run", "run batch 1", True)
+
+
+def test_a_searched_row_has_no_search_left(tmp_path):
+    paths = [write(tmp_path, "pretrain", "h100", "llama2-7b", "Q", 1, "ok", runs=(1700.0, 1710.0, 1705.0),
+                   protocol=PAPER)]
+    search = tmp_path / "results/runs/search/pretrain/h100/llama2-7b/deepspeed/Q-g1/search.json"
+    search.parent.mkdir(parents=True)
+    search.write_text('{"largest_ok": 26}')
+    paths.append(write(tmp_path, "pretrain", "h100", "llama2-7b", "Q", 26, "ok", 11000.0))
+    q = at(coverage.build(tidy.build(paths)), "pretrain", "llama2-7b", "Q")
+    assert (q.answer, q.searched_max_batch, q.best_batch_size, q.to_do) == ("measured", 26, 26, "")
+
+
+def test_the_gpu_count_is_the_one_most_batch_1_records_used(tmp_path):
+    paths = [write(tmp_path, "finetune", "h200", "llama2-7b", t, 1, "ok", 800.0) for t in ("L", "QL")]
+    paths.append(write(tmp_path, "pretrain", "h200", "llama2-7b", "Q", 1, "ok", 3000.0, gpus=2))
+    cov = coverage.build(tidy.build(paths))
+    assert set(cov["gpus"]) == {1}
+    assert at(cov, "pretrain", "llama2-7b", "Q").answer == "not run"  # its 2-GPU record is not the 1-GPU row
+
+
+def test_the_page_summarises_and_lists_every_row(cov, tmp_path):
+    t = coverage.table(cov)
+    summary = t.parts[0].frame.set_index("Stage")
+    assert summary.loc["finetune", "measured"] == "2" and summary.loc["finetune", "under the protocol"] == "1"
+    assert summary.loc["finetune", "CV <= 2%"] == "1" and summary.loc["pretrain", "out of memory"] == "1"
+    assert int(summary.loc["pretrain", "Rows"]) + int(summary.loc["finetune", "Rows"]) == len(cov)
+    assert t.parts[1].heading == "h100 x 1 GPU" and len(t.parts[1].frame) == len(cov)
+    render.write(t, tmp_path / "c.csv", tmp_path / "c.md", tmp_path / "c.html")
+    assert len(pd.read_csv(tmp_path / "c.csv")) == len(cov)
+    assert "predicted not to fit" in (tmp_path / "c.md").read_text()
+
+
+def test_no_gpu_record_gives_an_empty_page_that_says_why(tmp_path):
+    df = tidy.build([write(tmp_path, "pretrain", "cpu", "tiny", "Z3", 1, "ok", 100.0)])
+    t = tables.coverage(tables.Inputs({"tidy_pretrain": df, "tidy_finetune": df.iloc[0:0]}))
+    assert t.long.empty and "nothing to cover" in t.parts[0].note

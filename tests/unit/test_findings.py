@@ -112,6 +112,18 @@ def test_contradicts(tmp_path):
     assert r.verdict == "contradicts" and r.ours_value == "0.917"
 
 
+def test_a_row_names_the_protocols_of_the_cells_it_compared(tmp_path):
+    """A ratio of a 30/100/3 cell over a 3/10/1 one compares unlike runs: the row says so,
+    strongest protocol first; a row that decided nothing names none."""
+    frame = rows(("h100", "llama2-7b", "Z2", 1, 1, "ok", 100.0, 30.0), ("h100", "llama2-7b", "Naive", 1, 1, "ok", 110.0, 60.0))
+    frame["warmup_steps"], frame["measured_steps"], frame["repeats"] = [30, 3], [100, 10], [3, 1]
+    r = judge(tmp_path, frame, finding(where={"batch_size": 1, "backend": "deepspeed", "model": "llama2-7b"})).iloc[0]
+    assert r.verdict == "holds" and r.protocols == "30/100/3, 3/10/1"
+    one = rows(("h100", "llama2-7b", "Z2", 1, 1, "ok", 100.0, 30.0)).assign(warmup_steps=30, measured_steps=100, repeats=3)
+    r = judge(tmp_path, one, finding(where={"batch_size": 1, "backend": "deepspeed", "model": "llama2-7b"})).iloc[0]
+    assert r.verdict == "untestable" and r.protocols == ""
+
+
 def test_partly_when_some_checks_hold_and_others_cannot_be_decided(tmp_path):
     entry = finding(checks=[
         {"metric": "tokens_per_s_per_gpu", "relation": "ratio", "a": {"technique": "F+Z2"}, "b": {"technique": "Z2"},

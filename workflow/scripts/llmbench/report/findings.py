@@ -373,6 +373,8 @@ class Outcome:
     verdict: str = "missing"
     missing: list = field(default_factory=list)
     runs: set = field(default_factory=set)
+    protocols: set = field(default_factory=set)
+    """Warm-up/measured steps/repeats of the training cells the value came from."""
 
 
 def _match(df: pd.DataFrame, sel: dict) -> pd.DataFrame:
@@ -404,9 +406,19 @@ def _cell_text(stage: str, group: dict, sel: dict) -> str:
     return " ".join(p for p in parts if p)
 
 
-def _measure(grp: pd.DataFrame, sel: dict, metric: str, stage: str, group: dict) -> tuple[float | None, list, set]:
+def _protocols(rows: pd.DataFrame) -> set:
+    """'warm-up/measured/repeats' of each training row (none for cells without a step protocol)."""
+    cols = ["warmup_steps", "measured_steps", "repeats"]
+    if rows.empty or any(c not in rows for c in cols):
+        return set()
+    return {"/".join(str(int(v)) for v in r) for r in rows[cols].dropna().itertuples(index=False)}
+
+
+def _measure(grp: pd.DataFrame, sel: dict, metric: str, stage: str,
+             group: dict) -> tuple[float | None, list, set, set]:
     """The metric of the cells ``sel`` picks in ``grp`` (mean over the ok ones; the tidy table
-    holds one record per cell, llmbench.report.runs), or why not."""
+    holds one record per cell, llmbench.report.runs), or why not; with the runs and the
+    protocols it came from."""
     rows = _match(grp, sel)
     cell = _cell_text(stage, group, sel)
     spec = {"stage": stage, **group, **sel}
@@ -414,15 +426,16 @@ def _measure(grp: pd.DataFrame, sel: dict, metric: str, stage: str, group: dict)
         need = sel.get("gpus")
         have = _platform_facts(group.get("platform", "")).get("gpus_per_node") if "platform" in group else None
         why = f"needs {need} GPUs, the platform has {have}" if need and have and need > have else "not run"
-        return None, [(cell, why, spec)], set()
+        return None, [(cell, why, spec)], set(), set()
     ok = rows[rows["status"] == "ok"]
     if ok.empty:
         st = sorted(set(rows["status"].astype(str)))
-        return None, [(cell, "out of memory" if st == ["oom"] else "status " + "/".join(st), spec)], set(rows["run"])
+        return (None, [(cell, "out of memory" if st == ["oom"] else "status " + "/".join(st), spec)],
+                set(rows["run"]), set())
     vals = ok[metric].dropna() if metric in ok else pd.Series(dtype=float)
     if vals.empty:
-        return None, [(cell, f"{metric} not measured", spec)], set(ok["run"])
-    return float(vals.mean()), [], set(ok["run"])
+        return None, [(cell, f"{metric} not measured", spec)], set(ok["run"]), set()
+    return float(vals.mean()), [], set(ok["run"]), _protocols(ok.loc[vals.index])
 
 
 def _judge(check: Check, value: float | None) -> str:
@@ -445,13 +458,14 @@ def evaluate_check(check: Check, finding: Finding, grp: pd.DataFrame, group: dic
         why = "not run" if rows.empty else "status " + "/".join(sorted(set(rows["status"].astype(str))))
         return Outcome(None, "missing", [(cell, why, {"stage": finding.stage, **group, **sel_a})],
                        set(rows["run"]) if len(rows) else set())
-    a, miss, runs = _measure(grp, sel_a, check.metric, finding.stage, group)
+    a, miss, runs, protos = _measure(grp, sel_a, check.metric, finding.stage, group)
     if check.relation == "value":
-        return Outcome(a, _judge(check, a), miss, runs)
+        return Outcome(a, _judge(check, a), miss, runs, protos)
     if check.relation == "ratio":
-        b, miss_b, runs_b = _measure(grp, {**finding.where, **check.b}, check.metric, finding.stage, group)
+        b, miss_b, runs_b, protos_b = _measure(grp, {**finding.where, **check.b}, check.metric, finding.stage, group)
         value = a / b if a is not None and b else None
-        return Outcome(value, _judge(check, value), miss + miss_b, runs | runs_b)
+        return Outcome(value, _judge(check, value), miss + miss_b, runs | runs_b,
+                       protos | protos_b if value is not None else set())
     # best: a against the best other cell of the group
     among = _match(grp, {**finding.where, **(check.among or {})})
     mine = _match(among, sel_a).index
@@ -465,7 +479,8 @@ def evaluate_check(check: Check, finding: Finding, grp: pd.DataFrame, group: dic
     by = ["technique", "backend", "engine", "case", "batch_size"]
     best = others.groupby([k for k in by if k in others], dropna=False)[check.metric].mean().max()
     value = a / best if a is not None and best else None
-    return Outcome(value, _judge(check, value), miss, runs | set(others["run"]))
+    return Outcome(value, _judge(check, value), miss, runs | set(others["run"]),
+                   protos | _protocols(others) if value is not None else set())
 
 
 def combine(verdicts: list[str]) -> str:
@@ -594,6 +609,8 @@ def evaluate(findings: list[Finding], ours: pd.DataFrame, paper: pd.DataFrame) -
                     for c in f.checks),
                 "missing": "; ".join(dict.fromkeys(missing)) if r["verdict"] != "holds" else "",
                 "runs": ", ".join(sorted(set().union(*(o.runs for o in r["outcomes"])) - {"paper"})),
+                "protocols": ", ".join(sorted(set().union(*(o.protocols for o in r["outcomes"])),
+                                              key=_protocol_order)),
                 "paper_check": paper_check, "how": f.how,
             })
     df = pd.DataFrame(rows)
@@ -602,7 +619,13 @@ def evaluate(findings: list[Finding], ours: pd.DataFrame, paper: pd.DataFrame) -
 
 COLUMNS = ["finding", "section", "claim", "compares", "platform", "model", "gpus", "batch_size", "paper_value",
            "ours_value",
-           "verdict", "tolerance", "missing", "runs", "paper_check", "how"]
+           "verdict", "tolerance", "missing", "runs", "protocols", "paper_check", "how"]
+
+
+def _protocol_order(p: str) -> tuple:
+    """Strongest protocol first (measured steps x repeats, as llmbench.report.runs ranks them)."""
+    w, m, r = (int(x) for x in p.split("/"))
+    return (-m * r, -w)
 
 
 #: The GPUs this project is lent for its runs (one H100, one H200): where missing cells are ranked.
@@ -706,7 +729,7 @@ def summary_line(table: pd.DataFrame) -> str:
 
 #: the findings table's columns shown in Markdown and HTML (the CSV has them all)
 SHOWN = ["finding", "section", "claim", "platform", "model", "gpus", "batch_size", "verdict", "ours_value",
-         "paper_value", "tolerance", "missing", "runs"]
+         "paper_value", "tolerance", "missing", "runs", "protocols"]
 NOTE = (
     "How to read it: each row judges one claim of the paper on one group of our cells (platform, model, GPUs). "
     "`ours_value` and `paper_value` are the same comparison (listed in `compares` in the CSV) computed on our records "
@@ -714,7 +737,9 @@ NOTE = (
     "Comparisons across hardware use per-GPU throughput, MFU and ratios of cells of one platform, so a GPU the paper "
     "never ran is judged on the same terms. `missing` names the cells a check could not use (not run, out of "
     "memory, ...): those that would decide an untestable or partly decided claim, or the rest of a contradicted "
-    "one. The CSV adds `compares`, `paper_check` (does the paper's own table bear the claim out?) and `how`.")
+    "one. `protocols`: warm-up/measured steps/repeats of the training cells behind our value (the paper's is "
+    "30/100/3); a row with several compares cells measured under different protocols, which the reader should "
+    "weigh. The CSV adds `compares`, `paper_check` (does the paper's own table bear the claim out?) and `how`.")
 MISSING_HEADING = "Cells that would decide the most undecided findings on the lent GPUs (one H100, one H200)"
 MISSING_LEAD = ("Ranked by how many findings no run has decided yet each is named by. A cell that runs out of "
                 "memory decides only the checks that ask whether it runs; a cell whose model states alone exceed the "

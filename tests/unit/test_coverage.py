@@ -112,3 +112,28 @@ def test_no_gpu_record_gives_an_empty_page_that_says_why(tmp_path):
     df = tidy.build([write(tmp_path, "pretrain", "cpu", "tiny", "Z3", 1, "ok", 100.0)])
     t = tables.coverage(tables.Inputs({"tidy_pretrain": df, "tidy_finetune": df.iloc[0:0]}))
     assert t.long.empty and "nothing to cover" in t.parts[0].note
+
+
+def test_targets_are_the_cells_still_to_do(cov, tmp_path, capsys):
+    """A config's batch-1 cells whose coverage row says `run batch 1` (or the protocol rerun,
+    when asked), in the config's order; a platform no record ran on is all to do."""
+    g = grid.expand({"protocol": {"repeats": 1}, "finetune": [
+        {"platforms": ["h100", "h200"], "models": ["llama2-7b"], "techniques": ["L", "QL", "L+Z2", "L+Z3"],
+         "batch_sizes": [1], "gpus": 1}]})
+    got = coverage.targets(cov, g)
+    assert got == ["results/runs/finetune/h100/llama2-7b/deepspeed/L+Z2/bs1-g1/record.json",
+                   "results/runs/finetune/h100/llama2-7b/deepspeed/L+Z3/bs1-g1/record.json",
+                   *[f"results/runs/finetune/h200/llama2-7b/deepspeed/{t}/bs1-g1/record.json"
+                     for t in ("L", "QL", "L+Z2", "L+Z3")]]
+    rerun = coverage.targets(cov, g, ("rerun under the paper's protocol",), platforms=["h100"])
+    assert rerun == ["results/runs/finetune/h100/llama2-7b/deepspeed/QL/bs1-g1/record.json"]
+    csv, cfg = tmp_path / "coverage.csv", tmp_path / "c.yaml"
+    cov.to_csv(csv, index=False)
+    cfg.write_text("protocol: {repeats: 1}\nfinetune:\n  - {platforms: [h100], models: [llama2-7b], "
+                   "techniques: [L, L+Z2], batch_sizes: [1], gpus: 1}\n")
+    assert coverage.main(["targets", str(csv), str(cfg)]) == 0
+    assert capsys.readouterr().out.split() == ["results/runs/finetune/h100/llama2-7b/deepspeed/L+Z2/bs1-g1/record.json"]
+    cfg.write_text("protocol: {repeats: 1}\nfinetune:\n  - {platforms: [h100], models: [llama2-7b], techniques: [L+Q+X]}\n")
+    with pytest.raises(SystemExit) as exc:
+        coverage.main(["targets", str(csv), str(cfg)])
+    assert exc.value.code == 2 and "L+Q+X" in capsys.readouterr().err

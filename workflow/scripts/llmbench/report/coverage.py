@@ -239,3 +239,62 @@ def table(df: pd.DataFrame) -> render.Table:
         "memory) is not.")
     parts[-1] = render.Part(frame=parts[-1].frame, heading=parts[-1].heading, note=note)
     return render.Table(title=title, long=df, parts=tuple(parts))
+
+
+# The next GPU session's targets ---------------------------------------------------------------
+
+def targets(cov: pd.DataFrame, grid, wanted: tuple[str, ...] = ("run batch 1",),
+            platforms: list[str] | None = None) -> list[str]:
+    """The record paths of ``grid``'s batch-1 training cells (of ``platforms``, or all) whose
+    coverage row (same platform, GPUs, stage, model and method) still has one of ``wanted``
+    to do, in the config's order. A cell of a platform the coverage does not know (no record
+    ran there yet) counts as not run."""
+    todo = {}
+    for r in cov.itertuples():
+        todo[(r.platform, int(r.gpus), r.stage, r.model, r.technique)] = str(r.to_do or "") if pd.notna(r.to_do) else ""
+    known_platforms = set(cov["platform"])
+    out = []
+    for c in grid.cells:
+        if getattr(c, "stage", None) not in STAGES or getattr(c, "batch_size", None) != 1:
+            continue
+        if platforms and c.platform not in platforms:
+            continue
+        key = (c.platform, c.gpus, c.stage, c.model, c.technique)
+        if key in todo:
+            if any(w in todo[key] for w in wanted):
+                out.append(c.record_path(grid.results_dir))
+        elif c.platform not in known_platforms and "run batch 1" in wanted:
+            out.append(c.record_path(grid.results_dir))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m llmbench.report.coverage targets COVERAGE_CSV CONFIG [--to-do WHAT ...]``:
+    print the record targets of CONFIG's cells that COVERAGE_CSV (a tables/coverage.csv, e.g.
+    the combined view's) says are still to do, one per line, for ``snakemake <targets>``."""
+    import argparse
+
+    from ..grid import load
+
+    ap = argparse.ArgumentParser(prog="python -m llmbench.report.coverage", description=main.__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("targets", help="record paths of a config's cells still to do")
+    t.add_argument("coverage", type=Path, help="a tables/coverage.csv")
+    t.add_argument("config", type=Path, help="the config whose cells to run")
+    t.add_argument("--to-do", action="append", choices=["run batch 1", "rerun under the paper's protocol"],
+                   help="which to-do to select (repeatable; default: run batch 1)")
+    t.add_argument("--platform", action="append", help="only these platforms (repeatable)")
+    args = ap.parse_args(argv)
+    try:
+        grid = load(args.config)
+    except ConfigError as exc:
+        ap.exit(2, f"{exc}\n")
+    if not args.coverage.exists():
+        ap.exit(2, f"{args.coverage}: no such file (build it: snakemake tables)\n")
+    paths = targets(pd.read_csv(args.coverage), grid, tuple(args.to_do or ["run batch 1"]), args.platform)
+    print("\n".join(paths))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -176,6 +176,7 @@ def plain_loop(spec: dict, variants: tuple[str, ...] = ("plain",)) -> dict:
 
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
+
     def window(variant: str) -> float:
         nonlocal loss
         step = make_step(variant)

@@ -179,9 +179,10 @@ def _classify(proc, *, log: Path, workdir: Path, out: Path, timeout_s: float, me
     On one node a rank killed by SIGKILL is an OOM if the kernel's OOM killer ran meanwhile
     (its kill count went up from ``oom_kills_before``), and an error if it did not: somebody
     else killed it. Where the count cannot be read, SIGKILL is taken for the OOM killer, its
-    usual sender, and the reason says so. Over several nodes (``sigkill_is_oom`` False) it is not: srun reports any
-    task killed by a signal, for any reason, and a node's OOM is said in the log (Slurm's
-    oom-kill event, a worker's OOM message or marker file)."""
+    usual sender, and the reason says so. Over several nodes (``sigkill_is_oom`` False) a
+    SIGKILL is no OOM at all: srun reports any task killed by a signal, for any reason, and a
+    node's OOM is said in the log (Slurm's oom-kill event, a worker's OOM message or marker
+    file)."""
     dog = None
     if mem_cap_gib:
         dog = RssWatchdog(proc, mem_cap_gib * 2**30)

@@ -32,6 +32,7 @@ from ..models import ModelSpec
 from ..platforms import Platform
 from . import catalog, reference, render
 from .advice import predicted
+from .runs import steps_label
 from .render import fmt
 
 #: The protocol of the paper's Tables III and IX: 30 warm-up steps, the mean of 100 measured
@@ -132,8 +133,7 @@ def build(tidy: pd.DataFrame, root: Path | None = None) -> pd.DataFrame:
         for r in rows.itertuples():
             cells = mine[(mine["stage"] == r.stage) & (mine["model"] == r.model) & (mine["technique"] == r.technique)]
             bs1 = cells[cells["batch_size"] == 1]
-            # one record per cell in the tidy table; batch 1 of several runs: the later run
-            rec = bs1.sort_values("run").iloc[-1] if not bs1.empty else None
+            rec = bs1.iloc[0] if not bs1.empty else None  # the tidy table holds one record per cell
             if r.model not in models:
                 models[r.model] = ModelSpec.load(r.model, root)
             pred = predicted(plat, models[r.model], r.technique, gpus)
@@ -183,9 +183,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _protocol(r) -> str:
-    if pd.isna(r.warmup_steps):
-        return ""
-    return f"{int(r.warmup_steps)}/{int(r.measured_steps)}/{int(r.repeats)}"
+    return "" if pd.isna(r.warmup_steps) else steps_label(r.warmup_steps, r.measured_steps, r.repeats)
 
 
 def _tokens(r) -> str:
@@ -251,7 +249,7 @@ def targets(cov: pd.DataFrame, grid, wanted: tuple[str, ...] = ("run batch 1",),
     ran there yet) counts as not run."""
     todo = {}
     for r in cov.itertuples():
-        todo[(r.platform, int(r.gpus), r.stage, r.model, r.technique)] = str(r.to_do or "") if pd.notna(r.to_do) else ""
+        todo[(r.platform, int(r.gpus), r.stage, r.model, r.technique)] = "" if pd.isna(r.to_do) else str(r.to_do)
     known_platforms = set(cov["platform"])
     out = []
     for c in grid.cells:

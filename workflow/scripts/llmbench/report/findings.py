@@ -33,6 +33,7 @@ import pandas as pd
 from .. import techniques
 from ..config import REPO_ROOT, ConfigError, available, load_yaml, validate
 from . import paper_frame, scaling
+from . import runs as runs_rule
 from . import tidy as tidy_table
 
 VERDICTS = ("holds", "contradicts", "partly", "untestable")
@@ -411,7 +412,7 @@ def _protocols(rows: pd.DataFrame) -> set:
     cols = ["warmup_steps", "measured_steps", "repeats"]
     if rows.empty or any(c not in rows for c in cols):
         return set()
-    return {"/".join(str(int(v)) for v in r) for r in rows[cols].dropna().itertuples(index=False)}
+    return {runs_rule.steps_label(*r) for r in rows[cols].dropna().itertuples(index=False)}
 
 
 def _measure(grp: pd.DataFrame, sel: dict, metric: str, stage: str,
@@ -610,7 +611,7 @@ def evaluate(findings: list[Finding], ours: pd.DataFrame, paper: pd.DataFrame) -
                 "missing": "; ".join(dict.fromkeys(missing)) if r["verdict"] != "holds" else "",
                 "runs": ", ".join(sorted(set().union(*(o.runs for o in r["outcomes"])) - {"paper"})),
                 "protocols": ", ".join(sorted(set().union(*(o.protocols for o in r["outcomes"])),
-                                              key=_protocol_order)),
+                                              key=lambda p: (-runs_rule.label_strength(p), p))),
                 "paper_check": paper_check, "how": f.how,
             })
     df = pd.DataFrame(rows)
@@ -620,12 +621,6 @@ def evaluate(findings: list[Finding], ours: pd.DataFrame, paper: pd.DataFrame) -
 COLUMNS = ["finding", "section", "claim", "compares", "platform", "model", "gpus", "batch_size", "paper_value",
            "ours_value",
            "verdict", "tolerance", "missing", "runs", "protocols", "paper_check", "how"]
-
-
-def _protocol_order(p: str) -> tuple:
-    """Strongest protocol first (measured steps x repeats, as llmbench.report.runs ranks them)."""
-    w, m, r = (int(x) for x in p.split("/"))
-    return (-m * r, -w)
 
 
 #: The GPUs this project is lent for its runs (one H100, one H200): where missing cells are ranked.

@@ -82,6 +82,17 @@ def protocol_of(cell: dict) -> tuple[int, str]:
     return int(steps) * int(repeats), f"{p.get('warmup_steps', 0)} warm-up, {steps} steps x {repeats}"
 
 
+def steps_label(warmup: int, measured: int, repeats: int) -> str:
+    """A training protocol in short: 'warm-up/measured steps/repeats' (the paper's: 30/100/3)."""
+    return f"{int(warmup)}/{int(measured)}/{int(repeats)}"
+
+
+def label_strength(label: str) -> int:
+    """The rule's protocol strength (measured steps x repeats) of a ``steps_label``."""
+    _, measured, repeats = (int(x) for x in label.split("/"))
+    return measured * repeats
+
+
 def started(provenance: dict) -> str:
     """The provenance's start time in UTC (ISO 8601, so it sorts as it happened; a time
     without a zone is taken as UTC), '' where there is none or it does not parse."""

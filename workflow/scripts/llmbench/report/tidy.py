@@ -100,6 +100,7 @@ def row(record: Record, path: str) -> dict:
     c, m = record.cell, record.metrics
     proto = c["protocol"]
     gpu_mem = m.peak_mem_reserved_gib
+    tflops = _model_tflops_per_gpu(record)
     return {
         "stage": c["stage"], "platform": c["platform"], "model": c["model"],
         "backend": c["backend"], "technique": c["technique"], "batch_size": c["batch_size"],
@@ -113,7 +114,7 @@ def row(record: Record, path: str) -> dict:
         "peak_mem_kind": "gpu_reserved" if gpu_mem is not None else ("host_rss" if m.peak_rss_gib is not None else None),
         "peak_mem_allocated_gib": m.peak_mem_allocated_gib,
         "peak_mem_reserved_gib": m.peak_mem_reserved_gib, "peak_rss_gib": m.peak_rss_gib,
-        "mfu": _mfu(record), "model_tflops_per_gpu": _model_tflops_per_gpu(record),
+        "mfu": _mfu(record, tflops), "model_tflops_per_gpu": tflops,
         "total_params": m.total_params, "trainable_params": m.trainable_params,
         "attention": m.attention, "compute_dtype": m.compute_dtype, "warmup_steps": proto["warmup_steps"],
         "measured_steps": proto["measured_steps"], "repeats": proto["repeats"],
@@ -139,12 +140,11 @@ def _model_tflops_per_gpu(record: Record) -> float | None:
     return record.metrics.tokens_per_s_mean * fpt / c["gpus"] / 1e12
 
 
-def _mfu(record: Record) -> float | None:
+def _mfu(record: Record, tflops: float | None) -> float | None:
     """MFU by today's formula (llmbench.models.flops_per_token over the record's own platform
     peak), so records written under an older formula compare with newer ones (LoRA cells
     measured before the frozen-base count was 6N, not 4N); the record's own value where the
-    record lacks what the formula needs."""
-    tflops = _model_tflops_per_gpu(record)
+    record lacks what the formula needs. ``tflops``: the record's _model_tflops_per_gpu."""
     peak = ((record.provenance.get("spec") or {}).get("platform") or {}).get("peak_bf16_tflops")
     return tflops / peak if tflops is not None and peak else record.metrics.mfu
 

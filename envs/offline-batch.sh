@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Run a list of record targets on an offline GPU node within a time limit, one Snakemake
+# invocation per target, so that a call that must end by a deadline (a lent machine's
+# 10-minute call, a Slurm allocation's last minutes) never starts a cell it cannot finish:
+# a cell killed half-way is GPU time spent on nothing. Before each target it checks that
+# the time left is at least the longest cell so far took (or FIRST_S before any has run),
+# and stops otherwise. After each target it prints one line: the target, its status,
+# tokens/s and the seconds the invocation took, so the log is the batch's table.
+#
+#   bash envs/offline-batch.sh .whl 540 todo.txt --configfile config/gpu-one-gpu-sweep.yaml \
+#       --cores 16 --resources gpu_slots=1
+#
+# todo.txt holds one record target per line, e.g. from
+#   python -m llmbench.report.coverage targets COVERAGE_CSV CONFIG --platform h100
+# Targets already recorded are skipped by Snakemake as usual, so the same list can be given
+# to the next call. Exit status: 0 when every target ran (whatever its record's status),
+# 3 when the deadline left targets unstarted, else Snakemake's.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+whl=${1:?usage: offline-batch.sh WHEELHOUSE DEADLINE_S TARGETS_FILE [snakemake arguments]}
+deadline=${2:?usage: offline-batch.sh WHEELHOUSE DEADLINE_S TARGETS_FILE [snakemake arguments]}
+list=${3:?usage: offline-batch.sh WHEELHOUSE DEADLINE_S TARGETS_FILE [snakemake arguments]}
+shift 3
+start=$SECONDS
+longest=${FIRST_S:-60}
+rc=0
+mapfile -t targets < <(grep -v '^\s*\(#\|$\)' "$list")
+for t in "${targets[@]}"; do
+    left=$((deadline - (SECONDS - start)))
+    if (( left < longest )); then
+        echo "offline-batch: ${left}s left, the longest cell took ${longest}s: stopping before $t"
+        rc=3
+        break
+    fi
+    t0=$SECONDS
+    bash envs/offline-run.sh "$whl" "$t" "$@" || rc=$?
+    took=$((SECONDS - t0))
+    (( took > longest )) && longest=$took
+    python3 - "$t" "$took" <<'EOF'
+import json, sys
+target, took = sys.argv[1], sys.argv[2]
+try:
+    r = json.load(open(target))
+except (OSError, ValueError) as e:
+    print(f"offline-batch: {target}  no record ({e.__class__.__name__})  {took}s")
+    sys.exit()
+m = r.get("metrics") or {}
+tps = m.get("tokens_per_s_mean")
+std = m.get("tokens_per_s_std") if len(m.get("tokens_per_s_runs") or []) > 1 else None
+rate = (f"{tps:.1f} tok/s" + (f" ± {std:.1f}" if std is not None else "")) if tps else "-"
+print(f"offline-batch: {target}  {r.get('status')}  {rate}  {took}s  {(r.get('reason') or '')[:120]}")
+EOF
+done
+exit $rc

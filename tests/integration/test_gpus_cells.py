@@ -40,6 +40,14 @@ def test_a_training_cell_on_a_busy_gpu_is_an_error_and_runs_nothing(cuda_spec, t
     assert rec.provenance["gpu_state"]["gpus"][0]["processes"][0]["pid"] == 4242
 
 
+def test_a_training_cell_on_another_platforms_gpu_is_an_error_and_runs_nothing(cuda_spec, tmp_path, monkeypatch):
+    monkeypatch.setattr(gpus, "read_nvml", reader_of(FREE))  # a free 'Fake H100'
+    cuda_spec["platform"].update(name="h200", gpu_name="H200")
+    rec = launch.run_cell(cuda_spec, tmp_path / "record.json", tmp_path / "run.log")
+    assert rec.status == "error" and rec.reason.startswith("wrong GPU: GPU 0 is 'Fake H100', not platform h200's")
+    assert "=== repeat 0" not in (tmp_path / "run.log").read_text()  # no worker started
+
+
 def test_a_training_cell_on_free_gpus_runs_and_records_their_state(cuda_spec, tmp_path, monkeypatch):
     monkeypatch.setattr(gpus, "read_nvml", reader_of(FREE))
     rec = launch.run_cell(cuda_spec, tmp_path / "record.json", tmp_path / "run.log")

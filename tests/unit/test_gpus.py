@@ -27,21 +27,21 @@ def test_the_cells_gpus_come_from_the_scheduler_then_the_count():
 
 def test_free_gpus_pass_and_their_state_goes_to_provenance():
     check = gpus.check("cuda", 2, reader=reader_of(FREE), env={"CUDA_VISIBLE_DEVICES": "3,1"})
-    assert check.busy is None
+    assert check.refused is None
     state = check.provenance()["gpu_state"]
     assert [g["id"] for g in state["gpus"]] == ["3", "1"] and state["gpus"][0]["free_gib"] == pytest.approx(79.7)
 
 
 def test_a_foreign_process_makes_the_gpu_busy():
     check = gpus.check("cuda", 1, reader=reader_of(HELD), env={})
-    assert check.busy == "GPU busy: pid 4242 holds 30.00 GiB on GPU 0"
+    assert check.refused == "GPU busy: pid 4242 holds 30.00 GiB on GPU 0"
     assert check.provenance()["gpu_state"]["gpus"][0]["processes"] == [{"pid": 4242, "used_gib": 30.0}]
 
 
 def test_memory_in_use_without_a_listed_process_is_busy_past_the_threshold():
     hidden = lambda gid: gpu(gid, used=12.0)  # noqa: E731
-    assert "12.00 GiB in use by no listed process" in gpus.check("cuda", 1, reader=reader_of(hidden), env={}).busy
-    assert gpus.check("cuda", 1, BusyPolicy(used_threshold_gib=20), reader=reader_of(hidden), env={}).busy is None
+    assert "12.00 GiB in use by no listed process" in gpus.check("cuda", 1, reader=reader_of(hidden), env={}).refused
+    assert gpus.check("cuda", 1, BusyPolicy(used_threshold_gib=20), reader=reader_of(hidden), env={}).refused is None
 
 
 def test_wait_polls_until_the_gpu_is_free_or_the_wait_is_over():
@@ -50,18 +50,37 @@ def test_wait_polls_until_the_gpu_is_free_or_the_wait_is_over():
     read = reader_of(HELD, HELD, FREE)
     check = gpus.check("cuda", 1, BusyPolicy(action="wait", wait_s=60, poll_s=5), reader=read, env={},
                        sleep=sleep, clock=clock)
-    assert check.busy is None and check.waited_s == 10 and len(read.calls) == 3
+    assert check.refused is None and check.waited_s == 10 and len(read.calls) == 3
     now[0] = 0.0
     check = gpus.check("cuda", 1, BusyPolicy(action="wait", wait_s=12, poll_s=5), reader=reader_of(HELD), env={},
                        sleep=sleep, clock=clock)
-    assert check.busy.startswith("GPU busy: pid 4242") and "after waiting 12 s of gpu_busy_wait_s=12" in check.busy
+    assert check.refused.startswith("GPU busy: pid 4242") and "after waiting 12 s of gpu_busy_wait_s=12" in check.refused
+
+
+def test_a_gpu_not_named_as_the_platform_says_is_refused_at_once_even_when_waiting():
+    read = reader_of(FREE)
+    check = gpus.check("cuda", 2, BusyPolicy(action="wait", wait_s=60), reader=read, env={},
+                       gpu_name="H200", platform="h200", sleep=lambda s: pytest.fail("waited"))
+    assert check.refused == ("wrong GPU: GPU 0 is 'Fake H100'; GPU 1 is 'Fake H100', "
+                             "not platform h200's gpu_name 'H200' (nothing ran)")
+    assert len(read.calls) == 1 and check.provenance()["gpu_state"]["gpus"][1]["name"] == "Fake H100"
+    # case-insensitive; unset is not checked; a busy GPU of the right kind is still busy
+    assert gpus.check("cuda", 1, reader=reader_of(FREE), env={}, gpu_name="h100").refused is None
+    assert gpus.check("cuda", 1, reader=reader_of(FREE), env={}, gpu_name=None).refused is None
+    assert gpus.check("cuda", 1, reader=reader_of(HELD), env={}, gpu_name="H100").refused.startswith("GPU busy")
+
+
+def test_the_platform_files_name_their_gpus_and_an_unset_name_stays_out_of_the_spec():
+    from llmbench.platforms import Platform
+    assert Platform.load("h100").gpu_name == "H100" and Platform.load("h200").to_dict()["gpu_name"] == "H200"
+    assert "gpu_name" not in Platform.load("cpu").to_dict()  # no CPU spec changed: no measured cell reruns
 
 
 def test_no_nvml_does_not_stop_the_cell_and_says_why():
     def broken(ids):
         raise ModuleNotFoundError("No module named 'pynvml'")
     check = gpus.check("cuda", 1, reader=broken, env={})
-    assert check.busy is None and "pynvml" in check.provenance()["gpu_state"]["error"]
+    assert check.refused is None and "pynvml" in check.provenance()["gpu_state"]["error"]
 
 
 def test_cpu_cells_read_nothing():

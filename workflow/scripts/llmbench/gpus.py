@@ -8,6 +8,9 @@ package nvidia-ml-py): processes with memory on them and memory used and free. A
 a process on it, or with more than ``BusyPolicy.used_threshold_gib`` in use, is busy: by
 default the cell is recorded as ``error`` with the holders in its reason and nothing runs;
 with the config's ``gpu_busy: wait`` it waits up to ``gpu_busy_wait_s`` for them to go.
+A GPU whose product name lacks the platform's ``gpu_name`` (a cell of platform h200 on an
+H100: a mixed Slurm partition, a lent machine of another kind) is refused the same way,
+at once: a record must say what it ran on.
 Every GPU record carries what was read at its start in ``provenance["gpu_state"]``.
 CPU platforms are not read.
 """
@@ -99,8 +102,9 @@ class BusyPolicy:
 class Check:
     """The outcome of checking a cell's GPUs."""
 
-    busy: str | None = None
-    """Why the cell must not run (the record's reason), or None: the GPUs are free."""
+    refused: str | None = None
+    """Why the cell must not run (the record's reason): its GPUs are busy or not the
+    platform's; None: they are free and the platform's."""
     state: list[dict[str, Any]] | dict[str, Any] | None = None
     """What was read (per GPU), {"error": ...} where NVML could not be read, None on a CPU."""
     waited_s: float = 0.0
@@ -172,10 +176,24 @@ def busy_reason(gpus: list[GpuInfo], policy: BusyPolicy, own_pids: frozenset[int
     return "GPU busy: " + "; ".join(parts) if parts else None
 
 
+def wrong_gpu_reason(gpus: list[GpuInfo], gpu_name: str | None, platform: str = "") -> str | None:
+    """Why these GPUs are not the platform's ("GPU 0 is 'NVIDIA H100 80GB HBM3', not ...
+    'H200'"), or None: every name contains ``gpu_name`` (case-insensitive), or it is unset."""
+    if not gpu_name:
+        return None
+    wrong = [f"GPU {g.id} is '{g.name}'" for g in gpus if gpu_name.lower() not in g.name.lower()]
+    if not wrong:
+        return None
+    whose = f"platform {platform}'s" if platform else "the platform's"
+    return f"wrong GPU: {'; '.join(wrong)}, not {whose} gpu_name '{gpu_name}' (nothing ran)"
+
+
 def check(accelerator: str, count: int, policy: BusyPolicy | None = None, *, reader: Reader | None = None,
           env: Mapping[str, str] | None = None, sleep: Callable[[float], None] = time.sleep,
-          clock: Callable[[], float] = time.monotonic) -> Check:
-    """Read the cell's GPUs before it starts and decide whether it may (module docstring).
+          clock: Callable[[], float] = time.monotonic, gpu_name: str | None = None,
+          platform: str = "") -> Check:
+    """Read the cell's GPUs before it starts and decide whether it may (module docstring):
+    not on GPUs whose name lacks ``gpu_name`` (the platform ``platform``'s), nor on busy ones.
 
     ``reader`` stands in for NVML in tests (default: read_nvml). A GPU that cannot be
     read does not stop the cell (the state says why), as before this check existed."""
@@ -192,24 +210,28 @@ def check(accelerator: str, count: int, policy: BusyPolicy | None = None, *, rea
             gpus = read(ids)
         except Exception as exc:  # noqa: BLE001 - no NVML library, no driver, a bad id
             return Check(state={"error": f"{type(exc).__name__}: {exc}", "gpus": ids})
-        reason = busy_reason(gpus, policy, own)
         state = [g.to_dict() for g in gpus]
+        if wrong := wrong_gpu_reason(gpus, gpu_name, platform):  # waiting cannot change it
+            return Check(refused=wrong, state=state, waited_s=waited)
+        reason = busy_reason(gpus, policy, own)
         if reason is None:
             return Check(state=state, waited_s=waited)
         if policy.action != "wait" or waited >= policy.wait_s:
             if policy.action == "wait":
                 reason = f"{reason} (still, after waiting {waited:.0f} s of gpu_busy_wait_s={policy.wait_s:g})"
-            return Check(busy=reason, state=state, waited_s=waited)
+            return Check(refused=reason, state=state, waited_s=waited)
         sleep(min(policy.poll_s, max(0.0, policy.wait_s - waited)))
 
 
 def check_cell(spec: dict, count: int, policy: BusyPolicy | None, log: Path) -> Check:
     """check() for a cell about to start (its spec's platform, ``count`` GPUs); its log says
     what was found."""
-    found = check(spec["platform"]["accelerator"], count, policy)
+    platform = spec["platform"]
+    found = check(platform["accelerator"], count, policy, gpu_name=platform.get("gpu_name"),
+                  platform=platform.get("name", ""))
     if found.state is not None:
         with open(log, "a") as fh:
-            fh.write(f"=== GPU state at start: {found.busy or 'free'} {json.dumps(found.state)}\n")
+            fh.write(f"=== GPU state at start: {found.refused or 'free'} {json.dumps(found.state)}\n")
     return found
 
 

@@ -286,8 +286,8 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
         with stop_groups_on_signal():
             # over several nodes: the launcher's node's GPUs (the others' are not read)
             check = gpus.check_cell(spec, cell.ranks_per_node, gpu_busy, log)
-            outcomes = [Outcome(status="error", reason=check.busy)] if check.busy else []
-            for i in range(cell.protocol.repeats if not check.busy else 0):
+            outcomes = [Outcome(status="error", reason=check.refused)] if check.refused else []
+            for i in range(cell.protocol.repeats if not check.refused else 0):
                 outcome = run_repeat(spec, workdir, i, log, threads, keep_dir, alloc)
                 outcomes.append(outcome)
                 with open(log, "a") as fh:

@@ -11,6 +11,10 @@ from .config import REPO_ROOT, load_named
 DTYPE_NAMES = {"bfloat16": "bf16", "float32": "fp32"}
 
 
+#: Optional fields that a cell spec carries only where a platform file sets them.
+_OMIT_UNSET = ("gpu_name",)
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Platform:
     """One hardware platform: what a cell runs on."""
@@ -35,6 +39,9 @@ class Platform:
     """Dtype training and profile cells compute in: 'bfloat16' (the paper's) or 'float32'."""
     supports_4bit: bool = True
     """bitsandbytes 4-bit (Q, QL) runs on this platform."""
+    gpu_name: str | None = None
+    """Text in every GPU's product name (NVML's, case-insensitive), e.g. 'H100': a cell on
+    GPUs named otherwise is refused (llmbench.gpus). None: not checked."""
     fork_server: bool = False
     """CPU: fork each repeat's ranks from a warm server (llmbench.forkserver), not exec them."""
     env: dict = field(default_factory=dict)
@@ -48,8 +55,10 @@ class Platform:
         return cls(**load_named("platform", name, root))
 
     def to_dict(self) -> dict:
-        """Plain-data form (for cell specs and provenance)."""
-        return {f: getattr(self, f) for f in self.__slots__}
+        """Plain-data form (for cell specs and provenance). An optional key added later is
+        left out where unset, so that it changes no spec, and reruns no measured cell, of a
+        platform that does not set it (the spec is Snakemake's params rerun trigger)."""
+        return {f: getattr(self, f) for f in self.__slots__ if f not in _OMIT_UNSET or getattr(self, f) is not None}
 
 
 def compute_dtype(platform: dict):

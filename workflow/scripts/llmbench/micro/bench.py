@@ -69,8 +69,8 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
         spec_path.write_text(json.dumps(spec, indent=2))
         check = gpus.check_cell(spec, cell.gpus, gpu_busy, log)
         with stop_groups_on_signal():
-            if check.busy:
-                outcome = Outcome(status="error", reason=check.busy)
+            if check.refused:
+                outcome = Outcome(status="error", reason=check.refused)
             else:
                 outcome = run_worker(cell.gpus, WORKER, worker_args(spec_path, out),
                                      env=worker_env(env_vars, threads, cell.gpus), log=log, workdir=workdir,

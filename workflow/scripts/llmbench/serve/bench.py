@@ -116,8 +116,8 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
     check = gpus.check_cell(spec, cell.gpus, gpu_busy, log)
     with stop_groups_on_signal():
         try:
-            if check.busy:
-                raise ServerError(check.busy)  # before the engine starts: nothing to stop
+            if check.refused:
+                raise ServerError(check.refused)  # before the engine starts: nothing to stop
             with serve(argv, env=env, host=HOST, port=launch.port, health_path=engine.health_path,
                        log=server_log, ready_timeout_s=cell.ready_timeout_s, gpu_ids=gpu_ids) as server:
                 observed = engine.observe(server.base_url)

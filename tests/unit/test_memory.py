@@ -68,6 +68,10 @@ def test_frozen_bases_by_hand():
     # ZeRO-3 shards the frozen base too
     z3 = state_bytes(w("L+Z3", gpus=2, adapter=LORA_ALL))[0]
     assert z3 == pytest.approx(2 * N7 / 2 + 16 * lora / 2)
+    # ZeRO-3 + offload moves the bf16 base to the host with the rest (a 4-bit base stays)
+    fb, step, host = state_bytes(w("L+Z3+O", gpus=2, adapter=LORA_ALL))
+    assert fb == pytest.approx(2 * 1e9 + 1.3 * lora / 2) and host == pytest.approx((24 * lora + 3.17 * N7) / 2)
+    assert state_bytes(w("QL+Z3+O", adapter=LORA_ALL))[0] > counts["decoder_linear"] * 0.53
 
 
 def test_megatron_states_by_hand():
@@ -148,10 +152,12 @@ def test_the_stated_constants_are_the_fit_of_the_committed_records(combined):
     assert got["deepspeed"]["overhead_gib"] == pytest.approx(ds.overhead_gib, abs=0.01)
     assert got["megatron"]["act_scale"] == pytest.approx(mg.act_scale, rel=0.02)
     assert got["compiled_act_scale"] == pytest.approx(C.COMPILED_ACT_SCALE, rel=0.05)
+    assert got["zero3_adapter_act_scale"] == pytest.approx(C.ZERO3_ADAPTER_ACT_SCALE, rel=0.05)
     assert got["offload_fb_bytes"]["Z2+O"] == pytest.approx(C.DEEPSPEED[(2, True)].fb.sharded, rel=0.05)
     assert got["offload_fb_bytes"]["Z3+O"] == pytest.approx(C.DEEPSPEED[(3, True)].fb.sharded, rel=0.05)
     assert got["offload_host_bytes"]["Z2+O"] == pytest.approx(C.DEEPSPEED[(2, True)].host.sharded, rel=0.05)
     assert got["offload_host_bytes"]["Z3+O"] == pytest.approx(C.DEEPSPEED[(3, True)].host.sharded, rel=0.05)
+    assert got["offload_frozen_host_bytes"]["Z3+O"] == pytest.approx(C.DEEPSPEED[(3, True)].frozen_host, rel=0.05)
 
 
 # Skipping cells predicted not to fit (skip_predicted_oom) and the dry run of a config --------

@@ -33,6 +33,10 @@ class StateRow:
     fb: StateBytes
     step: StateBytes
     host: StateBytes = StateBytes(0.0, 0.0)
+    frozen_host: float = 0.0
+    """Host bytes per frozen bf16 parameter (an adapter's base), sharded over the ranks, for
+    a row that moves parameters to the host; such a row keeps no frozen base on the GPU.
+    0: the frozen base stays on the GPU (llmbench.memory.model.state_bytes)."""
 
 
 #: DeepSpeed bf16 mode, per trainable parameter, by (ZeRO stage, offload).
@@ -57,7 +61,11 @@ DEEPSPEED: dict[tuple[int, bool], StateRow] = {
     (3, False): StateRow(fb=StateBytes(0, 16), step=StateBytes(0, 18)),
     # ZeRO-3 + O: part of the bf16 gradient partition stays on the GPU (1.3, fitted to the
     # H200 pair's 7.32 GiB); the host holds the rest (24, fitted to its 77.9 GiB RSS per rank).
-    (3, True): StateRow(fb=StateBytes(0, 1.3), step=StateBytes(0, 1.3), host=StateBytes(0, 24)),
+    # offload_param partitions every parameter, a frozen adapter base included, and keeps
+    # the partitions in pinned host memory: 3.17 bytes per frozen parameter (fitted to the
+    # four LoRA Z3+O rows of llama2-7b and -13b on one H100, 2.86 and 3.47 apiece: bf16's 2
+    # plus pinned-buffer rounding and staging copies), none of the base on the GPU.
+    (3, True): StateRow(fb=StateBytes(0, 1.3), step=StateBytes(0, 1.3), host=StateBytes(0, 24), frozen_host=3.17),
 }
 
 #: Megatron-LM (megatron-core) bf16 with fp32 main gradients, per local parameter (the
@@ -106,12 +114,26 @@ BACKENDS: dict[str, BackendConstants] = {
 #: against F+Z2 at batch 16; inductor fuses the norms, RoPE and SwiGLU and saves less).
 COMPILED_ACT_SCALE = 0.58
 
+#: Saved activations of an adapter under ZeRO-3 over the same adapter without it (fitted:
+#: the mean over the H100's llama2-7b and -13b rows at batch 1, L+Z3 2.27 and 2.28, L+Z3+O
+#: 2.06 and 2.03). With ZeRO-3 a LoRA cell keeps about twice the activations, with or
+#: without offload, while its recomputation rows fit without the factor; DeepSpeed's ZeRO-3
+#: linear wrapper is the likely holder of the second copy (not traced). One batch size
+#: only: whether it grows with the batch as activations do is untested.
+ZERO3_ADAPTER_ACT_SCALE = 2.16
+
+#: DeepSpeed's stage3_max_live_parameters default: ZeRO-3 keeps at most this many gathered
+#: parameters on a GPU. Under ZeRO-3 + O a frozen adapter base lives on the host, and this
+#: many of its bf16 parameters (1.86 GiB) are on the GPU while they are in use (the LoRA
+#: Z3+O rows with recomputation, whose activations are small, measured 1.9 GiB over the rest).
+ZERO3_MAX_LIVE_PARAMETERS = 1e9
+
 #: Safety margin: a cell fits when its predicted peak x (1 + MARGIN) is at most the
 #: platform's gpu_memory_gib. Chosen on the reference records (llmbench.memory.validate
 #: reports the figures): any margin under 8.4% predicts no ok record not to fit (the
 #: closest: Megatron-LM tp1pp1-distopt at batch 18 on the H200 pair); catching the one OOM
 #: it misses (Megatron-LM TP2 at batch 39, under-predicted by 3.5%) would need 10.4%. 5%
-#: leaves room for the model's spread (90th percentile |error| 6%). The allocator's slack
+#: leaves room for the model's spread (90th percentile |error| about 5%). The allocator's slack
 #: (reserved over allocated) is not a term: on the ok records it ranged from 0.1 to 28 GiB
 #: (median 15% of allocated; the 4-bit cells keep their load-time reservation), too
 #: irregular for a constant; the margin and the platform's gpu_memory_gib (above what CUDA

@@ -20,9 +20,13 @@ From the tidy table's ok GPU training rows (with their records' specs):
   llmbench.memory.constants, so a fit that moved a row across phases is rerun after the
   constants are updated;
 - ``COMPILED_ACT_SCALE``: the mean ratio of the activations the C rows leave to eager's;
+- ``ZERO3_ADAPTER_ACT_SCALE``: the same for the adapter rows under ZeRO-3 without
+  recomputation (left out of ``act_scale``'s rows);
 - ``host_base_gib``: the median host RSS of the rows without offload; the offload rows'
   host bytes per sharded parameter come with them (``offload_host_bytes``), and their GPU
-  bytes per sharded parameter (``offload_fb_bytes``) beside the accounting's value.
+  bytes per sharded parameter (``offload_fb_bytes``) beside the accounting's value, both
+  from full-parameter rows; the adapter rows with a bf16 base give the host bytes of a
+  frozen parameter under ZeRO-3 + O (``offload_frozen_host_bytes``).
 
 The results are printed; llmbench.memory.constants holds them (rounded) with this as their
 source, and tests/unit/test_memory.py refits and compares.
@@ -41,8 +45,9 @@ import pandas as pd
 from .. import techniques
 from ..config import REPO_ROOT
 from ..models import ModelSpec
-from .constants import BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED
-from .model import GIB, Workload, activation_bytes, buffer_bytes, layer_activation_bytes, predict, state_bytes
+from .constants import BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, ZERO3_ADAPTER_ACT_SCALE
+from .model import (GIB, Workload, activation_bytes, adapter_params, buffer_bytes, layer_activation_bytes, predict,
+                    state_bytes)
 
 TRAIN_STAGES = ("pretrain", "finetune")
 
@@ -86,6 +91,11 @@ def rows(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> list[tuple[pd.Series, Ro
     return out
 
 
+def _zero3_adapter(tech) -> bool:
+    """An adapter under ZeRO-3: its activations take ZERO3_ADAPTER_ACT_SCALE, fitted apart."""
+    return tech.adapter is not None and tech.zero_stage == 3
+
+
 def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
     """The fitted constants (see the module docstring) from a tidy table."""
     ok = [row for _, row in rows(tidy, root) if row.status == "ok" and row.measured_gib is not None]
@@ -117,7 +127,8 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
         small, plain, xs, ys = [], [], [], []
         for r in mine:
             tech, w = techniques.parse(r.workload.technique), r.workload
-            if tech.recompute or tech.compiled or tech.offload or predict(w).phase != "forward-backward":
+            if (tech.recompute or tech.compiled or tech.offload or _zero3_adapter(tech)
+                    or predict(w).phase != "forward-backward"):
                 continue
             tp = int((w.parallel or {}).get("tensor_parallel", 1))
             tokens = w.batch_size * w.seq_len
@@ -139,7 +150,7 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
         out[backend] = {"act_scale": scale, "overhead_gib": overhead,
                         "host_base_gib": float(np.median(base)) if base else None, "rows": len(mine),
                         "rows_fitted": len(plain), "rows_overhead": len(small)}
-    compiled, off_fb, off_host = [], {}, {}
+    compiled, zero3_adapter, off_fb, off_host, off_frozen = [], [], {}, {}, {}
     for r in ok:
         tech, w = techniques.parse(r.workload.technique), r.workload
         if w.backend != "deepspeed":
@@ -150,7 +161,20 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
         if tech.compiled and not tech.recompute:
             fb_states = state_bytes(w)[0] / GIB
             compiled.append((r.measured_gib - fb_states - rest) / (acts / COMPILED_ACT_SCALE / GIB))
-        if tech.offload:
+        if _zero3_adapter(tech) and not tech.recompute and not tech.compiled:
+            fb_states = state_bytes(w)[0] / GIB
+            zero3_adapter.append((r.measured_gib - fb_states - rest) / (acts / ZERO3_ADAPTER_ACT_SCALE / GIB))
+        if tech.offload and tech.adapter is not None and not tech.quant4:
+            # a frozen bf16 base on the host (Z3+O): what the RSS holds beyond the trainable
+            # parameters' host bytes, per frozen parameter of the rank's shard
+            row = DEEPSPEED[(tech.zero_stage, True)]
+            trainable, frozen_extra = adapter_params(w.model, w.adapter)
+            if row.frozen_host and r.rss_gib is not None:
+                frozen = (w.model.param_counts()["total"] + frozen_extra) / w.gpus
+                host = (r.rss_gib - BACKENDS[w.backend].host_base_gib) * GIB - row.host.per_rank(trainable, w.gpus)
+                off_frozen.setdefault(f"Z{tech.zero_stage}+O", []).append(host / frozen)
+        elif tech.offload and tech.adapter is None and not tech.quant4:
+            # full-parameter rows: the row's bytes are per trained parameter
             row = DEEPSPEED[(tech.zero_stage, True)]
             n = w.model.param_counts()["total"]
             per_rank = n / w.gpus
@@ -160,8 +184,10 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
                 host = (r.rss_gib - BACKENDS[w.backend].host_base_gib) * GIB / per_rank
                 off_host.setdefault(f"Z{tech.zero_stage}+O", []).append(host)
     out["compiled_act_scale"] = float(np.mean(compiled)) if compiled else None
+    out["zero3_adapter_act_scale"] = float(np.mean(zero3_adapter)) if zero3_adapter else None
     out["offload_fb_bytes"] = {k: float(np.mean(v)) for k, v in off_fb.items()}
     out["offload_host_bytes"] = {k: float(np.mean(v)) for k, v in off_host.items()}
+    out["offload_frozen_host_bytes"] = {k: float(np.mean(v)) for k, v in off_frozen.items()}
     return out
 
 

@@ -26,7 +26,8 @@ The ``5·a·s`` part is the attention scores, softmax and its dropout (2 + 2 + 1
 score): FlashAttention (F) never materialises them, so it drops out. Llama has no dropout
 and a SwiGLU MLP of width f ≈ 2.7h with three matrices where GPT has 4h and two: their
 saved tensors come to about the same 24h, so the formula is kept and its scale fitted per
-backend (``act_scale``; torch.compile (C) saves fewer: ``COMPILED_ACT_SCALE``). With
+backend (``act_scale``; torch.compile (C) saves fewer: ``COMPILED_ACT_SCALE``; an adapter
+under ZeRO-3 about twice as many: ``ZERO3_ADAPTER_ACT_SCALE``). With
 recomputation (R) each checkpointed layer keeps only its 2-byte input (``2h`` per token and
 layer), and one layer's full activations are alive while it is recomputed (after the logits
 are freed: the larger of the two counts). The logits (vocabulary V per token: bf16 logits, their fp32 upcast and
@@ -36,7 +37,9 @@ parallel ranks (Megatron-LM's vocabulary-parallel loss).
 Parameters that do not train (a 4-bit or adapter base) take 2 bytes (bf16) or ``NF4``
 bytes (4-bit with double quantization; embeddings, lm_head and norms stay bf16); what
 trains (adapters; the embeddings, norms and lm_head under Q) takes the technique's state
-bytes. ZeRO-3 shards a frozen base too.
+bytes. ZeRO-3 shards a frozen base too; with offload (Z3+O) it moves the frozen bf16 base
+to the host (``StateRow.frozen_host``) but for the parameters in use
+(``ZERO3_MAX_LIVE_PARAMETERS``).
 
 ``margin``: a cell is predicted to fit when ``gpu_gib · (1 + margin)`` is at most the
 platform's ``gpu_memory_gib`` (and, with offload, the host memory holds every rank's host
@@ -51,7 +54,8 @@ from typing import Any
 
 from .. import techniques
 from ..models import ModelSpec
-from .constants import BACKENDS, BUCKETS, COMPILED_ACT_SCALE, DEEPSPEED, MARGIN, MEGATRON, MEGATRON_DISTOPT
+from .constants import (BACKENDS, BUCKETS, COMPILED_ACT_SCALE, DEEPSPEED, MARGIN, MEGATRON, MEGATRON_DISTOPT,
+                        ZERO3_ADAPTER_ACT_SCALE, ZERO3_MAX_LIVE_PARAMETERS)
 
 GIB = 2**30
 #: bytes per parameter of the model states (kept for the findings' lower bound)
@@ -185,10 +189,16 @@ def state_bytes(w: Workload) -> tuple[float, float, float]:
         base = counts["decoder_linear"] * NF4
     else:
         trainable, base = n, 0.0
-    if tech.zero_stage == 3:
+    host = row.host.per_rank(trainable, g)
+    if row.frozen_host and tech.adapter is not None and not tech.quant4:
+        # ZeRO-3 + O: the frozen bf16 base is partitioned to the host with the rest, and the
+        # GPU holds the gathered parameters in use (a 4-bit base is left as it is:
+        # bitsandbytes' packed weights under offload_param are untried)
+        frozen = base / WEIGHTS_BF16
+        host, base = host + row.frozen_host * frozen / g, WEIGHTS_BF16 * min(frozen, ZERO3_MAX_LIVE_PARAMETERS)
+    elif tech.zero_stage == 3:
         base = base / g
-    return (base + row.fb.per_rank(trainable, g), base + row.step.per_rank(trainable, g),
-            row.host.per_rank(trainable, g))
+    return (base + row.fb.per_rank(trainable, g), base + row.step.per_rank(trainable, g), host)
 
 
 def _frozen_base_bytes(counts: dict[str, int], quant4: bool) -> float:
@@ -213,7 +223,8 @@ def activation_bytes(w: Workload) -> tuple[float, float, float]:
     tp = _layout(w)[0] if w.backend == "megatron" else 1
     seq = w.seq_len + (int((w.adapter or {}).get("num_virtual_tokens", 0)) if tech.adapter == "prompt_tuning" else 0)
     tokens = w.batch_size * seq
-    scale = k.act_scale * (COMPILED_ACT_SCALE if tech.compiled else 1.0)
+    scale = (k.act_scale * (COMPILED_ACT_SCALE if tech.compiled else 1.0)
+             * (ZERO3_ADAPTER_ACT_SCALE if tech.adapter is not None and tech.zero_stage == 3 else 1.0))
     per_layer = tokens * scale * layer_activation_bytes(w.model, seq, tech.flash, tp)
     logits = tokens * k.logits_bytes * w.model.vocab_size / tp
     if tech.recompute:

@@ -109,3 +109,43 @@ def test_mfu_formula(spec_for, tmp_path, monkeypatch):
     rec = run(spec, tmp_path)
     expected = 1000 * flops_per_token(ModelSpec.load("tiny"), 8) / 1e12
     assert rec.metrics.mfu == pytest.approx(expected)
+
+
+def test_a_cell_stopped_between_repeats_resumes_with_the_repeats_it_has(spec_for, tmp_path, monkeypatch):
+    spec = spec_for("ok", repeats=3)
+    real, ran = launch.run_repeat, []
+
+    def stopped_at_the_third(spec, workdir, index, *args):
+        if index == 2:
+            raise KeyboardInterrupt("the call's deadline")  # as when the job is stopped mid-cell
+        ran.append(index)
+        return real(spec, workdir, index, *args)
+
+    monkeypatch.setattr(launch, "run_repeat", stopped_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        run(spec, tmp_path)
+    assert not (tmp_path / "record.json").exists() and ran == [0, 1]
+    assert sorted(p.name for p in tmp_path.glob(".repeat-*.json")) == [".repeat-0.json", ".repeat-1.json"]
+
+    def counted(spec, workdir, index, *args):
+        ran.append(index)
+        return real(spec, workdir, index, *args)
+
+    monkeypatch.setattr(launch, "run_repeat", counted)
+    monkeypatch.setenv("FAKE_TPS", "200")  # the new repeat is told apart from the kept ones
+    rec = run(spec, tmp_path)
+    assert ran == [0, 1, 2] and rec.status == "ok"
+    assert rec.metrics.tokens_per_s_runs == (100.0, 100.0, 200.0)
+    assert [r["index"] for r in rec.provenance["resumed_repeats"]] == [0, 1]
+    assert all(r["finished"] and r["hostname"] for r in rec.provenance["resumed_repeats"])
+    assert "=== resuming: repeat(s) [0, 1]" in (tmp_path / "run.log").read_text()
+    assert not list(tmp_path.glob(".repeat-*.json"))  # the record holds them now
+
+
+def test_kept_repeats_of_another_spec_do_not_count(spec_for, tmp_path, monkeypatch):
+    first = spec_for("ok", repeats=3)
+    launch.keep_repeat(tmp_path, 0, first, launch.Outcome(status="ok", result={"tokens_per_s": 1.0}))
+    changed = spec_for("ok", repeats=3, timeout_s=61)  # another protocol: another cell run
+    rec = run(changed, tmp_path)
+    assert rec.metrics.tokens_per_s_runs == (100.0, 100.0, 100.0) and "resumed_repeats" not in rec.provenance
+    assert not list(tmp_path.glob(".repeat-*.json"))

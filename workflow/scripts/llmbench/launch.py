@@ -18,27 +18,37 @@ new session too, with the same classification (start_ranks). Status is data:
   error    anything else (the reason and log tail say what)
   skipped  with ``skip_predicted_oom``, a cell the memory model (llmbench.memory) predicts
            not to fit: nothing runs; the record keeps the prediction and the margin
+
+A cell of several repeats keeps each ok repeat beside its record (``.repeat-<i>.json``,
+with its spec's digest, time, host and commit) until the record is written. A cell stopped
+between repeats (a call's or allocation's deadline, a killed job) leaves no record, so the
+next run runs it again, and that run keeps the repeats of the very same spec and runs only
+the rest; the record's ``provenance.resumed_repeats`` names the kept ones, where and when
+they ran. The paper's protocol (three repeats of 30 + 100 steps) of a slow cell can so span
+several calls that are each shorter than the cell.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import backends, forkserver, gpus, nodes
+from . import backends, forkserver, gpus, nodes, provenance
 from .aggregate import Outcome
 from .cells import Cell
 from .procs import (RssWatchdog, free_port, kill_group, last_error, oom_kills, says_oom, start_group, stop_group,
                     stop_groups_on_signal, tail, track)
-from .record import Record, write
+from .record import Record, write, write_json_atomic
 
 #: Thread-count variables of the BLAS/OpenMP runtimes (Snakemake sets them to a job's threads)
 THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
@@ -263,6 +273,47 @@ def skip_if_predicted_oom(spec: dict, record_path: Path, log: Path, started: str
     return record
 
 
+#: A finished repeat kept beside its record until the record is written (``run_cell``).
+PARTIAL = ".repeat-{index}.json"
+
+
+def spec_digest(spec: dict) -> str:
+    """What a kept repeat must match to count for a cell: its whole resolved spec."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
+def keep_repeat(keep_dir: Path, index: int, spec: dict, outcome: Outcome) -> None:
+    """Keep an ok repeat beside the cell's record, with when, where and at which commit it
+    ran, so that a cell stopped between repeats (a call's deadline, a killed job) resumes
+    with the repeats it has, not from the first."""
+    state = provenance.git_state()
+    write_json_atomic(keep_dir / PARTIAL.format(index=index), {
+        "spec_sha256": spec_digest(spec), "index": index, "outcome": asdict(outcome),
+        "finished": datetime.now(timezone.utc).isoformat(), "hostname": socket.gethostname(),
+        "git_sha": state.get("sha")})
+
+
+def kept_repeats(keep_dir: Path, spec: dict, repeats: int, log: Path) -> dict[int, dict]:
+    """The ok repeats an earlier run of this very spec kept (index -> what keep_repeat
+    wrote). A kept repeat of another spec (a changed config or protocol) is deleted."""
+    digest, kept = spec_digest(spec), {}
+    for index in range(repeats):
+        path = keep_dir / PARTIAL.format(index=index)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if data.get("spec_sha256") == digest and data.get("outcome", {}).get("status") == "ok":
+            kept[index] = data
+        else:
+            path.unlink(missing_ok=True)
+    if kept:
+        with open(log, "a") as fh:
+            fh.write(f"=== resuming: repeat(s) {sorted(kept)} kept from an earlier run of this cell "
+                     f"({', '.join(kept[i]['finished'] for i in sorted(kept))})\n")
+    return kept
+
+
 def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
              gpu_busy: gpus.BusyPolicy | None = None, skip_predicted_oom: bool = False) -> Record:
     """Run every repeat of a cell (stopping at the first that is not ok) and write its Record.
@@ -287,17 +338,28 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
             # over several nodes: the launcher's node's GPUs (the others' are not read)
             check = gpus.check_cell(spec, cell.ranks_per_node, gpu_busy, log)
             outcomes = [Outcome(status="error", reason=check.refused)] if check.refused else []
+            kept = kept_repeats(keep_dir, spec, cell.protocol.repeats, log) if not check.refused else {}
             for i in range(cell.protocol.repeats if not check.refused else 0):
-                outcome = run_repeat(spec, workdir, i, log, threads, keep_dir, alloc)
+                if i in kept:
+                    outcome = Outcome(**{**kept[i]["outcome"], "nodes": tuple(kept[i]["outcome"]["nodes"])})
+                else:
+                    outcome = run_repeat(spec, workdir, i, log, threads, keep_dir, alloc)
+                    if outcome.status == "ok" and cell.protocol.repeats > 1:
+                        keep_repeat(keep_dir, i, spec, outcome)
                 outcomes.append(outcome)
                 with open(log, "a") as fh:
-                    fh.write(f"=== repeat {i}: {outcome.status} {outcome.reason}\n")
+                    fh.write(f"=== repeat {i}: {outcome.status} {outcome.reason}{' (kept)' if i in kept else ''}\n")
                 if outcome.status != "ok":
                     break
             build_record = backends.get(cell.backend).build_record()  # module-wise rows for profile kinds
             record = build_record(spec, outcomes, started, command)
             record = gpus.with_state(record, check)
+            if kept:  # the record says which repeats an earlier run made, where and when
+                record = replace(record, provenance={**record.provenance, "resumed_repeats": [
+                    {k: kept[i][k] for k in ("index", "finished", "hostname", "git_sha")} for i in sorted(kept)]})
             write(record, record_path)
+            for i in range(cell.protocol.repeats):  # the record holds them now
+                (keep_dir / PARTIAL.format(index=i)).unlink(missing_ok=True)
             return record
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

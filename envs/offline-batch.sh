@@ -14,7 +14,10 @@
 #   python -m llmbench.report.coverage targets COVERAGE_CSV CONFIG --platform h100
 # Targets already recorded are skipped by Snakemake as usual, so the same list can be given
 # to the next call. Exit status: 0 when every target ran (whatever its record's status),
-# 3 when the deadline left targets unstarted, else Snakemake's.
+# 3 when the deadline left targets unstarted, else Snakemake's. OFFLINE_RUN names the script
+# that runs one target (default envs/offline-run.sh; tests/integration/test_offline_batch.py
+# gives a stand-in). A cell longer than a call: run it with offline-run.sh under `timeout`,
+# call after call; its finished repeats carry over (llmbench.launch).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 whl=${1:?usage: offline-batch.sh WHEELHOUSE DEADLINE_S TARGETS_FILE [snakemake arguments]}
@@ -33,7 +36,7 @@ for t in "${targets[@]}"; do
         break
     fi
     t0=$SECONDS
-    bash envs/offline-run.sh "$whl" "$t" "$@" || rc=$?
+    bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" "$t" "$@" || rc=$?
     took=$((SECONDS - t0))
     (( took > longest )) && longest=$took
     python3 - "$t" "$took" <<'EOF'

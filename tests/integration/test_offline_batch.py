@@ -1,0 +1,65 @@
+"""envs/offline-batch.sh, the deadline-bound runner of a list of record targets, with a
+stand-in for envs/offline-run.sh (it writes the target's record after FAKE_S seconds): it
+never starts a target that the time left cannot hold, and prints a line per target."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+STAND_IN = """#!/usr/bin/env bash
+# offline-run.sh's stand-in: WHEELHOUSE TARGET [snakemake arguments] -> the target's record
+whl=$1; target=$2; shift 2
+[[ -f $target ]] && exit 0
+sleep "$FAKE_S"
+mkdir -p "$(dirname "$target")"
+printf '{"status": "%s", "reason": "%s", "metrics": {"tokens_per_s_mean": 123.4, "tokens_per_s_std": 5.6, "tokens_per_s_runs": [118, 123, 129]}}' \
+    "${FAKE_STATUS:-ok}" "${FAKE_REASON:-}" > "$target"
+echo "$@" > "$target.args"
+"""
+
+
+@pytest.fixture
+def batch(tmp_path):
+    runner = tmp_path / "fake-offline-run.sh"
+    runner.write_text(STAND_IN)
+    targets = [tmp_path / f"runs/{name}/record.json" for name in ("a", "b", "c")]
+    listing = tmp_path / "todo.txt"
+    listing.write_text("# a comment, then a blank line\n\n" + "".join(f"{t}\n" for t in targets))
+
+    def run(deadline_s, fake_s, first_s, **env):
+        return subprocess.run(
+            ["bash", str(REPO / "envs/offline-batch.sh"), "WHL", str(deadline_s), str(listing), "--cores", "1"],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "OFFLINE_RUN": str(runner), "FAKE_S": str(fake_s), "FIRST_S": str(first_s), **env})
+    return run, targets
+
+
+def test_it_stops_before_a_target_the_time_left_cannot_hold(batch):
+    run, targets = batch
+    done = run(deadline_s=3, fake_s=2, first_s=1)
+    assert done.returncode == 3, done.stderr
+    lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
+    assert lines[0].startswith(f"offline-batch: {targets[0]}  ok  123.4 tok/s ± 5.6  ")
+    assert "the longest cell took" in lines[1] and f"stopping before {targets[1]}" in lines[1]
+    assert targets[0].exists() and not targets[1].exists()
+    assert (targets[0].parent / "record.json.args").read_text().split() == ["--cores", "1"]  # passed through
+    # the same list again: the recorded target is skipped, the others run
+    again = run(deadline_s=30, fake_s=0, first_s=1, FAKE_STATUS="oom", FAKE_REASON="CUDA out of memory")
+    assert again.returncode == 0, again.stderr
+    assert all(t.exists() for t in targets) and json.loads(targets[0].read_text())["status"] == "ok"
+    assert f"offline-batch: {targets[2]}  oom  123.4 tok/s ± 5.6" in again.stdout and "CUDA out of memory" in again.stdout
+
+
+def test_a_target_without_a_record_says_so(batch, tmp_path):
+    run, targets = batch
+    (tmp_path / "fake-offline-run.sh").write_text("#!/usr/bin/env bash\nexit 1\n")  # Snakemake failed
+    done = run(deadline_s=30, fake_s=0, first_s=1)
+    assert done.returncode == 1
+    assert f"offline-batch: {targets[0]}  no record (FileNotFoundError)" in done.stdout

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from llmbench import launch, procs
+from llmbench import launch, procs, record
 
 pytestmark = pytest.mark.integration
 
@@ -123,6 +123,31 @@ def test_killing_the_launcher_kills_every_worker(tmp_path, how, ranks, group):
             p.kill()
     assert not (tmp_path / "record.json").exists()  # records are written whole at the end, or not at all
     assert not list(tmp_path.glob(".record.json.*"))
+
+
+def test_a_cell_killed_mid_repeat_resumes_with_the_repeats_it_finished(tmp_path):
+    """Snakemake's job group killed by SIGKILL during the second of three repeats (a call's
+    deadline): no record, the first repeat kept; the rerun runs only the other two."""
+    pidfile = tmp_path / "pid"
+    proc = start_launcher(tmp_path, "train", "--repeats", "3", via_shell=True,
+                          FAKE_MODE="okfirst", FAKE_PIDFILE=str(pidfile))
+    try:
+        wait_until(lambda: Path(f"{pidfile}.rank0").exists(), 120, "the second repeat running")
+        launcher_pid = int((tmp_path / "launcher.pid").read_text())
+        sids, pids = cell_processes(launcher_pid, [int(Path(f"{pidfile}.rank0").read_text())])
+        kill_launcher(proc, tmp_path, group=True)
+        wait_until(lambda: not in_sessions(sids), KILL_BOUND_S, f"no process left of sessions {sids}")
+    finally:
+        for p in in_sessions(sids if "sids" in locals() else set()):
+            p.kill()
+    assert not (tmp_path / "record.json").exists()
+    assert [p.name for p in tmp_path.glob(".repeat-*.json")] == [".repeat-0.json"]
+    again = start_launcher(tmp_path, "train", "--repeats", "3", FAKE_MODE="ok", FAKE_TPS="200")
+    assert again.wait(timeout=120) == 0
+    rec = record.read(tmp_path / "record.json")
+    assert rec.status == "ok" and rec.metrics.tokens_per_s_runs == (100.0, 200.0, 200.0)
+    assert [r["index"] for r in rec.provenance["resumed_repeats"]] == [0]
+    assert not list(tmp_path.glob(".repeat-*.json"))
 
 
 @pytest.mark.parametrize("group", [False, True], ids=["launcher", "group"])

@@ -295,7 +295,8 @@ def keep_repeat(keep_dir: Path, index: int, spec: dict, outcome: Outcome) -> Non
 
 def kept_repeats(keep_dir: Path, spec: dict, repeats: int, log: Path) -> dict[int, dict]:
     """The ok repeats an earlier run of this very spec kept (index -> what keep_repeat
-    wrote). A kept repeat of another spec (a changed config or protocol) is deleted."""
+    wrote, its ``outcome`` an Outcome again). A kept repeat of another spec (a changed
+    config or protocol) is deleted."""
     digest, kept = spec_digest(spec), {}
     for index in range(repeats):
         path = keep_dir / PARTIAL.format(index=index)
@@ -304,7 +305,8 @@ def kept_repeats(keep_dir: Path, spec: dict, repeats: int, log: Path) -> dict[in
         except (OSError, ValueError):
             continue
         if data.get("spec_sha256") == digest and data.get("outcome", {}).get("status") == "ok":
-            kept[index] = data
+            outcome = data["outcome"]
+            kept[index] = {**data, "outcome": Outcome(**{**outcome, "nodes": tuple(outcome["nodes"])})}
         else:
             path.unlink(missing_ok=True)
     if kept:
@@ -341,7 +343,7 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
             kept = kept_repeats(keep_dir, spec, cell.protocol.repeats, log) if not check.refused else {}
             for i in range(cell.protocol.repeats if not check.refused else 0):
                 if i in kept:
-                    outcome = Outcome(**{**kept[i]["outcome"], "nodes": tuple(kept[i]["outcome"]["nodes"])})
+                    outcome = kept[i]["outcome"]
                 else:
                     outcome = run_repeat(spec, workdir, i, log, threads, keep_dir, alloc)
                     if outcome.status == "ok" and cell.protocol.repeats > 1:

@@ -46,8 +46,8 @@ from .. import techniques
 from ..config import REPO_ROOT
 from ..models import ModelSpec
 from .constants import BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, ZERO3_ADAPTER_ACT_SCALE
-from .model import (GIB, Workload, activation_bytes, adapter_params, buffer_bytes, layer_activation_bytes, predict,
-                    state_bytes)
+from .model import (GIB, Workload, activation_bytes, adapter_params, adapter_under_zero3, buffer_bytes,
+                    layer_activation_bytes, predict, state_bytes)
 
 TRAIN_STAGES = ("pretrain", "finetune")
 
@@ -91,11 +91,6 @@ def rows(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> list[tuple[pd.Series, Ro
     return out
 
 
-def _zero3_adapter(tech) -> bool:
-    """An adapter under ZeRO-3: its activations take ZERO3_ADAPTER_ACT_SCALE, fitted apart."""
-    return tech.adapter is not None and tech.zero_stage == 3
-
-
 def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
     """The fitted constants (see the module docstring) from a tidy table."""
     ok = [row for _, row in rows(tidy, root) if row.status == "ok" and row.measured_gib is not None]
@@ -127,7 +122,7 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
         small, plain, xs, ys = [], [], [], []
         for r in mine:
             tech, w = techniques.parse(r.workload.technique), r.workload
-            if (tech.recompute or tech.compiled or tech.offload or _zero3_adapter(tech)
+            if (tech.recompute or tech.compiled or tech.offload or adapter_under_zero3(tech)
                     or predict(w).phase != "forward-backward"):
                 continue
             tp = int((w.parallel or {}).get("tensor_parallel", 1))
@@ -161,21 +156,22 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
         if tech.compiled and not tech.recompute:
             fb_states = state_bytes(w)[0] / GIB
             compiled.append((r.measured_gib - fb_states - rest) / (acts / COMPILED_ACT_SCALE / GIB))
-        if _zero3_adapter(tech) and not tech.recompute and not tech.compiled:
+        if adapter_under_zero3(tech) and not tech.recompute and not tech.compiled:
             fb_states = state_bytes(w)[0] / GIB
             zero3_adapter.append((r.measured_gib - fb_states - rest) / (acts / ZERO3_ADAPTER_ACT_SCALE / GIB))
-        if tech.offload and tech.adapter is not None and not tech.quant4:
+        if not tech.offload or tech.quant4:
+            continue
+        row = DEEPSPEED[(tech.zero_stage, True)]
+        if tech.adapter is not None:
             # a frozen bf16 base on the host (Z3+O): what the RSS holds beyond the trainable
             # parameters' host bytes, per frozen parameter of the rank's shard
-            row = DEEPSPEED[(tech.zero_stage, True)]
             trainable, frozen_extra = adapter_params(w.model, w.adapter)
             if row.frozen_host and r.rss_gib is not None:
                 frozen = (w.model.param_counts()["total"] + frozen_extra) / w.gpus
                 host = (r.rss_gib - BACKENDS[w.backend].host_base_gib) * GIB - row.host.per_rank(trainable, w.gpus)
                 off_frozen.setdefault(f"Z{tech.zero_stage}+O", []).append(host / frozen)
-        elif tech.offload and tech.adapter is None and not tech.quant4:
+        else:
             # full-parameter rows: the row's bytes are per trained parameter
-            row = DEEPSPEED[(tech.zero_stage, True)]
             n = w.model.param_counts()["total"]
             per_rank = n / w.gpus
             gpu = (r.measured_gib * GIB - row.fb.full * n - acts - rest * GIB) / per_rank

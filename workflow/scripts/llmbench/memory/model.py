@@ -215,6 +215,11 @@ def layer_activation_bytes(model: ModelSpec, seq_len: int, flash: bool, tp: int 
     return h * (10 + 24 / tp) + (0.0 if flash else 5.0 * a * seq_len / tp)
 
 
+def adapter_under_zero3(tech: techniques.Technique) -> bool:
+    """An adapter under ZeRO-3: its activations take ZERO3_ADAPTER_ACT_SCALE."""
+    return tech.adapter is not None and tech.zero_stage == 3
+
+
 def activation_bytes(w: Workload) -> tuple[float, float, float]:
     """(saved activations, one recomputed layer, logits) in bytes of one rank for one
     micro-batch. Without recomputation no layer is recomputed (0)."""
@@ -224,7 +229,7 @@ def activation_bytes(w: Workload) -> tuple[float, float, float]:
     seq = w.seq_len + (int((w.adapter or {}).get("num_virtual_tokens", 0)) if tech.adapter == "prompt_tuning" else 0)
     tokens = w.batch_size * seq
     scale = (k.act_scale * (COMPILED_ACT_SCALE if tech.compiled else 1.0)
-             * (ZERO3_ADAPTER_ACT_SCALE if tech.adapter is not None and tech.zero_stage == 3 else 1.0))
+             * (ZERO3_ADAPTER_ACT_SCALE if adapter_under_zero3(tech) else 1.0))
     per_layer = tokens * scale * layer_activation_bytes(w.model, seq, tech.flash, tp)
     logits = tokens * k.logits_bytes * w.model.vocab_size / tp
     if tech.recompute:

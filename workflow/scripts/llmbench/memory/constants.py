@@ -46,11 +46,15 @@ DEEPSPEED: dict[tuple[int, bool], StateRow] = {
     # fp32 copy of the gradients (4): the H200 OOMs of llama2-7b Naive/F/R "tried to
     # allocate 25.10 GiB" (4 bytes x 6.74e9) with 125.58 GiB (20 bytes each) allocated.
     (0, False): StateRow(fb=StateBytes(20, 0), step=StateBytes(24, 0)),
-    # ZeRO-2: bf16 weights 2 and bf16 gradients 2 whole, fp32 master 4 + Adam 8 (+ the fp32
-    # gradient partition 4 at the step) sharded: DeepSpeed <= 0.14's
-    # estimate_zero2_model_states_mem_needs (4N + 16N/g); the H200 pair measured 75.40 GiB
-    # at batch 1 (12 bytes x 6.74e9 at g = 2) where 0.19's estimator says 2N + 18N/g.
-    (2, False): StateRow(fb=StateBytes(4, 12), step=StateBytes(4, 16)),
+    # ZeRO-2: bf16 weights 2 and bf16 gradients 2 whole, fp32 master 4 + Adam 8 sharded
+    # through forward/backward: DeepSpeed <= 0.14's estimate_zero2_model_states_mem_needs
+    # (4N + 16N/g); the H200 pair measured 75.40 GiB at batch 1 (12 bytes x 6.74e9 at g = 2)
+    # where 0.19's estimator says 2N + 18N/g. At the step the whole bf16 gradients are gone
+    # and the partition holds 20: its bf16 gradients, master, Adam, the step's fp32 copy of
+    # the gradient partition (4) and 2 more. One H200's llama2-7b Z2, R+Z2, F+Z2 and F+R+Z2
+    # at g = 1 had 113.03 GiB allocated (18 bytes x 6.74e9) when the fp32 copy "tried to
+    # allocate 25.10 GiB" and ran out: 22 at g = 1; 2 + 20/g also gives the pair's 12 at g = 2.
+    (2, False): StateRow(fb=StateBytes(4, 12), step=StateBytes(2, 20)),
     # ZeRO-2 + O: bf16 weights whole on the GPU and a part of the bf16 gradient partition
     # (0.5 per sharded parameter, fitted to the one record: the H200 pair's 18.25 GiB, where
     # the accounting's 2 would say 23); the host holds fp32 master, Adam and fp32 gradients

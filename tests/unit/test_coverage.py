@@ -96,6 +96,25 @@ def test_the_gpu_count_is_the_one_most_batch_1_records_used(tmp_path):
     assert at(cov, "pretrain", "llama2-7b", "Q").answer == "not run"  # its 2-GPU record is not the 1-GPU row
 
 
+def test_offload_is_held_to_the_smaller_host_of_the_platform_file_and_the_machine(tmp_path):
+    # h200.yaml describes a two-GPU node (234 GiB of host memory); its one-GPU records ran on a
+    # machine with 125.87 GiB: 7B R+Z2+O's fp32 states (about 134 GiB) fit the first, not the second
+    def build(host):
+        path = write(tmp_path / str(host), "finetune", "h200", "llama2-7b", "L", 1, "ok", 800.0)
+        r = record.read(path)
+        record.write(Record(cell=r.cell, status=r.status, metrics=r.metrics,
+                            provenance={"host": {"mem_total_gib": host}} if host else {}), path)
+        return at(coverage.build(tidy.build([path])), "pretrain", "llama2-7b", "R+Z2+O")
+
+    assert (build(None).answer, build(500).answer) == ("not run", "not run")
+    small = build(125.87)
+    assert small.answer == "predicted not to fit" and "> 125.87 GiB" in small.why and "host" in small.why
+    from llmbench.memory import machine_host_gib
+    plat = {"slurm": {"mem_mb": 240000}}
+    assert machine_host_gib(plat, float("nan")) == machine_host_gib(plat, None) == 240000 / 1024
+    assert machine_host_gib(plat, 125.87) == 125.87 and machine_host_gib({}, 125.87) == 125.87
+
+
 def test_the_page_summarises_and_lists_every_row(cov, tmp_path):
     t = coverage.table(cov)
     summary = t.parts[0].frame.set_index("Stage")

@@ -7,7 +7,7 @@ runs fit, plan and replay from the command line."""
 from .cells import Verdict, check, start_hint
 from .constants import MARGIN
 from .model import (ADAM_FP32, GIB, GRADS, NF4, WEIGHTS_BF16, Prediction, Workload, adapter_params, cannot_fit,
-                    fits, host_memory_gib, model_states_gib, predict, predicted_max_batch)
+                    fits, host_memory_gib, machine_host_gib, model_states_gib, predict, predicted_max_batch)
 
 __all__ = ["Verdict", "check", "start_hint", "ADAM_FP32", "GIB", "GRADS", "MARGIN", "NF4", "WEIGHTS_BF16", "Prediction", "Workload", "adapter_params",
-           "cannot_fit", "fits", "host_memory_gib", "model_states_gib", "predict", "predicted_max_batch"]
+           "cannot_fit", "fits", "host_memory_gib", "machine_host_gib", "model_states_gib", "predict", "predicted_max_batch"]

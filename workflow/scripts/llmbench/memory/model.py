@@ -311,3 +311,13 @@ def host_memory_gib(platform: dict[str, Any]) -> float | None:
     MiB), or None."""
     mb = (platform.get("slurm") or {}).get("mem_mb")
     return mb / 1024 if mb else None
+
+
+def machine_host_gib(platform: dict[str, Any], machine_gib: float | None) -> float | None:
+    """The host memory an offload cell had: its platform file's (Slurm mem_mb), or the
+    machine's where that is smaller (a record's provenance: a one-GPU machine lent under a
+    platform file that describes a larger node)."""
+    mine = host_memory_gib(platform)
+    if machine_gib is None or machine_gib != machine_gib:  # None or NaN (a tidy table's empty cell)
+        return mine
+    return min(mine, float(machine_gib)) if mine else float(machine_gib)

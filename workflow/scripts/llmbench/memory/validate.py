@@ -29,7 +29,7 @@ from ..config import REPO_ROOT, ConfigError
 from ..platforms import Platform
 from .constants import MARGIN
 from .fit import rows
-from .model import GIB, Workload, fits, host_memory_gib, predict
+from .model import GIB, Workload, fits, host_memory_gib, machine_host_gib, predict
 
 COLUMNS = ["platform", "accelerator", "stage", "model", "backend", "layout", "technique", "batch_size", "gpus", "seq_len", "run",
            "kind", "status", "measured_gib", "measured_reserved_gib", "measured_rss_gib", "predicted_gib",
@@ -129,13 +129,12 @@ def build(tidy: pd.DataFrame, root: Path = REPO_ROOT, margin: float = MARGIN,
         # as llmbench.memory.cells.check: a CPU cell's capacity is its RSS cap, against the tensors
         cap = plat.get("gpu_memory_gib") if gpu else row.mem_cap_gib
         pred = predict(w)
-        ok, why = fits(pred, cap, host_memory_gib(plat) if gpu else None,
-                       min(w.gpus, plat.get("gpus_per_node") or 1), margin)
+        host_cap = machine_host_gib(plat, r.get("host_mem_gib"))
+        ok, why = fits(pred, cap, host_cap if gpu else None, min(w.gpus, plat.get("gpus_per_node") or 1), margin)
         if not gpu and why:
             why = why.replace("GPU peak", "tensors' peak") + " (the cell's mem_cap_gib)"
         ds_both = deepspeed_estimate_gib(w) if have["deepspeed"] else None
         ds, ds_host = ds_both if ds_both else (None, None)
-        host_cap = host_memory_gib(plat)
         ds_fits = None
         if ds is not None and cap:  # its host estimate counts where there is offload, as ours
             ds_fits = ds * (1 + margin) <= cap and not (techniques.parse(w.technique).offload and host_cap

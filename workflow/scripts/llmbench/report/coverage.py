@@ -28,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..config import REPO_ROOT, ConfigError
+from ..memory import machine_host_gib
 from ..models import ModelSpec
 from ..platforms import Platform
 from . import catalog, reference, render
@@ -130,13 +131,17 @@ def build(tidy: pd.DataFrame, root: Path | None = None) -> pd.DataFrame:
     models: dict[str, ModelSpec] = {}
     for name, plat, gpus in platform_gpus(train, root):
         mine = train[(train["platform"] == name) & (train["gpus"] == gpus)]
+        # offload is held to the host memory of the machine the records ran on where that
+        # is smaller than the platform file's (a one-GPU machine lent as a larger node's)
+        seen = mine["host_mem_gib"].min() if "host_mem_gib" in mine else None
+        host = machine_host_gib(plat, seen)
         for r in rows.itertuples():
             cells = mine[(mine["stage"] == r.stage) & (mine["model"] == r.model) & (mine["technique"] == r.technique)]
             bs1 = cells[cells["batch_size"] == 1]
             rec = bs1.iloc[0] if not bs1.empty else None  # the tidy table holds one record per cell
             if r.model not in models:
                 models[r.model] = ModelSpec.load(r.model, root)
-            pred = predicted(plat, models[r.model], r.technique, gpus)
+            pred = predicted(plat, models[r.model], r.technique, gpus, host_gib=host)
             answer, why = _answer(rec, pred)
             ok = cells[cells["status"] == "ok"]
             best = ok.sort_values("tokens_per_s_mean").iloc[-1] if not ok.empty else None
@@ -227,7 +232,8 @@ def table(df: pd.DataFrame) -> render.Table:
         "records ran on, at the GPU count most of its batch-1 records used. Answer: measured (an ok record at batch "
         "1), out of memory (its record's reason), error/timeout/skipped (a record that did not measure), predicted "
         "not to fit (no record; the memory model with its safety margin needs more than the GPU, or, with offload, "
-        "the host memory of the platform file's Slurm mem_mb), not run (no record; predicted to fit). Protocol: "
+        "the host memory of the platform file's Slurm mem_mb or of the machine its records ran on, the smaller), "
+        "not run (no record; predicted to fit). Protocol: "
         "warm-up/measured steps/repeats; the paper's is "
         f"{PAPER_PROTOCOL['warmup_steps']}/{PAPER_PROTOCOL['measured_steps']}/{PAPER_PROTOCOL['repeats']}. CV: "
         f"sample std over repeats / mean (goal {CV_GOAL:.0%}). Best BS: the ok batch with the most tokens/s of any "

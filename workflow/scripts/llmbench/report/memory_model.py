@@ -65,7 +65,8 @@ def table(df: pd.DataFrame, figures: pd.DataFrame, paper: pd.DataFrame | None = 
     return render.Table(title=catalog.get("table", "memory-model").title, long=df, parts=(
         render.Part(frame=fig, lead=(
             f"Safety margin {margin:.0%}: a cell fits when its predicted peak x (1 + margin) is at most the platform's "
-            "gpu_memory_gib (and, with offload, the host memory holds every rank's share). Errors over the ok GPU "
+            "gpu_memory_gib (and, with offload, the host memory holds every rank's share: the platform file's Slurm "
+            "mem_mb, or the machine's the record ran on where smaller). Errors over the ok GPU "
             "records with a measured peak (allocated by tensors); each estimator over the records it applies to."),
             note=("DeepSpeed: estimate_zero2/zero3_model_states_mem_needs (model states only, full-parameter ZeRO "
                   "cells); accelerate: estimate-memory's 'Training using Adam' (bf16, full-parameter cells without "

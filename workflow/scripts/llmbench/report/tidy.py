@@ -19,7 +19,9 @@ COLUMNS = [
     "nodes",  # training cells: the nodes its gpus span (1 unless the block set nodes)
     "seq_len", "status", "reason", "tokens_per_s_mean", "tokens_per_s_std", "tokens_per_s_runs",
     "step_time_s_mean", "peak_mem_gib", "peak_mem_kind", "peak_mem_allocated_gib",
-    "peak_mem_reserved_gib", "peak_rss_gib", "mfu", "model_tflops_per_gpu", "mfu_vs_gemm",
+    "peak_mem_reserved_gib", "peak_rss_gib",
+    "host_mem_gib",  # the host memory of the machine the cell ran on (its provenance)
+    "mfu", "model_tflops_per_gpu", "mfu_vs_gemm",
     "total_params", "trainable_params",
     "attention", "compute_dtype", "warmup_steps", "measured_steps", "repeats", "git_sha", "record_path",
     "layout",  # Megatron-LM cells' parallel layout (llmbench.cells.layout_name); empty otherwise
@@ -114,6 +116,7 @@ def row(record: Record, path: str) -> dict:
         "peak_mem_kind": "gpu_reserved" if gpu_mem is not None else ("host_rss" if m.peak_rss_gib is not None else None),
         "peak_mem_allocated_gib": m.peak_mem_allocated_gib,
         "peak_mem_reserved_gib": m.peak_mem_reserved_gib, "peak_rss_gib": m.peak_rss_gib,
+        "host_mem_gib": (record.provenance.get("host") or {}).get("mem_total_gib"),
         "mfu": _mfu(record, tflops), "model_tflops_per_gpu": tflops,
         "total_params": m.total_params, "trainable_params": m.trainable_params,
         "attention": m.attention, "compute_dtype": m.compute_dtype, "warmup_steps": proto["warmup_steps"],

@@ -275,6 +275,17 @@ def test_deepspeeds_and_accelerates_estimators_are_called_where_they_apply():
 
 # Replaying the max-batch searches from the predicted largest batch -------------------------
 
+def test_the_search_slope_is_what_a_batch_element_adds():
+    from llmbench.memory import batch_slope_gib, start_slope
+
+    naive, flash, rec = (batch_slope_gib(w(t, batch_size=8)) for t in ("Naive", "F", "R"))
+    assert 0 < rec < flash < naive  # FlashAttention drops the 5as scores; recomputation keeps 2h a layer
+    # 7B at sequence 350: 34h + 5as bytes a token and layer (x the fitted scale), then the logits
+    per_sample = 32 * 350 * (34 * 4096 + 5 * 32 * 350) * C.BACKENDS["deepspeed"].act_scale
+    assert naive == pytest.approx((per_sample + C.BACKENDS["deepspeed"].logits_bytes * 32000 * 350) / GIB, rel=0.02)
+    assert start_slope({}, None) is None
+
+
 def test_replay_reproduces_the_committed_searches_and_the_hint_finds_the_same_batch():
     from llmbench.memory.replay import replay_all
 
@@ -284,6 +295,10 @@ def test_replay_reproduces_the_committed_searches_and_the_hint_finds_the_same_ba
     assert (df["replayed_probes"] == df["committed_probes"]).all()
     assert (df["replayed_found"] == df["largest_ok"]).all() and (df["hinted_found"] == df["largest_ok"]).all()
     assert (df["probes_saved"] == df["replayed_probes"] - df["hinted_probes"]).all()
+    # the hint and its slope: over by a little, the search backs off and draws its line
+    # from one fitting batch (Q: hint 30 too large, then 27, 24, 26)
+    q = df[df["technique"] == "Q"].iloc[0]
+    assert q["hinted"] == "30:oom 27:tight 24:ok 26:ok" and df["hinted_probes"].sum() < df["replayed_probes"].sum()
 
 
 def test_replay_from_the_exact_frontier_needs_few_probes():
@@ -308,6 +323,8 @@ def test_the_start_hint_of_a_search_spec(mini):
     assert hint == memory.predicted_max_batch(Workload.from_spec(spec), 80, max_batch=64) and 1 < hint <= 64
     cpu = {**spec, "platform": {**spec["platform"], "accelerator": "cpu", "gpu_memory_gib": None}}
     assert memory.start_hint({**cpu, "search": {"max": 64}}) is None
+    slope = memory.start_slope(spec, hint)
+    assert slope == pytest.approx(memory.batch_slope_gib(Workload.from_spec(spec).with_batch(hint))) and slope > 0
 
 
 def test_the_paper_check_has_a_row_per_ok_or_oom_cell_of_tables_3_4_9():

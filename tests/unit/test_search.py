@@ -11,10 +11,10 @@ from llmbench.search import Frontier, Probe, State, bound, next_probe
 
 
 def simulate(largest: int, max_batch: int, capacity=None, base=1.0, per_sample=0.1, noise=0.0, start=1, seed=0,
-             hint=None):
+             hint=None, slope=None):
     """Run the search against an oracle: batch b fits iff b <= largest; memory is linear."""
     rng = random.Random(seed)
-    state = State(start=start, max_batch=max_batch, capacity_gib=capacity, hint=hint)
+    state = State(start=start, max_batch=max_batch, capacity_gib=capacity, hint=hint, hint_slope_gib=slope)
     while (nxt := next_probe(state)) is not None:
         bs, why = nxt
         ok = bs <= largest
@@ -120,6 +120,26 @@ def test_a_hint_is_probed_first_and_a_right_one_ends_the_search_in_two_probes():
                     assert s.probes[0].batch_size == min(max(hint, 1), max_batch)
     with pytest.raises(ValueError, match="hint"):
         State(start=1, max_batch=8, hint=-1)
+
+
+def test_a_hint_with_its_slope_needs_one_fitting_batch_for_the_line():
+    """With the model's slope a hint a little over backs off 10% and draws the line from the
+    one batch that fits; a hint under jumps along the line; a wrong slope still ends exact."""
+    cap = 1.0 + 0.1 * 37 + 0.05  # the oracle's memory line crosses the capacity at 37
+    over = simulate(37, 128, capacity=cap, hint=42, slope=0.1)
+    assert [(p.batch_size, p.status, p.chosen_by) for p in over.probes] == [
+        (42, "oom", "hint"), (37, "ok", "hint"), (38, "oom", "model")]
+    under = simulate(37, 128, capacity=cap, hint=20, slope=0.1)
+    assert [(p.batch_size, p.chosen_by) for p in under.probes] == [(20, "hint"), (38, "model"), (37, "model")]
+    without = simulate(37, 128, capacity=cap, hint=20)
+    assert [p.batch_size for p in without.probes][:2] == [20, 21]  # no slope: the batch above the hint
+    for max_batch in (1, 7, 100):
+        for largest in range(0, max_batch + 1):
+            for hint in {1, largest, largest + 1, largest + 5, max_batch, 3 * max_batch}:
+                for slope in (0.1, 0.02, 0.5, 0.0):
+                    s = simulate(largest, max_batch, capacity=1.0 + 0.1 * largest + 0.05, hint=hint, slope=slope)
+                    assert s.lo == largest and len(s.probes) <= bound(max_batch), (largest, hint, slope, s.probes)
+                    assert len({p.batch_size for p in s.probes}) == len(s.probes)
 
 
 def test_nothing_fits_and_everything_fits():

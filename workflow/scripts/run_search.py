@@ -8,11 +8,13 @@ from llmbench import memory, search
 
 
 def main(smk) -> None:
+    # the memory model's largest batch predicted to fit, probed first (None: no hint), and
+    # the GiB each further batch element adds there
+    hint = memory.start_hint(smk.params.spec)
     result = search.run(smk.params.spec, Path(smk.output.dir), smk.params.frontier, Path(smk.log[0]),
                         threads=smk.threads, reprobe=bool(smk.config.get("reprobe", False)),
                         gpu_busy=BusyPolicy.from_config(smk.config),
-                        # the memory model's largest batch predicted to fit, probed first (None: no hint)
-                        hint=memory.start_hint(smk.params.spec))
+                        hint=hint, hint_slope_gib=memory.start_slope(smk.params.spec, hint))
     logging.getLogger("llmbench").info("%s: largest batch %s in %d probes", smk.output.dir, result["largest_ok"],
                                        result["n_probes"])
 

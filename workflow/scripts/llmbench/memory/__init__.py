@@ -4,10 +4,10 @@ records (fit), the validation table (validate), the dry run of a grid (plan) and
 of the max-batch searches from a predicted start (replay). ``python -m llmbench.memory``
 runs fit, plan and replay from the command line."""
 
-from .cells import Verdict, check, start_hint
+from .cells import Verdict, check, start_hint, start_slope
 from .constants import MARGIN
-from .model import (ADAM_FP32, GIB, GRADS, NF4, WEIGHTS_BF16, Prediction, Workload, adapter_params, cannot_fit,
-                    fits, host_memory_gib, machine_host_gib, model_states_gib, predict, predicted_max_batch)
+from .model import (ADAM_FP32, GIB, GRADS, NF4, WEIGHTS_BF16, Prediction, Workload, adapter_params, batch_slope_gib,
+                    cannot_fit, fits, host_memory_gib, machine_host_gib, model_states_gib, predict, predicted_max_batch)
 
-__all__ = ["Verdict", "check", "start_hint", "ADAM_FP32", "GIB", "GRADS", "MARGIN", "NF4", "WEIGHTS_BF16", "Prediction", "Workload", "adapter_params",
-           "cannot_fit", "fits", "host_memory_gib", "machine_host_gib", "model_states_gib", "predict", "predicted_max_batch"]
+__all__ = ["Verdict", "check", "start_hint", "start_slope", "ADAM_FP32", "GIB", "GRADS", "MARGIN", "NF4", "WEIGHTS_BF16", "Prediction", "Workload", "adapter_params",
+           "batch_slope_gib", "cannot_fit", "fits", "host_memory_gib", "machine_host_gib", "model_states_gib", "predict", "predicted_max_batch"]

@@ -21,7 +21,7 @@ import pandas as pd
 from ..config import REPO_ROOT, ConfigError
 from ..platforms import Platform
 from .constants import BACKENDS, MARGIN
-from .model import Prediction, Workload, fits, host_memory_gib, predict, predicted_max_batch
+from .model import Prediction, Workload, batch_slope_gib, fits, host_memory_gib, predict, predicted_max_batch
 
 #: the stages whose cells the model predicts (training steps)
 STAGES = ("pretrain", "finetune", "profile")
@@ -84,6 +84,14 @@ def start_hint(spec: dict[str, Any]) -> int | None:
     if not cap or check(spec) is None:
         return None
     return max(1, predicted_max_batch(Workload.from_spec(spec), cap, max_batch=spec["search"]["max"]))
+
+
+def start_slope(spec: dict[str, Any], hint: int | None) -> float | None:
+    """The GiB each further batch element adds at the hinted batch (model.batch_slope_gib),
+    given to the search with its hint; None without a hint."""
+    if hint is None:
+        return None
+    return batch_slope_gib(Workload.from_spec(spec).with_batch(hint)) or None
 
 
 def plan(configfile: Path | str, root: Path = REPO_ROOT, margin: float = MARGIN) -> tuple[pd.DataFrame, pd.DataFrame]:

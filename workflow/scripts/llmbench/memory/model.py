@@ -262,6 +262,15 @@ def predict(w: Workload) -> Prediction:
                       terms={n: v / GIB for n, v in terms.items()})
 
 
+def batch_slope_gib(w: Workload) -> float:
+    """GiB of forward/backward peak each further batch element adds at ``w``'s batch (its
+    activations and the larger of the logits and a recomputed layer): the slope of the
+    line a max-batch search draws through its probes (llmbench.search.algorithm)."""
+    def grows(p: Prediction) -> float:
+        return p.terms["activations"] + max(p.terms["logits"], p.terms["recomputed_layer"])
+    return grows(predict(w.with_batch(w.batch_size + 1))) - grows(predict(w))
+
+
 def fits(pred: Prediction, gpu_memory_gib: float | None, host_memory_gib: float | None = None,
          ranks_per_node: int = 1, margin: float = MARGIN) -> tuple[bool, str]:
     """Whether a prediction fits a GPU of ``gpu_memory_gib`` (and, with offload, a host of

@@ -8,8 +8,9 @@ probed batch shows what it showed; an unprobed one fits when it is at most the s
 ``largest_ok`` (the search is exact) with its peak interpolated linearly between the probed
 peaks (extrapolated along the last two), and is too large otherwise. It replays from the
 search's own ``start``, without and with the memory model's hint (the largest batch it
-predicts to fit, ``predicted_max_batch`` at the search's capacity), which the runner probes
-first, then one above it (llmbench.search.algorithm.State.hint). Right, the search ends in
+predicts to fit, ``predicted_max_batch`` at the search's capacity, and the GiB a further
+batch element adds there, ``batch_slope_gib``), which the runner probes first
+(llmbench.search.algorithm.State.hint and hint_slope_gib). Right, the search ends in
 two probes; a little over, it bisects a narrow interval; instead of climbing from the
 smallest batches and drawing its memory line through them (where allocator growth bends
 it: on the H200 pair Megatron-LM TP2's batches 4 and 8 pointed at 50 where 37 was the
@@ -32,7 +33,7 @@ import pandas as pd
 from ..config import REPO_ROOT
 from ..search import Probe, State, next_probe
 from .fit import record_spec
-from .model import Workload, predicted_max_batch
+from .model import Workload, batch_slope_gib, predicted_max_batch
 
 
 def oracle(summary: dict[str, Any]):
@@ -55,13 +56,14 @@ def oracle(summary: dict[str, Any]):
     return answer
 
 
-def replay(summary: dict[str, Any], hint: int | None) -> list[Probe]:
-    """The probes next_probe makes from the search's own start, ``hint`` probed first
-    (llmbench.search.algorithm.State.hint, as the runner does), against the search's oracle."""
+def replay(summary: dict[str, Any], hint: int | None, slope_gib: float | None = None) -> list[Probe]:
+    """The probes next_probe makes from the search's own start, ``hint`` probed first with
+    its slope (llmbench.search.algorithm.State.hint and hint_slope_gib, as the runner
+    does), against the search's oracle."""
     answer = oracle(summary)
     cap = summary.get("fit_limit_gib") or summary.get("capacity_gib")
     state = State(start=summary["start"], max_batch=summary["max_batch"], capacity_gib=cap,
-                  hint=None if hint is None else max(1, min(hint, summary["max_batch"])))
+                  hint=None if hint is None else max(1, min(hint, summary["max_batch"])), hint_slope_gib=slope_gib)
     while (nxt := next_probe(state)) is not None:
         batch, why = nxt
         status, peak = answer(batch)
@@ -84,7 +86,7 @@ def replay_all(results: Path | str = "results/reference", root: Path = REPO_ROOT
             continue
         w = Workload.from_spec(record_spec(first))
         start = hinted_start(w, s["capacity_gib"], s["max_batch"])
-        base, hinted = replay(s, None), replay(s, start)
+        base, hinted = replay(s, None), replay(s, start, batch_slope_gib(w.with_batch(start)) or None)
         found = lambda probes: max((p.batch_size for p in probes if p.status == "ok"), default=0)  # noqa: E731
         rows.append({
             "run": path.relative_to(Path(results)).parts[0], "platform": s["platform"], "model": s["model"],

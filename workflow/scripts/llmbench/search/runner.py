@@ -58,11 +58,13 @@ def summary(state: State, group: dict[str, Any], frontier_path: Path | str, repr
 
 
 def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, log: Path | str,
-        threads: int = 1, reprobe: bool = False, gpu_busy: Any = None, hint: int | None = None) -> dict[str, Any]:
+        threads: int = 1, reprobe: bool = False, gpu_busy: Any = None, hint: int | None = None,
+        hint_slope_gib: float | None = None) -> dict[str, Any]:
     """Run a search (every probe a recorded cell under ``out_dir``) and write its summary
     (``out_dir/search.json``); returns it. ``gpu_busy``: a probe's policy for busy GPUs
     (llmbench.gpus.BusyPolicy); ``hint``: a predicted largest batch that fits, probed first
-    (llmbench.search.algorithm.State.hint; None: start at the search's ``start``)."""
+    (llmbench.search.algorithm.State.hint; None: start at the search's ``start``), and
+    ``hint_slope_gib`` its predicted GiB per further batch element (State.hint_slope_gib)."""
     from ..aggregate import Outcome, build_record
     from ..cells import Cell
     from ..launch import run_cell
@@ -77,11 +79,12 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
     # a batch fits when its peak leaves the headroom free (run-to-run noise and the longer
     # measured run must not push the measured cell over); the model aims at that limit
     limit = None if capacity is None else capacity * (1 - search["headroom"])
-    state = State(start=search["start"], max_batch=search["max"], capacity_gib=limit, hint=hint)
+    state = State(start=search["start"], max_batch=search["max"], capacity_gib=limit, hint=hint,
+                  hint_slope_gib=hint_slope_gib)
     group = {k: v for k, v in template.key.items() if k != "batch_size"}
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as fh:
-        fh.write(f"search {group}: start {state.start}, hint {hint}, max {state.max_batch}, "
+        fh.write(f"search {group}: start {state.start}, hint {hint} (slope {hint_slope_gib} GiB), max {state.max_batch}, "
                  f"bound {bound(state.max_batch)} probes, capacity {capacity} GiB ({metric})\n")
     while (nxt := next_probe(state)) is not None:
         bs, why = nxt
@@ -115,7 +118,7 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
             fh.write(f"probe {len(state.probes)}: batch {bs} ({why}) -> {probe.status} "
                      f"{'' if peak is None else f'{peak:.3f} GiB '}({source}, {probe.wall_s:.1f} s) {probe.reason}\n")
     result = {**summary(state, group, frontier_path, reprobe), "capacity_gib": capacity,
-              "headroom": search["headroom"], "hint": hint}
+              "headroom": search["headroom"], "hint": hint, "hint_slope_gib": hint_slope_gib}
     write_json_atomic(out_dir / cells.SEARCH_SUMMARY, result)
     return result
 

@@ -32,9 +32,23 @@ def test_measured_where_measured_predicted_elsewhere_ranked_by_throughput():
     assert list(head["technique"]) == ["L", "QL"] and list(head["basis"]) == ["measured", "measured"]
     assert list(head["rank"]) == [1, 2] and head["tokens_per_s"].tolist() == [1300.0, 700.0]
     rest = df.iloc[2:]
-    assert (rest["basis"] == "predicted").all() and rest["tokens_per_s"].isna().all()
-    assert "L+F" in set(rest["technique"])  # an oom record is not a measurement: predicted instead
+    assert rest["tokens_per_s"].isna().all()
+    # an oom record at batch 1 wins over the prediction (which says L+F fits): measured not to fit
+    lf = df[df["technique"] == "L+F"].iloc[0]
+    assert (lf["basis"], lf["fits"], lf["why_not"]) == ("measured", False, "out of memory at batch 1 (measured)")
+    assert pd.isna(lf["rank"]) and (rest[rest["technique"] != "L+F"]["basis"] == "predicted").all()
     assert set(df["technique"]) == set(advice.paper_methods("finetune", REPO))
+
+
+def test_offload_is_held_to_the_machine_the_platforms_records_ran_on():
+    # h200.yaml is the two-GPU node (234 GiB of host memory); its one-GPU records ran on 125.87 GiB
+    ask = {"platforms": ["h200"], "models": ["llama2-7b"], "stage": "pretrain", "gpus": 1}
+    ran = tidy_rows(("pretrain", "h200", "llama2-7b", "deepspeed", "Q", 1, 1, "ok", 2000.0, 9.0, "cell"))
+    on_file = advice.build(ran, ask, root=REPO).set_index("technique")
+    ran["host_mem_gib"] = 125.87
+    on_machine = advice.build(ran, ask, root=REPO).set_index("technique")
+    assert on_file.loc["R+Z2+O", "fits"] == True  # noqa: E712 (about 134 GiB of host memory)
+    assert on_machine.loc["R+Z2+O", "fits"] == False and "> 125.87 GiB" in on_machine.loc["R+Z2+O", "why_not"]  # noqa: E712
 
 
 def test_a_platform_never_run_is_predicted_and_what_cannot_fit_is_last_with_why():

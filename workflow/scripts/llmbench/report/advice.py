@@ -1,7 +1,9 @@
 """The advisor (tables/advice.{csv,md,html}, ``snakemake advice``): for a platform, a model,
 a stage and a number of GPUs, the paper's methods ranked for a goal, each row marked
-``measured`` (an ok record of that cell exists: its throughput) or ``predicted`` (the memory
-model: whether it fits, its largest batch, its memory at batch 1).
+``measured`` (an ok record of that cell exists: its throughput; or its batch-1 record ran out
+of memory: it does not fit) or ``predicted`` (the memory model: whether it fits, its largest
+batch, its memory at batch 1; offload held to the platform file's host memory, or to the
+smallest machine the platform's records at that GPU count ran on).
 
 What is asked (config key ``advice``, or on the command line)::
 
@@ -35,6 +37,7 @@ import pandas as pd
 from .. import techniques
 from ..config import REPO_ROOT, ConfigError
 from ..memory import MARGIN, Workload, fits, host_memory_gib, predict, predicted_max_batch
+from ..memory import machine_host_gib as memory_host_gib
 from ..models import ModelSpec
 from ..platforms import Platform
 from . import catalog, render
@@ -115,15 +118,43 @@ def expected_cost(technique: str) -> float:
     return sum(COST[f] for f in tech.flags)
 
 
+def _cells(tidy: pd.DataFrame, platform: str, model: str, stage: str, gpus: int, technique: str) -> pd.DataFrame:
+    """The DeepSpeed records of a cell (every batch, search probes left out)."""
+    if tidy.empty or "technique" not in tidy:
+        return tidy.iloc[0:0]
+    rows = tidy[(tidy["platform"] == platform) & (tidy["model"] == model) & (tidy["stage"] == stage)
+                & (tidy["gpus"] == gpus) & (tidy["technique"] == technique) & (tidy["backend"] == "deepspeed")]
+    return rows[rows["kind"] != "probe"] if "kind" in rows else rows
+
+
+def _out_of_memory(tidy: pd.DataFrame, platform: str, model: str, stage: str, gpus: int, technique: str) -> str | None:
+    """Why a cell does not fit where its batch-1 record ran out of memory (its reason), else None."""
+    rows = _cells(tidy, platform, model, stage, gpus, technique)
+    if rows.empty or not {"status", "batch_size"} <= set(rows.columns):
+        return None
+    oom = rows[(rows["status"] == "oom") & (rows["batch_size"] == 1)]
+    if oom.empty:
+        return None
+    reason = render.brief(oom["reason"].iloc[0] if "reason" in oom else None, 120)
+    return "out of memory at batch 1 (measured)" + (f": {reason}" if reason else "")
+
+
+def machine_host_gib(tidy: pd.DataFrame, platform: dict[str, Any], gpus: int) -> float | None:
+    """The host memory offload is held to on a platform at a GPU count: its file's, or that of
+    the smallest machine its training records there ran on (llmbench.memory.machine_host_gib)."""
+    seen = None
+    if not tidy.empty and "host_mem_gib" in tidy:
+        mine = tidy[(tidy["platform"] == platform["name"]) & (tidy["gpus"] == gpus) & tidy["stage"].isin(STAGES)]
+        seen = mine["host_mem_gib"].min()
+    return memory_host_gib(platform, seen)
+
+
 def _measured(tidy: pd.DataFrame, platform: str, model: str, stage: str, gpus: int, technique: str) -> dict | None:
     """The best ok record of a cell (highest tokens/s over the batches measured), or None."""
-    if tidy.empty or "tokens_per_s_mean" not in tidy:
+    if "tokens_per_s_mean" not in tidy:
         return None
-    rows = tidy[(tidy["platform"] == platform) & (tidy["model"] == model) & (tidy["stage"] == stage)
-                & (tidy["gpus"] == gpus) & (tidy["technique"] == technique) & (tidy["status"] == "ok")
-                & (tidy["backend"] == "deepspeed") & tidy["tokens_per_s_mean"].notna()]
-    if "kind" in rows:
-        rows = rows[rows["kind"] != "probe"]
+    rows = _cells(tidy, platform, model, stage, gpus, technique)
+    rows = rows[(rows["status"] == "ok") & rows["tokens_per_s_mean"].notna()]
     if rows.empty:
         return None
     best = rows.sort_values("tokens_per_s_mean", ascending=False).iloc[0]
@@ -162,15 +193,20 @@ def advise(tidy: pd.DataFrame, asks: list[dict[str, Any]], platforms: dict[str, 
     for ask in asks:
         plat = platforms[ask["platform"]].to_dict()
         model = ModelSpec.load(ask["model"], root)
+        host = machine_host_gib(tidy, plat, ask["gpus"])
         group = []
         for tech in ask["methods"]:
-            p = predicted(plat, model, tech, ask["gpus"], margin)
+            p = predicted(plat, model, tech, ask["gpus"], margin, host_gib=host)
             if p is None:
                 continue
-            m = _measured(tidy, ask["platform"], ask["model"], ask["stage"], ask["gpus"], tech)
+            cell = (tidy, ask["platform"], ask["model"], ask["stage"], ask["gpus"], tech)
+            m = _measured(*cell)
+            oom = None if m else _out_of_memory(*cell)
+            if oom:  # a record wins over the prediction
+                p = {**p, "fits": False, "why": oom}
             group.append({
                 "platform": ask["platform"], "model": ask["model"], "stage": ask["stage"], "gpus": ask["gpus"],
-                "goal": ask["goal"], "technique": tech, "basis": "measured" if m else "predicted",
+                "goal": ask["goal"], "technique": tech, "basis": "measured" if m or oom else "predicted",
                 "fits": True if m else p["fits"], "tokens_per_s": m["tokens_per_s"] if m else None,
                 "tokens_per_s_per_gpu": m["tokens_per_s"] / ask["gpus"] if m else None,
                 "batch_size": m["batch_size"] if m else (p["max_batch"] or None),
@@ -232,7 +268,8 @@ def table(df: pd.DataFrame) -> render.Table:
             frame=pd.DataFrame(rows, columns=["Rank", "Method", "Basis", "Fits", "Measured tok/s", "Batch",
                                               "Predicted max batch", "Memory GiB (BS 1)", "Why not"]),
             heading=f"{m}, {s}, {p} x {g} GPU{'s' if g > 1 else ''} (goal: {grp['goal'].iloc[0]})"))
-    note = ("Basis: measured (an ok record of this cell: tokens/s at its best batch measured) or predicted (the "
+    note = ("Basis: measured (an ok record of this cell: tokens/s at its best batch measured; or an oom record at "
+            "batch 1: it does not fit) or predicted (the "
             "memory model, llmbench.memory: fits with its safety margin, largest batch, memory at batch 1; no "
             "throughput is predicted: predicted rows are ordered by the paper's cost of each flag, offload > "
             "4-bit > recomputation > ZeRO-3 > ZeRO-2, FlashAttention helps). Sequence length 350; LoRA rank 64 on "

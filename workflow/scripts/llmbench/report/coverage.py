@@ -28,11 +28,10 @@ from pathlib import Path
 import pandas as pd
 
 from ..config import REPO_ROOT, ConfigError
-from ..memory import machine_host_gib
 from ..models import ModelSpec
 from ..platforms import Platform
 from . import catalog, reference, render
-from .advice import predicted
+from .advice import machine_host_gib, predicted
 from .runs import steps_label
 from .render import fmt
 
@@ -104,8 +103,7 @@ def _answer(rec, pred: dict | None) -> tuple[str, str]:
         status = rec["status"]
         if status == "ok":
             return "measured", ""
-        reason = " ".join(str(rec["reason"] or "").split())
-        return ("out of memory" if status == "oom" else status), reason[:240]
+        return ("out of memory" if status == "oom" else status), render.brief(rec["reason"])
     if pred is not None and pred["fits"] is False:
         return "predicted not to fit", pred["why"]
     return "not run", ""
@@ -133,8 +131,7 @@ def build(tidy: pd.DataFrame, root: Path | None = None) -> pd.DataFrame:
         mine = train[(train["platform"] == name) & (train["gpus"] == gpus)]
         # offload is held to the host memory of the machine the records ran on where that
         # is smaller than the platform file's (a one-GPU machine lent as a larger node's)
-        seen = mine["host_mem_gib"].min() if "host_mem_gib" in mine else None
-        host = machine_host_gib(plat, seen)
+        host = machine_host_gib(train, plat, gpus)
         for r in rows.itertuples():
             cells = mine[(mine["stage"] == r.stage) & (mine["model"] == r.model) & (mine["technique"] == r.technique)]
             bs1 = cells[cells["batch_size"] == 1]

@@ -170,6 +170,12 @@ def fmt(value, spec: str) -> str:
     return "" if value is None or pd.isna(value) else format(value, spec)
 
 
+def brief(text, limit: int = 240) -> str:
+    """A record's reason for a table cell: white space folded, at most ``limit`` characters
+    (empty for None or NA)."""
+    return "" if text is None or pd.isna(text) else " ".join(str(text).split())[:limit]
+
+
 def simple(name: str, long: pd.DataFrame, head: list[str], rows: list[list[str]], note: str) -> Table:
     """A catalog table of one displayed part: ``rows`` of text under ``head``, and a note."""
     from . import catalog

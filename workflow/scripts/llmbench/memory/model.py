@@ -326,7 +326,7 @@ def machine_host_gib(platform: dict[str, Any], machine_gib: float | None) -> flo
     """The host memory an offload cell had: its platform file's (Slurm mem_mb), or the
     machine's where that is smaller (a record's provenance: a one-GPU machine lent under a
     platform file that describes a larger node)."""
-    mine = host_memory_gib(platform)
+    on_file = host_memory_gib(platform)
     if machine_gib is None or machine_gib != machine_gib:  # None or NaN (a tidy table's empty cell)
-        return mine
-    return min(mine, float(machine_gib)) if mine else float(machine_gib)
+        return on_file
+    return min(on_file, float(machine_gib)) if on_file else float(machine_gib)

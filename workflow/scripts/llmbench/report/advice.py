@@ -36,8 +36,7 @@ import pandas as pd
 
 from .. import techniques
 from ..config import REPO_ROOT, ConfigError
-from ..memory import MARGIN, Workload, fits, host_memory_gib, predict, predicted_max_batch
-from ..memory import machine_host_gib as memory_host_gib
+from ..memory import MARGIN, Workload, fits, host_memory_gib, machine_host_gib, predict, predicted_max_batch
 from ..models import ModelSpec
 from ..platforms import Platform
 from . import catalog, render
@@ -139,14 +138,14 @@ def _out_of_memory(tidy: pd.DataFrame, platform: str, model: str, stage: str, gp
     return "out of memory at batch 1 (measured)" + (f": {reason}" if reason else "")
 
 
-def machine_host_gib(tidy: pd.DataFrame, platform: dict[str, Any], gpus: int) -> float | None:
+def offload_host_gib(tidy: pd.DataFrame, platform: dict[str, Any], gpus: int) -> float | None:
     """The host memory offload is held to on a platform at a GPU count: its file's, or that of
     the smallest machine its training records there ran on (llmbench.memory.machine_host_gib)."""
     seen = None
     if not tidy.empty and "host_mem_gib" in tidy:
         mine = tidy[(tidy["platform"] == platform["name"]) & (tidy["gpus"] == gpus) & tidy["stage"].isin(STAGES)]
         seen = mine["host_mem_gib"].min()
-    return memory_host_gib(platform, seen)
+    return machine_host_gib(platform, seen)
 
 
 def _measured(tidy: pd.DataFrame, platform: str, model: str, stage: str, gpus: int, technique: str) -> dict | None:
@@ -193,7 +192,7 @@ def advise(tidy: pd.DataFrame, asks: list[dict[str, Any]], platforms: dict[str, 
     for ask in asks:
         plat = platforms[ask["platform"]].to_dict()
         model = ModelSpec.load(ask["model"], root)
-        host = machine_host_gib(tidy, plat, ask["gpus"])
+        host = offload_host_gib(tidy, plat, ask["gpus"])
         group = []
         for tech in ask["methods"]:
             p = predicted(plat, model, tech, ask["gpus"], margin, host_gib=host)

@@ -31,7 +31,7 @@ from ..config import REPO_ROOT, ConfigError
 from ..models import ModelSpec
 from ..platforms import Platform
 from . import catalog, reference, render
-from .advice import machine_host_gib, predicted
+from .advice import offload_host_gib, predicted
 from .runs import steps_label
 from .render import fmt
 
@@ -129,9 +129,7 @@ def build(tidy: pd.DataFrame, root: Path | None = None) -> pd.DataFrame:
     models: dict[str, ModelSpec] = {}
     for name, plat, gpus in platform_gpus(train, root):
         mine = train[(train["platform"] == name) & (train["gpus"] == gpus)]
-        # offload is held to the host memory of the machine the records ran on where that
-        # is smaller than the platform file's (a one-GPU machine lent as a larger node's)
-        host = machine_host_gib(train, plat, gpus)
+        host = offload_host_gib(train, plat, gpus)  # the machine's where smaller than the file's
         for r in rows.itertuples():
             cells = mine[(mine["stage"] == r.stage) & (mine["model"] == r.model) & (mine["technique"] == r.technique)]
             bs1 = cells[cells["batch_size"] == 1]

@@ -96,7 +96,7 @@ def test_thread_count_comes_from_the_request_not_the_server(tmp_path):
 def test_an_idle_server_exits_and_removes_its_socket(tmp_path):
     proc, _ = start(tmp_path, ranks=1, preload=("json", "os"), idle_s=0.5)
     assert proc.wait(timeout=60) == 0
-    path = forkserver.socket_path(forkserver._key(os.sys.executable, ("json", "os"), env()))
+    path = forkserver.socket_path(forkserver._key(os.sys.executable, "cpu", ("json", "os"), env()))
     deadline = time.monotonic() + 20
     while path.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -111,27 +111,50 @@ def test_a_server_that_cannot_start_is_unavailable_and_the_launcher_execs(tmp_pa
     out = tmp_path / "x"
     out.mkdir()
     proc, how = launch.start_ranks(1, "fork_probe", ["--out", str(out)], env=env(), log=tmp_path / "fb.log",
-                                   workdir=out, fork_server=True)
+                                   workdir=out, fork_server="cpu")
     assert how == "exec" and proc.wait(timeout=60) == 0
     assert "fork server unavailable, exec instead" in (tmp_path / "fb.log").read_text()
     assert ranks_seen(out, 1)[0]["rank"] == 0
 
 
-def test_gpu_platforms_and_slurm_jobs_exec(monkeypatch):
+def test_platforms_with_the_key_fork_from_their_accelerators_server_and_slurm_jobs_exec(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    assert forkserver.usable({"accelerator": "cpu", "fork_server": True})
-    assert not forkserver.usable({"accelerator": "cpu", "fork_server": False})
-    assert not forkserver.usable({"accelerator": "cuda", "fork_server": True})
+    assert forkserver.server_for({"accelerator": "cpu", "fork_server": True}) == "cpu"
+    assert forkserver.server_for({"accelerator": "cuda", "fork_server": True}) == "cuda"
+    assert forkserver.server_for({"accelerator": "cpu", "fork_server": False}) is None
+    assert forkserver.server_for({"accelerator": "cuda"}) is None
     monkeypatch.setenv("SLURM_JOB_ID", "7")
-    assert not forkserver.usable({"accelerator": "cpu", "fork_server": True})
+    assert forkserver.server_for({"accelerator": "cpu", "fork_server": True}) is None
+
+
+def test_a_gpu_server_preloads_nothing_that_initialises_cuda():
+    # PEFT imports bitsandbytes, which initialises CUDA on a GPU node: each rank imports it
+    assert "peft" in forkserver.preload_for("cpu") and "peft" not in forkserver.preload_for("cuda")
+    assert {"torch", "deepspeed", "transformers.models.llama.modeling_llama"} <= set(forkserver.preload_for("cuda"))
+    gpu, cpu = forkserver.server_env("cuda"), forkserver.server_env("cpu")
+    assert gpu["DS_ACCELERATOR"] == "cuda" and gpu["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"
+    assert cpu["DS_ACCELERATOR"] == "cpu" and "PYTORCH_NVML_BASED_CUDA_CHECK" not in cpu
+
+
+def test_a_gpu_server_whose_import_initialised_cuda_refuses_naming_it(tmp_path):
+    base = env()
+    envs = [{**base, **launch.rank_env(0, 1, 29999)}]
+    with pytest.raises(forkserver.Unavailable, match="importing cuda_initialising initialised CUDA"):
+        forkserver.launch("fork_probe", ["--out", str(tmp_path)], envs, cwd=tmp_path, log=tmp_path / "run.log",
+                          server_env=base, accelerator="cuda", preload=("torch", "cuda_initialising"))
+    # the same import in a CPU server is no reason to refuse
+    proc = forkserver.launch("fork_probe", ["--out", str(tmp_path)], envs, cwd=tmp_path, log=tmp_path / "run.log",
+                             server_env=base, accelerator="cpu", preload=("torch", "cuda_initialising"), idle_s=5)
+    assert proc.wait(timeout=60) == 0 and ranks_seen(tmp_path, 1)[0]["rank"] == 0
 
 
 def test_the_key_ignores_per_rank_and_thread_variables_but_not_import_time_ones():
     base = {"PYTHONPATH": "x", "HOME": "/root"}
-    k = forkserver._key("py", ("json",), base)
-    assert k == forkserver._key("py", ("json",), {**base, "RANK": "1", "OMP_NUM_THREADS": "2", "FAKE": "y"})
-    assert k != forkserver._key("py", ("json",), {**base, "TORCH_LOGS": "+dynamo"})
-    assert k != forkserver._key("py", ("json",), {**base, "PYTHONPATH": "z"})
+    k = forkserver._key("py", "cpu", ("json",), base)
+    assert k == forkserver._key("py", "cpu", ("json",), {**base, "RANK": "1", "OMP_NUM_THREADS": "2", "FAKE": "y"})
+    assert k != forkserver._key("py", "cpu", ("json",), {**base, "TORCH_LOGS": "+dynamo"})
+    assert k != forkserver._key("py", "cpu", ("json",), {**base, "PYTHONPATH": "z"})
+    assert k != forkserver._key("py", "cuda", ("json",), base)  # a server is one accelerator's
 
 
 def test_a_server_folder_others_can_write_is_refused(tmp_path, monkeypatch):
@@ -167,7 +190,7 @@ def test_a_request_the_server_cannot_start_is_refused_with_the_reason(tmp_path):
 def test_stop_asks_an_idle_server_to_exit_now(tmp_path):
     proc, _ = start(tmp_path, ranks=1, preload=("json", "sys"), idle_s=600)
     assert proc.wait(timeout=60) == 0
-    path = forkserver.socket_path(forkserver._key(os.sys.executable, ("json", "sys"), env()))
+    path = forkserver.socket_path(forkserver._key(os.sys.executable, "cpu", ("json", "sys"), env()))
     assert path.exists() and forkserver.stop_all() >= 1
     deadline = time.monotonic() + 20
     while path.exists() and time.monotonic() < deadline:

@@ -1,10 +1,21 @@
-"""Warm start for CPU cells: a fork server that imports torch, DeepSpeed, transformers and
-PEFT once and forks every repeat's ranks from that state.
+"""Warm start for cells: a fork server that imports torch, DeepSpeed, transformers (and
+PEFT, on the CPU) once and forks every repeat's ranks from that state.
 
 Why: on the 2-core CPU machines a tiny cell's repeat computes for ~2 s after ~10 s of
 imports (torch ~3 s, transformers' Llama ~5 s, DeepSpeed ~2 s: ``python -X importtime``).
 The embedded default runs ~40 such repeats, so imports were most of its time. A repeat
-forked from a process that has them imported starts its worker in ~0.1 s.
+forked from a process that has them imported starts its worker in ~0.1 s. On a GPU node
+the same imports take 14-17 s of every repeat and every max-batch probe, whose steps may
+take less.
+
+On a GPU a process that forks must not have initialised CUDA: a child of such a process
+cannot use the GPU. Importing torch, DeepSpeed (with ``DS_ACCELERATOR`` set, so it does not
+probe for an accelerator) and transformers does not initialise it; importing PEFT does, as it
+imports bitsandbytes, which reads the GPU's compute capability. So a GPU platform's server
+preloads everything but PEFT (``preload_for``) with torch's NVML-based device count
+(``PYTORCH_NVML_BASED_CUDA_CHECK``), and checks after each import that CUDA is still
+uninitialised; a server whose imports initialised it refuses to start, naming the module,
+and the launcher execs instead.
 
 What stays as it was: each repeat is its own process (a fork), in its own session (the
 launcher stops it with ``os.killpg`` as before), with its own environment (``os.environ``
@@ -15,10 +26,9 @@ MASTER_ADDR/PORT from the request, and when one rank fails the others are stoppe
 leader exits with the first failure's code (a rank killed by signal s: 128 + s, as torchrun
 reports it). ``launch.run_worker`` classifies that exit as it classifies a torchrun's.
 
-Where it is used: platforms with ``fork_server: true`` (config/platforms/cpu.yaml), CPU
-only (CUDA must not be initialised in a process that forks; imports are seconds of a GPU
-cell's minutes), and never inside a Slurm job (a job is one cell on a node it does not
-keep). If the server cannot start, the launcher execs the worker as before and says so in
+Where it is used: platforms with ``fork_server: true`` (config/platforms/cpu.yaml, and the
+lent one-GPU machines' h100.yaml and h200.yaml), never inside a Slurm job (a job is one
+cell on a node it does not keep). If the server cannot start, the launcher execs the worker as before and says so in
 the log. The record's provenance names the launcher that ran each repeat.
 
 Lifetime: the first launcher that needs a server starts it (its own session, log beside
@@ -70,6 +80,10 @@ from .procs import die_with_parent, kill_tree, watch_launcher
 #: ``__main__`` (runpy), as ``python -m`` would.
 PRELOAD = ("torch", "torch.distributed", "deepspeed", "transformers", "peft",
            "transformers.models.llama.modeling_llama", "llmbench.train.build", "llmbench.train.adapters")
+#: preloaded modules that initialise CUDA where a GPU is visible (peft imports bitsandbytes,
+#: which asks torch for the GPU's compute capability): a GPU platform's server leaves them
+#: to each rank
+CUDA_INITIALISING = ("peft",)
 IDLE_S = 60.0
 START_TIMEOUT_S = 300.0
 #: returncode of a repeat whose server went away while it ran (its exit code is unknown)
@@ -78,17 +92,32 @@ LOST = -1
 IMPORT_ENV = ("PYTHONPATH", "PYTHONHASHSEED", "LD_LIBRARY_PATH", "LD_PRELOAD")
 IMPORT_ENV_PREFIXES = ("TORCH", "PYTORCH", "DS_", "DEEPSPEED", "HF_", "TRANSFORMERS", "PEFT", "BNB_",
                        "CUDA", "KMP_", "GOMP_", "MALLOC_")
-#: what the server's environment sets whatever the first launcher's says
-SERVER_ENV = {"DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+#: what the server's environment sets whatever the first launcher's says (DS_ACCELERATOR:
+#: the platform's accelerator, server_env)
+SERVER_ENV = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
 class Unavailable(RuntimeError):
     """The fork server could not be started or reached (the launcher execs instead)."""
 
 
-def usable(platform: dict) -> bool:
-    """Whether a repeat on ``platform`` (a cell spec's platform dict) starts from the fork server."""
-    return bool(platform.get("fork_server")) and platform["accelerator"] == "cpu" and "SLURM_JOB_ID" not in os.environ
+def server_for(platform: dict) -> str | None:
+    """The accelerator of the fork server a repeat on ``platform`` (a cell spec's platform
+    dict) starts from (its ``accelerator``), or None where repeats are exec'ed."""
+    if platform.get("fork_server") and "SLURM_JOB_ID" not in os.environ:
+        return platform["accelerator"]
+    return None
+
+
+def preload_for(accelerator: str) -> tuple[str, ...]:
+    """What a server for ``accelerator`` imports before it serves."""
+    return PRELOAD if accelerator == "cpu" else tuple(m for m in PRELOAD if m not in CUDA_INITIALISING)
+
+
+def server_env(accelerator: str) -> dict[str, str]:
+    """What a server for ``accelerator`` sets in its environment over the launcher's."""
+    gpu = {} if accelerator == "cpu" else {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+    return {**SERVER_ENV, "DS_ACCELERATOR": accelerator, **gpu}
 
 
 # ---------------------------------------------------------------- client (the launcher)
@@ -100,10 +129,10 @@ def import_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k in IMPORT_ENV or k.startswith(IMPORT_ENV_PREFIXES)}
 
 
-def _key(python: str, preload: tuple[str, ...], env: dict[str, str]) -> str:
+def _key(python: str, accelerator: str, preload: tuple[str, ...], env: dict[str, str]) -> str:
     pkg = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for part in (python, str(pkg), *preload, json.dumps(import_env(env), sort_keys=True)):
+    for part in (python, accelerator, str(pkg), *preload, json.dumps(import_env(env), sort_keys=True)):
         h.update(part.encode() + b"\0")
     for src in sorted(pkg.rglob("*.py")):
         h.update(str(src.relative_to(pkg)).encode() + b"\0" + src.read_bytes())
@@ -188,7 +217,7 @@ def _connect(path: Path) -> socket.socket | None:
         return None
 
 
-def _ensure_server(path: Path, python: str, preload: tuple[str, ...], env: dict[str, str],
+def _ensure_server(path: Path, python: str, accelerator: str, preload: tuple[str, ...], env: dict[str, str],
                    start_timeout_s: float, idle_s: float) -> socket.socket:
     sock = _connect(path)
     if sock is not None:
@@ -203,9 +232,9 @@ def _ensure_server(path: Path, python: str, preload: tuple[str, ...], env: dict[
         log = path.with_suffix(".log")
         with open(log, "w") as fh:
             server = subprocess.Popen(
-                [python, "-m", "llmbench.forkserver", "serve", "--socket", str(path),
+                [python, "-m", "llmbench.forkserver", "serve", "--socket", str(path), "--accelerator", accelerator,
                  "--preload", ",".join(preload), "--idle-s", str(idle_s)],
-                env={**env, **SERVER_ENV}, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                env={**env, **server_env(accelerator)}, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                 cwd="/", start_new_session=True)
         deadline = time.monotonic() + start_timeout_s
         while time.monotonic() < deadline:
@@ -222,15 +251,16 @@ def _ensure_server(path: Path, python: str, preload: tuple[str, ...], env: dict[
 
 
 def launch(module: str, args: list[str], envs: list[dict[str, str]], *, cwd: Path, log: Path,
-           server_env: dict[str, str], python: str = sys.executable, preload: tuple[str, ...] | None = None,
-           start_timeout_s: float = START_TIMEOUT_S, idle_s: float = IDLE_S) -> Forked:
+           server_env: dict[str, str], accelerator: str = "cpu", python: str = sys.executable,
+           preload: tuple[str, ...] | None = None, start_timeout_s: float = START_TIMEOUT_S,
+           idle_s: float = IDLE_S) -> Forked:
     """Fork ``python -m module args`` once per environment in ``envs`` (one per rank) from a
-    warm server, all in one new session; output appended to ``log``. ``server_env``: the
-    environment a new server starts with (its import_env part of the server's key); a new
-    server exits after ``idle_s`` without work."""
-    preload = tuple(PRELOAD if preload is None else preload)
-    path = socket_path(_key(python, preload, server_env))
-    sock = _ensure_server(path, python, preload, server_env, start_timeout_s, idle_s)
+    warm server for ``accelerator`` (cpu | cuda), all in one new session; output appended to
+    ``log``. ``server_env``: the environment a new server starts with (its import_env part
+    of the server's key); a new server exits after ``idle_s`` without work."""
+    preload = tuple(preload_for(accelerator) if preload is None else preload)
+    path = socket_path(_key(python, accelerator, preload, server_env))
+    sock = _ensure_server(path, python, accelerator, preload, server_env, start_timeout_s, idle_s)
     try:
         # absolute: the server's working directory is not the launcher's
         request = {"module": module, "args": list(args), "envs": envs, "cwd": str(Path(cwd).absolute()),
@@ -359,10 +389,14 @@ def _fork_repeat(request: dict, close: list) -> int:
         os._exit(code)
 
 
-def serve(path: Path, preload: list[str], idle_s: float) -> None:
+def serve(path: Path, preload: list[str], idle_s: float, accelerator: str = "cpu") -> None:
     started = time.monotonic()
     for name in preload:
         importlib.import_module(name)
+        torch = sys.modules.get("torch")
+        if accelerator != "cpu" and torch is not None and torch.cuda.is_initialized():
+            raise SystemExit(f"[fork server] importing {name} initialised CUDA: a process that forks GPU "
+                             f"workers must not; not serving")
     print(f"[fork server] imported {len(preload)} modules in {time.monotonic() - started:.1f} s; "
           f"serving on {path}", flush=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -421,12 +455,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--socket", required=True, type=Path)
     s.add_argument("--preload", default=",".join(PRELOAD), help="comma-separated modules to import first")
     s.add_argument("--idle-s", type=float, default=IDLE_S)
+    s.add_argument("--accelerator", default="cpu", help="cpu | cuda: on a GPU, no preload may initialise CUDA")
     sub.add_parser("stop", help="ask this user's servers to exit once idle")
     args = ap.parse_args(argv)
     if args.command == "stop":
         print(f"asked {stop_all()} fork server(s) to stop")
         return 0
-    serve(args.socket, [m for m in args.preload.split(",") if m], args.idle_s)
+    serve(args.socket, [m for m in args.preload.split(",") if m], args.idle_s, args.accelerator)
     return 0
 
 

@@ -7,7 +7,7 @@ every rank) can be stopped together: on a timeout, on a per-rank memory cap, or 
 process is told to stop (Snakemake cancelling the job, Ctrl-C); and it dies with this
 process, also when this process is killed by SIGKILL. A cell over several nodes runs
 ``srun`` instead, one torchrun per node with a c10d rendezvous (llmbench.nodes), in the
-same process group. On a platform with ``fork_server`` (the CPU's) the ranks are
+same process group. On a platform with ``fork_server`` the ranks are
 forked instead from a server that has the heavy imports done (llmbench.forkserver), in a
 new session too, with the same classification (start_ranks). Status is data:
   ok       every repeat wrote its result
@@ -116,14 +116,15 @@ class Placement:
 
 
 def start_ranks(ranks: int, module: str, args: list[str], *, env: dict[str, str], log: Path, workdir: Path,
-                fork_server: bool = False, placement: Placement | None = None) -> tuple[Any, str]:
+                fork_server: str | None = None, placement: Placement | None = None) -> tuple[Any, str]:
     """Start ``ranks`` processes of worker ``module`` in one new session; returns the process
     that leads it (Popen or forkserver.Forked) and how it was started.
 
     ``placement``: the ranks span its nodes, ranks / nodes on each, started by srun.
-    ``fork_server`` (forkserver.usable: the platform's key, CPU only, not under Slurm): fork
-    the ranks from a server that has torch, DeepSpeed and transformers imported. If that
-    server cannot be had, the log says why and the ranks are exec'ed as without it."""
+    ``fork_server`` (forkserver.server_for: the platform's accelerator where its key is set,
+    not under Slurm; None: exec): fork the ranks from a server for that accelerator that has
+    torch, DeepSpeed and transformers imported. If that server cannot be had, the log says
+    why and the ranks are exec'ed as without it."""
     if placement is not None:
         alloc = placement.alloc
         argv = nodes.srun_argv(alloc, ranks // len(alloc.hostnames), module, args,
@@ -134,7 +135,7 @@ def start_ranks(ranks: int, module: str, args: list[str], *, env: dict[str, str]
         try:
             port = free_port()
             proc = forkserver.launch(module, args, [{**env, **rank_env(r, ranks, port)} for r in range(ranks)],
-                                     cwd=workdir, log=log, server_env=env)
+                                     cwd=workdir, log=log, server_env=env, accelerator=fork_server)
             track(proc)
             return proc, "fork server"
         except forkserver.Unavailable as exc:
@@ -146,7 +147,7 @@ def start_ranks(ranks: int, module: str, args: list[str], *, env: dict[str, str]
 
 def run_worker(ranks: int, module: str, args: list[str], *, env: dict[str, str], log: Path, workdir: Path,
                out: Path, timeout_s: float, mem_cap_gib: float | None = None, label: str = "run",
-               fork_server: bool = False, placement: Placement | None = None) -> Outcome:
+               fork_server: str | None = None, placement: Placement | None = None) -> Outcome:
     """Run a worker's ranks in their own process group (start_ranks) and classify how it ended.
 
     Contract: the worker writes ``out`` (JSON) on success; a rank that runs out of memory
@@ -249,7 +250,7 @@ def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int,
     return run_worker(cell.gpus, backends.get(cell.backend).worker, worker_args(spec_path, out, *extra),
                       env=worker_env(spec["platform"]["env"], threads, cell.ranks_per_node), log=log, workdir=workdir,
                       out=out, timeout_s=cell.protocol.timeout_s, mem_cap_gib=cell.mem_cap_gib,
-                      label=f"repeat {index}", fork_server=forkserver.usable(spec["platform"]) and alloc is None,
+                      label=f"repeat {index}", fork_server=None if alloc else forkserver.server_for(spec["platform"]),
                       placement=placement)
 
 

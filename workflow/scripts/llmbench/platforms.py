@@ -43,7 +43,7 @@ class Platform:
     """Text in every GPU's product name (NVML's, case-insensitive), e.g. 'H100': a cell on
     GPUs named otherwise is refused (llmbench.gpus). None: not checked."""
     fork_server: bool = False
-    """CPU: fork each repeat's ranks from a warm server (llmbench.forkserver), not exec them."""
+    """Fork each repeat's ranks from a warm server (llmbench.forkserver), not exec them."""
     env: dict = field(default_factory=dict)
     """Environment variables for every process of a cell."""
     slurm: dict = field(default_factory=dict)

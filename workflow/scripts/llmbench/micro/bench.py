@@ -75,7 +75,7 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
                 outcome = run_worker(cell.gpus, WORKER, worker_args(spec_path, out),
                                      env=worker_env(env_vars, threads, cell.gpus), log=log, workdir=workdir,
                                      out=out, timeout_s=cell.timeout_s, label=f"{cell.bench} {cell.case}",
-                                     fork_server=forkserver.usable(spec["platform"]))
+                                     fork_server=forkserver.server_for(spec["platform"]))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     rows = (outcome.result or {}).get("rows") or []

@@ -129,6 +129,25 @@ def test_peak_memory_reads_the_cuda_allocator_peaks(monkeypatch):
     assert (peak.allocated_gib, peak.reserved_gib) == (3.0, 4.0) and peak.rss_gib > 0
 
 
+def test_peak_memory_of_one_rank_calls_no_collective_and_several_free_the_cache_first(monkeypatch):
+    import torch.distributed as dist
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * 2**30)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 4 * 2**30)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "all_reduce", lambda t, op=None: calls.append("all_reduce") or t.mul_(2))
+    # one rank: its own peaks; a collective there could be NCCL's first, needing GPU memory
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 1)
+    peak = scenario.peak_memory("cpu", "cuda")
+    assert calls == [] and (peak.allocated_gib, peak.reserved_gib) == (3.0, 4.0)
+    # several: the max over the ranks, after the cached blocks went back
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    peak = scenario.peak_memory("cpu", "cuda")
+    assert calls == ["empty_cache", "all_reduce"] and (peak.allocated_gib, peak.reserved_gib) == (6.0, 8.0)
+
+
 def test_peak_memory_counters_reset_after_the_build_before_the_steps(monkeypatch):
     order = []
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: order.append("reset"))

@@ -1,11 +1,12 @@
 """Parts of the training workers that need no worker process: the phase clock of a repeat
-(llmbench.train.scenario.Phases) and the frozen-base checksum (llmbench.train.adapters)."""
+(llmbench.train.scenario.Phases), the frozen-base checksum (llmbench.train.adapters) and
+what the worker contract counts as out of memory (llmbench.train.contract.is_oom)."""
 
 import time
 
 import torch
 
-from llmbench.train import adapters, scenario
+from llmbench.train import adapters, contract, scenario
 
 
 def test_phases_are_consecutive_intervals():
@@ -34,3 +35,15 @@ def test_frozen_checksum_is_the_float64_sum_of_frozen_storage():
     with torch.no_grad():
         model[0].weight[0, 0] += 1.0
     assert adapters.frozen_checksum(model) != before
+
+
+def test_out_of_memory_is_the_allocators_and_nccls_device_allocations_not_any_nccl_error():
+    assert contract.is_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 202.00 MiB"))
+    assert contract.is_oom(MemoryError())
+    # NCCL's first communicator could not get GPU memory (one H100, 7B QLoRA at batch 21)
+    nccl = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, unhandled cuda error (run with "
+            "NCCL_DEBUG=INFO for details), NCCL version 2.28.9\nncclUnhandledCudaError: Call to CUDA function failed.\n"
+            "Last error:\nFailed to CUDA calloc async 608 bytes")
+    assert contract.is_oom(RuntimeError(nccl))
+    assert not contract.is_oom(RuntimeError(nccl.replace("Failed to CUDA calloc async 608 bytes", "Cuda failure 700 'an illegal memory access was encountered'")))
+    assert not contract.is_oom(RuntimeError("NCCL error: remote process exited or there was a network error"))

@@ -45,10 +45,12 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 #: What an out-of-memory error looks like in a worker's or an engine's log: PyTorch's
-#: device and host allocators, and the serving engines' start-up messages (vLLM's KV
-#: cache, its CPU backend's "Not enough memory")
+#: device and host allocators, NCCL's device allocations (its "unhandled cuda error" then
+#: says "Last error: Failed to CUDA calloc async 608 bytes"), and the serving engines'
+#: start-up messages (vLLM's KV cache, its CPU backend's "Not enough memory")
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "DefaultCPUAllocator: can't allocate memory",
-               "out of memory", "Not enough memory", "No available memory for the cache blocks",
+               "out of memory", "Failed to CUDA calloc", "Failed to CUDA malloc",
+               "Not enough memory", "No available memory for the cache blocks",
                # Slurm's step (cgroup) OOM report: the evidence a rank on another node was OOM-killed
                "oom-kill event", "oom_kill event")
 LOG_TAIL_LINES = 40

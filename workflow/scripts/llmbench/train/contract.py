@@ -25,13 +25,16 @@ OOM_EXIT = 75
 
 
 def is_oom(exc: BaseException) -> bool:
-    """An out-of-memory error of the device or the host allocator."""
+    """An out-of-memory error of the device or the host allocator, or of NCCL's device
+    allocations (llmbench.procs.OOM_MARKERS)."""
     import torch
+
+    from ..procs import says_oom
 
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
     text = str(exc)
-    return "out of memory" in text.lower() or "can't allocate memory" in text or "DefaultCPUAllocator" in text
+    return says_oom(text) or "out of memory" in text.lower()
 
 
 def local_device(accelerator: str) -> Any:

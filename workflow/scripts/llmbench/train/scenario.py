@@ -155,7 +155,13 @@ def synthetic_ids(vocab_size: int, batch_size: int, seq_len: int, seed_value: in
 
 def peak_memory(device: Any, accelerator: str) -> PeakMemory:
     """Peak allocated and reserved device memory and peak host RSS, the max over the ranks of
-    the default process group (a collective where one is initialised: every rank calls it)."""
+    the default process group (a collective where it has several ranks: every rank calls it).
+
+    One rank reads its own peaks and calls no collective. Before the collective the caching
+    allocator's free blocks go back to the GPU (the peaks are read by then): a communicator
+    the collective creates first (NCCL's, lazily) must find memory. Without that a one-GPU
+    7B QLoRA probe at batch 21 on an H100 ran its steps, then failed in NCCL's first
+    allocation ("Failed to CUDA calloc async 608 bytes"), an error of the harness, not the cell."""
     import torch
     import torch.distributed as dist
 
@@ -165,7 +171,9 @@ def peak_memory(device: Any, accelerator: str) -> PeakMemory:
         torch.cuda.max_memory_reserved(device) / gib if cuda else -1.0,
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # KiB on Linux
     ], dtype=torch.float64, device=device if cuda else "cpu")
-    if dist.is_available() and dist.is_initialized():
+    if world_size() > 1:
+        if cuda:
+            torch.cuda.empty_cache()
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     values = peak.tolist()
     return PeakMemory(allocated_gib=values[0] if cuda else None, reserved_gib=values[1] if cuda else None,

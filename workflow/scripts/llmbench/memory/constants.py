@@ -104,13 +104,14 @@ class BackendConstants:
 
 #: Fitted by llmbench.memory.fit on the committed reference records (results/reference/
 #: combined/tables/records.csv): logits_bytes from 12 DeepSpeed rows with recomputation
-#: (least squares); deepspeed's act_scale from 27 rows (least squares through the origin)
-#: and its overhead from the 3 tiny-model rows; megatron's act_scale from 11 rows (no tiny
-#: rows: overhead 0, logits as DeepSpeed's). Korthikanti's formula needs no scale for
-#: DeepSpeed's HF Llama (1.03); Megatron-LM's unfused attention and fp32 softmax keep 43%
-#: more.
+#: (least squares); deepspeed's act_scale from 49 rows (least squares through the origin,
+#: LoRA's dropout copies taken out first: model.adapter_dropout_bytes; the rows include a
+#: one-GPU 7B LoRA search's batches 16-18) and its overhead from the 3 tiny-model rows;
+#: megatron's act_scale from 11 rows (no tiny rows: overhead 0, logits as DeepSpeed's).
+#: Korthikanti's formula needs no scale for DeepSpeed's HF Llama (1.005); Megatron-LM's
+#: unfused attention and fp32 softmax keep 43% more.
 BACKENDS: dict[str, BackendConstants] = {
-    "deepspeed": BackendConstants(act_scale=1.03, logits_bytes=12.25, overhead_gib=0.04, host_base_gib=2.16),
+    "deepspeed": BackendConstants(act_scale=1.0, logits_bytes=12.25, overhead_gib=0.04, host_base_gib=2.16),
     "megatron": BackendConstants(act_scale=1.43, logits_bytes=12.25, overhead_gib=0.0, host_base_gib=1.83),
 }
 
@@ -119,12 +120,13 @@ BACKENDS: dict[str, BackendConstants] = {
 COMPILED_ACT_SCALE = 0.58
 
 #: Saved activations of an adapter under ZeRO-3 over the same adapter without it (fitted:
-#: the mean over the H100's llama2-7b and -13b rows at batch 1, L+Z3 2.27 and 2.28, L+Z3+O
-#: 2.06 and 2.03). With ZeRO-3 a LoRA cell keeps about twice the activations, with or
-#: without offload, while its recomputation rows fit without the factor; DeepSpeed's ZeRO-3
-#: linear wrapper is the likely holder of the second copy (not traced). One batch size
+#: the mean over the llama2-7b and -13b L+Z3 and L+Z3+O rows at batch 1 on one H100 and one
+#: H200). With ZeRO-3 a LoRA cell keeps 1.44 times the activations, LoRA's dropout copies
+#: included, with or without offload, while its recomputation rows fit without the factor;
+#: DeepSpeed's ZeRO-3 linear wrapper is the likely holder of the extra copies (not
+#: traced). Before the dropout copies were counted, the same rows gave 2.16. One batch size
 #: only: whether it grows with the batch as activations do is untested.
-ZERO3_ADAPTER_ACT_SCALE = 2.16
+ZERO3_ADAPTER_ACT_SCALE = 1.44
 
 #: DeepSpeed's stage3_max_live_parameters default: ZeRO-3 keeps at most this many gathered
 #: parameters on a GPU. Under ZeRO-3 + O a frozen adapter base lives on the host, and this

@@ -46,7 +46,7 @@ from .. import techniques
 from ..config import REPO_ROOT
 from ..models import ModelSpec
 from .constants import BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, ZERO3_ADAPTER_ACT_SCALE
-from .model import (GIB, Workload, activation_bytes, adapter_params, adapter_under_zero3, buffer_bytes,
+from .model import (GIB, Workload, activation_bytes, adapter_dropout_bytes, adapter_params, adapter_under_zero3, buffer_bytes,
                     layer_activation_bytes, predict, state_bytes)
 
 TRAIN_STAGES = ("pretrain", "finetune")
@@ -129,7 +129,8 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
             tokens = w.batch_size * w.seq_len
             acts = tokens * w.model.num_hidden_layers * layer_activation_bytes(w.model, w.seq_len, tech.flash, tp)
             rest = r.measured_gib - (state_bytes(w)[0] + buffer_bytes(w)
-                                     + logits_bytes * tokens * w.model.vocab_size / tp) / GIB
+                                     + logits_bytes * tokens * w.model.vocab_size / tp
+                                     + tokens * w.model.num_hidden_layers * adapter_dropout_bytes(w.model, w.adapter)) / GIB
             if w.model.param_counts()["total"] < 1e8:
                 small.append(rest)
             else:

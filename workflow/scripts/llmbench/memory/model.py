@@ -215,6 +215,16 @@ def layer_activation_bytes(model: ModelSpec, seq_len: int, flash: bool, tp: int 
     return h * (10 + 24 / tp) + (0.0 if flash else 5.0 * a * seq_len / tp)
 
 
+def adapter_dropout_bytes(model: ModelSpec, adapter: dict[str, Any] | None) -> float:
+    """Bytes per token and decoder layer that LoRA's dropout saves (exact, not scaled): PEFT
+    applies a dropout of its own to each target linear's input, and the backward pass keeps
+    its output (2 bytes, lora_A's input) and its mask (1 byte) for every input element; q,
+    k and v each keep a copy of the same input. 0 without dropout and for prompt tuning."""
+    if not adapter or adapter.get("kind", "lora") == "prompt_tuning" or not adapter.get("dropout"):
+        return 0.0
+    return 3.0 * sum(LINEAR_SHAPES[name](model)[0] for name in adapter.get("target_modules") or ())
+
+
 def adapter_under_zero3(tech: techniques.Technique) -> bool:
     """An adapter under ZeRO-3: its activations take ZERO3_ADAPTER_ACT_SCALE."""
     return tech.adapter is not None and tech.zero_stage == 3
@@ -230,7 +240,9 @@ def activation_bytes(w: Workload) -> tuple[float, float, float]:
     tokens = w.batch_size * seq
     scale = (k.act_scale * (COMPILED_ACT_SCALE if tech.compiled else 1.0)
              * (ZERO3_ADAPTER_ACT_SCALE if adapter_under_zero3(tech) else 1.0))
-    per_layer = tokens * scale * layer_activation_bytes(w.model, seq, tech.flash, tp)
+    per_layer = tokens * (scale * layer_activation_bytes(w.model, seq, tech.flash, tp)
+                          + (ZERO3_ADAPTER_ACT_SCALE if adapter_under_zero3(tech) else 1.0)
+                          * adapter_dropout_bytes(w.model, w.adapter))
     logits = tokens * k.logits_bytes * w.model.vocab_size / tp
     if tech.recompute:
         return tokens * w.model.num_hidden_layers * 2.0 * w.model.hidden_size, per_layer, logits

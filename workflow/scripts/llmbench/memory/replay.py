@@ -77,12 +77,15 @@ def hinted_start(workload: Workload, capacity_gib: float, max_batch: int) -> int
 
 
 def replay_all(results: Path | str = "results/reference", root: Path = REPO_ROOT) -> pd.DataFrame:
-    """One row per committed search: probes from its own start and from the hinted start."""
+    """One row per committed search that found its answer (a search a probe stopped, status
+    error or timeout, has none to replay towards): probes from its own start, from the
+    start and slope it was given when it ran (``as_run_probes``: the oracle's check, equal
+    to ``committed_probes``), and from today's hinted start."""
     rows = []
     for path in sorted(Path(results).glob("*/runs/search/**/search.json")):
         s = json.loads(path.read_text())
         first = next(path.parent.glob("bs*/record.json"), None)
-        if first is None or not s.get("probes"):
+        if first is None or not s.get("probes") or s.get("status") != "ok":
             continue
         w = Workload.from_spec(record_spec(first))
         start = hinted_start(w, s["capacity_gib"], s["max_batch"])
@@ -91,7 +94,8 @@ def replay_all(results: Path | str = "results/reference", root: Path = REPO_ROOT
         rows.append({
             "run": path.relative_to(Path(results)).parts[0], "platform": s["platform"], "model": s["model"],
             "backend": s["backend"], "technique": s["technique"], "gpus": s["gpus"], "largest_ok": s["largest_ok"],
-            "committed_probes": s["n_probes"], "start": s["start"], "replayed_probes": len(base),
+            "committed_probes": s["n_probes"], "as_run_probes": len(replay(s, s.get("hint"), s.get("hint_slope_gib"))),
+            "start": s["start"], "replayed_probes": len(base),
             "replayed_found": found(base), "hinted_start": start,
             "hinted_probes": len(hinted), "hinted_found": found(hinted), "probes_saved": len(base) - len(hinted),
             "replayed": " ".join(f"{p.batch_size}:{p.status}" for p in base),

@@ -13,7 +13,10 @@
 # todo.txt holds one record target per line, e.g. from
 #   python -m llmbench.report.coverage targets COVERAGE_CSV CONFIG --platform h100
 # Targets already recorded are skipped by Snakemake as usual, so the same list can be given
-# to the next call. Exit status: 0 when every target ran (whatever its record's status),
+# to the next call. A target may be a max-batch search's folder (results/runs/search/...,
+# from `coverage targets ... --to-do "search the largest batch"`): once the search has
+# found its batch, the cell it measures there runs next (python -m llmbench.search
+# measured-target), under the same deadline. Exit status: 0 when every target ran (whatever its record's status),
 # 3 when the deadline left targets unstarted, else Snakemake's. OFFLINE_RUN names the script
 # that runs one target (default envs/offline-run.sh; tests/integration/test_offline_batch.py
 # gives a stand-in). A cell longer than a call: run it with offline-run.sh under `timeout`,
@@ -28,7 +31,10 @@ start=$SECONDS
 longest=${FIRST_S:-60}
 rc=0
 mapfile -t targets < <(grep -v '^\s*\(#\|$\)' "$list")
-for t in "${targets[@]}"; do
+i=0
+while (( i < ${#targets[@]} )); do
+    t=${targets[i]}
+    i=$((i + 1))
     left=$((deadline - (SECONDS - start)))
     if (( left < longest )); then
         echo "offline-batch: ${left}s left, the longest cell took ${longest}s: stopping before $t"
@@ -39,6 +45,27 @@ for t in "${targets[@]}"; do
     bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" "$t" "$@" || rc=$?
     took=$((SECONDS - t0))
     (( took > longest )) && longest=$took
+    if [[ $t != *.json ]]; then  # a search folder: its line, then the cell it measures
+        python3 - "$t" "$took" <<'EOF'
+import json, sys
+target, took = sys.argv[1], sys.argv[2]
+try:
+    s = json.load(open(f"{target}/search.json"))
+except (OSError, ValueError) as e:
+    print(f"offline-batch: {target}  no search.json ({e.__class__.__name__})  {took}s")
+    sys.exit()
+print(f"offline-batch: {target}  search {s.get('status')}: largest batch {s.get('largest_ok')} in "
+      f"{s.get('n_probes')} probes  {took}s  {(s.get('reason') or '')[:120]}")
+EOF
+        # llmbench.search needs yaml and jsonschema: from the wheels offline-run.sh installed in /tmp/site
+        if measured=$(PYTHONPATH=workflow/scripts:/tmp/site${PYTHONPATH:+:$PYTHONPATH} \
+                      python3 -m llmbench.search measured-target "$t" 2>&1); then
+            [[ -n $measured ]] && targets=("${targets[@]:0:i}" "$measured" "${targets[@]:i}")
+        else
+            echo "offline-batch: $t  no measured cell: ${measured:0:200}"
+        fi
+        continue
+    fi
     python3 - "$t" "$took" <<'EOF'
 import json, sys
 target, took = sys.argv[1], sys.argv[2]

@@ -14,10 +14,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 STAND_IN = """#!/usr/bin/env bash
-# offline-run.sh's stand-in: WHEELHOUSE TARGET [snakemake arguments] -> the target's record
+# offline-run.sh's stand-in: WHEELHOUSE TARGET [snakemake arguments] -> the target's record;
+# a search folder -> its search.json (largest batch FAKE_LARGEST, none where it is empty)
 whl=$1; target=$2; shift 2
 [[ -f $target ]] && exit 0
 sleep "$FAKE_S"
+if [[ $target != *.json ]]; then
+    mkdir -p "$target"
+    printf '{"status": "ok", "largest_ok": %s, "n_probes": 3}' "${FAKE_LARGEST:-null}" > "$target/search.json"
+    exit 0
+fi
 mkdir -p "$(dirname "$target")"
 printf '{"status": "%s", "reason": "%s", "metrics": {"tokens_per_s_mean": 123.4, "tokens_per_s_std": 5.6, "tokens_per_s_runs": [118, 123, 129]}}' \
     "${FAKE_STATUS:-ok}" "${FAKE_REASON:-}" > "$target"
@@ -63,3 +69,28 @@ def test_a_target_without_a_record_says_so(batch, tmp_path):
     done = run(deadline_s=30, fake_s=0, first_s=1)
     assert done.returncode == 1
     assert f"offline-batch: {targets[0]}  no record (FileNotFoundError)" in done.stdout
+
+
+def test_a_search_folder_is_followed_by_the_cell_it_measures(batch, tmp_path):
+    """A search folder target: its line, then the cell at the batch it found, before the
+    next target; a search that found nothing adds no cell."""
+    import sys
+
+    run, targets = batch
+    folder = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/L-g1"
+    listing = tmp_path / "todo.txt"
+    listing.write_text(f"{folder}\n{targets[0]}\n")
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # llmbench.search's yaml, jsonschema
+    done = run(deadline_s=30, fake_s=0, first_s=1, FAKE_LARGEST="7", PATH=path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    measured = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L/bs7-g1/record.json"
+    lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
+    assert lines[0].startswith(f"offline-batch: {folder}  search ok: largest batch 7 in 3 probes")
+    assert lines[1].startswith(f"offline-batch: {measured}  ok  123.4 tok/s") and measured.exists()
+    assert lines[2].startswith(f"offline-batch: {targets[0]}  ok") and len(lines) == 3
+    # no batch fit: the search's line, no measured cell
+    other = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/QL-g1"
+    listing.write_text(f"{other}\n")
+    done = run(deadline_s=30, fake_s=0, first_s=1, PATH=path)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
+    assert done.returncode == 0 and len(lines) == 1 and "largest batch None" in lines[0]

@@ -133,6 +133,20 @@ def test_no_gpu_record_gives_an_empty_page_that_says_why(tmp_path):
     assert t.long.empty and "nothing to cover" in t.parts[0].note
 
 
+def test_search_targets_are_the_folders_of_rows_whose_batch_1_ran_ok(cov):
+    """`search the largest batch`: the config's max-batch searches whose row ran ok at batch 1
+    and has no searched batch yet (h100's L and QL; not L+Z3, whose batch 1 failed, nor a
+    platform no record ran on), in the config's order."""
+    g = grid.expand({"protocol": {"repeats": 1}, "finetune": [
+        {"platforms": ["h100", "h200"], "models": ["llama2-7b"], "techniques": ["L", "QL", "L+Z2", "L+Z3"],
+         "gpus": 1, "max_batch": {"max": 64}}]})
+    folders = ["results/runs/search/finetune/h100/llama2-7b/deepspeed/L-g1",
+               "results/runs/search/finetune/h100/llama2-7b/deepspeed/QL-g1"]
+    assert coverage.targets(cov, g, (coverage.SEARCH_TODO,)) == folders
+    assert coverage.targets(cov, g, (coverage.SEARCH_TODO,), platforms=["h200"]) == []
+    assert coverage.targets(cov, g) == []  # the default, run batch 1, names no search
+
+
 def test_targets_are_the_cells_still_to_do(cov, tmp_path, capsys):
     """A config's batch-1 cells whose coverage row says `run batch 1` (or the protocol rerun,
     when asked), in the config's order; a platform no record ran on is all to do."""

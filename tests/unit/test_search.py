@@ -389,3 +389,26 @@ def test_the_algorithm_is_pure():
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
     assert imported <= {"__future__", "math", "dataclasses"}, imported
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level > 0]
+
+
+def test_the_measured_target_of_a_finished_search_is_its_cell_at_the_largest_batch(tmp_path, repo, monkeypatch):
+    """What envs/offline-batch.sh runs after a search folder: Search.measured(largest)'s
+    record path, under the same results folder; nothing where no batch fit."""
+    from llmbench import grid
+
+    base = {"protocol": {"warmup_steps": 1, "measured_steps": 2, "repeats": 1, "seq_len": 16, "timeout_s": 60},
+            "finetune": [{"platforms": ["h100"], "models": ["llama2-7b"], "techniques": ["L+F"], "gpus": 1,
+                          "max_batch": {"max": 64}}]}
+    s = grid.expand(base, repo).searches[0]
+    folder = tmp_path / s.record_path("results")
+    folder.mkdir(parents=True)
+    (folder / "search.json").write_text(json.dumps({"largest_ok": 17}))
+    assert search.measured_target(folder) == str(tmp_path / s.measured(17).record_path("results"))
+    monkeypatch.chdir(tmp_path)  # as Snakemake's targets are: relative to the working directory
+    assert search.measured_target(s.record_path("results")) == s.measured(17).record_path("results")
+    (folder / "search.json").write_text(json.dumps({"largest_ok": None}))
+    assert search.measured_target(folder) is None
+    with pytest.raises(ValueError, match="not a search folder"):
+        search.measured_target(folder / "bs17")
+    with pytest.raises(ValueError, match="not a search folder"):
+        search.measured_target(tmp_path / "results/runs/finetune/h100")

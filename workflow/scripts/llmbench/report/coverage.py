@@ -242,12 +242,18 @@ def table(df: pd.DataFrame) -> render.Table:
 
 # The next GPU session's targets ---------------------------------------------------------------
 
+#: the to-do that names a grid's max-batch searches (their folders), not its batch-1 cells
+SEARCH_TODO = "search the largest batch"
+
+
 def targets(cov: pd.DataFrame, grid, wanted: tuple[str, ...] = ("run batch 1",),
             platforms: list[str] | None = None) -> list[str]:
     """The record paths of ``grid``'s batch-1 training cells (of ``platforms``, or all) whose
     coverage row (same platform, GPUs, stage, model and method) still has one of ``wanted``
-    to do, in the config's order. A cell of a platform the coverage does not know (no record
-    ran there yet) counts as not run."""
+    to do, in the config's order; with SEARCH_TODO wanted, the folders of its max-batch
+    searches whose row has that to do, after them (envs/offline-batch.sh runs a search
+    folder's measured cell once the search has found its batch). A cell of a platform the
+    coverage does not know (no record ran there yet) counts as not run."""
     todo = {}
     for r in cov.itertuples():
         todo[(r.platform, int(r.gpus), r.stage, r.model, r.technique)] = "" if pd.isna(r.to_do) else str(r.to_do)
@@ -264,6 +270,12 @@ def targets(cov: pd.DataFrame, grid, wanted: tuple[str, ...] = ("run batch 1",),
                 out.append(c.record_path(grid.results_dir))
         elif c.platform not in known_platforms and "run batch 1" in wanted:
             out.append(c.record_path(grid.results_dir))
+    if SEARCH_TODO in wanted:
+        for search in grid.searches:
+            c = search.cell
+            if (not platforms or c.platform in platforms) and SEARCH_TODO in todo.get(
+                    (c.platform, c.gpus, c.stage, c.model, c.technique), ""):
+                out.append(search.record_path(grid.results_dir))
     return out
 
 
@@ -280,8 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("targets", help="record paths of a config's cells still to do")
     t.add_argument("coverage", type=Path, help="a tables/coverage.csv")
     t.add_argument("config", type=Path, help="the config whose cells to run")
-    t.add_argument("--to-do", action="append", choices=["run batch 1", "rerun under the paper's protocol"],
-                   help="which to-do to select (repeatable; default: run batch 1)")
+    t.add_argument("--to-do", action="append", choices=["run batch 1", "rerun under the paper's protocol", SEARCH_TODO],
+                   help="which to-do to select (repeatable; default: run batch 1); "
+                        f"'{SEARCH_TODO}': the config's search folders")
     t.add_argument("--platform", action="append", help="only these platforms (repeatable)")
     args = ap.parse_args(argv)
     try:

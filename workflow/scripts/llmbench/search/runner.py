@@ -128,8 +128,25 @@ def read_summary(out_dir: Path | str) -> dict[str, Any]:
     return json.loads((Path(out_dir) / cells.SEARCH_SUMMARY).read_text())
 
 
+def measured_target(folder: Path | str) -> str | None:
+    """The record path (for ``snakemake``) of the cell a finished search measures: the
+    search's cell at the largest batch that fit (Search.measured's record_path); None where
+    no batch fit. ValueError: ``folder`` is no search folder (cells.SEARCH_PATTERN)."""
+    text = str(folder).rstrip("/")
+    parsed = cells.parse(text, (cells.SEARCH_PATTERN,))
+    if parsed is None or not text.endswith(cells.SEARCH_PATTERN.format(**parsed.wildcards)):
+        raise ValueError(f"{folder}: not a search folder (results/{cells.SEARCH_PATTERN})")
+    largest = read_summary(text)["largest_ok"]
+    if not largest:
+        return None
+    record = cells.RECORD_PATTERN.format(**parsed.wildcards, batch_size=int(largest))
+    return f"{parsed.root}/{record}" if parsed.root else record
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m llmbench.search seed-frontier RECORDS [--results DIR]`` (seed_frontier)."""
+    """``python -m llmbench.search seed-frontier RECORDS [--results DIR]`` (seed_frontier);
+    ``python -m llmbench.search measured-target FOLDER`` (measured_target: prints the
+    record path, or nothing where no batch fit)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m llmbench.search", description=main.__doc__)
@@ -137,7 +154,17 @@ def main(argv: list[str] | None = None) -> int:
     seed = sub.add_parser("seed-frontier", help=seed_frontier.__doc__.split("\n")[0])
     seed.add_argument("records", type=Path, help="folder holding probe records (bs<N>/record.json) at any depth")
     seed.add_argument("--results", type=Path, default=Path("results"), help="results folder of the frontier files")
+    measured = sub.add_parser("measured-target", help=measured_target.__doc__.split("\n")[0])
+    measured.add_argument("folder", type=Path, help="a finished search's folder (holding search.json)")
     args = parser.parse_args(argv)
+    if args.command == "measured-target":
+        try:
+            target = measured_target(args.folder)
+        except (ValueError, OSError) as exc:
+            parser.exit(2, f"{exc}\n")
+        if target:
+            print(target)
+        return 0
     added = seed_frontier(args.records, args.results)
     for target, n in sorted(added.items()):
         print(f"{target}: {n} probe outcomes")

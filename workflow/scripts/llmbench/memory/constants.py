@@ -41,11 +41,15 @@ class StateRow:
 
 #: DeepSpeed bf16 mode, per trainable parameter, by (ZeRO stage, offload).
 DEEPSPEED: dict[tuple[int, bool], StateRow] = {
-    # ZeRO-0 (bf16 optimizer): bf16 weights 2 + bf16 gradients 2 + fp32 gradient
-    # accumulation 4 + fp32 master 4 + Adam 8 = 20 through the step; the step adds a flat
-    # fp32 copy of the gradients (4): the H200 OOMs of llama2-7b Naive/F/R "tried to
-    # allocate 25.10 GiB" (4 bytes x 6.74e9) with 125.58 GiB (20 bytes each) allocated.
-    (0, False): StateRow(fb=StateBytes(20, 0), step=StateBytes(24, 0)),
+    # ZeRO-0 (bf16 optimizer): at the forward pass's end, where activations peak, bf16
+    # weights 2 + fp32 master 4 + Adam 8 = 14: the gradients of the last step are gone and
+    # this step's not made yet (fitted: one H100's llama2-7b L at batch 1-18, 7B/13B L and
+    # QL, 7B Q at batch 1-28 held 14-15 bytes a trained parameter, where 20 over-predicted
+    # each by 5-6). The backward pass adds bf16 gradients 2 + fp32 gradient accumulation 4
+    # = 20, and the step a flat fp32 copy of the gradients (4): the H200 OOMs of llama2-7b
+    # Naive/F/R "tried to allocate 25.10 GiB" (4 bytes x 6.74e9) with 125.58 GiB (20 bytes
+    # each) allocated.
+    (0, False): StateRow(fb=StateBytes(14, 0), step=StateBytes(24, 0)),
     # ZeRO-2: bf16 weights 2 and bf16 gradients 2 whole, fp32 master 4 + Adam 8 sharded
     # through forward/backward: DeepSpeed <= 0.14's estimate_zero2_model_states_mem_needs
     # (4N + 16N/g); the H200 pair measured 75.40 GiB at batch 1 (12 bytes x 6.74e9 at g = 2)
@@ -103,16 +107,16 @@ class BackendConstants:
 
 
 #: Fitted by llmbench.memory.fit on the committed reference records (results/reference/
-#: combined/tables/records.csv): logits_bytes from 12 DeepSpeed rows with recomputation
-#: (least squares); deepspeed's act_scale from 49 rows (least squares through the origin,
+#: combined/tables/records.csv): logits_bytes from 11 DeepSpeed rows with recomputation
+#: (least squares); deepspeed's act_scale from 47 rows (least squares through the origin,
 #: LoRA's dropout copies taken out first: model.adapter_dropout_bytes; the rows include a
 #: one-GPU 7B LoRA search's batches 16-18) and its overhead from the 3 tiny-model rows;
 #: megatron's act_scale from 11 rows (no tiny rows: overhead 0, logits as DeepSpeed's).
-#: Korthikanti's formula needs no scale for DeepSpeed's HF Llama (1.005); Megatron-LM's
+#: Korthikanti's formula needs little scale for DeepSpeed's HF Llama (1.04); Megatron-LM's
 #: unfused attention and fp32 softmax keep 43% more.
 BACKENDS: dict[str, BackendConstants] = {
-    "deepspeed": BackendConstants(act_scale=1.0, logits_bytes=12.25, overhead_gib=0.04, host_base_gib=2.16),
-    "megatron": BackendConstants(act_scale=1.43, logits_bytes=12.25, overhead_gib=0.0, host_base_gib=1.83),
+    "deepspeed": BackendConstants(act_scale=1.04, logits_bytes=12.86, overhead_gib=0.06, host_base_gib=2.16),
+    "megatron": BackendConstants(act_scale=1.43, logits_bytes=12.86, overhead_gib=0.0, host_base_gib=1.83),
 }
 
 #: Saved activations under torch.compile (C) over eager (fitted: the H200 pair's F+Z2+C
@@ -121,12 +125,12 @@ COMPILED_ACT_SCALE = 0.58
 
 #: Saved activations of an adapter under ZeRO-3 over the same adapter without it (fitted:
 #: the mean over the llama2-7b and -13b L+Z3 and L+Z3+O rows at batch 1 on one H100 and one
-#: H200). With ZeRO-3 a LoRA cell keeps 1.44 times the activations, LoRA's dropout copies
+#: H200). With ZeRO-3 a LoRA cell keeps 1.4 times the activations, LoRA's dropout copies
 #: included, with or without offload, while its recomputation rows fit without the factor;
 #: DeepSpeed's ZeRO-3 linear wrapper is the likely holder of the extra copies (not
 #: traced). Before the dropout copies were counted, the same rows gave 2.16. One batch size
 #: only: whether it grows with the batch as activations do is untested.
-ZERO3_ADAPTER_ACT_SCALE = 1.44
+ZERO3_ADAPTER_ACT_SCALE = 1.40
 
 #: DeepSpeed's stage3_max_live_parameters default: ZeRO-3 keeps at most this many gathered
 #: parameters on a GPU. Under ZeRO-3 + O a frozen adapter base lives on the host, and this

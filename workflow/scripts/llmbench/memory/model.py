@@ -314,10 +314,11 @@ def predicted_max_batch(w: Workload, gpu_memory_gib: float, host_memory_gib: flo
 
 
 def model_states_gib(model: ModelSpec, technique: str, gpus: int = 1) -> float:
-    """GPU memory of the model states of one rank during forward/backward, in GiB (no
-    activations, buckets or step buffers): a lower bound of any cell of the technique."""
+    """GPU memory of the model states of one rank, in GiB: the larger of forward/backward's
+    and the optimizer step's (no activations or buckets). Every cell steps, so this is a
+    lower bound of any cell of the technique."""
     w = Workload(model=model, technique=technique, batch_size=1, seq_len=1, gpus=gpus)
-    return state_bytes(w)[0] / GIB
+    return max(state_bytes(w)[:2]) / GIB
 
 
 def cannot_fit(model: ModelSpec, technique: str, gpus: int, gpu_memory_gib: float | None) -> bool:

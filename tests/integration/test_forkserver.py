@@ -131,7 +131,7 @@ def test_a_gpu_server_preloads_nothing_that_initialises_cuda():
     # PEFT imports bitsandbytes, which initialises CUDA on a GPU node: each rank imports it
     assert "peft" in forkserver.preload_for("cpu") and "peft" not in forkserver.preload_for("cuda")
     assert {"torch", "deepspeed", "transformers.models.llama.modeling_llama"} <= set(forkserver.preload_for("cuda"))
-    gpu, cpu = forkserver.server_env("cuda"), forkserver.server_env("cpu")
+    gpu, cpu = forkserver.server_env_for("cuda"), forkserver.server_env_for("cpu")
     assert gpu["DS_ACCELERATOR"] == "cuda" and gpu["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"
     assert cpu["DS_ACCELERATOR"] == "cpu" and "PYTORCH_NVML_BASED_CUDA_CHECK" not in cpu
 

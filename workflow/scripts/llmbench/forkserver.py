@@ -28,8 +28,9 @@ reports it). ``launch.run_worker`` classifies that exit as it classifies a torch
 
 Where it is used: platforms with ``fork_server: true`` (config/platforms/cpu.yaml, and the
 lent one-GPU machines' h100.yaml and h200.yaml), never inside a Slurm job (a job is one
-cell on a node it does not keep). If the server cannot start, the launcher execs the worker as before and says so in
-the log. The record's provenance names the launcher that ran each repeat.
+cell on a node it does not keep). If the server cannot start, the launcher execs the
+worker as before and says so in the log. The record's provenance names the launcher that
+ran each repeat.
 
 Lifetime: the first launcher that needs a server starts it (its own session, log beside
 the socket) and waits until it has imported everything; later launchers connect. It exits
@@ -93,7 +94,7 @@ IMPORT_ENV = ("PYTHONPATH", "PYTHONHASHSEED", "LD_LIBRARY_PATH", "LD_PRELOAD")
 IMPORT_ENV_PREFIXES = ("TORCH", "PYTORCH", "DS_", "DEEPSPEED", "HF_", "TRANSFORMERS", "PEFT", "BNB_",
                        "CUDA", "KMP_", "GOMP_", "MALLOC_")
 #: what the server's environment sets whatever the first launcher's says (DS_ACCELERATOR:
-#: the platform's accelerator, server_env)
+#: the platform's accelerator, server_env_for)
 SERVER_ENV = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
@@ -114,7 +115,7 @@ def preload_for(accelerator: str) -> tuple[str, ...]:
     return PRELOAD if accelerator == "cpu" else tuple(m for m in PRELOAD if m not in CUDA_INITIALISING)
 
 
-def server_env(accelerator: str) -> dict[str, str]:
+def server_env_for(accelerator: str) -> dict[str, str]:
     """What a server for ``accelerator`` sets in its environment over the launcher's."""
     gpu = {} if accelerator == "cpu" else {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
     return {**SERVER_ENV, "DS_ACCELERATOR": accelerator, **gpu}
@@ -234,8 +235,8 @@ def _ensure_server(path: Path, python: str, accelerator: str, preload: tuple[str
             server = subprocess.Popen(
                 [python, "-m", "llmbench.forkserver", "serve", "--socket", str(path), "--accelerator", accelerator,
                  "--preload", ",".join(preload), "--idle-s", str(idle_s)],
-                env={**env, **server_env(accelerator)}, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                cwd="/", start_new_session=True)
+                env={**env, **server_env_for(accelerator)}, stdin=subprocess.DEVNULL, stdout=fh,
+                stderr=subprocess.STDOUT, cwd="/", start_new_session=True)
         deadline = time.monotonic() + start_timeout_s
         while time.monotonic() < deadline:
             sock = _connect(path)

@@ -14,7 +14,7 @@ From the tidy table's ok GPU training rows (with their records' specs):
   parameters (the tiny model: its states and activations are a few MiB) leave over
   states, buckets and logits (0 for a backend without such rows);
 - ``act_scale`` per backend: least squares through the origin of ``measured - states_fb -
-  buckets - logits - overhead = act_scale·A`` over the other rows without recomputation,
+  buckets - logits - LoRA's dropout copies - overhead = act_scale·A`` over the other rows without recomputation,
   torch.compile or offload whose predicted peak is in the forward/backward phase (A:
   Korthikanti et al.'s activations at scale 1). The phase is decided with the constants in
   llmbench.memory.constants, so a fit that moved a row across phases is rerun after the
@@ -46,7 +46,8 @@ from .. import techniques
 from ..config import REPO_ROOT
 from ..models import ModelSpec
 from .constants import BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, ZERO3_ADAPTER_ACT_SCALE
-from .model import (GIB, Workload, activation_bytes, adapter_dropout_bytes, adapter_params, adapter_under_zero3, buffer_bytes,
+from .model import (GIB, Workload, activation_bytes, adapter_dropout_bytes, adapter_params, adapter_under_zero3,
+                    buffer_bytes,
                     layer_activation_bytes, predict, state_bytes)
 
 TRAIN_STAGES = ("pretrain", "finetune")
@@ -130,7 +131,8 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
             acts = tokens * w.model.num_hidden_layers * layer_activation_bytes(w.model, w.seq_len, tech.flash, tp)
             rest = r.measured_gib - (state_bytes(w)[0] + buffer_bytes(w)
                                      + logits_bytes * tokens * w.model.vocab_size / tp
-                                     + tokens * w.model.num_hidden_layers * adapter_dropout_bytes(w.model, w.adapter)) / GIB
+                                     + tokens * w.model.num_hidden_layers
+                                     * adapter_dropout_bytes(w.model, w.adapter)) / GIB
             if w.model.param_counts()["total"] < 1e8:
                 small.append(rest)
             else:

@@ -27,7 +27,9 @@ score): FlashAttention (F) never materialises them, so it drops out. Llama has n
 and a SwiGLU MLP of width f ≈ 2.7h with three matrices where GPT has 4h and two: their
 saved tensors come to about the same 24h, so the formula is kept and its scale fitted per
 backend (``act_scale``; torch.compile (C) saves fewer: ``COMPILED_ACT_SCALE``; an adapter
-under ZeRO-3 about twice as many: ``ZERO3_ADAPTER_ACT_SCALE``). With
+under ZeRO-3 1.4 times as many: ``ZERO3_ADAPTER_ACT_SCALE``). LoRA adds, unscaled, what its
+own dropout keeps: 3 bytes per input element of each target linear
+(``adapter_dropout_bytes``). With
 recomputation (R) each checkpointed layer keeps only its 2-byte input (``2h`` per token and
 layer), and one layer's full activations are alive while it is recomputed (after the logits
 are freed: the larger of the two counts). The logits (vocabulary V per token: bf16 logits, their fp32 upcast and

@@ -6,6 +6,7 @@ process running llmbench's run_cell with stand-in workers and a test-double engi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -79,8 +80,11 @@ def cell_processes(launcher_pid: int, rank_pids: list[int]) -> tuple[set[int], l
                 pids.append(p.pid)
         except psutil.Error:
             continue
-    server_sids = {p.pid for p in psutil.Process(launcher_pid).children()
-                   if "llmbench.forkserver" in " ".join(p.cmdline())}
+    server_sids = set()
+    for p in psutil.Process(launcher_pid).children():
+        with contextlib.suppress(psutil.Error):  # a child may exit meanwhile
+            if "llmbench.forkserver" in " ".join(p.cmdline()):
+                server_sids.add(p.pid)
     sids = set()
     for pid in pids:
         try:

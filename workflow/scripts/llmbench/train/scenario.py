@@ -159,9 +159,8 @@ def peak_memory(device: Any, accelerator: str) -> PeakMemory:
 
     One rank reads its own peaks and calls no collective. Before the collective the caching
     allocator's free blocks go back to the GPU (the peaks are read by then): a communicator
-    the collective creates first (NCCL's, lazily) must find memory. Without that a one-GPU
-    7B QLoRA probe at batch 21 on an H100 ran its steps, then failed in NCCL's first
-    allocation ("Failed to CUDA calloc async 608 bytes"), an error of the harness, not the cell."""
+    the collective creates first (NCCL's, lazily) must find memory, or a cell near the
+    memory limit that ran all its steps would fail here, in the harness, not in the cell."""
     import torch
     import torch.distributed as dist
 

@@ -104,8 +104,8 @@ def test_an_engine_killed_mid_burst_keeps_what_completed(tmp_path, monkeypatch):
             time.sleep(0.05)
         time.sleep(2.5)
         for p in psutil.Process().children(recursive=True):
-            # another child may exit meanwhile (an earlier test's idle fork server): that
-            # once ended this thread before the kill, and the burst then finished ok
+            # another child may exit meanwhile (an earlier test's idle fork server): its
+            # NoSuchProcess would end this thread before the kill, and the burst finish ok
             with contextlib.suppress(psutil.Error):
                 if FAKE in p.cmdline():
                     p.kill()

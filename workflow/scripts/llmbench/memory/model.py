@@ -240,11 +240,10 @@ def activation_bytes(w: Workload) -> tuple[float, float, float]:
     tp = _layout(w)[0] if w.backend == "megatron" else 1
     seq = w.seq_len + (int((w.adapter or {}).get("num_virtual_tokens", 0)) if tech.adapter == "prompt_tuning" else 0)
     tokens = w.batch_size * seq
-    scale = (k.act_scale * (COMPILED_ACT_SCALE if tech.compiled else 1.0)
-             * (ZERO3_ADAPTER_ACT_SCALE if adapter_under_zero3(tech) else 1.0))
+    zero3 = ZERO3_ADAPTER_ACT_SCALE if adapter_under_zero3(tech) else 1.0  # scales the dropout copies too
+    scale = k.act_scale * (COMPILED_ACT_SCALE if tech.compiled else 1.0) * zero3
     per_layer = tokens * (scale * layer_activation_bytes(w.model, seq, tech.flash, tp)
-                          + (ZERO3_ADAPTER_ACT_SCALE if adapter_under_zero3(tech) else 1.0)
-                          * adapter_dropout_bytes(w.model, w.adapter))
+                          + zero3 * adapter_dropout_bytes(w.model, w.adapter))
     logits = tokens * k.logits_bytes * w.model.vocab_size / tp
     if tech.recompute:
         return tokens * w.model.num_hidden_layers * 2.0 * w.model.hidden_size, per_layer, logits

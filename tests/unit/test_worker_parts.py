@@ -37,7 +37,7 @@ def test_frozen_checksum_is_the_float64_sum_of_frozen_storage():
     assert adapters.frozen_checksum(model) != before
 
 
-def test_out_of_memory_is_the_allocators_and_nccls_device_allocations_not_any_nccl_error():
+def test_out_of_memory_is_the_allocators_and_nccls_and_cublass_device_allocations_not_any_nccl_error():
     assert contract.is_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 202.00 MiB"))
     assert contract.is_oom(MemoryError())
     # NCCL's first communicator could not get GPU memory (one H100, 7B QLoRA at batch 21)
@@ -48,3 +48,6 @@ def test_out_of_memory_is_the_allocators_and_nccls_device_allocations_not_any_nc
     illegal = nccl.replace("Failed to CUDA calloc async 608 bytes", "Cuda failure 700 'an illegal memory access'")
     assert not contract.is_oom(RuntimeError(illegal))
     assert not contract.is_oom(RuntimeError("NCCL error: remote process exited or there was a network error"))
+    # the autograd thread's cuBLAS handle found no GPU memory (one H100, 7B L+F at batch 23)
+    assert contract.is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"))
+    assert not contract.is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx`"))

@@ -46,10 +46,12 @@ from typing import Callable, Iterator
 
 #: What an out-of-memory error looks like in a worker's or an engine's log: PyTorch's
 #: device and host allocators, NCCL's device allocations (its "unhandled cuda error" then
-#: says "Last error: Failed to CUDA calloc async 608 bytes"), and the serving engines'
-#: start-up messages (vLLM's KV cache, its CPU backend's "Not enough memory")
+#: says "Last error: Failed to CUDA calloc async 608 bytes"), cuBLAS's failed allocation of a
+#: handle or workspace (CUBLAS_STATUS_ALLOC_FAILED: "usually caused by a cudaMalloc() failure",
+#: cuBLAS's documentation; the autograd thread creates its own handle in the first backward
+#: pass), and the serving engines' start-up messages (vLLM's KV cache, its CPU backend's "Not enough memory")
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "DefaultCPUAllocator: can't allocate memory",
-               "out of memory", "Failed to CUDA calloc", "Failed to CUDA malloc",
+               "out of memory", "Failed to CUDA calloc", "Failed to CUDA malloc", "CUBLAS_STATUS_ALLOC_FAILED",
                "Not enough memory", "No available memory for the cache blocks",
                # Slurm's step (cgroup) OOM report: the evidence a rank on another node was OOM-killed
                "oom-kill event", "oom_kill event")

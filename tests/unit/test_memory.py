@@ -125,6 +125,21 @@ def test_fits_with_margin_and_host():
     assert memory.fits(p, None)[0] is True  # no capacity known: nothing to say
 
 
+def test_reserved_is_allocated_plus_the_cached_blocks_and_is_what_must_fit():
+    p = predict(w("L+F+R", adapter=LORA_ALL, batch_size=200))
+    assert p.phase == "forward-backward"
+    assert p.terms["cached"] == pytest.approx(200 * 350 * C.CACHED_LOGITS_BYTES * 32000 / GIB)
+    assert p.reserved_gib == pytest.approx(p.gpu_gib + p.terms["cached"])
+    # one H100's 7B L+F+R: batch 200 ran (58.96 GiB allocated, 75.73 reserved), 226 ran out of
+    # memory with 64 GiB predicted allocated: what fits is decided on reserved
+    assert memory.fits(p, 80)[0]
+    oom = predict(w("L+F+R", adapter=LORA_ALL, batch_size=226))
+    assert oom.gpu_gib * 1.05 < 80 and not memory.fits(oom, 80)[0]
+    # at the optimizer step nothing is added: batch 1's step peak is its reserved peak
+    one = predict(w("L+F+R", adapter=LORA_ALL))
+    assert one.phase == "optimizer step" and one.reserved_gib == pytest.approx(one.gpu_gib)
+
+
 def test_predicted_max_batch_is_the_boundary():
     cell = w("F+R+Z3", gpus=2)
     b = memory.predicted_max_batch(cell, 141)
@@ -149,6 +164,7 @@ def test_the_stated_constants_are_the_fit_of_the_committed_records(combined):
     got = memfit.fit(combined, REPO)
     ds, mg = C.BACKENDS["deepspeed"], C.BACKENDS["megatron"]
     assert got["logits_bytes"] == pytest.approx(ds.logits_bytes, rel=0.02)
+    assert got["cached_logits_bytes"] == pytest.approx(C.CACHED_LOGITS_BYTES, rel=0.05)
     assert got["deepspeed"]["act_scale"] == pytest.approx(ds.act_scale, rel=0.02)
     assert got["deepspeed"]["overhead_gib"] == pytest.approx(ds.overhead_gib, abs=0.01)
     assert got["megatron"]["act_scale"] == pytest.approx(mg.act_scale, rel=0.02)
@@ -280,9 +296,11 @@ def test_the_search_slope_is_what_a_batch_element_adds():
 
     naive, flash, rec = (batch_slope_gib(w(t, batch_size=8)) for t in ("Naive", "F", "R"))
     assert 0 < rec < flash < naive  # FlashAttention drops the 5as scores; recomputation keeps 2h a layer
-    # 7B at sequence 350: 34h + 5as bytes a token and layer (x the fitted scale), then the logits
+    # 7B at sequence 350: 34h + 5as bytes a token and layer (x the fitted scale), then the
+    # logits and the blocks the allocator keeps cached beside them (a search measures reserved)
     per_sample = 32 * 350 * (34 * 4096 + 5 * 32 * 350) * C.BACKENDS["deepspeed"].act_scale
-    assert naive == pytest.approx((per_sample + C.BACKENDS["deepspeed"].logits_bytes * 32000 * 350) / GIB, rel=0.02)
+    vocab = (C.BACKENDS["deepspeed"].logits_bytes + C.CACHED_LOGITS_BYTES) * 32000 * 350
+    assert naive == pytest.approx((per_sample + vocab) / GIB, rel=0.02)
     assert start_slope({}, None) is None
 
 
@@ -290,19 +308,26 @@ def test_replay_reproduces_the_committed_searches_and_the_hint_finds_the_same_ba
     from llmbench.memory.replay import replay_all
 
     df = replay_all(REPO / "results/reference", REPO)
-    # the committed searches that found their answer (7B QL on one H100 stopped at an error)
-    assert len(df) == 5 and "QL" not in set(df["technique"])
+    # the committed searches that found their answer: not the first 7B QL (stopped at an
+    # error in the harness) nor 7B L+F (stopped at cuBLAS's failed allocation, then an error)
+    assert len(df) == 17 and "L+F" not in set(df.loc[df["model"] == "llama2-7b", "technique"])
+    assert (df.loc[df["technique"] == "QL", "run"] == "2026-11-25-h100-one-gpu-search-b").all()
     # the oracle is faithful: from the start (and hint) each had, today's next_probe makes the committed probes
     assert (df["as_run_probes"] == df["committed_probes"]).all()
     assert (df["replayed_found"] == df["largest_ok"]).all() and (df["hinted_found"] == df["largest_ok"]).all()
     assert (df["probes_saved"] == df["replayed_probes"] - df["hinted_probes"]).all()
     # the hint and its slope: over by a little, the search backs off and draws its line
-    # from one fitting batch (Q: hint 30 too large, then 27, 24, 26)
+    # from one fitting batch (Q: hint 31 too large, then 27, 24, 26)
     q = df[df["technique"] == "Q"].iloc[0]
-    assert q["hinted"] == "30:oom 27:tight 24:ok 26:ok" and df["hinted_probes"].sum() < df["replayed_probes"].sum()
+    assert q["hinted"] == "31:oom 27:tight 24:ok 26:ok" and df["hinted_probes"].sum() < df["replayed_probes"].sum()
     # LoRA's dropout copies counted: the 7B L search that ran from hint 27 (6 probes) starts at 18
-    lora = df[df["technique"] == "L"].iloc[0]
+    lora = df[(df["technique"] == "L") & (df["model"] == "llama2-7b")].iloc[0]
     assert (lora["committed_probes"], lora["hinted_start"], lora["hinted_probes"]) == (6, 18, 3)
+    # the allocator's cached blocks counted: recomputation's searches, which ran from hints of
+    # 280 and 320 (8 and 9 probes), start at 203 and 232 and need 4 and 3
+    rec = df[df["technique"].isin(["L+F+R", "QL+F+R"])].set_index("technique")
+    assert rec.loc["L+F+R", ["committed_probes", "hinted_start", "hinted_probes"]].tolist() == [8, 203, 4]
+    assert rec.loc["QL+F+R", ["committed_probes", "hinted_start", "hinted_probes"]].tolist() == [9, 232, 3]
 
 
 def test_replay_from_the_exact_frontier_needs_few_probes():

@@ -107,15 +107,15 @@ class BackendConstants:
 
 
 #: Fitted by llmbench.memory.fit on the committed reference records (results/reference/
-#: combined/tables/records.csv): logits_bytes from 11 DeepSpeed rows with recomputation
-#: (least squares); deepspeed's act_scale from 47 rows (least squares through the origin,
-#: LoRA's dropout copies taken out first: model.adapter_dropout_bytes; the rows include a
-#: one-GPU 7B LoRA search's batches 16-18) and its overhead from the 3 tiny-model rows;
-#: megatron's act_scale from 11 rows (no tiny rows: overhead 0, logits as DeepSpeed's).
-#: Korthikanti's formula needs little scale for DeepSpeed's HF Llama (1.04); Megatron-LM's
-#: unfused attention and fp32 softmax keep 43% more.
+#: combined/tables/records.csv): logits_bytes from 24 DeepSpeed rows with recomputation
+#: (least squares); deepspeed's act_scale from 70 rows (least squares through the origin,
+#: LoRA's dropout copies taken out first: model.adapter_dropout_bytes; the rows include the
+#: one-GPU searches' probes up to each row's largest batch, 9-26 for 7B and 13B) and its
+#: overhead from the 3 tiny-model rows; megatron's act_scale from 11 rows (no tiny rows:
+#: overhead 0, logits as DeepSpeed's). Korthikanti's formula needs no scale for DeepSpeed's
+#: HF Llama (0.99); Megatron-LM's unfused attention and fp32 softmax keep 43% more.
 BACKENDS: dict[str, BackendConstants] = {
-    "deepspeed": BackendConstants(act_scale=1.04, logits_bytes=12.86, overhead_gib=0.06, host_base_gib=2.16),
+    "deepspeed": BackendConstants(act_scale=0.99, logits_bytes=12.89, overhead_gib=0.06, host_base_gib=2.0),
     "megatron": BackendConstants(act_scale=1.43, logits_bytes=12.86, overhead_gib=0.0, host_base_gib=1.83),
 }
 
@@ -138,14 +138,29 @@ ZERO3_ADAPTER_ACT_SCALE = 1.40
 #: Z3+O rows with recomputation, whose activations are small, measured 1.9 GiB over the rest).
 ZERO3_MAX_LIVE_PARAMETERS = 1e9
 
-#: Safety margin: a cell fits when its predicted peak x (1 + MARGIN) is at most the
-#: platform's gpu_memory_gib. Chosen on the reference records (llmbench.memory.validate
-#: reports the figures): any margin under 8.4% predicts no ok record not to fit (the
-#: closest: Megatron-LM tp1pp1-distopt at batch 18 on the H200 pair); catching the one OOM
-#: it misses (Megatron-LM TP2 at batch 39, under-predicted by 3.5%) would need 10.4%. 5%
-#: leaves room for the model's spread (90th percentile |error| about 5%). The allocator's slack
-#: (reserved over allocated) is not a term: on the ok records it ranged from 0.1 to 28 GiB
-#: (median 15% of allocated; the 4-bit cells keep their load-time reservation), too
-#: irregular for a constant; the margin and the platform's gpu_memory_gib (above what CUDA
-#: reports usable: 139.8 GiB of an H200's 141) absorb it where it matters, near the limit.
+#: What the caching allocator holds reserved beyond the allocated peak, in bytes per
+#: vocabulary entry and token: the loss's large blocks (bf16 logits, their fp32 upcast and
+#: gradient, gigabytes each at a large batch) are carved out while the freed blocks of
+#: other sizes stay cached, so reserved memory runs ahead of allocated by a multiple of the
+#: logits. Fitted (llmbench.memory.fit: the median of reserved minus allocated per
+#: vocabulary entry and token over the ok DeepSpeed GPU rows whose fp32 logits are at least
+#: 2 GiB, full-parameter 4-bit rows left out: they keep their load-time reservation too):
+#: one H100's llama2-7b L+F+R at batch 182-203 and QL+F+R at 209-233 held 7.5-8.2 (15-19
+#: GiB), where 5 % of the allocated peak would allow 3; the margin alone let the model
+#: suggest batch 280 and 320, which ran out of memory, for 200 and 232. Small at the
+#: batches the other rows reach (1-2 GiB at batch 17-25), so it only matters with
+#: recomputation's large batches.
+CACHED_LOGITS_BYTES = 7.9
+
+#: Safety margin: a cell fits when its predicted reserved peak (the allocated peak plus
+#: CACHED_LOGITS_BYTES' share) x (1 + MARGIN) is at most the platform's gpu_memory_gib.
+#: Chosen on the reference records (llmbench.memory.validate reports the figures): any
+#: margin under 8.4% predicts no ok cell of a sweep not to fit (the closest: Megatron-LM
+#: tp1pp1-distopt at batch 18 on the H200 pair); catching the one OOM it misses (Megatron-LM
+#: TP2 at batch 39, under-predicted by 3.5%) would need 10.4%. 5% leaves room for the
+#: model's spread (90th percentile |error| about 5%). The rest of the allocator's slack is
+#: not a term: on the ok records it ranged from 0.1 to 28 GiB (median 15% of allocated; the
+#: 4-bit cells keep their load-time reservation), too irregular for a constant; the margin
+#: and the platform's gpu_memory_gib (above what CUDA reports usable: 139.8 GiB of an
+#: H200's 141) absorb it where it matters, near the limit.
 MARGIN = 0.05

@@ -22,6 +22,10 @@ From the tidy table's ok GPU training rows (with their records' specs):
 - ``COMPILED_ACT_SCALE``: the mean ratio of the activations the C rows leave to eager's;
 - ``ZERO3_ADAPTER_ACT_SCALE``: the same for the adapter rows under ZeRO-3 without
   recomputation (left out of ``act_scale``'s rows);
+- ``CACHED_LOGITS_BYTES``: the median of (reserved - allocated) / (V·tokens) over the
+  DeepSpeed rows whose fp32 logits are at least 2 GiB (there the loss's blocks make most of
+  the allocator's slack), full-parameter 4-bit rows left out (they keep their load-time
+  reservation as well);
 - ``host_base_gib``: the median host RSS of the rows without offload; the offload rows'
   host bytes per sharded parameter come with them (``offload_host_bytes``), and their GPU
   bytes per sharded parameter (``offload_fb_bytes``) beside the accounting's value, both
@@ -61,6 +65,8 @@ class Row:
     status: str
     measured_gib: float | None
     """Peak GPU memory allocated (None on a CPU or where not measured)."""
+    reserved_gib: float | None
+    """Peak GPU memory reserved by the caching allocator (None where not measured)."""
     rss_gib: float | None
     platform: str
     mem_cap_gib: float | None = None
@@ -83,10 +89,11 @@ def rows(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> list[tuple[pd.Series, Ro
     for _, r in tidy[tidy["stage"].isin(TRAIN_STAGES)].iterrows():
         path = Path(r["record_path"])
         spec = record_spec(path if path.is_absolute() else root / path)
-        measured = r["peak_mem_allocated_gib"]
+        measured, reserved = r["peak_mem_allocated_gib"], r.get("peak_mem_reserved_gib")
         rss = r["peak_rss_gib"]
         out.append((r, Row(workload=Workload.from_spec(spec), status=r["status"],
                            measured_gib=None if pd.isna(measured) else float(measured),
+                           reserved_gib=None if reserved is None or pd.isna(reserved) else float(reserved),
                            rss_gib=None if pd.isna(rss) else float(rss), platform=r["platform"],
                            mem_cap_gib=spec["cell"].get("mem_cap_gib"))))
     return out
@@ -148,6 +155,17 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
         out[backend] = {"act_scale": scale, "overhead_gib": overhead,
                         "host_base_gib": float(np.median(base)) if base else None, "rows": len(mine),
                         "rows_fitted": len(plain), "rows_overhead": len(small)}
+    # 4. the allocator's cached blocks where the loss's blocks are large
+    cached = []
+    for r in ok:
+        tech, w = techniques.parse(r.workload.technique), r.workload
+        elements = w.batch_size * w.seq_len * w.model.vocab_size
+        if (w.backend != "deepspeed" or r.reserved_gib is None or elements * 4 < 2 * GIB
+                or (tech.quant4 and tech.adapter is None)):
+            continue
+        cached.append((r.reserved_gib - r.measured_gib) * GIB / elements)
+    out["cached_logits_bytes"] = float(np.median(cached)) if cached else None
+    out["cached_rows"] = len(cached)
     compiled, zero3_adapter, off_fb, off_host, off_frozen = [], [], {}, {}, {}
     for r in ok:
         tech, w = techniques.parse(r.workload.technique), r.workload

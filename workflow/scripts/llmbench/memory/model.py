@@ -43,10 +43,15 @@ bytes. ZeRO-3 shards a frozen base too; with offload (Z3+O) it moves the frozen 
 to the host (``StateRow.frozen_host``) but for the parameters in use
 (``ZERO3_MAX_LIVE_PARAMETERS``).
 
-``margin``: a cell is predicted to fit when ``gpu_gib · (1 + margin)`` is at most the
+Reserved memory (``Prediction.reserved_gib``): PyTorch's caching allocator keeps freed
+blocks, and at a large batch the loss's blocks leave the others cached: reserved runs ahead
+of allocated by ``CACHED_LOGITS_BYTES · V`` per token (fitted), on top of the
+forward/backward peak.
+
+``margin``: a cell is predicted to fit when ``reserved_gib · (1 + margin)`` is at most the
 platform's ``gpu_memory_gib`` (and, with offload, the host memory holds every rank's host
-share). The margin covers allocator slack (reserved over allocated) and the model's error;
-its value and how it was chosen are in llmbench.memory.constants.
+share). The margin covers the rest of the allocator's slack and the model's error; its
+value and how it was chosen are in llmbench.memory.constants.
 """
 
 from __future__ import annotations
@@ -56,7 +61,8 @@ from typing import Any
 
 from .. import techniques
 from ..models import ModelSpec
-from .constants import (BACKENDS, BUCKETS, COMPILED_ACT_SCALE, DEEPSPEED, MARGIN, MEGATRON, MEGATRON_DISTOPT,
+from .constants import (BACKENDS, BUCKETS, CACHED_LOGITS_BYTES, COMPILED_ACT_SCALE, DEEPSPEED, MARGIN, MEGATRON,
+                        MEGATRON_DISTOPT,
                         ZERO3_ADAPTER_ACT_SCALE, ZERO3_MAX_LIVE_PARAMETERS)
 
 GIB = 2**30
@@ -135,11 +141,20 @@ class Prediction:
     """'forward-backward' or 'optimizer step': where the peak is."""
     terms: dict[str, float] = field(default_factory=dict)
     """Each term in GiB: states_fb, states_step, activations, recomputed_layer, logits, buffers,
-    overhead, host_offload."""
+    overhead, host_offload, cached (reserved beyond allocated at the forward/backward peak)."""
+    reserved_gib: float | None = None
+    """Peak GPU memory reserved by the caching allocator: the forward/backward peak plus the
+    blocks it keeps cached (``terms['cached']``), or the step's peak if larger; what a cell
+    must fit (``fits``) and what a max-batch search measures. None: as ``gpu_gib``."""
+
+    def __post_init__(self) -> None:
+        if self.reserved_gib is None:
+            object.__setattr__(self, "reserved_gib", self.gpu_gib)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (for records)."""
-        return {"gpu_gib": self.gpu_gib, "host_gib": self.host_gib, "phase": self.phase, "terms": dict(self.terms)}
+        return {"gpu_gib": self.gpu_gib, "reserved_gib": self.reserved_gib, "host_gib": self.host_gib,
+                "phase": self.phase, "terms": dict(self.terms)}
 
 
 def adapter_params(model: ModelSpec, adapter: dict[str, Any] | None) -> tuple[int, int]:
@@ -257,6 +272,13 @@ def buffer_bytes(w: Workload) -> float:
     return BUCKETS.get(techniques.parse(w.technique).zero_stage, 0.0)
 
 
+def cached_bytes(w: Workload) -> float:
+    """What the caching allocator keeps reserved beyond the forward/backward peak of one
+    rank: CACHED_LOGITS_BYTES per vocabulary entry and token (split as the logits are)."""
+    tp = _layout(w)[0] if w.backend == "megatron" else 1
+    return w.batch_size * w.seq_len * CACHED_LOGITS_BYTES * w.model.vocab_size / tp
+
+
 def predict(w: Workload) -> Prediction:
     """The predicted peak memory of one rank of ``w``."""
     fb_states, step_states, host = state_bytes(w)
@@ -268,19 +290,22 @@ def predict(w: Workload) -> Prediction:
     # later in the backward pass (the logits are gone by then): the larger of the two counts.
     fb = fb_states + acts + max(logits, layer) + buffers + overhead
     step = step_states + buffers + overhead
+    cached = cached_bytes(w)
     terms = {"states_fb": fb_states, "states_step": step_states, "activations": acts, "recomputed_layer": layer,
-             "logits": logits, "buffers": buffers, "overhead": overhead, "host_offload": host}
-    return Prediction(gpu_gib=max(fb, step) / GIB, host_gib=(host / GIB) + k.host_base_gib,
+             "logits": logits, "buffers": buffers, "overhead": overhead, "host_offload": host, "cached": cached}
+    return Prediction(gpu_gib=max(fb, step) / GIB, reserved_gib=max(fb + cached, step) / GIB,
+                      host_gib=(host / GIB) + k.host_base_gib,
                       phase="forward-backward" if fb >= step else "optimizer step",
                       terms={n: v / GIB for n, v in terms.items()})
 
 
 def batch_slope_gib(w: Workload) -> float:
-    """GiB of forward/backward peak each further batch element adds at ``w``'s batch (its
-    activations and the larger of the logits and a recomputed layer): the slope of the
-    line a max-batch search draws through its probes (llmbench.search.algorithm)."""
+    """GiB of reserved forward/backward peak each further batch element adds at ``w``'s
+    batch (its activations, the larger of the logits and a recomputed layer, and the
+    allocator's cached blocks): the slope of the line a max-batch search draws through its
+    probes' reserved peaks (llmbench.search.algorithm)."""
     def grows(p: Prediction) -> float:
-        return p.terms["activations"] + max(p.terms["logits"], p.terms["recomputed_layer"])
+        return p.terms["activations"] + max(p.terms["logits"], p.terms["recomputed_layer"]) + p.terms["cached"]
     return grows(predict(w.with_batch(w.batch_size + 1))) - grows(predict(w))
 
 
@@ -288,9 +313,9 @@ def fits(pred: Prediction, gpu_memory_gib: float | None, host_memory_gib: float 
          ranks_per_node: int = 1, margin: float = MARGIN) -> tuple[bool, str]:
     """Whether a prediction fits a GPU of ``gpu_memory_gib`` (and, with offload, a host of
     ``host_memory_gib`` shared by ``ranks_per_node`` ranks), with ``margin``; and why not."""
-    if gpu_memory_gib and pred.gpu_gib * (1 + margin) > gpu_memory_gib:
-        return False, (f"predicted GPU peak {pred.gpu_gib:.1f} GiB ({pred.phase}) x (1 + margin {margin:g}) > "
-                       f"{gpu_memory_gib:g} GiB")
+    if gpu_memory_gib and pred.reserved_gib * (1 + margin) > gpu_memory_gib:
+        return False, (f"predicted GPU peak {pred.reserved_gib:.1f} GiB reserved ({pred.gpu_gib:.1f} allocated, "
+                       f"{pred.phase}) x (1 + margin {margin:g}) > {gpu_memory_gib:g} GiB")
     host = pred.host_gib * ranks_per_node
     if host_memory_gib and pred.terms.get("host_offload", 0.0) > 0 and host * (1 + margin) > host_memory_gib:
         return False, (f"predicted host memory {host:.1f} GiB ({ranks_per_node} rank(s) with offload) x "

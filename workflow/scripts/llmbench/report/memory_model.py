@@ -56,15 +56,17 @@ def table(df: pd.DataFrame, figures: pd.DataFrame, paper: pd.DataFrame | None = 
     rows = [[r.platform, r.stage, r.model, r.backend + (f" {r.layout}" if isinstance(r.layout, str) else ""),
              r.technique, fmt(r.batch_size, ".0f"), fmt(r.gpus, ".0f"), r.kind or "", r.status,
              fmt(r.measured_gib, ".1f"), fmt(r.predicted_gib, ".1f"), _pct(r.error_pct),
+             fmt(r.measured_reserved_gib, ".1f"), fmt(r.predicted_reserved_gib, ".1f"),
              "" if pd.isna(r.predicted_fits) else ("yes" if r.predicted_fits else "no"),
              fmt(r.deepspeed_gib, ".1f"), fmt(r.accelerate_gib, ".1f"), r.fit_reason or ""]
             for r in df.itertuples()]
     head = ["Platform", "Stage", "Model", "Backend", "Method", "BS", "GPUs", "Kind", "Status", "Measured GiB",
-            "Predicted GiB", "Error", "Fits", "DeepSpeed GiB", "accelerate GiB", "Why not"]
+            "Predicted GiB", "Error", "Reserved GiB", "Predicted reserved GiB", "Fits", "DeepSpeed GiB", "accelerate GiB", "Why not"]
     margin = figures["margin"].iloc[0] if len(figures) else MARGIN
     return render.Table(title=catalog.get("table", "memory-model").title, long=df, parts=(
         render.Part(frame=fig, lead=(
-            f"Safety margin {margin:.0%}: a cell fits when its predicted peak x (1 + margin) is at most the platform's "
+            f"Safety margin {margin:.0%}: a cell fits when its predicted reserved peak (allocated plus the blocks the "
+            "caching allocator keeps beside the loss's) x (1 + margin) is at most the platform's "
             "gpu_memory_gib (and, with offload, the host memory holds every rank's share: the platform file's Slurm "
             "mem_mb, or the machine's the record ran on where smaller). Errors over the ok GPU "
             "records with a measured peak (allocated by tensors); each estimator over the records it applies to."),

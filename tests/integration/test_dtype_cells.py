@@ -19,6 +19,8 @@ def test_cells_train_in_the_platforms_dtype(tmp_path, dtype, short):
         rec = launch.run_cell(spec, tmp_path / f"{c.technique}.json", tmp_path / f"{c.technique}.log", threads=2)
         assert rec.status == "ok", rec.reason
         assert rec.metrics.compute_dtype == short
+        # each measured step's time is kept (the spread within a repeat beside the repeats')
+        assert rec.samples["step"] == [0, 1] and all(t > 0 for t in rec.samples["step_time_s"])
         assert rec.provenance["ds_config"]["bf16"]["enabled"] is (dtype == "bfloat16")
         if c.technique == "Q":
             assert f"{short} compute" in rec.metrics.trainable_desc

@@ -13,6 +13,22 @@ def test_mean_summary_averages_numbers_and_keeps_the_rest():
     assert mean_summary([{}, {}]) == {}
 
 
+def test_each_repeats_step_times_are_kept_as_samples_and_give_the_spread_within_a_repeat():
+    import pytest
+
+    from llmbench.aggregate import step_samples
+    from llmbench.record import Record
+    from llmbench.report.tidy import _cv_in_repeat
+
+    s = step_samples([{"step_times_s": [1.0, 1.0, 1.0]}, {"step_times_s": [1.0, 2.0, 3.0]}])
+    assert s == {"repeat": [0, 0, 0, 1, 1, 1], "step": [0, 1, 2, 0, 1, 2],
+                 "step_time_s": [1.0, 1.0, 1.0, 1.0, 2.0, 3.0]}
+    assert Record.from_dict(Record(cell={}, status="ok", samples=s).to_dict()).samples == s  # survives the file
+    assert _cv_in_repeat(s) == pytest.approx(0.5 * (0.0 + 1.0 / 2.0))  # the median of 0 and 0.5
+    assert step_samples([{"step_times_s": [1.0]}, {}]) == {} and _cv_in_repeat({}) is None
+    assert _cv_in_repeat(step_samples([{"step_times_s": [2.0]}])) is None  # one step: no spread
+
+
 def test_each_rank_gets_its_share_of_the_jobs_threads(monkeypatch):
     """Snakemake exports the job's thread count; a 2-rank cell of 2 threads must run each
     rank with 1 (with 2 each it oversubscribed the cores and measured 24% scaling)."""

@@ -99,7 +99,23 @@ def build_record(spec: dict, outcomes: list[Outcome], started: str, command: lis
         global_batch_tokens=last["global_batch_tokens"], loss_last=last["loss_last"],
     )
     return Record(cell=cell.to_dict(), status="ok", metrics=metrics, provenance=prov,
-                  summary=mean_summary([r.get("summary") or {} for r in results]))
+                  summary=mean_summary([r.get("summary") or {} for r in results]), samples=step_samples(results))
+
+
+def step_samples(results: list[dict[str, Any]]) -> dict[str, list]:
+    """Each repeat's measured steps as sample columns (repeat, step, step_time_s: host-clock
+    time between step returns, llmbench.protocol.Window): whether a cell's spread is between
+    processes or within each (llmbench.report.tidy's step_time_cv_in_repeat). Empty where a
+    worker reports no step times."""
+    if not results or any(not r.get("step_times_s") for r in results):
+        return {}
+    out: dict[str, list] = {"repeat": [], "step": [], "step_time_s": []}
+    for i, r in enumerate(results):
+        for j, t in enumerate(r["step_times_s"]):
+            out["repeat"].append(i)
+            out["step"].append(j)
+            out["step_time_s"].append(t)
+    return out
 
 
 def mean_summary(summaries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ hold a cell, the record llmbench.report.runs chooses), flat columns with units i
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Iterable
 
@@ -18,7 +19,9 @@ COLUMNS = [
     "stage", "platform", "model", "backend", "technique", "batch_size", "gpus",
     "nodes",  # training cells: the nodes its gpus span (1 unless the block set nodes)
     "seq_len", "status", "reason", "tokens_per_s_mean", "tokens_per_s_std", "tokens_per_s_runs",
-    "step_time_s_mean", "peak_mem_gib", "peak_mem_kind", "peak_mem_allocated_gib",
+    "step_time_s_mean",
+    "step_time_cv_in_repeat",  # training: the median over repeats of each one's step-time CV (record samples)
+    "peak_mem_gib", "peak_mem_kind", "peak_mem_allocated_gib",
     "peak_mem_reserved_gib", "peak_rss_gib",
     "host_mem_gib",  # the host memory of the machine the cell ran on (its provenance)
     "mfu", "model_tflops_per_gpu", "mfu_vs_gemm",
@@ -111,7 +114,7 @@ def row(record: Record, path: str) -> dict:
         # a single run has no spread: leave std empty rather than print a misleading 0
         "tokens_per_s_std": m.tokens_per_s_std if len(m.tokens_per_s_runs) > 1 else None,
         "tokens_per_s_runs": ";".join(f"{v:.6g}" for v in m.tokens_per_s_runs),
-        "step_time_s_mean": m.step_time_s_mean,
+        "step_time_s_mean": m.step_time_s_mean, "step_time_cv_in_repeat": _cv_in_repeat(record.samples),
         "peak_mem_gib": gpu_mem if gpu_mem is not None else m.peak_rss_gib,
         "peak_mem_kind": "gpu_reserved" if gpu_mem is not None else ("host_rss" if m.peak_rss_gib is not None else None),
         "peak_mem_allocated_gib": m.peak_mem_allocated_gib,
@@ -125,6 +128,19 @@ def row(record: Record, path: str) -> dict:
         "layout": cells.layout_name(c.get("parallel")),
         **{k: record.summary.get(k) for k in PROFILE_COLUMNS},
     }
+
+
+def _cv_in_repeat(samples: dict[str, list]) -> float | None:
+    """The median over repeats of each repeat's step-time CV (sample std / mean) from a
+    training record's samples (llmbench.aggregate.step_samples); None without them or with
+    fewer than two steps a repeat."""
+    if not samples or "step_time_s" not in samples or "repeat" not in samples:
+        return None
+    by: dict[int, list[float]] = {}
+    for rep, t in zip(samples["repeat"], samples["step_time_s"]):
+        by.setdefault(rep, []).append(t)
+    cvs = [statistics.stdev(v) / statistics.fmean(v) for v in by.values() if len(v) > 1 and statistics.fmean(v) > 0]
+    return statistics.median(cvs) if cvs else None
 
 
 def _model_tflops_per_gpu(record: Record) -> float | None:

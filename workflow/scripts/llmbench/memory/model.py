@@ -62,8 +62,7 @@ from typing import Any
 from .. import techniques
 from ..models import ModelSpec
 from .constants import (BACKENDS, BUCKETS, CACHED_LOGITS_BYTES, COMPILED_ACT_SCALE, DEEPSPEED, MARGIN, MEGATRON,
-                        MEGATRON_DISTOPT,
-                        ZERO3_ADAPTER_ACT_SCALE, ZERO3_MAX_LIVE_PARAMETERS)
+                        MEGATRON_DISTOPT, ZERO3_ADAPTER_ACT_SCALE, ZERO3_MAX_LIVE_PARAMETERS)
 
 GIB = 2**30
 #: bytes per parameter of the model states (kept for the findings' lower bound)
@@ -314,8 +313,9 @@ def fits(pred: Prediction, gpu_memory_gib: float | None, host_memory_gib: float 
     """Whether a prediction fits a GPU of ``gpu_memory_gib`` (and, with offload, a host of
     ``host_memory_gib`` shared by ``ranks_per_node`` ranks), with ``margin``; and why not."""
     if gpu_memory_gib and pred.reserved_gib * (1 + margin) > gpu_memory_gib:
-        return False, (f"predicted GPU peak {pred.reserved_gib:.1f} GiB reserved ({pred.gpu_gib:.1f} allocated, "
-                       f"{pred.phase}) x (1 + margin {margin:g}) > {gpu_memory_gib:g} GiB")
+        held = f"{pred.gpu_gib:.1f} allocated, " if f"{pred.gpu_gib:.1f}" != f"{pred.reserved_gib:.1f}" else ""
+        return False, (f"predicted GPU peak {pred.reserved_gib:.1f} GiB reserved ({held}{pred.phase}) x "
+                       f"(1 + margin {margin:g}) > {gpu_memory_gib:g} GiB")
     host = pred.host_gib * ranks_per_node
     if host_memory_gib and pred.terms.get("host_offload", 0.0) > 0 and host * (1 + margin) > host_memory_gib:
         return False, (f"predicted host memory {host:.1f} GiB ({ranks_per_node} rank(s) with offload) x "

@@ -21,6 +21,11 @@
 # that runs one target (default envs/offline-run.sh; tests/integration/test_offline_batch.py
 # gives a stand-in). A cell longer than a call: run it with offline-run.sh under `timeout`,
 # call after call; its finished repeats carry over (llmbench.launch).
+# SEED_FRONTIER="DIR ..." (optional): before the first target, the frontier files are rebuilt
+# from the probe records under each DIR (python -m llmbench.search seed-frontier), so that a
+# search whose cells a committed reference run already probed (same platform file, same
+# spec) starts from those outcomes on a fresh machine; the wheels are installed first
+# (offline-run.sh --install-only), for llmbench.search's yaml and jsonschema.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 whl=${1:?usage: offline-batch.sh WHEELHOUSE DEADLINE_S TARGETS_FILE [snakemake arguments]}
@@ -29,6 +34,13 @@ list=${3:?usage: offline-batch.sh WHEELHOUSE DEADLINE_S TARGETS_FILE [snakemake 
 shift 3
 start=$SECONDS
 longest=${FIRST_S:-60}
+site_path=workflow/scripts:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+if [[ -n ${SEED_FRONTIER:-} ]]; then
+    bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" --install-only
+    for d in $SEED_FRONTIER; do
+        PYTHONPATH=$site_path python3 -m llmbench.search seed-frontier "$d" | sed 's/^/offline-batch: seed: /'
+    done
+fi
 rc=0
 mapfile -t targets < <(grep -v '^\s*\(#\|$\)' "$list")
 i=0
@@ -58,8 +70,7 @@ print(f"offline-batch: {target}  search {s.get('status')}: largest batch {s.get(
       f"{s.get('n_probes')} probes  {took}s  {(s.get('reason') or '')[:120]}")
 EOF
         # llmbench.search needs yaml and jsonschema: from the wheels offline-run.sh installed in /tmp/site
-        if measured=$(PYTHONPATH=workflow/scripts:/tmp/site${PYTHONPATH:+:$PYTHONPATH} \
-                      python3 -m llmbench.search measured-target "$t" 2>&1); then
+        if measured=$(PYTHONPATH=$site_path python3 -m llmbench.search measured-target "$t" 2>&1); then
             [[ -n $measured ]] && targets=("${targets[@]:0:i}" "$measured" "${targets[@]:i}")
         else
             echo "offline-batch: $t  no measured cell: ${measured:0:200}"

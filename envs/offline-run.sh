@@ -4,6 +4,7 @@
 # This is how the reference runs under results/reference/ ran on the lent GPU machines.
 #
 #   bash envs/offline-run.sh .whl pretrain --configfile config/gpu-h100.yaml --cores 16 --resources gpu_slots=1
+#   bash envs/offline-run.sh .whl --install-only    # the wheels into /tmp/site, nothing run
 #
 # The wheels go to /tmp/site (added to PYTHONPATH); LightLLM's pinned set, where the
 # wheelhouse has it (SERVING=1), goes to /tmp/site-lightllm, and .venv-lightllm/bin/python
@@ -24,6 +25,7 @@ if [[ $(cat "$site/.llmbench-installed" 2>/dev/null) != "$want" ]]; then
     echo "$want" > "$site/.llmbench-installed"
 fi
 export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+[[ ${1:-} == --install-only ]] && exit 0   # the wheels only (offline-batch.sh's SEED_FRONTIER)
 if [[ -d $whl/lightllm && ! -x .venv-lightllm/bin/python ]]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-lightllm \
         "$whl"/lightllm/*.whl

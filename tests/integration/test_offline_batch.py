@@ -15,8 +15,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 STAND_IN = """#!/usr/bin/env bash
 # offline-run.sh's stand-in: WHEELHOUSE TARGET [snakemake arguments] -> the target's record;
-# a search folder -> its search.json (largest batch FAKE_LARGEST, none where it is empty)
+# a search folder -> its search.json (largest batch FAKE_LARGEST, none where it is empty);
+# --install-only -> a line in ./installs
 whl=$1; target=$2; shift 2
+if [[ $target == --install-only ]]; then echo "$whl" >> "$(dirname "$0")/installs"; exit 0; fi
 [[ -f $target ]] && exit 0
 sleep "$FAKE_S"
 if [[ $target != *.json ]]; then
@@ -94,3 +96,27 @@ def test_a_search_folder_is_followed_by_the_cell_it_measures(batch, tmp_path):
     done = run(deadline_s=30, fake_s=0, first_s=1, PATH=path)
     lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
     assert done.returncode == 0 and len(lines) == 1 and "largest batch None" in lines[0]
+
+
+def test_seed_frontier_installs_then_seeds_before_the_first_target(batch, tmp_path):
+    """SEED_FRONTIER: the wheels are installed (offline-run.sh --install-only), then each
+    folder's probe records seed the frontier (python -m llmbench.search seed-frontier;
+    tests/unit/test_search.py tests what it adds), then the targets run."""
+    import sys
+
+    run, targets = batch
+    empty = tmp_path / "reference/runs"
+    empty.mkdir(parents=True)
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    done = run(deadline_s=30, fake_s=0, first_s=1, SEED_FRONTIER=str(empty), PATH=path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "installs").read_text().split() == ["WHL"]
+    lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
+    assert lines[0] == f"offline-batch: seed: no probe records under {empty} to add"
+    assert lines[1].startswith(f"offline-batch: {targets[0]}  ok") and len(lines) == 4
+    # without it nothing is installed ahead of the targets
+    (tmp_path / "installs").unlink()
+    for t in targets:
+        t.unlink()
+    run(deadline_s=30, fake_s=0, first_s=1, PATH=path)
+    assert not (tmp_path / "installs").exists()

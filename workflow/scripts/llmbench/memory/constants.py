@@ -114,9 +114,11 @@ class BackendConstants:
 #: overhead from the 3 tiny-model rows; megatron's act_scale from 11 rows (no tiny rows:
 #: overhead 0, logits as DeepSpeed's). Korthikanti's formula needs no scale for DeepSpeed's
 #: HF Llama (0.99); Megatron-LM's unfused attention and fp32 softmax keep 43% more.
+#: One fit for both backends (Megatron-LM has no rows with recomputation to fit its own).
+LOGITS_BYTES = 12.89
 BACKENDS: dict[str, BackendConstants] = {
-    "deepspeed": BackendConstants(act_scale=0.99, logits_bytes=12.89, overhead_gib=0.06, host_base_gib=2.0),
-    "megatron": BackendConstants(act_scale=1.43, logits_bytes=12.86, overhead_gib=0.0, host_base_gib=1.83),
+    "deepspeed": BackendConstants(act_scale=0.99, logits_bytes=LOGITS_BYTES, overhead_gib=0.06, host_base_gib=2.0),
+    "megatron": BackendConstants(act_scale=1.43, logits_bytes=LOGITS_BYTES, overhead_gib=0.0, host_base_gib=1.83),
 }
 
 #: Saved activations under torch.compile (C) over eager (fitted: the H200 pair's F+Z2+C

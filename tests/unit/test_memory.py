@@ -309,7 +309,8 @@ def test_replay_reproduces_the_committed_searches_and_the_hint_finds_the_same_ba
 
     df = replay_all(REPO / "results/reference", REPO)
     # the committed searches that found their answer: not the first 7B QL (stopped at an
-    # error in the harness) nor 7B L+F (stopped at cuBLAS's failed allocation, then an error)
+    # error in the harness) nor 7B L+F (stopped where cuBLAS's failed allocation was still
+    # recorded as an error)
     assert len(df) == 21 and "L+F" not in set(df.loc[df["model"] == "llama2-7b", "technique"])
     assert (df.loc[df["technique"] == "QL", "run"] == "2026-11-25-h100-one-gpu-search-b").all()
     # the oracle is faithful: from the start (and hint) each had, today's next_probe makes the committed probes

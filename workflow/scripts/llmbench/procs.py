@@ -49,7 +49,8 @@ from typing import Callable, Iterator
 #: says "Last error: Failed to CUDA calloc async 608 bytes"), cuBLAS's failed allocation of a
 #: handle or workspace (CUBLAS_STATUS_ALLOC_FAILED: "usually caused by a cudaMalloc() failure",
 #: cuBLAS's documentation; the autograd thread creates its own handle in the first backward
-#: pass), and the serving engines' start-up messages (vLLM's KV cache, its CPU backend's "Not enough memory")
+#: pass), and the serving engines' start-up messages (vLLM's KV cache, its CPU backend's
+#: "Not enough memory")
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "DefaultCPUAllocator: can't allocate memory",
                "out of memory", "Failed to CUDA calloc", "Failed to CUDA malloc", "CUBLAS_STATUS_ALLOC_FAILED",
                "Not enough memory", "No available memory for the cache blocks",

@@ -51,8 +51,7 @@ from ..config import REPO_ROOT
 from ..models import ModelSpec
 from .constants import BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, ZERO3_ADAPTER_ACT_SCALE
 from .model import (GIB, Workload, activation_bytes, adapter_dropout_bytes, adapter_params, adapter_under_zero3,
-                    buffer_bytes,
-                    layer_activation_bytes, predict, state_bytes)
+                    buffer_bytes, layer_activation_bytes, predict, state_bytes)
 
 TRAIN_STAGES = ("pretrain", "finetune")
 

@@ -33,7 +33,8 @@ from .model import GIB, Workload, fits, host_memory_gib, machine_host_gib, predi
 
 COLUMNS = ["platform", "accelerator", "stage", "model", "backend", "layout", "technique", "batch_size", "gpus", "seq_len", "run",
            "kind", "status", "measured_gib", "measured_reserved_gib", "measured_rss_gib", "predicted_gib",
-           "predicted_reserved_gib", "predicted_phase", "predicted_host_gib", "capacity_gib", "predicted_fits", "fit_reason", "error_pct",
+           "predicted_reserved_gib", "predicted_phase", "predicted_host_gib", "capacity_gib", "predicted_fits",
+           "fit_reason", "error_pct",
            "deepspeed_gib", "deepspeed_host_gib", "deepspeed_fits", "deepspeed_error_pct", "accelerate_gib", "accelerate_fits",
            "accelerate_error_pct", "record_path"]
 
@@ -144,7 +145,7 @@ def build(tidy: pd.DataFrame, root: Path = REPO_ROOT, margin: float = MARGIN,
             "platform": row.platform, "accelerator": plat.get("accelerator"), "stage": r["stage"], "model": r["model"], "backend": r["backend"],
             "layout": r.get("layout"), "technique": r["technique"], "batch_size": r["batch_size"], "gpus": r["gpus"],
             "seq_len": r["seq_len"], "run": r.get("run"), "kind": r.get("kind"), "status": row.status,
-            "measured_gib": row.measured_gib, "measured_reserved_gib": r.get("peak_mem_reserved_gib"),
+            "measured_gib": row.measured_gib, "measured_reserved_gib": row.reserved_gib,
             "measured_rss_gib": row.rss_gib, "predicted_gib": pred.gpu_gib,
             "predicted_reserved_gib": pred.reserved_gib, "predicted_phase": pred.phase,
             "predicted_host_gib": pred.host_gib, "capacity_gib": cap,

@@ -61,7 +61,8 @@ def table(df: pd.DataFrame, figures: pd.DataFrame, paper: pd.DataFrame | None = 
              fmt(r.deepspeed_gib, ".1f"), fmt(r.accelerate_gib, ".1f"), r.fit_reason or ""]
             for r in df.itertuples()]
     head = ["Platform", "Stage", "Model", "Backend", "Method", "BS", "GPUs", "Kind", "Status", "Measured GiB",
-            "Predicted GiB", "Error", "Reserved GiB", "Predicted reserved GiB", "Fits", "DeepSpeed GiB", "accelerate GiB", "Why not"]
+            "Predicted GiB", "Error", "Reserved GiB", "Predicted reserved GiB", "Fits", "DeepSpeed GiB",
+            "accelerate GiB", "Why not"]
     margin = figures["margin"].iloc[0] if len(figures) else MARGIN
     return render.Table(title=catalog.get("table", "memory-model").title, long=df, parts=(
         render.Part(frame=fig, lead=(

@@ -53,6 +53,18 @@ def test_crash_is_error_with_root_cause(spec_for, tmp_path):
     assert rec.log_tail.count("=== repeat") <= 1  # stopped after the first failed repeat
 
 
+@pytest.mark.parametrize("error, status", [
+    # the autograd thread's cuBLAS handle found no GPU memory (one H100, 7B L+F at batch 23)
+    ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "oom"),
+    ("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx`", "error"),
+])
+def test_a_worker_dying_of_a_device_librarys_failed_allocation_is_oom(spec_for, tmp_path, monkeypatch, error, status):
+    """The launcher reads the dead worker's log (llmbench.procs.OOM_MARKERS), not its exception."""
+    monkeypatch.setenv("FAKE_ERROR", error)
+    rec = run(spec_for("raise"), tmp_path)
+    assert rec.status == status and error in rec.log_tail
+
+
 def test_oom_file_is_oom(spec_for, tmp_path):
     rec = run(spec_for("oomfile"), tmp_path)
     assert rec.status == "oom" and "out of memory" in rec.reason

@@ -20,7 +20,9 @@
 # 3 when the deadline left targets unstarted, else Snakemake's. OFFLINE_RUN names the script
 # that runs one target (default envs/offline-run.sh; tests/integration/test_offline_batch.py
 # gives a stand-in). A cell longer than a call: run it with offline-run.sh under `timeout`,
-# call after call; its finished repeats carry over (llmbench.launch).
+# call after call; its finished repeats carry over (llmbench.launch). A target still running
+# at the deadline is stopped there (exit status 3): a max-batch search's probes are not
+# bounded by the longest cell so far.
 # SEED_FRONTIER="DIR ..." (optional): before the first target, the frontier files are rebuilt
 # from the probe records under each DIR (python -m llmbench.search seed-frontier), so that a
 # search whose cells a committed reference run already probed (same platform file, same
@@ -54,8 +56,19 @@ while (( i < ${#targets[@]} )); do
         break
     fi
     t0=$SECONDS
-    bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" "$t" "$@" || rc=$?
+    # the deadline also bounds the target itself: a search's probes or a cell longer than
+    # every cell before it are stopped (TERM to the whole process group, KILL 30 s later),
+    # so the batch's own lines, and whatever copies its results off afterwards, still run
+    trc=0
+    timeout -k 30 "$left" bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" "$t" "$@" || trc=$?
     took=$((SECONDS - t0))
+    if (( trc == 124 || trc == 137 )); then
+        echo "offline-batch: $t  stopped at the deadline after ${took}s (a search resumes from its" \
+             "frontier, a cell from its finished repeats)"
+        rc=3
+        break
+    fi
+    (( trc != 0 )) && rc=$trc
     (( took > longest )) && longest=$took
     if [[ $t != *.json ]]; then  # a search folder: its line, then the cell it measures
         python3 - "$t" "$took" <<'EOF'

@@ -65,6 +65,17 @@ def test_it_stops_before_a_target_the_time_left_cannot_hold(batch):
     assert f"offline-batch: {targets[2]}  oom  123.4 tok/s ± 5.6" in again.stdout and "CUDA out of memory" in again.stdout
 
 
+def test_a_target_still_running_at_the_deadline_is_stopped_there(batch):
+    """A target longer than the longest so far (a search's probes, a first cell) does not
+    outlive the deadline: it is stopped, the batch says so and stops with status 3."""
+    run, targets = batch
+    done = run(deadline_s=2, fake_s=20, first_s=1)
+    assert done.returncode == 3, done.stdout + done.stderr
+    lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
+    assert lines[0].startswith(f"offline-batch: {targets[0]}  stopped at the deadline after ")
+    assert len(lines) == 1 and not any(t.exists() for t in targets)
+
+
 def test_a_target_without_a_record_says_so(batch, tmp_path):
     run, targets = batch
     (tmp_path / "fake-offline-run.sh").write_text("#!/usr/bin/env bash\nexit 1\n")  # Snakemake failed

@@ -60,10 +60,10 @@ DEEPSPEED: dict[tuple[int, bool], StateRow] = {
     # allocate 25.10 GiB" and ran out: 22 at g = 1; 2 + 20/g also gives the pair's 12 at g = 2.
     (2, False): StateRow(fb=StateBytes(4, 12), step=StateBytes(2, 20)),
     # ZeRO-2 + O: bf16 weights whole on the GPU and a part of the bf16 gradient partition
-    # (0.5 per sharded parameter, fitted to the one record: the H200 pair's 18.25 GiB, where
+    # (0.53 per sharded parameter, fitted to the one record: the H200 pair's 18.25 GiB, where
     # the accounting's 2 would say 23); the host holds fp32 master, Adam and fp32 gradients
     # (16) plus pinned bf16 copies: 21, fitted to its 67.3 GiB RSS per rank.
-    (2, True): StateRow(fb=StateBytes(2, 0.5), step=StateBytes(2, 0.5), host=StateBytes(0, 21)),
+    (2, True): StateRow(fb=StateBytes(2, 0.53), step=StateBytes(2, 0.53), host=StateBytes(0, 21)),
     # ZeRO-3: everything sharded, 16 through forward/backward, 18 at the step (the fp32
     # gradient partition): DeepSpeed's estimate_zero3_model_states_mem_needs (18N/g).
     (3, False): StateRow(fb=StateBytes(0, 16), step=StateBytes(0, 18)),
@@ -107,17 +107,18 @@ class BackendConstants:
 
 
 #: Fitted by llmbench.memory.fit on the committed reference records (results/reference/
-#: combined/tables/records.csv): logits_bytes from 24 DeepSpeed rows with recomputation
-#: (least squares); deepspeed's act_scale from 70 rows (least squares through the origin,
-#: LoRA's dropout copies taken out first: model.adapter_dropout_bytes; the rows include the
-#: one-GPU searches' probes up to each row's largest batch, 9-26 for 7B and 13B) and its
+#: combined/tables/records.csv): logits_bytes from 27 DeepSpeed rows with recomputation
+#: (least squares; not those whose recomputed layer sets the peak); deepspeed's act_scale
+#: from 110 rows (least squares through the origin, LoRA's dropout copies taken out first:
+#: model.adapter_dropout_bytes; the rows include the one-GPU searches' probes up to each
+#: row's largest batch, 9-26 for 7B and 13B on one H100, 14-46 on one H200) and its
 #: overhead from the 3 tiny-model rows; megatron's act_scale from 11 rows (no tiny rows:
 #: overhead 0, logits as DeepSpeed's). Korthikanti's formula needs no scale for DeepSpeed's
-#: HF Llama (0.99); Megatron-LM's unfused attention and fp32 softmax keep 43% more.
+#: HF Llama (0.97); Megatron-LM's unfused attention and fp32 softmax keep 43% more.
 #: One fit for both backends (Megatron-LM has no rows with recomputation to fit its own).
 LOGITS_BYTES = 12.89
 BACKENDS: dict[str, BackendConstants] = {
-    "deepspeed": BackendConstants(act_scale=0.99, logits_bytes=LOGITS_BYTES, overhead_gib=0.06, host_base_gib=2.0),
+    "deepspeed": BackendConstants(act_scale=0.97, logits_bytes=LOGITS_BYTES, overhead_gib=0.06, host_base_gib=2.0),
     "megatron": BackendConstants(act_scale=1.43, logits_bytes=LOGITS_BYTES, overhead_gib=0.0, host_base_gib=1.83),
 }
 
@@ -133,6 +134,17 @@ COMPILED_ACT_SCALE = 0.58
 #: traced). Before the dropout copies were counted, the same rows gave 2.16. One batch size
 #: only: whether it grows with the batch as activations do is untested.
 ZERO3_ADAPTER_ACT_SCALE = 1.40
+
+#: A recomputed layer's backward peak over the activations the layer saves (fitted:
+#: llmbench.memory.fit, the median over the DeepSpeed rows with recomputation whose peak
+#: the recomputed layer sets, i.e. what they hold beyond states, layer inputs and overhead
+#: exceeds the logits): while a layer's backward runs, the gradients flowing through it
+#: sit beside its recomputed activations. The median of 21 rows: one H200's llama2-13b L+R
+#: at batch 245-304, one H100's at 138, and the H100's 70B QL+R and QL+F+R at batch 29-42;
+#: counting the layer alone, the model was 5-6 GiB (5 %) short at 13B's large batches and
+#: hinted 304 for 261. Where the logits are larger (7B, and 13B with
+#: FlashAttention, whose layer saves no attention scores) it changes nothing.
+RECOMPUTED_LAYER_PEAK = 1.28
 
 #: DeepSpeed's stage3_max_live_parameters default: ZeRO-3 keeps at most this many gathered
 #: parameters on a GPU. Under ZeRO-3 + O a frozen adapter base lives on the host, and this

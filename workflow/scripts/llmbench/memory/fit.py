@@ -10,6 +10,11 @@ From the tidy table's ok GPU training rows (with their records' specs):
   inputs, known exactly. (Without R the logits and the activations both grow with tokens
   alone, at one sequence length and vocabulary in every record: they cannot be told apart.)
   Megatron-LM has no R rows and takes the same value;
+- ``RECOMPUTED_LAYER_PEAK``: the median of what the R rows hold beyond states, buckets,
+  layer inputs and overhead, over the layer's saved activations, among the rows where that
+  exceeds their logits by more than 5% (the recomputed layer's backward sets their peak;
+  ZeRO-3 rows left out: their gathered parameters come on top). Step 1 leaves these rows
+  out (their peak is not the logits');
 - ``overhead_gib`` per backend: the median of what the rows of models under 1e8
   parameters (the tiny model: its states and activations are a few MiB) leave over
   states, buckets and logits (0 for a backend without such rows);
@@ -49,7 +54,7 @@ import pandas as pd
 from .. import techniques
 from ..config import REPO_ROOT
 from ..models import ModelSpec
-from .constants import BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, ZERO3_ADAPTER_ACT_SCALE
+from .constants import BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, RECOMPUTED_LAYER_PEAK, ZERO3_ADAPTER_ACT_SCALE
 from .model import (GIB, Workload, activation_bytes, adapter_dropout_bytes, adapter_params, adapter_under_zero3,
                     buffer_bytes, layer_activation_bytes, predict, state_bytes)
 
@@ -119,6 +124,22 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
         (logits_bytes, _), *_ = np.linalg.lstsq(np.array(xs), np.array(ys), rcond=None)
         out["logits_bytes"] = float(logits_bytes)
         out["logits_rows"] = len(xs)
+    # 1b. a recomputed layer's backward peak over what it saves, from the rows whose peak it
+    #     sets: what they hold beyond states, buckets, layer inputs and overhead exceeds
+    #     their logits by more than 5% (ZeRO-3's gathered parameters left out)
+    peaks = []
+    for r in ok:
+        w, tech = r.workload, techniques.parse(r.workload.technique)
+        if (not tech.recompute or tech.offload or tech.compiled or tech.zero_stage == 3
+                or w.backend != "deepspeed" or predict(w).phase != "forward-backward"):
+            continue
+        acts, layer, logits = activation_bytes(w)
+        rest = r.measured_gib * GIB - state_bytes(w)[0] - buffer_bytes(w) - acts \
+            - BACKENDS[w.backend].overhead_gib * GIB
+        if rest > 1.05 * logits:
+            peaks.append(rest / (layer / RECOMPUTED_LAYER_PEAK))
+    out["recomputed_layer_peak"] = float(np.median(peaks)) if peaks else None
+    out["recomputed_layer_rows"] = len(peaks)
     # 2. overhead per backend: what the smallest models' rows (under 1e8 parameters: their
     #    states and activations are a few MiB) leave over states, buckets and logits; 0
     #    where the backend has none. 3. act_scale: least squares through the origin of what

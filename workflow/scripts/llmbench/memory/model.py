@@ -62,7 +62,8 @@ from typing import Any
 from .. import techniques
 from ..models import ModelSpec
 from .constants import (BACKENDS, BUCKETS, CACHED_LOGITS_BYTES, COMPILED_ACT_SCALE, DEEPSPEED, MARGIN, MEGATRON,
-                        MEGATRON_DISTOPT, ZERO3_ADAPTER_ACT_SCALE, ZERO3_MAX_LIVE_PARAMETERS)
+                        MEGATRON_DISTOPT, RECOMPUTED_LAYER_PEAK, ZERO3_ADAPTER_ACT_SCALE,
+                        ZERO3_MAX_LIVE_PARAMETERS)
 
 GIB = 2**30
 #: bytes per parameter of the model states (kept for the findings' lower bound)
@@ -248,7 +249,8 @@ def adapter_under_zero3(tech: techniques.Technique) -> bool:
 
 def activation_bytes(w: Workload) -> tuple[float, float, float]:
     """(saved activations, one recomputed layer, logits) in bytes of one rank for one
-    micro-batch. Without recomputation no layer is recomputed (0)."""
+    micro-batch. Without recomputation no layer is recomputed (0); a recomputed layer's
+    backward holds RECOMPUTED_LAYER_PEAK times what the layer saves."""
     tech = techniques.parse(w.technique)
     k = BACKENDS[w.backend]
     tp = _layout(w)[0] if w.backend == "megatron" else 1
@@ -260,7 +262,8 @@ def activation_bytes(w: Workload) -> tuple[float, float, float]:
                           + zero3 * adapter_dropout_bytes(w.model, w.adapter))
     logits = tokens * k.logits_bytes * w.model.vocab_size / tp
     if tech.recompute:
-        return tokens * w.model.num_hidden_layers * 2.0 * w.model.hidden_size, per_layer, logits
+        return (tokens * w.model.num_hidden_layers * 2.0 * w.model.hidden_size,
+                per_layer * RECOMPUTED_LAYER_PEAK, logits)
     return w.model.num_hidden_layers * per_layer, 0.0, logits
 
 

@@ -22,7 +22,9 @@
 # gives a stand-in). A cell longer than a call: run it with offline-run.sh under `timeout`,
 # call after call; its finished repeats carry over (llmbench.launch). A target still running
 # at the deadline is stopped there (exit status 3): a max-batch search's probes are not
-# bounded by the longest cell so far.
+# bounded by the longest cell so far. Snakemake marks a stopped target incomplete, so each
+# target runs with --rerun-incomplete: the next call resumes it (a search from its frontier
+# file, which also puts back the records of the probes it ran; a cell from its repeats).
 # SEED_FRONTIER="DIR ..." (optional): before the first target, the frontier files are rebuilt
 # from the probe records under each DIR (python -m llmbench.search seed-frontier), so that a
 # search whose cells a committed reference run already probed (same platform file, same
@@ -60,7 +62,7 @@ while (( i < ${#targets[@]} )); do
     # every cell before it are stopped (TERM to the whole process group, KILL 30 s later),
     # so the batch's own lines, and whatever copies its results off afterwards, still run
     trc=0
-    timeout -k 30 "$left" bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" "$t" "$@" || trc=$?
+    timeout -k 30 "$left" bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" "$t" --rerun-incomplete "$@" || trc=$?
     took=$((SECONDS - t0))
     if (( trc == 124 || trc == 137 )); then
         echo "offline-batch: $t  stopped at the deadline after ${took}s (a search resumes from its" \

@@ -57,7 +57,8 @@ def test_it_stops_before_a_target_the_time_left_cannot_hold(batch):
     assert lines[0].startswith(f"offline-batch: {targets[0]}  ok  123.4 tok/s ± 5.6  ")
     assert "the longest cell took" in lines[1] and f"stopping before {targets[1]}" in lines[1]
     assert targets[0].exists() and not targets[1].exists()
-    assert (targets[0].parent / "record.json.args").read_text().split() == ["--cores", "1"]  # passed through
+    # passed through, after --rerun-incomplete: a target stopped at a deadline resumes
+    assert (targets[0].parent / "record.json.args").read_text().split() == ["--rerun-incomplete", "--cores", "1"]
     # the same list again: the recorded target is skipped, the others run
     again = run(deadline_s=30, fake_s=0, first_s=1, FAKE_STATUS="oom", FAKE_REASON="CUDA out of memory")
     assert again.returncode == 0, again.stderr

@@ -272,6 +272,22 @@ def test_run_records_every_probe_and_a_rerun_skips_known_ooms(tmp_path, monkeypa
     for p in first["probes"]:  # a tight probe's record says what ran: ok
         assert read(tmp_path / "a" / f"bs{p['batch_size']}" / "record.json").status == p["status"].replace("tight", "ok")
     assert json.loads((tmp_path / "a" / "search.json").read_text())["largest_ok"] == 10
+    # beside the frontier file, a copy of each probe that ran
+    kept = Frontier.load(frontier, search.fingerprint(g.spec(s)))
+    assert all((kept.kept_dir(p["batch_size"]) / "record.json").is_file() for p in first["probes"])
+
+    # Snakemake stopped the search, then deleted its folder (its output) to rerun it, as
+    # --rerun-incomplete does: the rerun answers every batch from the frontier and puts
+    # back the records of the probes that ran there, so no measurement is lost
+    import shutil
+
+    records = {p["batch_size"]: (tmp_path / "a" / f"bs{p['batch_size']}" / "record.json").read_text()
+               for p in first["probes"]}
+    shutil.rmtree(tmp_path / "a")
+    ran.clear()
+    again = search.run(search.rerun_spec(g.spec(s)), tmp_path / "a", frontier, tmp_path / "a.log")
+    assert not ran and again["largest_ok"] == 10 and {p["source"] for p in again["probes"]} == {"frontier"}
+    assert {b: (tmp_path / "a" / f"bs{b}" / "record.json").read_text() for b in records} == records
 
     # a search cut after three probes (Snakemake stopped, a time limit) resumes from the
     # frontier: the batches that ran are answered from it, with their peaks

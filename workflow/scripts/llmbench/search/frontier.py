@@ -6,7 +6,9 @@ holds every probe that ran together with a fingerprint of what decides memory (t
 spec without its batch size, step counts and timeout). A later search of the same
 fingerprint answers a batch at or above a known OOM, and a batch that ran before (with its
 peak), without running it: a search that Snakemake or a time limit stopped resumes where
-it was. A changed fingerprint (other sequence length, memory cap, model, platform) starts
+it was. Beside the file, ``<technique>-g<gpus>.probes/`` keeps a copy of each probe that
+ran; a resumed search puts it back where it was written (Snakemake deletes a stopped
+search's folder before rerunning it), so its records survive. A changed fingerprint (other sequence length, memory cap, model, platform) starts
 a fresh frontier. The same fingerprint decides when Snakemake reruns a search
 (``rerun_spec``): a search reruns when what its frontier keys on, or its own settings,
 change, not when only the measured cell's step counts or repeats do.
@@ -101,7 +103,8 @@ class Frontier:
     fingerprint: str
     """The fingerprint of the cells whose outcomes it holds."""
     probes: dict[int, dict[str, Any]] = field(default_factory=dict)
-    """Batch -> {status: ok | oom, peak_gib, at, reason}."""
+    """Batch -> {status: ok | oom, peak_gib, at, reason, and for a probe that ran here, record:
+    the path its record was written to (a copy is kept: ``keep_run``)}."""
 
     @classmethod
     def load(cls, path: Path | str, fp: str) -> "Frontier":
@@ -161,6 +164,38 @@ class Frontier:
     def keep(self, batch_size: int, status: str, peak_gib: float | None, at: str, reason: str) -> None:
         """Keep one batch's outcome (ok with its peak, or oom)."""
         self.probes[batch_size] = {"status": status, "peak_gib": peak_gib, "at": at, "reason": reason}
+
+    def kept_dir(self, batch_size: int) -> Path:
+        """Where a copy of the probe of ``batch_size`` that ran is kept, beside the file
+        (``<technique>-g<gpus>.probes/bs<N>/``): like the file, not a Snakemake output."""
+        return self.path.with_name(f"{self.path.stem}.probes") / f"bs{batch_size}"
+
+    def keep_run(self, batch_size: int, probe_dir: Path | str) -> None:
+        """Keep a copy of the folder of a probe that ran (its record and log) and where it
+        was written (call after ``add``)."""
+        import shutil
+
+        probe_dir = Path(probe_dir)
+        if not (probe_dir / "record.json").is_file():
+            return
+        shutil.copytree(probe_dir, self.kept_dir(batch_size), dirs_exist_ok=True)
+        self.probes[batch_size]["record"] = str(probe_dir / "record.json")
+
+    def restore(self, batch_size: int, probe_dir: Path | str) -> bool:
+        """Put back the probe of ``batch_size`` that ran into ``probe_dir``, if it was written
+        there and a copy is kept: a search that Snakemake stopped and then deleted (its
+        folder is its output, removed before the job reruns, as with --rerun-incomplete)
+        keeps the records of the probes it ran. A search in another folder gets skipped
+        records, so no run is counted twice. True if it put one back."""
+        import shutil
+
+        probe_dir = Path(probe_dir)
+        known = self.probes.get(batch_size) or {}
+        kept = self.kept_dir(batch_size)
+        if known.get("record") != str(probe_dir / "record.json") or not (kept / "record.json").is_file():
+            return False
+        shutil.copytree(kept, probe_dir, dirs_exist_ok=True)
+        return True
 
     def save(self) -> None:
         """Write the file atomically, with the largest fit and smallest OOM for a reader."""

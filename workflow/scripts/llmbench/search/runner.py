@@ -95,11 +95,14 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
         answer = frontier.answer(bs)
         t0 = time.monotonic()
         if answer is not None:
-            # nothing runs: the record says skipped and why; the search goes on with what
-            # the batch showed when it ran (status, peak)
-            record = build_record(probe_spec, [Outcome(status="skipped", reason=answer.reason)],
-                                  datetime.now(timezone.utc).isoformat(), FRONTIER_COMMAND)
-            write(replace(record, provenance={**record.provenance, "frontier": {**answer.to_dict(), "metric": metric}}), record_path)
+            # nothing runs: the probe's own record is put back if it ran into this folder
+            # (a stopped search resumed), else the record says skipped and why; the search
+            # goes on with what the batch showed when it ran (status, peak)
+            if not frontier.restore(bs, probe_dir):
+                record = build_record(probe_spec, [Outcome(status="skipped", reason=answer.reason)],
+                                      datetime.now(timezone.utc).isoformat(), FRONTIER_COMMAND)
+                write(replace(record, provenance={**record.provenance,
+                                                  "frontier": {**answer.to_dict(), "metric": metric}}), record_path)
             status, peak, reason, source = answer.status, answer.peak_gib, answer.reason, "frontier"
         else:
             record = run_cell(probe_spec, record_path, probe_dir / "probe.log", threads=threads,
@@ -113,6 +116,8 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
                       source=source, chosen_by=why, reason=reason)
         state.probes.append(probe)
         frontier.add(probe)
+        if source == "run" and probe.status in BOUNDING:
+            frontier.keep_run(bs, probe_dir)
         frontier.save()
         with open(log, "a") as fh:
             fh.write(f"probe {len(state.probes)}: batch {bs} ({why}) -> {probe.status} "

@@ -25,6 +25,10 @@
 # bounded by the longest cell so far. Snakemake marks a stopped target incomplete, so each
 # target runs with --rerun-incomplete: the next call resumes it (a search from its frontier
 # file, which also puts back the records of the probes it ran; a cell from its repeats).
+# SKIP_RECORDED="DIR ..." (optional): results folders (a reference run's, holding runs/...)
+# whose records count as done: a target recorded in one of them is skipped (a search folder
+# once its search.json and the cell it measures are there), so the same list can go to a
+# fresh machine after its records were committed.
 # SEED_FRONTIER="DIR ..." (optional): before the first target, the frontier files are rebuilt
 # from the probe records under each DIR (python -m llmbench.search seed-frontier), so that a
 # search whose cells a committed reference run already probed (same platform file, same
@@ -47,10 +51,28 @@ if [[ -n ${SEED_FRONTIER:-} ]]; then
 fi
 rc=0
 mapfile -t targets < <(grep -v '^\s*\(#\|$\)' "$list")
+# SKIP_RECORDED: the results folder (DIR/runs/...) holding target results/runs/..., if any
+recorded_in() {
+    local rel=${1#*results/} d measured
+    for d in ${SKIP_RECORDED:-}; do
+        [[ -e $d/$rel ]] || continue
+        if [[ $1 != *.json ]]; then  # a search: recorded once the cell it measures is too
+            measured=$(PYTHONPATH=$site_path python3 -m llmbench.search measured-target "$d/$rel" 2>/dev/null) || continue
+            [[ -z $measured || -e $measured ]] || continue
+        fi
+        echo "$d"
+        return 0
+    done
+    return 1
+}
 i=0
 while (( i < ${#targets[@]} )); do
     t=${targets[i]}
     i=$((i + 1))
+    if where=$(recorded_in "$t"); then
+        echo "offline-batch: $t  already recorded in $where: skipped"
+        continue
+    fi
     left=$((deadline - (SECONDS - start)))
     if (( left < longest )); then
         echo "offline-batch: ${left}s left, the longest cell took ${longest}s: stopping before $t"

@@ -110,6 +110,40 @@ def test_a_search_folder_is_followed_by_the_cell_it_measures(batch, tmp_path):
     assert done.returncode == 0 and len(lines) == 1 and "largest batch None" in lines[0]
 
 
+def test_targets_recorded_in_a_skip_recorded_folder_are_skipped(batch, tmp_path):
+    """SKIP_RECORDED: a record target that a listed results folder holds is not run; a
+    search folder is skipped only once the cell it measures is recorded there too."""
+    import sys
+
+    run, targets = batch
+    ref = tmp_path / "reference"
+    (ref / "runs/b").mkdir(parents=True)
+    (ref / "runs/b/record.json").write_text('{"status": "ok"}')
+    rel = "runs/search/finetune/h100/llama2-7b/deepspeed/L-g1"
+    done_search, open_search = ref / rel, ref / rel.replace("/L-g1", "/QL-g1")
+    for folder in (done_search, open_search):
+        folder.mkdir(parents=True)
+        (folder / "search.json").write_text('{"status": "ok", "largest_ok": 7, "n_probes": 2}')
+    measured = ref / "runs/finetune/h100/llama2-7b/deepspeed/L/bs7-g1/record.json"
+    measured.parent.mkdir(parents=True)
+    measured.write_text('{"status": "ok"}')
+    listing = tmp_path / "todo.txt"
+    local = [tmp_path / "results" / rel, tmp_path / "results" / rel.replace("/L-g1", "/QL-g1")]
+    recorded = tmp_path / "results/runs/b/record.json"
+    listing.write_text("".join(f"{t}\n" for t in [targets[0], recorded, *local]))
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    done = run(deadline_s=30, fake_s=0, first_s=1, SKIP_RECORDED=f"{tmp_path}/nothing {ref}", PATH=path,
+               FAKE_LARGEST="7")
+    lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert lines[0].startswith(f"offline-batch: {targets[0]}  ok")
+    assert lines[1] == f"offline-batch: {recorded}  already recorded in {ref}: skipped" and not recorded.exists()
+    assert lines[2] == f"offline-batch: {local[0]}  already recorded in {ref}: skipped" and not local[0].exists()
+    # the QL search is there but not the cell it measures: the search runs, then the cell
+    assert lines[3].startswith(f"offline-batch: {local[1]}  search ok: largest batch 7") and len(lines) == 5
+    assert (tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/QL/bs7-g1/record.json").exists()
+
+
 def test_seed_frontier_installs_then_seeds_before_the_first_target(batch, tmp_path):
     """SEED_FRONTIER: the wheels are installed (offline-run.sh --install-only), then each
     folder's probe records seed the frontier (python -m llmbench.search seed-frontier;

@@ -5,8 +5,9 @@
 Each search folder's search.json holds the probes it ran. The replay runs today's
 ``llmbench.search.next_probe`` (unchanged) against an oracle built from those probes: a
 probed batch shows what it showed; an unprobed one fits when it is at most the search's
-``largest_ok`` (the search is exact) with its peak interpolated linearly between the probed
-peaks (extrapolated along the last two), and is too large otherwise. It replays from the
+``largest_ok`` (the search is exact) with its peak interpolated linearly between the peaks
+of the probes that ran, tight ones included (extrapolated along the nearest two), and is
+too large otherwise. It replays from the
 search's own ``start``, without and with the memory model's hint (the largest batch it
 predicts to fit, ``predicted_max_batch`` at the search's capacity, and the GiB a further
 batch element adds there, ``batch_slope_gib``), which the runner probes first
@@ -39,8 +40,9 @@ from .model import Workload, batch_slope_gib, predicted_max_batch
 def oracle(summary: dict[str, Any]):
     """batch -> (status, peak) from a search's committed probes (see the module docstring)."""
     seen = {p["batch_size"]: (p["status"], p.get("peak_gib")) for p in summary["probes"]}
-    fits = sorted((b, peak) for b, (st, peak) in seen.items() if st == "ok" and peak is not None)
-    xs, ys = [b for b, _ in fits], [p for _, p in fits]
+    # every probe that ran has a peak, a tight one too
+    ran = sorted((b, peak) for b, (st, peak) in seen.items() if st in ("ok", "tight") and peak is not None)
+    xs, ys = [b for b, _ in ran], [p for _, p in ran]
     largest = summary["largest_ok"] or 0
 
     def answer(batch: int) -> tuple[str, float | None]:
@@ -48,9 +50,10 @@ def oracle(summary: dict[str, Any]):
             return seen[batch]
         if batch > largest:
             return "oom", None
-        if len(xs) >= 2 and batch > xs[-1]:
-            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-            return "ok", ys[-1] + slope * (batch - xs[-1])
+        if len(xs) >= 2 and not xs[0] <= batch <= xs[-1]:  # along the nearest two
+            i = 0 if batch < xs[0] else -2
+            slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
+            return "ok", ys[i] + slope * (batch - xs[i])
         return "ok", float(np.interp(batch, xs, ys)) if xs else None
 
     return answer

@@ -88,6 +88,24 @@ def test_a_searched_row_has_no_search_left(tmp_path):
     assert (q.answer, q.searched_max_batch, q.best_batch_size, q.to_do) == ("measured", 26, 26, "")
 
 
+def test_a_cell_measured_again_elsewhere_keeps_its_search(tmp_path):
+    """The searched cell measured again in another run (here under the paper's protocol, so
+    that record is the one the tables use): the search of the first run still counts."""
+    paths = [write(tmp_path, "pretrain", "h100", "llama2-7b", "Q", 1, "ok", runs=(1700.0, 1710.0, 1705.0),
+                   protocol=PAPER, results="first")]
+    search = tmp_path / "first/runs/search/pretrain/h100/llama2-7b/deepspeed/Q-g1/search.json"
+    search.parent.mkdir(parents=True)
+    search.write_text('{"largest_ok": 26}')
+    paths.append(write(tmp_path, "pretrain", "h100", "llama2-7b", "Q", 26, "ok", 11000.0, results="first"))
+    paths.append(write(tmp_path, "pretrain", "h100", "llama2-7b", "Q", 26, "ok", runs=(11100.0, 11050.0, 11080.0),
+                       protocol=PAPER, results="again"))
+    df = tidy.build(paths)
+    used = df[(df.technique == "Q") & (df.batch_size == 26)]
+    assert len(used) == 1 and used.iloc[0].run == "again" and used.iloc[0].searched_max_batch == 26
+    q = at(coverage.build(df), "pretrain", "llama2-7b", "Q")
+    assert (q.searched_max_batch, q.best_batch_size, q.to_do) == (26, 26, "")
+
+
 def test_the_gpu_count_is_the_one_most_batch_1_records_used(tmp_path):
     paths = [write(tmp_path, "finetune", "h200", "llama2-7b", t, 1, "ok", 800.0) for t in ("L", "QL")]
     paths.append(write(tmp_path, "pretrain", "h200", "llama2-7b", "Q", 1, "ok", 3000.0, gpus=2))

@@ -57,7 +57,8 @@ recorded_in() {
     for d in ${SKIP_RECORDED:-}; do
         [[ -e $d/$rel ]] || continue
         if [[ $1 != *.json ]]; then  # a search: recorded once the cell it measures is too
-            measured=$(PYTHONPATH=$site_path python3 -m llmbench.search measured-target "$d/$rel" 2>/dev/null) || continue
+            measured=$(PYTHONPATH=$site_path python3 -m llmbench.search measured-target "$d/$rel" 2>/dev/null) \
+                || continue
             [[ -z $measured || -e $measured ]] || continue
         fi
         echo "$d"

@@ -142,8 +142,8 @@ ZERO3_ADAPTER_ACT_SCALE = 1.40
 #: sit beside its recomputed activations. The median of 21 rows: one H200's llama2-13b L+R
 #: at batch 245-304, one H100's at 138, and the H100's 70B QL+R and QL+F+R at batch 29-42;
 #: counting the layer alone, the model was 5-6 GiB (5 %) short at 13B's large batches and
-#: hinted 304 for 261. Where the logits are larger (7B, and 13B with
-#: FlashAttention, whose layer saves no attention scores) it changes nothing.
+#: hinted 304 for 261. Where the logits are larger (7B, and 13B with FlashAttention, whose
+#: layer saves no attention scores) it changes nothing.
 RECOMPUTED_LAYER_PEAK = 1.28
 
 #: DeepSpeed's stage3_max_live_parameters default: ZeRO-3 keeps at most this many gathered

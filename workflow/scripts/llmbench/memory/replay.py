@@ -7,10 +7,10 @@ Each search folder's search.json holds the probes it ran. The replay runs today'
 probed batch shows what it showed; an unprobed one fits when it is at most the search's
 ``largest_ok`` (the search is exact) with its peak interpolated linearly between the peaks
 of the probes that ran, tight ones included (extrapolated along the nearest two), and is
-too large otherwise. It replays from the
-search's own ``start``, without and with the memory model's hint (the largest batch it
-predicts to fit, ``predicted_max_batch`` at the search's capacity, and the GiB a further
-batch element adds there, ``batch_slope_gib``), which the runner probes first
+too large otherwise. It replays from the search's own ``start``, without and with the
+memory model's hint (the largest batch it predicts to fit, ``predicted_max_batch`` at the
+search's capacity, and the GiB a further batch element adds there, ``batch_slope_gib``),
+which the runner probes first
 (llmbench.search.algorithm.State.hint and hint_slope_gib). Right, the search ends in
 two probes; a little over, it bisects a narrow interval; instead of climbing from the
 smallest batches and drawing its memory line through them (where allocator growth bends

@@ -234,7 +234,8 @@ def build_all(paths: Iterable[str | Path]) -> pd.DataFrame:
     # second machine): the method's search from another run still answers Table IV's question
     group = [c for c in ("stage", "platform", "model", "backend", "technique", "gpus", "seq_len") if c in df]
     if train.any():
-        df.loc[train, "searched_max_batch"] = df[train].groupby(group, dropna=False)["searched_max_batch"].transform("max")
+        found = df[train].groupby(group, dropna=False)["searched_max_batch"].transform("max")
+        df.loc[train, "searched_max_batch"] = found
     df["runs"] = df["runs"].astype("Int64")
     per_gpu(df)
     return df.sort_values(["stage", "platform", "model", "backend", "technique", "load", "bench", "case",

@@ -23,7 +23,8 @@
 # call after call; its finished repeats carry over (llmbench.launch). A target still running
 # at the deadline is stopped there (exit status 3): a max-batch search's probes are not
 # bounded by the longest cell so far. Snakemake marks a stopped target incomplete, so each
-# target runs with --rerun-incomplete: the next call resumes it (a search from its frontier
+# target runs with --rerun-incomplete, after the batch has removed stale locks (snakemake
+# --unlock; a stopped Snakemake leaves its lock): the next call resumes it (a search from its frontier
 # file, which also puts back the records of the probes it ran; a cell from its repeats).
 # SKIP_RECORDED="DIR ..." (optional): results folders (a reference run's, holding runs/...)
 # whose records count as done: a target recorded in one of them is skipped (a search folder
@@ -49,6 +50,10 @@ if [[ -n ${SEED_FRONTIER:-} ]]; then
         PYTHONPATH=$site_path python3 -m llmbench.search seed-frontier "$d" | sed 's/^/offline-batch: seed: /'
     done
 fi
+# a target a deadline stopped (here or in an earlier call on the same machine) can leave
+# Snakemake's lock on its outputs, and every later run of it would stop at LockException:
+# the batch runs one Snakemake at a time, so it removes stale locks before it starts
+bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" --unlock "$@" > /dev/null 2>&1 || true
 rc=0
 mapfile -t targets < <(grep -v '^\s*\(#\|$\)' "$list")
 # SKIP_RECORDED: the results folder (DIR/runs/...) holding target results/runs/..., if any

@@ -16,9 +16,10 @@ REPO = Path(__file__).resolve().parents[2]
 STAND_IN = """#!/usr/bin/env bash
 # offline-run.sh's stand-in: WHEELHOUSE TARGET [snakemake arguments] -> the target's record;
 # a search folder -> its search.json (largest batch FAKE_LARGEST, none where it is empty);
-# --install-only -> a line in ./installs
+# --install-only -> a line in ./installs; --unlock -> its arguments in ./unlocks
 whl=$1; target=$2; shift 2
 if [[ $target == --install-only ]]; then echo "$whl" >> "$(dirname "$0")/installs"; exit 0; fi
+if [[ $target == --unlock ]]; then echo "$*" >> "$(dirname "$0")/unlocks"; exit 0; fi
 [[ -f $target ]] && exit 0
 sleep "$FAKE_S"
 if [[ $target != *.json ]]; then
@@ -66,7 +67,7 @@ def test_it_stops_before_a_target_the_time_left_cannot_hold(batch):
     assert f"offline-batch: {targets[2]}  oom  123.4 tok/s ± 5.6" in again.stdout and "CUDA out of memory" in again.stdout
 
 
-def test_a_target_still_running_at_the_deadline_is_stopped_there(batch):
+def test_a_target_still_running_at_the_deadline_is_stopped_there(batch, tmp_path):
     """A target longer than the longest so far (a search's probes, a first cell) does not
     outlive the deadline: it is stopped, the batch says so and stops with status 3."""
     run, targets = batch
@@ -75,6 +76,8 @@ def test_a_target_still_running_at_the_deadline_is_stopped_there(batch):
     lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
     assert lines[0].startswith(f"offline-batch: {targets[0]}  stopped at the deadline after ")
     assert len(lines) == 1 and not any(t.exists() for t in targets)
+    # a stopped Snakemake leaves its lock: every batch removes stale locks before its first target
+    assert (tmp_path / "unlocks").read_text().split() == ["--cores", "1"]
 
 
 def test_a_target_without_a_record_says_so(batch, tmp_path):

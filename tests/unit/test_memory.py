@@ -339,6 +339,17 @@ def test_replay_reproduces_the_committed_searches_and_the_hint_finds_the_same_ba
     assert (lr["committed_probes"], lr["hinted_start"], lr["hinted_probes"], lr["largest_ok"]) == (9, 288, 5, 261)
 
 
+def test_the_replay_oracle_draws_its_line_through_every_probe_that_ran():
+    """An unprobed batch below the only fitting probe: its peak comes from the line through
+    that probe and the tight one above it (a tight probe ran), not a copy of the fit's."""
+    from llmbench.memory.replay import oracle
+
+    answer = oracle({"largest_ok": 25, "probes": [{"batch_size": 25, "status": "ok", "peak_gib": 128.5},
+                                                   {"batch_size": 26, "status": "tight", "peak_gib": 132.4}]})
+    assert answer(24) == ("ok", pytest.approx(124.6)) and answer(26) == ("tight", 132.4)
+    assert answer(27) == ("oom", None)
+
+
 def test_replay_from_the_exact_frontier_needs_few_probes():
     from llmbench.memory.replay import replay
 

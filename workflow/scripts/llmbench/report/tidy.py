@@ -232,9 +232,8 @@ def build_all(paths: Iterable[str | Path]) -> pd.DataFrame:
         [searched_max_batch(p) if t else None for p, t in zip(df["record_path"], train)], dtype="Int64")
     # a cell measured again in a run without the search (a rerun under a stronger protocol, a
     # second machine): the method's search from another run still answers Table IV's question
-    group = [c for c in ("stage", "platform", "model", "backend", "technique", "gpus", "seq_len") if c in df]
     if train.any():
-        found = df[train].groupby(group, dropna=False)["searched_max_batch"].transform("max")
+        found = df[train].groupby([*cells.SEARCH_KEY, "seq_len"], dropna=False)["searched_max_batch"].transform("max")
         df.loc[train, "searched_max_batch"] = found
     df["runs"] = df["runs"].astype("Int64")
     per_gpu(df)

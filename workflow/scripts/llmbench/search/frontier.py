@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -173,8 +174,6 @@ class Frontier:
     def keep_run(self, batch_size: int, probe_dir: Path | str) -> None:
         """Keep a copy of the folder of a probe that ran (its record and log) and where it
         was written (call after ``add``)."""
-        import shutil
-
         probe_dir = Path(probe_dir)
         if not (probe_dir / "record.json").is_file():
             return
@@ -187,8 +186,6 @@ class Frontier:
         folder is its output, removed before the job reruns, as with --rerun-incomplete)
         keeps the records of the probes it ran. A search in another folder gets skipped
         records, so no run is counted twice. True if it put one back."""
-        import shutil
-
         probe_dir = Path(probe_dir)
         known = self.probes.get(batch_size) or {}
         kept = self.kept_dir(batch_size)

@@ -26,10 +26,15 @@
 # target runs with --rerun-incomplete, after the batch has removed stale locks (snakemake
 # --unlock; a stopped Snakemake leaves its lock): the next call resumes it (a search from its frontier
 # file, which also puts back the records of the probes it ran; a cell from its repeats).
+# A measured cell can run out of memory where its search's probe fit (it runs more steps, and
+# the allocator's fragmentation can grow past what the probe showed): its record says oom,
+# and the cell at the next batch down whose probe fit runs next (llmbench.search.measured_batch).
 # SKIP_RECORDED="DIR ..." (optional): results folders (a reference run's, holding runs/...)
 # whose records count as done: a target recorded in one of them is skipped (a search folder
 # once its search.json and the cell it measures are there), so the same list can go to a
-# fresh machine after its records were committed.
+# fresh machine after its records were committed. A search folder one of them holds without
+# the cell it measures (never measured, or measured at a batch that then ran out of memory)
+# becomes that cell's target alone: the search is not run again.
 # SEED_FRONTIER="DIR ..." (optional): before the first target, the frontier files are rebuilt
 # from the probe records under each DIR (python -m llmbench.search seed-frontier), so that a
 # search whose cells a committed reference run already probed (same platform file, same
@@ -71,12 +76,33 @@ recorded_in() {
     done
     return 1
 }
+# SKIP_RECORDED: the target (results/runs/...) of the cell a search folder there measures,
+# where that folder holds the search but not the cell
+measured_elsewhere() {
+    local rel=${1#*results/} d measured
+    for d in ${SKIP_RECORDED:-}; do
+        [[ -e $d/$rel/search.json ]] || continue
+        measured=$(PYTHONPATH=$site_path python3 -m llmbench.search measured-target "$d/$rel" 2>/dev/null) \
+            || continue
+        [[ -n $measured && ! -e $measured ]] || continue
+        echo "${1%"$rel"}${measured#"$d"/}"
+        return 0
+    done
+    return 1
+}
+# the search folder a measured cell came from (asked again when the cell runs out of memory)
+declare -A searched_by=()
 i=0
 while (( i < ${#targets[@]} )); do
     t=${targets[i]}
     i=$((i + 1))
     if where=$(recorded_in "$t"); then
         echo "offline-batch: $t  already recorded in $where: skipped"
+        continue
+    fi
+    if [[ $t != *.json ]] && measured=$(measured_elsewhere "$t"); then
+        echo "offline-batch: $t  searched in SKIP_RECORDED, its cell not measured: $measured next"
+        targets=("${targets[@]:0:i}" "$measured" "${targets[@]:i}")
         continue
     fi
     left=$((deadline - (SECONDS - start)))
@@ -114,7 +140,10 @@ print(f"offline-batch: {target}  search {s.get('status')}: largest batch {s.get(
 EOF
         # llmbench.search needs yaml and jsonschema: from the wheels offline-run.sh installed in /tmp/site
         if measured=$(PYTHONPATH=$site_path python3 -m llmbench.search measured-target "$t" 2>&1); then
-            [[ -n $measured ]] && targets=("${targets[@]:0:i}" "$measured" "${targets[@]:i}")
+            if [[ -n $measured ]]; then
+                targets=("${targets[@]:0:i}" "$measured" "${targets[@]:i}")
+                searched_by[$measured]=$t
+            fi
         else
             echo "offline-batch: $t  no measured cell: ${measured:0:200}"
         fi
@@ -134,5 +163,15 @@ std = m.get("tokens_per_s_std") if len(m.get("tokens_per_s_runs") or []) > 1 els
 rate = (f"{tps:.1f} tok/s" + (f" ± {std:.1f}" if std is not None else "")) if tps else "-"
 print(f"offline-batch: {target}  {r.get('status')}  {rate}  {took}s  {(r.get('reason') or '')[:120]}")
 EOF
+    # a measured cell that ran out of memory where its probe fit: the next batch down
+    folder=${searched_by[$t]:-}
+    if [[ -n $folder ]] && python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["status"] != "oom")' \
+            "$t" 2>/dev/null && \
+            measured=$(PYTHONPATH=$site_path python3 -m llmbench.search measured-target "$folder" 2>&1) && \
+            [[ -n $measured && $measured != "$t" ]]; then
+        echo "offline-batch: $t  ran out of memory where its search's probe fit: $measured next"
+        targets=("${targets[@]:0:i}" "$measured" "${targets[@]:i}")
+        searched_by[$measured]=$folder
+    fi
 done
 exit $rc

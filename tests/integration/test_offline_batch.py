@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 STAND_IN = """#!/usr/bin/env bash
 # offline-run.sh's stand-in: WHEELHOUSE TARGET [snakemake arguments] -> the target's record;
-# a search folder -> its search.json (largest batch FAKE_LARGEST, none where it is empty);
+# a search folder -> its search.json (largest batch FAKE_LARGEST, none where it is empty;
+# probes FAKE_PROBES, a JSON list); a record whose path holds FAKE_OOM_AT -> status oom;
 # --install-only -> a line in ./installs; --unlock -> its arguments in ./unlocks
 whl=$1; target=$2; shift 2
 if [[ $target == --install-only ]]; then echo "$whl" >> "$(dirname "$0")/installs"; exit 0; fi
@@ -24,12 +25,15 @@ if [[ $target == --unlock ]]; then echo "$*" >> "$(dirname "$0")/unlocks"; exit 
 sleep "$FAKE_S"
 if [[ $target != *.json ]]; then
     mkdir -p "$target"
-    printf '{"status": "ok", "largest_ok": %s, "n_probes": 3}' "${FAKE_LARGEST:-null}" > "$target/search.json"
+    printf '{"status": "ok", "largest_ok": %s, "n_probes": 3, "probes": %s}' "${FAKE_LARGEST:-null}" \
+        "${FAKE_PROBES:-[]}" > "$target/search.json"
     exit 0
 fi
 mkdir -p "$(dirname "$target")"
+status=${FAKE_STATUS:-ok}
+[[ -n ${FAKE_OOM_AT:-} && $target == *"$FAKE_OOM_AT"* ]] && status=oom
 printf '{"status": "%s", "reason": "%s", "metrics": {"tokens_per_s_mean": 123.4, "tokens_per_s_std": 5.6, "tokens_per_s_runs": [118, 123, 129]}}' \
-    "${FAKE_STATUS:-ok}" "${FAKE_REASON:-}" > "$target"
+    "$status" "${FAKE_REASON:-}" > "$target"
 echo "$@" > "$target.args"
 """
 
@@ -142,9 +146,45 @@ def test_targets_recorded_in_a_skip_recorded_folder_are_skipped(batch, tmp_path)
     assert lines[0].startswith(f"offline-batch: {targets[0]}  ok")
     assert lines[1] == f"offline-batch: {recorded}  already recorded in {ref}: skipped" and not recorded.exists()
     assert lines[2] == f"offline-batch: {local[0]}  already recorded in {ref}: skipped" and not local[0].exists()
-    # the QL search is there but not the cell it measures: the search runs, then the cell
-    assert lines[3].startswith(f"offline-batch: {local[1]}  search ok: largest batch 7") and len(lines) == 5
-    assert (tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/QL/bs7-g1/record.json").exists()
+    # the QL search is there but not the cell it measures: that cell runs alone, the search not again
+    cell = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/QL/bs7-g1/record.json"
+    assert lines[3] == f"offline-batch: {local[1]}  searched in SKIP_RECORDED, its cell not measured: {cell} next"
+    assert lines[4].startswith(f"offline-batch: {cell}  ok") and len(lines) == 5 and not local[1].exists()
+    assert cell.exists()
+
+
+def test_a_measured_cell_that_runs_out_of_memory_is_followed_by_the_batch_below(batch, tmp_path):
+    """A searched batch whose measured cell runs out of memory (its probe fit): the cell at
+    the next batch whose probe fit runs next, here and where SKIP_RECORDED holds the search
+    and the cell that ran out."""
+    import sys
+
+    run, _ = batch
+    rel = "runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1"
+    listing = tmp_path / "todo.txt"
+    listing.write_text(f"{tmp_path}/results/{rel}\n")
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    probes = '[{"batch_size": 203, "status": "ok"}, {"batch_size": 208, "status": "tight"}, {"batch_size": 207, "status": "ok"}]'
+    done = run(deadline_s=30, fake_s=0, first_s=1, FAKE_LARGEST="207", FAKE_PROBES=probes, FAKE_OOM_AT="/bs207-",
+               PATH=path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    cell = f"{tmp_path}/results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs{{}}-g1/record.json"
+    lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
+    assert lines[0].startswith(f"offline-batch: {tmp_path}/results/{rel}  search ok: largest batch 207")
+    assert lines[1].startswith(f"offline-batch: {cell.format(207)}  oom")
+    assert lines[2] == (f"offline-batch: {cell.format(207)}  ran out of memory where its search's probe fit: "
+                        f"{cell.format(203)} next")
+    assert lines[3].startswith(f"offline-batch: {cell.format(203)}  ok") and len(lines) == 4
+    # a fresh machine, the search and the cell that ran out committed: the cell below alone
+    ref = tmp_path / "reference"
+    (tmp_path / "results").rename(ref)
+    (ref / cell.format(203).split("/results/")[1]).unlink()
+    done = run(deadline_s=30, fake_s=0, first_s=1, PATH=path, SKIP_RECORDED=str(ref))
+    lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
+    below = cell.format(203)
+    assert lines == [f"offline-batch: {tmp_path}/results/{rel}  searched in SKIP_RECORDED, its cell not measured: "
+                     f"{below} next", lines[1]] and lines[1].startswith(f"offline-batch: {below}  ok"), done.stdout
+    assert Path(below).exists() and not (tmp_path / "results" / rel).exists()
 
 
 def test_seed_frontier_installs_then_seeds_before_the_first_target(batch, tmp_path):

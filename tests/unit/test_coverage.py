@@ -106,6 +106,34 @@ def test_a_cell_measured_again_elsewhere_keeps_its_search(tmp_path):
     assert (q.searched_max_batch, q.best_batch_size, q.to_do) == (26, 26, "")
 
 
+def test_a_searched_batch_whose_cell_ran_out_of_memory_steps_down_to_the_next_that_fit(tmp_path):
+    """A measured cell can run out of memory where its probe fit (more steps, more
+    fragmentation): Table IV's batch becomes the next probe down that fit, and the row
+    asks for that cell (`measure the searched batch`) until it is measured."""
+    paths = [write(tmp_path, "finetune", "h100", "llama2-7b", "L+R", 1, "ok", runs=(800.0, 805.0, 802.0),
+                   protocol=PAPER)]
+    folder = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1"
+    folder.mkdir(parents=True)
+    (folder / "search.json").write_text(
+        '{"largest_ok": 207, "probes": [{"batch_size": 203, "status": "ok"}, {"batch_size": 208, "status": "tight"},'
+        ' {"batch_size": 207, "status": "ok"}]}')
+    paths.append(write(tmp_path, "finetune", "h100", "llama2-7b", "L+R", 207, "oom"))
+    df = tidy.build(paths)
+    assert set(df[df.technique == "L+R"].searched_max_batch) == {203}
+    row = at(coverage.build(df), "finetune", "llama2-7b", "L+R")
+    assert (row.searched_max_batch, row.to_do) == (203, coverage.MEASURE_TODO)
+    g = grid.expand({"protocol": {"repeats": 1}, "finetune": [
+        {"platforms": ["h100"], "models": ["llama2-7b"], "techniques": ["L+R"], "gpus": 1, "max_batch": {"max": 512}}]})
+    cov = coverage.build(df)
+    assert coverage.targets(cov, g, (coverage.MEASURE_TODO,)) == [
+        "results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1"]
+    assert coverage.targets(cov, g, (coverage.SEARCH_TODO,)) == []
+    # measured there: nothing left
+    paths.append(write(tmp_path, "finetune", "h100", "llama2-7b", "L+R", 203, "ok", 9000.0))
+    row = at(coverage.build(tidy.build(paths)), "finetune", "llama2-7b", "L+R")
+    assert (row.searched_max_batch, row.best_batch_size, row.to_do) == (203, 203, "")
+
+
 def test_the_gpu_count_is_the_one_most_batch_1_records_used(tmp_path):
     paths = [write(tmp_path, "finetune", "h200", "llama2-7b", t, 1, "ok", 800.0) for t in ("L", "QL")]
     paths.append(write(tmp_path, "pretrain", "h200", "llama2-7b", "Q", 1, "ok", 3000.0, gpus=2))

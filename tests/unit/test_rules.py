@@ -1,6 +1,7 @@
 """The rules' resources, read from Snakemake's own dry-run plan of the tests' grid (.test/config.yaml;
 the embedded default is the users' to edit)."""
 
+import json
 import os
 import re
 import subprocess
@@ -40,3 +41,23 @@ def test_every_search_is_planned_at_once():
     planned = set(re.findall(r"output: (\S+/runs/search/\S+)", out))
     assert planned == {"results/runs/search/pretrain/h200/llama2-7b/megatron-tp1pp1-distopt/Naive-g2",
                        "results/runs/search/pretrain/h200/llama2-7b/megatron-tp2pp1/Naive-g2"}
+
+
+def test_a_searched_cell_that_ran_out_of_memory_plans_the_batch_below(tmp_path):
+    """Snakemake's plan after a measured cell ran out of memory where its search's probe fit:
+    the cell at the next batch whose probe fit (the search is not run again)."""
+    results = tmp_path / ".test/results/runs"
+    folder = results / "search/pretrain/cpu/tiny/deepspeed/Naive-g1"
+    folder.mkdir(parents=True)
+    probes = [{"batch_size": b, "status": st} for b, st in ((4, "ok"), (8, "ok"), (10, "oom"), (9, "ok"))]
+    (folder / "search.json").write_text(json.dumps({"status": "ok", "largest_ok": 9, "probes": probes}))
+    measured = results / "pretrain/cpu/tiny/deepspeed/Naive/bs9-g1/record.json"
+    measured.parent.mkdir(parents=True)
+    measured.write_text(json.dumps({"status": "oom"}))
+    (tmp_path / ".venv-vllm").symlink_to(REPO / ".venv-vllm")  # the config's engine interpreter, checked on load
+    out = subprocess.run([BIN / "snakemake", "pretrain", "-n", "--nolock", "--cores", "2", "-s", REPO / "Snakefile",
+                          "-d", tmp_path, "--configfile", REPO / ".test/config.yaml"],
+                         cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    planned = set(re.findall(r"output: (\S+/deepspeed/Naive\S*)", out))
+    assert ".test/results/runs/pretrain/cpu/tiny/deepspeed/Naive/bs8-g1/record.json" in planned, planned
+    assert not any("/runs/search/" in p or "/bs9-g1/" in p for p in planned), planned

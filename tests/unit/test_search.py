@@ -2,6 +2,7 @@
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -428,3 +429,49 @@ def test_the_measured_target_of_a_finished_search_is_its_cell_at_the_largest_bat
         search.measured_target(folder / "bs17")
     with pytest.raises(ValueError, match="not a search folder"):
         search.measured_target(tmp_path / "results/runs/finetune/h100")
+
+
+def test_a_measured_cell_that_ran_out_of_memory_sends_the_next_to_the_batch_below(tmp_path, repo):
+    """The measured cell runs more steps than its probe and can run out of memory where the
+    probe fit: measured_batch is then the next batch whose probe fit, and so on; the cells
+    that ran out stay listed (their records belong in the report)."""
+    from llmbench import grid, record
+    from llmbench.record import Record
+
+    base = {"protocol": {"warmup_steps": 1, "measured_steps": 2, "repeats": 1, "seq_len": 16, "timeout_s": 60},
+            "finetune": [{"platforms": ["h100"], "models": ["llama2-7b"], "techniques": ["L+R"], "gpus": 1,
+                          "max_batch": {"max": 512}}]}
+    s = grid.expand(base, repo).searches[0]
+    folder = tmp_path / s.record_path("results")
+    folder.mkdir(parents=True)
+    probes = [{"batch_size": b, "status": st, "source": "run"}
+              for b, st in ((203, "ok"), (208, "tight"), (207, "ok"), (190, "ok"))]
+    (folder / "search.json").write_text(json.dumps({
+        **s.key, "status": "ok", "reason": "", "largest_ok": 207, "smallest_oom": 208, "max_batch": 512,
+        "capacity_gib": 80.0, "probes": probes, "n_probes": 4, "n_run": 4, "bound": 12, "search_wall_s": 160.0,
+        "search_gpu_s": 160.0}))
+
+    def measure(batch, status):
+        rec = Record(cell=s.measured(batch).to_dict(), status=status, reason="" if status == "ok" else "CUDA out of memory")
+        record.write(rec, tmp_path / s.measured(batch).record_path("results"))
+
+    assert (search.measured_batch(folder), search.measured_out_of_memory(folder)) == (207, [])
+    measure(207, "ok")
+    assert search.measured_batch(folder) == 207  # measured and ran: it stays
+    measure(207, "oom")
+    assert (search.measured_batch(folder), search.measured_out_of_memory(folder)) == (203, [207])
+    assert search.measured_target(folder) == str(tmp_path / s.measured(203).record_path("results"))
+    # the search table joins the cell measured there and names the batch that ran out
+    from llmbench.report import render, search as search_report
+
+    measure(203, "ok")
+    table = search_report.build([folder], [tmp_path / s.measured(b).record_path("results") for b in (203, 207)])
+    assert table[["largest_ok", "measured_batch_size", "measured_out_of_memory", "measured_status"]].values.tolist() \
+        == [[207, 203, "207", "ok"]]
+    assert re.search(r"\|\s*203 \(207 oom\)\s*\|\s*ok\s*\|", render.markdown(search_report.table(table)))
+    measure(203, "error")  # a failure that is no OOM does not move the batch
+    assert search.measured_batch(folder) == 203
+    measure(203, "oom")
+    measure(190, "oom")
+    assert (search.measured_batch(folder), search.measured_out_of_memory(folder)) == (None, [207, 203, 190])
+    assert search.measured_target(folder) is None

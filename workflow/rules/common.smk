@@ -90,14 +90,15 @@ def records(stage=None):
 
 def searched_records(stage=None):
     """The cells the max-batch searches measure, at the batch each found (known once the
-    search has run: Snakemake re-evaluates this after the checkpoint)."""
+    search has run: Snakemake re-evaluates this after the checkpoint), and those measured
+    at a larger batch that ran out of memory (lbsearch.measured_batch: the next run asks
+    for the batch below, once that record exists)."""
     out = []
     for s in GRID.searches:
         if stage in (None, s.cell.stage):
             folder = checkpoints.search_max_batch.get(**s.key).output.dir
-            largest = lbsearch.read_summary(folder)["largest_ok"]
-            if largest:
-                out.append(s.measured(largest).record_path(R))
+            batches = lbsearch.measured_out_of_memory(folder) + [lbsearch.measured_batch(folder)]
+            out += [s.measured(b).record_path(R) for b in batches if b]
     return out
 
 

@@ -17,7 +17,10 @@ Each row's ``answer``:
 ``to_do`` (empty where nothing is left): ``run batch 1`` (not run, or failed); ``rerun under
 the paper's protocol`` (an ok record with fewer than 30 warm-up or 100 measured steps, or fewer
 than 3 repeats: the protocol of Tables III and IX); ``search the largest batch`` (an ok row
-whose largest batch no max-batch search found: Table IV's batch). A predicted-not-to-fit row
+whose largest batch no max-batch search found: Table IV's batch); ``measure the searched batch``
+(a search found the batch, but no cell ran ok there: not measured yet, or measured where its
+cell then ran out of memory, and llmbench.search.measured_batch stepped down to the next
+batch whose probe fit). A predicted-not-to-fit row
 has nothing to do: the prediction is its answer, and the GPU hours stay unspent.
 """
 
@@ -109,14 +112,16 @@ def _answer(rec, pred: dict | None) -> tuple[str, str]:
     return "not run", ""
 
 
-def _to_do(answer: str, rec, searched) -> list[str]:
+def _to_do(answer: str, rec, searched, measured_ok: bool) -> list[str]:
     if answer in ("not run", "error", "timeout"):
         return ["run batch 1"]
     if answer != "measured":
         return []
     todo = [] if meets_protocol(rec) else ["rerun under the paper's protocol"]
     if pd.isna(searched):
-        todo.append("search the largest batch")
+        todo.append(SEARCH_TODO)
+    elif not measured_ok:
+        todo.append(MEASURE_TODO)
     return todo
 
 
@@ -141,6 +146,7 @@ def build(tidy: pd.DataFrame, root: Path | None = None) -> pd.DataFrame:
             ok = cells[cells["status"] == "ok"]
             best = ok.sort_values("tokens_per_s_mean").iloc[-1] if not ok.empty else None
             searched = cells["searched_max_batch"].max() if "searched_max_batch" in cells and len(cells) else None
+            measured_ok = pd.notna(searched) and bool((ok["batch_size"] == searched).any())
             tps = rec["tokens_per_s_mean"] if answer == "measured" else None
             std = rec["tokens_per_s_std"] if answer == "measured" else None
             out.append({
@@ -159,7 +165,7 @@ def build(tidy: pd.DataFrame, root: Path | None = None) -> pd.DataFrame:
                 "capacity_gib": None if pred is None else pred["capacity_gib"],
                 "predicted_fits": None if pred is None else pred["fits"],
                 "predicted_max_batch": None if pred is None else pred["max_batch"],
-                "why": why, "to_do": "; ".join(_to_do(answer, rec, searched)),
+                "why": why, "to_do": "; ".join(_to_do(answer, rec, searched, measured_ok)),
                 "paper_a800_status": r.paper_a800_status,
             })
     return pd.DataFrame(out, columns=COLUMNS)
@@ -242,17 +248,20 @@ def table(df: pd.DataFrame) -> render.Table:
 
 # The next GPU session's targets ---------------------------------------------------------------
 
-#: the to-do that names a grid's max-batch searches (their folders), not its batch-1 cells
+#: the to-dos that name a grid's max-batch searches (their folders), not its batch-1 cells:
+#: envs/offline-batch.sh runs a search folder's measured cell after it (or alone, where a
+#: SKIP_RECORDED folder holds the search)
 SEARCH_TODO = "search the largest batch"
+MEASURE_TODO = "measure the searched batch"
 
 
 def targets(cov: pd.DataFrame, grid, wanted: tuple[str, ...] = ("run batch 1",),
             platforms: list[str] | None = None) -> list[str]:
     """The record paths of ``grid``'s batch-1 training cells (of ``platforms``, or all) whose
     coverage row (same platform, GPUs, stage, model and method) still has one of ``wanted``
-    to do, in the config's order; with SEARCH_TODO wanted, the folders of its max-batch
-    searches whose row has that to do, after them (envs/offline-batch.sh runs a search
-    folder's measured cell once the search has found its batch). A cell of a platform the
+    to do, in the config's order; with SEARCH_TODO or MEASURE_TODO wanted, the folders of
+    its max-batch searches whose row has that to do, after them (envs/offline-batch.sh runs
+    a search folder's measured cell once the search has found its batch). A cell of a platform the
     coverage does not know (no record ran there yet) counts as not run."""
     todo = {}
     for r in cov.itertuples():
@@ -270,12 +279,12 @@ def targets(cov: pd.DataFrame, grid, wanted: tuple[str, ...] = ("run batch 1",),
                 out.append(c.record_path(grid.results_dir))
         elif c.platform not in known_platforms and "run batch 1" in wanted:
             out.append(c.record_path(grid.results_dir))
-    if SEARCH_TODO in wanted:
-        for search in grid.searches:
-            c = search.cell
-            if (not platforms or c.platform in platforms) and SEARCH_TODO in todo.get(
-                    (c.platform, c.gpus, c.stage, c.model, c.technique), ""):
-                out.append(search.record_path(grid.results_dir))
+    searching = [w for w in wanted if w in (SEARCH_TODO, MEASURE_TODO)]
+    for search in grid.searches if searching else []:
+        c = search.cell
+        row = todo.get((c.platform, c.gpus, c.stage, c.model, c.technique), "")
+        if (not platforms or c.platform in platforms) and any(w in row for w in searching):
+            out.append(search.record_path(grid.results_dir))
     return out
 
 
@@ -292,9 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("targets", help="record paths of a config's cells still to do")
     t.add_argument("coverage", type=Path, help="a tables/coverage.csv")
     t.add_argument("config", type=Path, help="the config whose cells to run")
-    t.add_argument("--to-do", action="append", choices=["run batch 1", "rerun under the paper's protocol", SEARCH_TODO],
+    t.add_argument("--to-do", action="append",
+                   choices=["run batch 1", "rerun under the paper's protocol", SEARCH_TODO, MEASURE_TODO],
                    help="which to-do to select (repeatable; default: run batch 1); "
-                        f"'{SEARCH_TODO}': the config's search folders")
+                        f"'{SEARCH_TODO}' and '{MEASURE_TODO}': the config's search folders")
     t.add_argument("--platform", action="append", help="only these platforms (repeatable)")
     args = ap.parse_args(argv)
     try:

@@ -13,12 +13,14 @@ import pandas as pd
 
 from ..cells import SEARCH_KEY, cell_from_dict
 from ..record import read
+from ..search import measured_batch, measured_out_of_memory
 from . import render
 from .render import fmt
 
 COLUMNS = list(SEARCH_KEY) + [
     "status", "reason", "largest_ok", "smallest_oom", "max_batch", "capacity_gib", "probes", "n_probes", "n_run",
-    "bound", "within_bound", "search_wall_s", "search_gpu_s", "measured_status", "measured_tokens_per_s",
+    "bound", "within_bound", "search_wall_s", "search_gpu_s", "measured_batch_size", "measured_out_of_memory",
+    "measured_status", "measured_tokens_per_s",
     "measured_wall_s", "measured_gpu_s",
 ]
 MARK = {"ok": "ok", "oom": "oom"}
@@ -32,16 +34,19 @@ def _wall_s(prov: dict) -> float | None:
 
 
 def build(folders: Iterable[str | Path], measured: Iterable[str | Path]) -> pd.DataFrame:
-    """One row per search (its folder's search.json) joined with the record it measured."""
+    """One row per search (its folder's search.json) joined with the record it measured, at
+    llmbench.search.measured_batch (the largest batch that fit, below any whose measured
+    cell ran out of memory: those batches in ``measured_out_of_memory``)."""
     by_key = {}
     for p in measured:
         rec = read(p)
         key = cell_from_dict(rec.cell).key  # the path form of the backend, as in search.json
-        by_key[tuple(str(key[k]) for k in SEARCH_KEY)] = rec
+        by_key[tuple(str(key[k]) for k in (*SEARCH_KEY, "batch_size"))] = rec
     rows = []
     for folder in folders:
         s = json.loads((Path(folder) / "search.json").read_text())
-        rec = by_key.get(tuple(str(s[k]) for k in SEARCH_KEY))
+        batch = measured_batch(folder)
+        rec = by_key.get(tuple(str(s[k]) for k in SEARCH_KEY) + (str(batch),))
         wall = _wall_s(rec.provenance) if rec is not None else None
         probes = " ".join(f"{p['batch_size']}:{p['status']}{'*' if p['source'] == 'frontier' else ''}"
                           for p in s["probes"])
@@ -51,6 +56,8 @@ def build(folders: Iterable[str | Path], measured: Iterable[str | Path]) -> pd.D
             "capacity_gib": s["capacity_gib"], "probes": probes, "n_probes": s["n_probes"], "n_run": s["n_run"],
             "bound": s["bound"], "within_bound": s["n_probes"] <= s["bound"],
             "search_wall_s": s["search_wall_s"], "search_gpu_s": s["search_gpu_s"],
+            "measured_batch_size": batch,
+            "measured_out_of_memory": " ".join(str(b) for b in measured_out_of_memory(folder)),
             "measured_status": rec.status if rec is not None else None,
             "measured_tokens_per_s": rec.metrics.tokens_per_s_mean if rec is not None else None,
             "measured_wall_s": wall, "measured_gpu_s": wall * s["gpus"] if wall is not None else None,
@@ -62,11 +69,18 @@ def table(df: pd.DataFrame) -> render.Table:
     """The search table's display: per search, its probes and the cell it measured."""
     rows = [[r.platform, r.model, r.stage, r.backend, r.technique, fmt(r.gpus, ".0f"), r.status,
              "-" if pd.isna(r.largest_ok) else str(int(r.largest_ok)), r.probes, f"{r.n_probes} / {r.bound}",
-             fmt(r.search_gpu_s, ",.1f"), r.measured_status or "", fmt(r.measured_tokens_per_s, ",.1f"),
+             fmt(r.search_gpu_s, ",.1f"), _measured_bs(r), r.measured_status or "", fmt(r.measured_tokens_per_s, ",.1f"),
              fmt(r.measured_gpu_s, ",.1f")] for r in df.itertuples()]
     return render.simple("search", df, ["Platform", "Model", "Stage", "Backend", "Method", "GPUs", "Search", "Largest BS", "Probes (BS:outcome)",
-                  "Probes / bound", "Search GPU·s", "Measured", "Measured tok/s", "Measured GPU·s"], rows,
+                  "Probes / bound", "Search GPU·s", "Measured BS", "Measured", "Measured tok/s", "Measured GPU·s"], rows,
                  "Probes in the order run; '*': answered by the frontier file (a known OOM, or a batch that ran before: its peak) without running (its record: skipped). Bound: "
                  "floor(log2(max)) + 3. GPU·s: wall seconds x GPUs (on a CPU platform, x processes). The measured "
-                 "cell is the full protocol at the largest batch; '-': no batch fits.")
+                 "cell is the full protocol at the largest batch; '-': no batch fits. Measured BS below the largest: "
+                 "the cell measured at the batches in brackets ran out of memory where its probe fit (more steps, "
+                 "more fragmentation), so the next batch down whose probe fit is measured.")
+
+
+def _measured_bs(r) -> str:
+    bs = "-" if pd.isna(r.measured_batch_size) else str(int(r.measured_batch_size))
+    return f"{bs} ({r.measured_out_of_memory} oom)" if r.measured_out_of_memory else bs
 

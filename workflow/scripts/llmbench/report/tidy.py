@@ -3,7 +3,6 @@ hold a cell, the record llmbench.report.runs chooses), flat columns with units i
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Iterable
@@ -13,6 +12,7 @@ import pandas as pd
 from .. import cells
 from ..profile import kernels
 from ..record import Record, read
+from ..search import measured_batch
 from . import render, runs
 
 COLUMNS = [
@@ -202,14 +202,16 @@ def origin(path: str | Path) -> tuple[str, str]:
 
 def searched_max_batch(path: str | Path) -> int | None:
     """The largest batch the max-batch search of this training cell's method found, read
-    from the search folder beside it (runs/search/<stage>/.../<technique>-g<gpus>/search.json)."""
+    from the search folder beside it (runs/search/<stage>/.../<technique>-g<gpus>/): the
+    batch its cell is measured at (llmbench.search.measured_batch: below a batch whose
+    measured cell ran out of memory where its probe fit)."""
     parsed = cells.parse(path, (cells.RECORD_PATTERN,))
     if parsed is None or parsed.wildcards["stage"] not in cells.SEARCH_STAGES:
         return None
-    summary = Path(parsed.root) / cells.SEARCH_SUMMARY_PATTERN.format(**parsed.wildcards)
-    if not summary.exists():
+    folder = Path(parsed.root) / cells.SEARCH_PATTERN.format(**parsed.wildcards)
+    if not (folder / cells.SEARCH_SUMMARY).exists():
         return None
-    return json.loads(summary.read_text()).get("largest_ok")
+    return measured_batch(folder)
 
 
 def build_all(paths: Iterable[str | Path]) -> pd.DataFrame:

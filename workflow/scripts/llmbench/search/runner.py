@@ -133,19 +133,65 @@ def read_summary(out_dir: Path | str) -> dict[str, Any]:
     return json.loads((Path(out_dir) / cells.SEARCH_SUMMARY).read_text())
 
 
-def measured_target(folder: Path | str) -> str | None:
-    """The record path (for ``snakemake``) of the cell a finished search measures: the
-    search's cell at the largest batch that fit (Search.measured's record_path); None where
-    no batch fit. ValueError: ``folder`` is no search folder (cells.SEARCH_PATTERN)."""
+def measured_batch(folder: Path | str) -> int | None:
+    """The batch a finished search's cell is measured at: the largest batch whose probe fit,
+    unless the cell measured there (its record beside the search, cells.RECORD_PATTERN)
+    ran out of memory; then the next smaller batch whose probe fit, and so on. None where
+    no probe fit, or where the cell ran out of memory at every batch that did.
+
+    A measured cell can run out of memory where its probe did not: it runs more steps,
+    and the caching allocator's fragmentation can grow past what a short probe showed
+    (headroom covers most of it, not all). Its record stays ``oom``, a true result
+    (measured_out_of_memory lists them); the report and the next run use the next batch
+    down. ValueError: ``folder`` is no search folder (cells.SEARCH_PATTERN)."""
+    return _measured(folder)[0]
+
+
+def measured_out_of_memory(folder: Path | str) -> list[int]:
+    """The batches above measured_batch whose measured cell ran out of memory, largest
+    first (their records belong in the report beside the cell measured)."""
+    return _measured(folder)[1]
+
+
+def _measured(folder: Path | str) -> tuple[int | None, list[int]]:
     text = str(folder).rstrip("/")
     parsed = cells.parse(text, (cells.SEARCH_PATTERN,))
     if parsed is None or not text.endswith(cells.SEARCH_PATTERN.format(**parsed.wildcards)):
         raise ValueError(f"{folder}: not a search folder (results/{cells.SEARCH_PATTERN})")
-    largest = read_summary(text)["largest_ok"]
+    summary = read_summary(text)
+    largest = summary.get("largest_ok")
     if not largest:
-        return None
-    record = cells.RECORD_PATTERN.format(**parsed.wildcards, batch_size=int(largest))
+        return None, []
+    fit = {int(p["batch_size"]) for p in summary.get("probes", [])
+           if p["status"] == "ok" and p["batch_size"] <= largest} | {int(largest)}
+    ran_out = []
+    for batch in sorted(fit, reverse=True):
+        try:
+            status = json.loads(Path(measured_record(text, batch)).read_text()).get("status")
+        except (OSError, ValueError):
+            status = None  # not measured yet (or unreadable: measuring it again says why)
+        if status != "oom":
+            return batch, ran_out
+        ran_out.append(batch)
+    return None, ran_out
+
+
+def measured_record(folder: Path | str, batch_size: int) -> str:
+    """The record path of a search folder's cell at ``batch_size`` (under the same results
+    folder as the search)."""
+    text = str(folder).rstrip("/")
+    parsed = cells.parse(text, (cells.SEARCH_PATTERN,))
+    record = cells.RECORD_PATTERN.format(**parsed.wildcards, batch_size=int(batch_size))
     return f"{parsed.root}/{record}" if parsed.root else record
+
+
+def measured_target(folder: Path | str) -> str | None:
+    """The record path (for ``snakemake``) of the cell a finished search measures: the
+    search's cell at measured_batch (the largest batch that fit, below any where the
+    measured cell ran out of memory); None where there is none. ValueError: ``folder`` is
+    no search folder (cells.SEARCH_PATTERN)."""
+    batch = measured_batch(folder)
+    return None if batch is None else measured_record(folder, batch)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -134,6 +134,22 @@ def test_a_searched_batch_whose_cell_ran_out_of_memory_steps_down_to_the_next_th
     assert (row.searched_max_batch, row.best_batch_size, row.to_do) == (203, 203, "")
 
 
+def test_a_search_whose_run_holds_only_its_probes_still_counts(tmp_path):
+    """A search stopped before its measured cell (its run holds the probes and search.json):
+    the row's batch is the search's, and what is left is to measure it there."""
+    paths = [write(tmp_path, "finetune", "h200", "llama2-13b", "L+R", 1, "ok", runs=(800.0, 805.0, 802.0),
+                   protocol=PAPER, results="sweep")]
+    probe = write(tmp_path, "finetune", "h200", "llama2-13b", "L+R", 261, "ok", 6000.0, results="search")
+    folder = tmp_path / "search/runs/search/finetune/h200/llama2-13b/deepspeed/L+R-g1"
+    (folder / "bs261").mkdir(parents=True)
+    probe.rename(folder / "bs261/record.json")
+    (folder / "search.json").write_text('{"largest_ok": 261, "probes": [{"batch_size": 261, "status": "ok"}]}')
+    df = tidy.build([*paths, folder / "bs261/record.json"])
+    assert df.loc[df.kind == "probe", "searched_max_batch"].isna().all()
+    row = at(coverage.build(df), "finetune", "llama2-13b", "L+R")
+    assert (row.searched_max_batch, row.to_do) == (261, coverage.MEASURE_TODO)
+
+
 def test_the_gpu_count_is_the_one_most_batch_1_records_used(tmp_path):
     paths = [write(tmp_path, "finetune", "h200", "llama2-7b", t, 1, "ok", 800.0) for t in ("L", "QL")]
     paths.append(write(tmp_path, "pretrain", "h200", "llama2-7b", "Q", 1, "ok", 3000.0, gpus=2))

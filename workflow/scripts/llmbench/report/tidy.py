@@ -201,11 +201,11 @@ def origin(path: str | Path) -> tuple[str, str]:
 
 
 def searched_max_batch(path: str | Path) -> int | None:
-    """The largest batch the max-batch search of this training cell's method found, read
-    from the search folder beside it (runs/search/<stage>/.../<technique>-g<gpus>/): the
-    batch its cell is measured at (llmbench.search.measured_batch: below a batch whose
+    """The largest batch the max-batch search of this training cell's (or probe's) method
+    found, read from the search folder beside it (runs/search/<stage>/.../<technique>-g<gpus>/):
+    the batch its cell is measured at (llmbench.search.measured_batch: below a batch whose
     measured cell ran out of memory where its probe fit)."""
-    parsed = cells.parse(path, (cells.RECORD_PATTERN,))
+    parsed = cells.parse(path, (cells.RECORD_PATTERN, cells.PROBE_RECORD_PATTERN))
     if parsed is None or parsed.wildcards["stage"] not in cells.SEARCH_STAGES:
         return None
     folder = Path(parsed.root) / cells.SEARCH_PATTERN.format(**parsed.wildcards)
@@ -229,14 +229,18 @@ def build_all(paths: Iterable[str | Path]) -> pd.DataFrame:
     for r in rows:
         r.update(chosen[r["record_path"]])
     df = _gemm_ceiling(pd.DataFrame(rows, columns=ALL_COLUMNS))
-    train = df["stage"].isin(["pretrain", "finetune"]) & (df["kind"] == "cell")
-    df["searched_max_batch"] = pd.array(
-        [searched_max_batch(p) if t else None for p, t in zip(df["record_path"], train)], dtype="Int64")
+    staged = df["stage"].isin(["pretrain", "finetune"])
+    train = staged & (df["kind"] == "cell")
+    searched = pd.array(
+        [searched_max_batch(p) if t else None for p, t in zip(df["record_path"], staged)], dtype="Int64")
     # a cell measured again in a run without the search (a rerun under a stronger protocol, a
-    # second machine): the method's search from another run still answers Table IV's question
+    # second machine), or a search whose run holds its probes but not yet its measured cell:
+    # the method's search from another run still answers Table IV's question
+    df["searched_max_batch"] = pd.array([None] * len(df), dtype="Int64")
     if train.any():
-        found = df[train].groupby([*cells.SEARCH_KEY, "seq_len"], dropna=False)["searched_max_batch"].transform("max")
-        df.loc[train, "searched_max_batch"] = found
+        found = pd.Series(searched, index=df.index)[staged].groupby(
+            [df.loc[staged, k] for k in (*cells.SEARCH_KEY, "seq_len")], dropna=False).transform("max")
+        df.loc[train, "searched_max_batch"] = found[train[staged]]
     df["runs"] = df["runs"].astype("Int64")
     per_gpu(df)
     return df.sort_values(["stage", "platform", "model", "backend", "technique", "load", "bench", "case",

@@ -29,6 +29,11 @@
 # A measured cell can run out of memory where its search's probe fit (it runs more steps, and
 # the allocator's fragmentation can grow past what the probe showed): its record says oom,
 # and the cell at the next batch down whose probe fit runs next (llmbench.search.measured_batch).
+# A cell that a max-batch search probed at its batch starts only if the time left holds 1.5
+# times the probe's estimate plus 20 s (python -m llmbench.search estimate: the probe's
+# set-up plus its seconds a step times the cell's steps, per repeat, the protocol read from
+# the last --configfile; over 49 measured cells the wall time was 0.27-1.63 times it, median
+# 0.95); its line gives the estimate beside the seconds it took.
 # SKIP_RECORDED="DIR ..." (optional): results folders (a reference run's, holding runs/...)
 # whose records count as done: a target recorded in one of them is skipped (a search folder
 # once its search.json and the cell it measures are there), so the same list can go to a
@@ -90,6 +95,15 @@ measured_elsewhere() {
     done
     return 1
 }
+# the config the targets' cells come from (the estimates read their protocol there): the
+# last --configfile, else the embedded default
+configfile=config/config.yaml
+prev=""
+for a in "$@"; do
+    [[ $prev == --configfile ]] && configfile=$a
+    [[ $a == --configfile=* ]] && configfile=${a#--configfile=}
+    prev=$a
+done
 # the search folder a measured cell came from (asked again when the cell runs out of memory)
 declare -A searched_by=()
 i=0
@@ -106,8 +120,16 @@ while (( i < ${#targets[@]} )); do
         continue
     fi
     left=$((deadline - (SECONDS - start)))
-    if (( left < longest )); then
-        echo "offline-batch: ${left}s left, the longest cell took ${longest}s: stopping before $t"
+    est=""
+    [[ $t == *.json ]] && est=$(PYTHONPATH=$site_path python3 -m llmbench.search estimate "$t" "$configfile" 2>/dev/null)
+    if [[ $est =~ ^[0-9]+$ ]]; then
+        need=$((est * 3 / 2 + 20))
+        why="its search's probe puts it at ${est}s (x 1.5 + 20 s: ${need}s)"
+    else
+        est="" need=$longest why="the longest cell took ${longest}s"
+    fi
+    if (( left < need )); then
+        echo "offline-batch: ${left}s left, $why: stopping before $t"
         rc=3
         break
     fi
@@ -127,9 +149,10 @@ while (( i < ${#targets[@]} )); do
     (( trc != 0 )) && rc=$trc
     (( took > longest )) && longest=$took
     if [[ $t != *.json ]]; then  # a search folder: its line, then the cell it measures
-        python3 - "$t" "$took" <<'EOF'
+        python3 - "$t" "$took" "$est" <<'EOF'
 import json, sys
-target, took = sys.argv[1], sys.argv[2]
+target, took, est = sys.argv[1], sys.argv[2], sys.argv[3]
+took = f"{took}s (estimated {est}s)" if est else f"{took}s"
 try:
     s = json.load(open(f"{target}/search.json"))
 except (OSError, ValueError) as e:
@@ -149,19 +172,20 @@ EOF
         fi
         continue
     fi
-    python3 - "$t" "$took" <<'EOF'
+    python3 - "$t" "$took" "$est" <<'EOF'
 import json, sys
-target, took = sys.argv[1], sys.argv[2]
+target, took, est = sys.argv[1], sys.argv[2], sys.argv[3]
+took = f"{took}s (estimated {est}s)" if est else f"{took}s"
 try:
     r = json.load(open(target))
 except (OSError, ValueError) as e:
-    print(f"offline-batch: {target}  no record ({e.__class__.__name__})  {took}s")
+    print(f"offline-batch: {target}  no record ({e.__class__.__name__})  {took}")
     sys.exit()
 m = r.get("metrics") or {}
 tps = m.get("tokens_per_s_mean")
 std = m.get("tokens_per_s_std") if len(m.get("tokens_per_s_runs") or []) > 1 else None
 rate = (f"{tps:.1f} tok/s" + (f" ± {std:.1f}" if std is not None else "")) if tps else "-"
-print(f"offline-batch: {target}  {r.get('status')}  {rate}  {took}s  {(r.get('reason') or '')[:120]}")
+print(f"offline-batch: {target}  {r.get('status')}  {rate}  {took}  {(r.get('reason') or '')[:120]}")
 EOF
     # a measured cell that ran out of memory where its probe fit: the next batch down
     folder=${searched_by[$t]:-}

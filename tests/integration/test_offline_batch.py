@@ -209,3 +209,41 @@ def test_seed_frontier_installs_then_seeds_before_the_first_target(batch, tmp_pa
         t.unlink()
     run(deadline_s=30, fake_s=0, first_s=1, PATH=path)
     assert not (tmp_path / "installs").exists()
+
+
+def test_a_searched_cell_starts_only_where_its_estimate_fits_the_time_left(tmp_path):
+    """A cell its search probed at that batch is weighed by its estimate (1.5 x + 20 s),
+    not by the longest target so far: one too long for the time left is not started; a
+    short one starts though an earlier target took longer than the time left."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests/unit"))
+    from test_search import ESTIMATE_CONFIG, probe_record
+
+    config = tmp_path / "config.yaml"
+    config.write_text(ESTIMATE_CONFIG)
+    (tmp_path / "fake-offline-run.sh").write_text(STAND_IN)
+    target = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs203-g1/record.json"
+    probe = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1/bs203/record.json"
+    probe.parent.mkdir(parents=True)
+    probe.write_text(probe_record(wall_s=40, window_s=9.0))  # 140 s: needs 230 s
+    listing = tmp_path / "todo.txt"
+    listing.write_text(f"{target}\n")
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+
+    def run(deadline_s, first_s):
+        return subprocess.run(
+            ["bash", str(REPO / "envs/offline-batch.sh"), "WHL", str(deadline_s), str(listing), "--cores", "1",
+             "--configfile", str(config)], capture_output=True, text=True, timeout=60,
+            env={**os.environ, "OFFLINE_RUN": str(tmp_path / "fake-offline-run.sh"), "FAKE_S": "0",
+                 "FIRST_S": str(first_s), "PATH": path})
+
+    done = run(deadline_s=200, first_s=1)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "its search's probe puts it at 140s (x 1.5 + 20 s: 230s): stopping before" in done.stdout
+    assert not target.exists()
+    probe.write_text(probe_record(wall_s=4, window_s=1.5))  # 2 x (2.5 + 0.5 x 13) = 18 s: needs 47 s
+    done = run(deadline_s=200, first_s=1000)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
+    assert done.returncode == 0 and lines[0].startswith(f"offline-batch: {target}  ok  123.4 tok/s"), done.stdout
+    assert "s (estimated 18s)" in lines[0]

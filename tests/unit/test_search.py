@@ -475,3 +475,41 @@ def test_a_measured_cell_that_ran_out_of_memory_sends_the_next_to_the_batch_belo
     measure(190, "oom")
     assert (search.measured_batch(folder), search.measured_out_of_memory(folder)) == (None, [207, 203, 190])
     assert search.measured_target(folder) is None
+
+
+ESTIMATE_CONFIG = """
+protocol: {warmup_steps: 3, measured_steps: 10, repeats: 2, seq_len: 350}
+finetune:
+  - platforms: [h100]
+    models: [llama2-7b]
+    techniques: [L+R]
+    gpus: 1
+    max_batch: {max: 512, probe: {warmup_steps: 1, measured_steps: 2}}
+"""
+
+
+def probe_record(wall_s: float, window_s: float, status: str = "ok") -> str:
+    return json.dumps({"status": status, "cell": {"protocol": {"warmup_steps": 1, "measured_steps": 2}},
+                       "summary": {"phase_window_s": window_s},
+                       "provenance": {"started": "2026-11-26T06:00:00+00:00",
+                                      "finished": f"2026-11-26T06:{int(wall_s) // 60:02d}:{int(wall_s) % 60:02d}+00:00"}})
+
+
+def test_a_searched_cell_is_estimated_from_its_probe_and_its_own_protocol(tmp_path, capsys):
+    """What offline-batch weighs against the time left: per repeat, the probe's set-up (its
+    wall time less its timed window) plus its seconds a step times the cell's steps."""
+    config = tmp_path / "config.yaml"
+    config.write_text(ESTIMATE_CONFIG)
+    target = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs203-g1/record.json"
+    probe = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1/bs203/record.json"
+    assert search.estimate_s(target, config) is None  # no probe at that batch
+    probe.parent.mkdir(parents=True)
+    probe.write_text(probe_record(wall_s=40, window_s=9.0))
+    # 2 repeats x (31 s of set-up + 3 s a step x 13 steps)
+    assert search.estimate_s(target, config) == pytest.approx(140.0)
+    assert search.main(["estimate", str(target), str(config)]) == 0 and capsys.readouterr().out == "140\n"
+    other = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L/bs203-g1/record.json"
+    assert search.estimate_s(other, config) is None  # no such cell in the config (nor probe)
+    probe.write_text(probe_record(wall_s=40, window_s=9.0, status="skipped"))  # answered by the frontier
+    assert search.estimate_s(target, config) is None
+    assert search.main(["estimate", str(target), str(config)]) == 0 and capsys.readouterr().out == ""

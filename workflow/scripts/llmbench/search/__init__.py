@@ -9,9 +9,9 @@ Three parts, each importable alone:
   fingerprint of what decides memory (fingerprint, Frontier, seed_frontier), and the
   search's Snakemake rerun trigger derived from the same fingerprint (rerun_spec);
 - ``runner``: probes run through llmbench.launch, each recorded, and ``search.json``
-  (run, summary, read_summary, measured_batch, measured_out_of_memory,
-  measured_target; ``python -m llmbench.search
-  seed-frontier`` and ``measured-target``).
+  (run, summary, read_summary, measured_batch, measured_out_of_memory, measured_target,
+  estimate_s; ``python -m llmbench.search seed-frontier``, ``measured-target`` and
+  ``estimate``).
 
 The names callers use are re-exported here.
 """
@@ -19,5 +19,5 @@ The names callers use are re-exported here.
 from ..record import FRONTIER_COMMAND
 from .algorithm import BOUNDING, MODEL_POINTS, TOO_LARGE, Probe, State, bound, next_probe, predict
 from .frontier import Answer, Frontier, capacity_and_metric, fingerprint, memory_spec, rerun_spec, seed_frontier
-from .runner import (main, measured_batch, measured_out_of_memory, measured_record, measured_target, read_summary,
-                     run, summary)
+from .runner import (estimate_s, main, measured_batch, measured_out_of_memory, measured_record, measured_target,
+                     read_summary, run, summary)

@@ -26,6 +26,7 @@ file and runs every probe again.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, replace
 from datetime import datetime, timezone
@@ -194,10 +195,42 @@ def measured_target(folder: Path | str) -> str | None:
     return None if batch is None else measured_record(folder, batch)
 
 
+def estimate_s(target: Path | str, configfile: Path | str) -> float | None:
+    """Seconds the cell of record ``target`` should take to run, where a max-batch search
+    beside it probed that batch: per repeat of the cell's protocol (``configfile``'s grid),
+    what the probe spent outside its timed window (start, imports, the build) plus the
+    probe's seconds a step times the cell's warm-up and measured steps. None where no probe
+    ran at that batch there (one the frontier answered keeps no timing) or the config has
+    no such cell. envs/offline-batch.sh compares it with the time left before it starts the
+    cell. Snakemake's own start is not in it."""
+    parsed = cells.parse(str(target), (cells.RECORD_PATTERN,))
+    if parsed is None:
+        return None
+    folder = Path(parsed.root) / cells.SEARCH_PATTERN.format(**parsed.wildcards)
+    try:
+        probe = json.loads((folder / cells.PROBE_DIR.format(**parsed.wildcards) / "record.json").read_text())
+        prov, window = probe["provenance"], probe["summary"]["phase_window_s"]
+        wall = (datetime.fromisoformat(prov["finished"]) - datetime.fromisoformat(prov["started"])).total_seconds()
+        probe_steps = probe["cell"]["protocol"]["warmup_steps"] + probe["cell"]["protocol"]["measured_steps"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if probe.get("status") != "ok" or not probe_steps:
+        return None
+    from ..grid import load
+
+    try:
+        cell = load(Path(configfile)).find(**parsed.wildcards)
+    except (KeyError, LookupError, ValueError):
+        return None
+    steps = cell.protocol.warmup_steps + cell.protocol.measured_steps
+    return cell.protocol.repeats * (max(wall - window, 0.0) + window / probe_steps * steps)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m llmbench.search seed-frontier RECORDS [--results DIR]`` (seed_frontier);
     ``python -m llmbench.search measured-target FOLDER`` (measured_target: prints the
-    record path, or nothing where no batch fit)."""
+    record path, or nothing where no batch fit); ``python -m llmbench.search estimate
+    TARGET CONFIG`` (estimate_s: prints whole seconds, or nothing where there is no estimate)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m llmbench.search", description=main.__doc__)
@@ -207,7 +240,15 @@ def main(argv: list[str] | None = None) -> int:
     seed.add_argument("--results", type=Path, default=Path("results"), help="results folder of the frontier files")
     measured = sub.add_parser("measured-target", help=measured_target.__doc__.split("\n")[0])
     measured.add_argument("folder", type=Path, help="a finished search's folder (holding search.json)")
+    estimate = sub.add_parser("estimate", help=estimate_s.__doc__.split("\n")[0])
+    estimate.add_argument("target", type=Path, help="a training cell's record path")
+    estimate.add_argument("config", type=Path, help="the config whose cell it is")
     args = parser.parse_args(argv)
+    if args.command == "estimate":
+        seconds = estimate_s(args.target, args.config)
+        if seconds is not None:
+            print(math.ceil(seconds))
+        return 0
     if args.command == "measured-target":
         try:
             target = measured_target(args.folder)

@@ -217,8 +217,7 @@ def test_a_searched_cell_starts_only_where_its_estimate_fits_the_time_left(tmp_p
     short one starts though an earlier target took longer than the time left."""
     import sys
 
-    sys.path.insert(0, str(REPO / "tests/unit"))
-    from test_search import ESTIMATE_CONFIG, probe_record
+    from conftest import ESTIMATE_CONFIG, probe_record
 
     config = tmp_path / "config.yaml"
     config.write_text(ESTIMATE_CONFIG)

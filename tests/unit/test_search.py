@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ESTIMATE_CONFIG, probe_record
 from llmbench import search
 from llmbench.search import Frontier, Probe, State, bound, next_probe
 
@@ -475,24 +476,6 @@ def test_a_measured_cell_that_ran_out_of_memory_sends_the_next_to_the_batch_belo
     measure(190, "oom")
     assert (search.measured_batch(folder), search.measured_out_of_memory(folder)) == (None, [207, 203, 190])
     assert search.measured_target(folder) is None
-
-
-ESTIMATE_CONFIG = """
-protocol: {warmup_steps: 3, measured_steps: 10, repeats: 2, seq_len: 350}
-finetune:
-  - platforms: [h100]
-    models: [llama2-7b]
-    techniques: [L+R]
-    gpus: 1
-    max_batch: {max: 512, probe: {warmup_steps: 1, measured_steps: 2}}
-"""
-
-
-def probe_record(wall_s: float, window_s: float, status: str = "ok") -> str:
-    return json.dumps({"status": status, "cell": {"protocol": {"warmup_steps": 1, "measured_steps": 2}},
-                       "summary": {"phase_window_s": window_s},
-                       "provenance": {"started": "2026-11-26T06:00:00+00:00",
-                                      "finished": f"2026-11-26T06:{int(wall_s) // 60:02d}:{int(wall_s) % 60:02d}+00:00"}})
 
 
 def test_a_searched_cell_is_estimated_from_its_probe_and_its_own_protocol(tmp_path, capsys):

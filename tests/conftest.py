@@ -1,5 +1,4 @@
-"""Shared test helpers: repository paths, the venv's executables, the tiers, and the
-fixtures of a searched cell's estimate.
+"""Shared test helpers: repository paths, the venv's executables, and the tiers.
 
 The tiers are folders (README, Tests): tests/unit (pure: `make test-fast`), tests/integration
 (real processes on the CPU: workers, the fork server, engines' test doubles, torch.compile,
@@ -7,7 +6,6 @@ Megatron-LM), tests/e2e (the workflow on .test/config.yaml, and Slurm) and tests
 embedded default, config/config.yaml, statuses only). Each test gets its folder's marker, so
 `-m "not e2e"` and the like select tiers as the folders do."""
 
-import json
 import sys
 from pathlib import Path
 
@@ -60,24 +58,3 @@ def _stop_fork_servers():
     from llmbench import forkserver
 
     forkserver.stop_all()
-
-
-#: a config whose searched cell offline-batch and llmbench.search estimate (3 + 10 steps, 2 repeats)
-ESTIMATE_CONFIG = """
-protocol: {warmup_steps: 3, measured_steps: 10, repeats: 2, seq_len: 350}
-finetune:
-  - platforms: [h100]
-    models: [llama2-7b]
-    techniques: [L+R]
-    gpus: 1
-    max_batch: {max: 512, probe: {warmup_steps: 1, measured_steps: 2}}
-"""
-
-
-def probe_record(wall_s: float, window_s: float, status: str = "ok") -> str:
-    """A probe record's JSON with what an estimate reads: its protocol (1 + 2 steps), timed
-    window and wall time."""
-    return json.dumps({"status": status, "cell": {"protocol": {"warmup_steps": 1, "measured_steps": 2}},
-                       "summary": {"phase_window_s": window_s},
-                       "provenance": {"started": "2026-11-26T06:00:00+00:00",
-                                      "finished": f"2026-11-26T06:{int(wall_s) // 60:02d}:{int(wall_s) % 60:02d}+00:00"}})

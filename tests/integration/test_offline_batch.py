@@ -217,7 +217,7 @@ def test_a_searched_cell_starts_only_where_its_estimate_fits_the_time_left(tmp_p
     short one starts though an earlier target took longer than the time left."""
     import sys
 
-    from conftest import ESTIMATE_CONFIG, probe_record
+    from search_fixtures import ESTIMATE_CONFIG, probe_record
 
     config = tmp_path / "config.yaml"
     config.write_text(ESTIMATE_CONFIG)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ESTIMATE_CONFIG, probe_record
+from search_fixtures import ESTIMATE_CONFIG, probe_record
 from llmbench import search
 from llmbench.search import Frontier, Probe, State, bound, next_probe
 

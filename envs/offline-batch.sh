@@ -66,34 +66,26 @@ fi
 bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" --unlock "$@" > /dev/null 2>&1 || true
 rc=0
 mapfile -t targets < <(grep -v '^\s*\(#\|$\)' "$list")
-# SKIP_RECORDED: the results folder (DIR/runs/...) holding target results/runs/..., if any
+# SKIP_RECORDED: "skip DIR" where the results folder DIR (DIR/runs/...) holds target
+# results/runs/... (a search folder once the cell it measures is there too); else "cell
+# TARGET" where one holds the search but not that cell (TARGET: the cell's path beside the
+# given one); status 1 where none holds it
 recorded_in() {
-    local rel=${1#*results/} d measured
+    local rel=${1#*results/} d measured cell=""
     for d in ${SKIP_RECORDED:-}; do
         [[ -e $d/$rel ]] || continue
         if [[ $1 != *.json ]]; then  # a search: recorded once the cell it measures is too
             measured=$(PYTHONPATH=$site_path python3 -m llmbench.search measured-target "$d/$rel" 2>/dev/null) \
                 || continue
-            [[ -z $measured || -e $measured ]] || continue
+            if [[ -n $measured && ! -e $measured ]]; then
+                [[ -n $cell ]] || cell="${1%"$rel"}${measured#"$d"/}"
+                continue
+            fi
         fi
-        echo "$d"
+        echo "skip $d"
         return 0
     done
-    return 1
-}
-# SKIP_RECORDED: the target (results/runs/...) of the cell a search folder there measures,
-# where that folder holds the search but not the cell
-measured_elsewhere() {
-    local rel=${1#*results/} d measured
-    for d in ${SKIP_RECORDED:-}; do
-        [[ -e $d/$rel/search.json ]] || continue
-        measured=$(PYTHONPATH=$site_path python3 -m llmbench.search measured-target "$d/$rel" 2>/dev/null) \
-            || continue
-        [[ -n $measured && ! -e $measured ]] || continue
-        echo "${1%"$rel"}${measured#"$d"/}"
-        return 0
-    done
-    return 1
+    [[ -n $cell ]] && echo "cell $cell"
 }
 # the config the targets' cells come from (the estimates read their protocol there): the
 # last --configfile, else the embedded default
@@ -110,13 +102,13 @@ i=0
 while (( i < ${#targets[@]} )); do
     t=${targets[i]}
     i=$((i + 1))
-    if where=$(recorded_in "$t"); then
-        echo "offline-batch: $t  already recorded in $where: skipped"
-        continue
-    fi
-    if [[ $t != *.json ]] && measured=$(measured_elsewhere "$t"); then
-        echo "offline-batch: $t  searched in SKIP_RECORDED, its cell not measured: $measured next"
-        targets=("${targets[@]:0:i}" "$measured" "${targets[@]:i}")
+    if found=$(recorded_in "$t"); then
+        if [[ $found == "skip "* ]]; then
+            echo "offline-batch: $t  already recorded in ${found#skip }: skipped"
+        else
+            echo "offline-batch: $t  searched in SKIP_RECORDED, its cell not measured: ${found#cell } next"
+            targets=("${targets[@]:0:i}" "${found#cell }" "${targets[@]:i}")
+        fi
         continue
     fi
     left=$((deadline - (SECONDS - start)))

@@ -10,6 +10,7 @@ import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +150,16 @@ def write_json_atomic(path: Path | str, data: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def wall_s(provenance: dict[str, Any]) -> float | None:
+    """Seconds from a record's provenance ``started`` to ``finished`` (None where either is
+    missing or unreadable)."""
+    try:
+        return (datetime.fromisoformat(provenance["finished"])
+                - datetime.fromisoformat(provenance["started"])).total_seconds()
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def write(record: Record, path: Path | str) -> None:

@@ -10,8 +10,7 @@ of the probes that ran, tight ones included (extrapolated along the nearest two)
 too large otherwise. It replays from the search's own ``start``, without and with the
 memory model's hint (the largest batch it predicts to fit, ``predicted_max_batch`` at the
 search's capacity, and the GiB a further batch element adds there, ``batch_slope_gib``),
-which the runner probes first
-(llmbench.search.algorithm.State.hint and hint_slope_gib). Right, the search ends in
+which the runner probes first (llmbench.search.algorithm.State.hint and hint_slope_gib). Right, the search ends in
 two probes; a little over, it bisects a narrow interval; instead of climbing from the
 smallest batches and drawing its memory line through them (where allocator growth bends
 it: on the H200 pair Megatron-LM TP2's batches 4 and 8 pointed at 50 where 37 was the

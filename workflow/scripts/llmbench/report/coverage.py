@@ -20,8 +20,8 @@ than 3 repeats: the protocol of Tables III and IX); ``search the largest batch``
 whose largest batch no max-batch search found: Table IV's batch); ``measure the searched batch``
 (a search found the batch, but no cell ran ok there: not measured yet, or measured where its
 cell then ran out of memory, and llmbench.search.measured_batch stepped down to the next
-batch whose probe fit). A predicted-not-to-fit row
-has nothing to do: the prediction is its answer, and the GPU hours stay unspent.
+batch whose probe fit). A predicted-not-to-fit row has nothing to do: the prediction is its
+answer, and the GPU hours stay unspent.
 """
 
 from __future__ import annotations
@@ -261,8 +261,8 @@ def targets(cov: pd.DataFrame, grid, wanted: tuple[str, ...] = ("run batch 1",),
     coverage row (same platform, GPUs, stage, model and method) still has one of ``wanted``
     to do, in the config's order; with SEARCH_TODO or MEASURE_TODO wanted, the folders of
     its max-batch searches whose row has that to do, after them (envs/offline-batch.sh runs
-    a search folder's measured cell once the search has found its batch). A cell of a platform the
-    coverage does not know (no record ran there yet) counts as not run."""
+    a search folder's measured cell once the search has found its batch). A cell of a
+    platform the coverage does not know (no record ran there yet) counts as not run."""
     todo = {}
     for r in cov.itertuples():
         todo[(r.platform, int(r.gpus), r.stage, r.model, r.technique)] = "" if pd.isna(r.to_do) else str(r.to_do)

@@ -5,14 +5,13 @@ spent beside the time of the cell measured at that batch."""
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from pathlib import Path
 from typing import Iterable
 
 import pandas as pd
 
 from ..cells import SEARCH_KEY, cell_from_dict
-from ..record import read
+from ..record import read, wall_s
 from ..search import measured_batch, measured_out_of_memory
 from . import render
 from .render import fmt
@@ -24,13 +23,6 @@ COLUMNS = list(SEARCH_KEY) + [
     "measured_wall_s", "measured_gpu_s",
 ]
 MARK = {"ok": "ok", "oom": "oom"}
-
-
-def _wall_s(prov: dict) -> float | None:
-    try:
-        return (datetime.fromisoformat(prov["finished"]) - datetime.fromisoformat(prov["started"])).total_seconds()
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 def build(folders: Iterable[str | Path], measured: Iterable[str | Path]) -> pd.DataFrame:
@@ -47,7 +39,7 @@ def build(folders: Iterable[str | Path], measured: Iterable[str | Path]) -> pd.D
         s = json.loads((Path(folder) / "search.json").read_text())
         batch = measured_batch(folder)
         rec = by_key.get(tuple(str(s[k]) for k in SEARCH_KEY) + (str(batch),))
-        wall = _wall_s(rec.provenance) if rec is not None else None
+        wall = wall_s(rec.provenance) if rec is not None else None
         probes = " ".join(f"{p['batch_size']}:{p['status']}{'*' if p['source'] == 'frontier' else ''}"
                           for p in s["probes"])
         rows.append({

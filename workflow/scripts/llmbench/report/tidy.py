@@ -230,17 +230,13 @@ def build_all(paths: Iterable[str | Path]) -> pd.DataFrame:
         r.update(chosen[r["record_path"]])
     df = _gemm_ceiling(pd.DataFrame(rows, columns=ALL_COLUMNS))
     staged = df["stage"].isin(["pretrain", "finetune"])
-    train = staged & (df["kind"] == "cell")
-    searched = pd.array(
-        [searched_max_batch(p) if t else None for p, t in zip(df["record_path"], staged)], dtype="Int64")
+    searched = pd.Series([searched_max_batch(p) if t else None for p, t in zip(df["record_path"], staged)],
+                         index=df.index, dtype="Int64")
     # a cell measured again in a run without the search (a rerun under a stronger protocol, a
     # second machine), or a search whose run holds its probes but not yet its measured cell:
-    # the method's search from another run still answers Table IV's question
-    df["searched_max_batch"] = pd.array([None] * len(df), dtype="Int64")
-    if train.any():
-        found = pd.Series(searched, index=df.index)[staged].groupby(
-            [df.loc[staged, k] for k in (*cells.SEARCH_KEY, "seq_len")], dropna=False).transform("max")
-        df.loc[train, "searched_max_batch"] = found[train[staged]]
+    # the method's search from another run still answers Table IV's question (cells only)
+    found = searched.groupby([df[k] for k in (*cells.SEARCH_KEY, "seq_len")], dropna=False).transform("max")
+    df["searched_max_batch"] = found.where(staged & (df["kind"] == "cell"))
     df["runs"] = df["runs"].astype("Int64")
     per_gpu(df)
     return df.sort_values(["stage", "platform", "model", "backend", "technique", "load", "bench", "case",

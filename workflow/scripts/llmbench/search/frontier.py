@@ -9,9 +9,10 @@ peak), without running it: a search that Snakemake or a time limit stopped resum
 it was. Beside the file, ``<technique>-g<gpus>.probes/`` keeps a copy of each probe that
 ran; a resumed search puts it back where it was written (Snakemake deletes a stopped
 search's folder before rerunning it), so its records survive. A changed fingerprint
-(other sequence length, memory cap, model, platform) starts a fresh frontier. The same fingerprint decides when Snakemake reruns a search
-(``rerun_spec``): a search reruns when what its frontier keys on, or its own settings,
-change, not when only the measured cell's step counts or repeats do.
+(other sequence length, memory cap, model, platform) starts a fresh frontier. The same
+fingerprint decides when Snakemake reruns a search (``rerun_spec``): a search reruns when
+what its frontier keys on, or its own settings, change, not when only the measured cell's
+step counts or repeats do.
 """
 
 from __future__ import annotations

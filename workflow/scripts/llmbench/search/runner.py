@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import cells
-from ..record import FRONTIER_COMMAND
+from ..record import FRONTIER_COMMAND, wall_s
 from .algorithm import BOUNDING, Probe, State, bound, next_probe
 from .frontier import Frontier, capacity_and_metric, fingerprint, seed_frontier
 
@@ -206,15 +206,14 @@ def estimate_s(target: Path | str, configfile: Path | str) -> float | None:
     parsed = cells.parse(str(target), (cells.RECORD_PATTERN,))
     if parsed is None:
         return None
-    folder = Path(parsed.root) / cells.SEARCH_PATTERN.format(**parsed.wildcards)
     try:
-        probe = json.loads((folder / cells.PROBE_DIR.format(**parsed.wildcards) / "record.json").read_text())
-        prov, window = probe["provenance"], probe["summary"]["phase_window_s"]
-        wall = (datetime.fromisoformat(prov["finished"]) - datetime.fromisoformat(prov["started"])).total_seconds()
+        probe = json.loads((Path(parsed.root) / cells.PROBE_RECORD_PATTERN.format(**parsed.wildcards)).read_text())
+        window = probe["summary"]["phase_window_s"]
         probe_steps = probe["cell"]["protocol"]["warmup_steps"] + probe["cell"]["protocol"]["measured_steps"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if probe.get("status") != "ok" or not probe_steps:
+    wall = wall_s(probe.get("provenance") or {})
+    if probe.get("status") != "ok" or not probe_steps or wall is None:
         return None
     from ..grid import load
 

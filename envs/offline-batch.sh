@@ -19,13 +19,18 @@
 # measured-target), under the same deadline. Exit status: 0 when every target ran (whatever its record's status),
 # 3 when the deadline left targets unstarted, else Snakemake's. OFFLINE_RUN names the script
 # that runs one target (default envs/offline-run.sh; tests/integration/test_offline_batch.py
-# gives a stand-in). A cell longer than a call: run it with offline-run.sh under `timeout`,
-# call after call; its finished repeats carry over (llmbench.launch). A target still running
+# gives a stand-in). A cell longer than a call: give the list again, call after call; its
+# finished repeats carry over (llmbench.launch). A target still running
 # at the deadline is stopped there (exit status 3): a max-batch search's probes are not
 # bounded by the longest cell so far. Snakemake marks a stopped target incomplete, so each
 # target runs with --rerun-incomplete, after the batch has removed stale locks (snakemake
 # --unlock; a stopped Snakemake leaves its lock): the next call resumes it (a search from its frontier
 # file, which also puts back the records of the probes it ran; a cell from its repeats).
+# Each target's job is also given the deadline, less DEADLINE_SLACK_S (default 15 s), as
+# LLMBENCH_DEADLINE (llmbench.launch): a cell does not start a repeat, nor a search a probe,
+# that would not finish by it (1.2 times the longest so far), so a cell of several repeats
+# stops between two, its finished ones kept, instead of being killed inside one; the line
+# says so, and the batch ends there (exit status 3).
 # A measured cell can run out of memory where its search's probe fit (it runs more steps, and
 # the allocator's fragmentation can grow past what the probe showed): its record says oom,
 # and the cell at the next batch down whose probe fit runs next (llmbench.search.measured_batch).
@@ -98,6 +103,11 @@ for a in "$@"; do
 done
 # the search folder a measured cell came from (asked again when the cell runs out of memory)
 declare -A searched_by=()
+# a target's output, read for the line its job exits with when it stops at its deadline
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+# seconds between a job's deadline and the batch's: Snakemake's own start and end
+DEADLINE_SLACK_S=${DEADLINE_SLACK_S:-15}
 i=0
 while (( i < ${#targets[@]} )); do
     t=${targets[i]}
@@ -129,12 +139,22 @@ while (( i < ${#targets[@]} )); do
     # the deadline also bounds the target itself: a search's probes or a cell longer than
     # every cell before it are stopped (TERM to the whole process group, KILL 30 s later),
     # so the batch's own lines, and whatever copies its results off afterwards, still run
+    # and it is the job's own deadline (LLMBENCH_DEADLINE, llmbench.launch): a repeat or a
+    # probe that would not finish by it is not started, the job stops between them instead
     trc=0
-    timeout -k 30 "$left" bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" "$t" --rerun-incomplete "$@" || trc=$?
+    LLMBENCH_DEADLINE=$(( $(date +%s) + left - DEADLINE_SLACK_S )) \
+        timeout -k 30 "$left" bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" "$t" --rerun-incomplete "$@" \
+        2>&1 | tee "$out"
+    trc=${PIPESTATUS[0]}
     took=$((SECONDS - t0))
     if (( trc == 124 || trc == 137 )); then
         echo "offline-batch: $t  stopped at the deadline after ${took}s (a search resumes from its" \
              "frontier, a cell from its finished repeats)"
+        rc=3
+        break
+    fi
+    if (( trc != 0 )) && stop=$(grep -m1 -o "llmbench: stopped at the deadline: .*" "$out"); then
+        echo "offline-batch: $t  ${stop#llmbench: stopped at the deadline: "$t": }  after ${took}s"
         rc=3
         break
     fi

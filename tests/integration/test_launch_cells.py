@@ -161,3 +161,51 @@ def test_kept_repeats_of_another_spec_do_not_count(spec_for, tmp_path, monkeypat
     rec = run(changed, tmp_path)
     assert rec.metrics.tokens_per_s_runs == (100.0, 100.0, 100.0) and "resumed_repeats" not in rec.provenance
     assert not list(tmp_path.glob(".repeat-*.json"))
+
+
+def test_a_cell_stops_before_a_repeat_its_deadline_cannot_hold_and_resumes_there(spec_for, tmp_path, monkeypatch):
+    """LLMBENCH_DEADLINE (a call's end): repeats of 100 s (a clock of the test's), a deadline
+    250 s away. Repeats 0 and 1 start (150 s left > 1.2 x 100), repeat 2 does not (50 s):
+    the cell stops between repeats with its two kept, not inside the third. The next run's
+    deadline is judged by the kept repeats' time; with room, it runs only repeat 2."""
+    import json
+    from types import SimpleNamespace
+
+    spec = spec_for("ok", repeats=3)
+    clock = [1000.0]
+    monkeypatch.setattr(launch, "time", SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0]))
+    real, ran = launch.run_repeat, []
+
+    def taking_100_s(spec, workdir, index, *args):
+        ran.append(index)
+        outcome = real(spec, workdir, index, *args)
+        clock[0] += 100.0
+        return outcome
+
+    monkeypatch.setattr(launch, "run_repeat", taking_100_s)
+    monkeypatch.setenv("LLMBENCH_DEADLINE", "1250")
+    with pytest.raises(launch.DeadlineStop, match=r"stopped before repeat 2 \(of 0-2\) at the deadline: 50 s left, "
+                                                   r"the longest so far took 100 s .*repeat\(s\) \[0, 1\] kept"):
+        run(spec, tmp_path)
+    assert ran == [0, 1] and not (tmp_path / "record.json").exists()
+    assert [json.loads((tmp_path / f".repeat-{i}.json").read_text())["wall_s"] for i in (0, 1)] == [100.0, 100.0]
+    assert "=== stopped before repeat 2" in (tmp_path / "run.log").read_text()
+
+    ran.clear()  # a fresh run with 110 s left: the kept repeats say a repeat takes 100 s
+    monkeypatch.setenv("LLMBENCH_DEADLINE", str(clock[0] + 110))
+    with pytest.raises(launch.DeadlineStop, match="stopped before repeat 2"):
+        run(spec, tmp_path)
+    assert ran == []
+    monkeypatch.setenv("LLMBENCH_DEADLINE", str(clock[0] + 121))
+    rec = run(spec, tmp_path)
+    assert ran == [2] and rec.status == "ok" and len(rec.metrics.tokens_per_s_runs) == 3
+    assert [r["index"] for r in rec.provenance["resumed_repeats"]] == [0, 1]
+
+
+def test_a_deadline_that_is_not_a_time_is_refused_before_anything_runs(spec_for, tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(launch, "run_repeat", lambda *a: ran.append(a))
+    monkeypatch.setenv("LLMBENCH_DEADLINE", "tomorrow")
+    with pytest.raises(ValueError, match="LLMBENCH_DEADLINE='tomorrow': not a time in Unix seconds"):
+        run(spec_for("ok", repeats=3), tmp_path)
+    assert ran == [] and not (tmp_path / "record.json").exists()

@@ -17,11 +17,17 @@ STAND_IN = """#!/usr/bin/env bash
 # offline-run.sh's stand-in: WHEELHOUSE TARGET [snakemake arguments] -> the target's record;
 # a search folder -> its search.json (largest batch FAKE_LARGEST, none where it is empty;
 # probes FAKE_PROBES, a JSON list); a record whose path holds FAKE_OOM_AT -> status oom;
+# the job's LLMBENCH_DEADLINE -> TARGET.deadline;
 # --install-only -> a line in ./installs; --unlock -> its arguments in ./unlocks
 whl=$1; target=$2; shift 2
 if [[ $target == --install-only ]]; then echo "$whl" >> "$(dirname "$0")/installs"; exit 0; fi
 if [[ $target == --unlock ]]; then echo "$*" >> "$(dirname "$0")/unlocks"; exit 0; fi
 [[ -f $target ]] && exit 0
+# the job's deadline, as Snakemake's job would see it; FAKE_STOP_LINE: the line a job that
+# stopped at it exits with (llmbench.launch.DEADLINE_EXIT), where it names this target
+mkdir -p "$(dirname "$target")"
+echo "${LLMBENCH_DEADLINE:-none}" > "$target.deadline"
+if [[ -n ${FAKE_STOP_LINE:-} && $FAKE_STOP_LINE == *"$target:"* ]]; then echo "$FAKE_STOP_LINE" >&2; exit 1; fi
 sleep "$FAKE_S"
 if [[ $target != *.json ]]; then
     mkdir -p "$target"
@@ -82,6 +88,30 @@ def test_a_target_still_running_at_the_deadline_is_stopped_there(batch, tmp_path
     assert len(lines) == 1 and not any(t.exists() for t in targets)
     # a stopped Snakemake leaves its lock: every batch removes stale locks before its first target
     assert (tmp_path / "unlocks").read_text().split() == ["--cores", "1"]
+
+
+def test_each_job_is_given_the_deadline_and_one_that_stopped_at_it_ends_the_batch(batch, tmp_path):
+    """Each target's job gets the batch's deadline, less DEADLINE_SLACK_S, as
+    LLMBENCH_DEADLINE (llmbench.launch stops a cell between repeats by it); a job that
+    stopped there exits with DEADLINE_EXIT's line, which the batch repeats, and it ends
+    with status 3, the next target not started."""
+    import time
+
+    from llmbench.launch import DEADLINE_EXIT
+
+    run, targets = batch
+    why = "stopped before repeat 1 (of 0-2) at the deadline: 80 s left, the longest so far took 100 s (x 1.2)"
+    t0 = time.time()
+    done = run(deadline_s=300, fake_s=0, first_s=1, DEADLINE_SLACK_S="20",
+               FAKE_STOP_LINE=DEADLINE_EXIT.format(target=targets[1], why=why))
+    t1 = time.time()
+    assert done.returncode == 3, done.stdout + done.stderr
+    lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
+    assert lines[0].startswith(f"offline-batch: {targets[0]}  ok  ")
+    assert lines[1].startswith(f"offline-batch: {targets[1]}  {why}  after ") and len(lines) == 2
+    assert targets[0].exists() and not targets[1].exists() and not targets[2].parent.exists()
+    for t in targets[:2]:  # the batch's deadline less the slack, in Unix seconds
+        assert int(t0) + 300 - 20 - 1 <= int(Path(f"{t}.deadline").read_text()) <= int(t1) + 300 - 20
 
 
 def test_a_target_without_a_record_says_so(batch, tmp_path):

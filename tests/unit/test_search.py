@@ -496,3 +496,48 @@ def test_a_searched_cell_is_estimated_from_its_probe_and_its_own_protocol(tmp_pa
     probe.write_text(probe_record(wall_s=40, window_s=9.0, status="skipped"))  # answered by the frontier
     assert search.estimate_s(target, config) is None
     assert search.main(["estimate", str(target), str(config)]) == 0 and capsys.readouterr().out == ""
+
+
+def test_a_search_stops_before_a_probe_its_deadline_cannot_hold_and_resumes_from_its_frontier(tmp_path, monkeypatch,
+                                                                                                repo):
+    """LLMBENCH_DEADLINE (a call's end), probes of 100 s on a clock of the test's, a deadline
+    250 s away: two probes run (150 s left > 1.2 x 100), the third does not start (50 s);
+    the search stops without search.json, and its rerun answers both from the frontier."""
+    from types import SimpleNamespace
+
+    from llmbench import grid, launch
+    from llmbench.record import Metrics, Record, write
+    from llmbench.search import runner
+
+    clock, ran = [1000.0], []
+    fake_time = SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0])
+    monkeypatch.setattr(launch, "time", fake_time)
+    monkeypatch.setattr(runner, "time", fake_time)
+
+    def taking_100_s(spec, record_path, log, threads=1, gpu_busy=None):
+        bs = spec["cell"]["batch_size"]
+        ran.append(bs)
+        rec = (Record(cell=spec["cell"], status="ok", metrics=Metrics(peak_rss_gib=0.1 * bs))
+               if bs <= 11 else Record(cell=spec["cell"], status="oom", reason="over the cap"))
+        write(rec, record_path)
+        clock[0] += 100.0
+        return rec
+
+    monkeypatch.setattr(launch, "run_cell", taking_100_s)
+    g = grid.expand({"protocol": {"warmup_steps": 1, "measured_steps": 1, "repeats": 1, "seq_len": 16, "timeout_s": 60},
+                     "pretrain": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive"],
+                                   "max_batch": {"max": 32}, "mem_cap_gib": 2.0}]}, repo)
+    s = g.searches[0]
+    frontier = tmp_path / s.frontier_path()
+    monkeypatch.setenv("LLMBENCH_DEADLINE", "1250")
+    with pytest.raises(launch.DeadlineStop, match=r"stopped before the probe at batch \d+ at the deadline: 50 s left, "
+                                                   r"the longest so far took 100 s .*2 probe\(s\) so far"):
+        search.run(g.spec(s), tmp_path / "a", frontier, tmp_path / "a.log")
+    assert len(ran) == 2 and not (tmp_path / "a" / "search.json").exists()
+    assert "stopped before the probe at batch" in (tmp_path / "a.log").read_text()
+
+    first, ran[:] = list(ran), []
+    monkeypatch.delenv("LLMBENCH_DEADLINE")
+    done = search.run(g.spec(s), tmp_path / "a", frontier, tmp_path / "a.log")
+    assert done["largest_ok"] == 11 and not set(first) & set(ran)  # nothing ran twice
+    assert [p["source"] for p in done["probes"][:2]] == ["frontier", "frontier"]

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from llmbench.gpus import BusyPolicy
-from llmbench.launch import run_cell
+from llmbench.launch import DEADLINE_EXIT, DeadlineStop, run_cell
 from llmbench.nodes import NodesError
 
 
@@ -16,6 +16,8 @@ def main(smk) -> None:
                           skip_predicted_oom=str(smk.config.get("skip_predicted_oom", False)).lower() == "true")
     except NodesError as exc:  # a cell over several nodes outside a Slurm job of as many: no record
         sys.exit(f"{smk.output.record}: not run: {exc}")
+    except DeadlineStop as exc:  # the job's deadline came before its last repeat: no record yet
+        sys.exit(DEADLINE_EXIT.format(target=smk.output.record, why=exc))
     logging.getLogger("llmbench").info("%s: %s %s", smk.output.record, record.status, record.reason)
 
 

@@ -26,6 +26,16 @@ next run runs it again, and that run keeps the repeats of the very same spec and
 the rest; the record's ``provenance.resumed_repeats`` names the kept ones, where and when
 they ran. The paper's protocol (three repeats of 30 + 100 steps) of a slow cell can so span
 several calls that are each shorter than the cell.
+
+A job may carry a deadline, ``LLMBENCH_DEADLINE`` (Unix seconds; envs/offline-batch.sh sets
+it to its call's end, a cluster job script can set it to its allocation's): a repeat is not
+started where the time left is shorter than REPEAT_MARGIN times the longest repeat of this
+cell so far (run here, or kept with its wall time by an earlier run), and a max-batch
+search's probe likewise (llmbench.search.runner). The job then stops between repeats with
+DeadlineStop (no record, its finished repeats kept; the Snakemake adapters exit with
+DEADLINE_EXIT's line, which envs/offline-batch.sh reads), instead of being killed inside a
+repeat that could not finish, which is GPU time spent on nothing. With no repeat timed yet,
+the first starts.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -276,6 +287,40 @@ def skip_if_predicted_oom(spec: dict, record_path: Path, log: Path, started: str
 
 #: A finished repeat kept beside its record until the record is written (``run_cell``).
 PARTIAL = ".repeat-{index}.json"
+#: The job's deadline, Unix seconds (module docstring)
+DEADLINE_VAR = "LLMBENCH_DEADLINE"
+#: A repeat starts only where the time left is at least this times the longest repeat so far
+REPEAT_MARGIN = 1.2
+#: The line a Snakemake adapter exits with after DeadlineStop (envs/offline-batch.sh reads it)
+DEADLINE_EXIT = "llmbench: stopped at the deadline: {target}: {why}"
+
+
+class DeadlineStop(RuntimeError):
+    """A job stopped between repeats (or probes): the next would not finish by the deadline."""
+
+
+def deadline_from_env(environ=os.environ) -> float | None:
+    """The job's deadline (``LLMBENCH_DEADLINE``, Unix seconds), or None where it has none."""
+    value = environ.get(DEADLINE_VAR, "").strip()
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{DEADLINE_VAR}={value!r}: not a time in Unix seconds") from None
+
+
+def deadline_stop(deadline: float | None, walls: list[float], what: str) -> str | None:
+    """Why ``what`` (a repeat, a search's probe) must not start before ``deadline`` (Unix
+    seconds): the time left is under REPEAT_MARGIN times the longest of ``walls`` (the same
+    kind of run timed so far), or none is left at all. None where it may start."""
+    if deadline is None:
+        return None
+    left = deadline - time.time()
+    if left > 0 and left > REPEAT_MARGIN * max(walls, default=0.0):
+        return None
+    took = f"the longest so far took {max(walls):.0f} s (x {REPEAT_MARGIN})" if walls else "no time is left"
+    return f"stopped before {what} at the deadline: {max(left, 0):.0f} s left, {took}"
 
 
 def spec_digest(spec: dict) -> str:
@@ -283,15 +328,15 @@ def spec_digest(spec: dict) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
-def keep_repeat(keep_dir: Path, index: int, spec: dict, outcome: Outcome) -> None:
-    """Keep an ok repeat beside the cell's record, with when, where and at which commit it
-    ran, so that a cell stopped between repeats (a call's deadline, a killed job) resumes
-    with the repeats it has, not from the first."""
+def keep_repeat(keep_dir: Path, index: int, spec: dict, outcome: Outcome, wall_s: float | None = None) -> None:
+    """Keep an ok repeat beside the cell's record, with when, where, at which commit and in
+    how many seconds (``wall_s``) it ran, so that a cell stopped between repeats (a call's
+    deadline, a killed job) resumes with the repeats it has, not from the first."""
     state = provenance.git_state()
     write_json_atomic(keep_dir / PARTIAL.format(index=index), {
         "spec_sha256": spec_digest(spec), "index": index, "outcome": asdict(outcome),
         "finished": datetime.now(timezone.utc).isoformat(), "hostname": socket.gethostname(),
-        "git_sha": state.get("sha")})
+        "git_sha": state.get("sha"), "wall_s": wall_s})
 
 
 def kept_repeats(keep_dir: Path, spec: dict, repeats: int, log: Path) -> dict[int, dict]:
@@ -321,7 +366,10 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
              gpu_busy: gpus.BusyPolicy | None = None, skip_predicted_oom: bool = False) -> Record:
     """Run every repeat of a cell (stopping at the first that is not ok) and write its Record.
     Nothing runs on busy GPUs (``gpu_busy``: what to do then, llmbench.gpus), nor, with
-    ``skip_predicted_oom``, where the memory model predicts the cell not to fit."""
+    ``skip_predicted_oom``, where the memory model predicts the cell not to fit. Raises
+    DeadlineStop, writing no record, where the next repeat would not finish by the job's
+    deadline (``LLMBENCH_DEADLINE``, module docstring)."""
+    deadline = deadline_from_env()  # a bad value fails here, before anything runs
     started = datetime.now(timezone.utc).isoformat()
     command = [sys.executable, *sys.argv]
     cell = Cell.from_dict(spec["cell"])
@@ -342,13 +390,21 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
             check = gpus.check_cell(spec, cell.ranks_per_node, gpu_busy, log)
             outcomes = [Outcome(status="error", reason=check.refused)] if check.refused else []
             kept = kept_repeats(keep_dir, spec, cell.protocol.repeats, log) if not check.refused else {}
+            walls = [k["wall_s"] for k in kept.values() if k.get("wall_s")]  # the repeats timed so far
             for i in range(cell.protocol.repeats if not check.refused else 0):
                 if i in kept:
                     outcome = kept[i]["outcome"]
                 else:
+                    if why := deadline_stop(deadline, walls, f"repeat {i} (of 0-{cell.protocol.repeats - 1})"):
+                        why += f"; repeat(s) {sorted({*range(i), *kept})} kept: the next run of this cell resumes there"
+                        with open(log, "a") as fh:
+                            fh.write(f"=== {why}\n")
+                        raise DeadlineStop(why)
+                    t0 = time.monotonic()
                     outcome = run_repeat(spec, workdir, i, log, threads, keep_dir, alloc)
+                    walls.append(time.monotonic() - t0)
                     if outcome.status == "ok" and cell.protocol.repeats > 1:
-                        keep_repeat(keep_dir, i, spec, outcome)
+                        keep_repeat(keep_dir, i, spec, outcome, wall_s=walls[-1])
                 outcomes.append(outcome)
                 with open(log, "a") as fh:
                     fh.write(f"=== repeat {i}: {outcome.status} {outcome.reason}{' (kept)' if i in kept else ''}\n")

@@ -168,10 +168,10 @@ took = f"{took}s (estimated {est}s)" if est else f"{took}s"
 try:
     s = json.load(open(f"{target}/search.json"))
 except (OSError, ValueError) as e:
-    print(f"offline-batch: {target}  no search.json ({e.__class__.__name__})  {took}s")
+    print(f"offline-batch: {target}  no search.json ({e.__class__.__name__})  {took}")
     sys.exit()
 print(f"offline-batch: {target}  search {s.get('status')}: largest batch {s.get('largest_ok')} in "
-      f"{s.get('n_probes')} probes  {took}s  {(s.get('reason') or '')[:120]}")
+      f"{s.get('n_probes')} probes  {took}  {(s.get('reason') or '')[:120]}")
 EOF
         # llmbench.search needs yaml and jsonschema: from the wheels offline-run.sh installed in /tmp/site
         if measured=$(PYTHONPATH=$site_path python3 -m llmbench.search measured-target "$t" 2>&1); then

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -137,6 +138,7 @@ def test_a_search_folder_is_followed_by_the_cell_it_measures(batch, tmp_path):
     measured = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L/bs7-g1/record.json"
     lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
     assert lines[0].startswith(f"offline-batch: {folder}  search ok: largest batch 7 in 3 probes")
+    assert re.search(r" in 3 probes  \d+s  ", lines[0])  # its seconds, once
     assert lines[1].startswith(f"offline-batch: {measured}  ok  123.4 tok/s") and measured.exists()
     assert lines[2].startswith(f"offline-batch: {targets[0]}  ok") and len(lines) == 3
     # no batch fit: the search's line, no measured cell

@@ -61,3 +61,40 @@ def test_a_searched_cell_that_ran_out_of_memory_plans_the_batch_below(tmp_path):
     planned = set(re.findall(r"output: (\S+/deepspeed/Naive\S*)", out))
     assert ".test/results/runs/pretrain/cpu/tiny/deepspeed/Naive/bs8-g1/record.json" in planned, planned
     assert not any("/runs/search/" in p or "/bs9-g1/" in p for p in planned), planned
+
+
+def test_the_combined_view_lists_the_searches_of_the_folders_it_reads(tmp_path):
+    """A config of other results folders' records (evidence_dirs: the combined view) has no
+    searches of its own: its search table lists theirs, one row per search (the folder
+    llmbench.report.runs.choose_searches picks), joined with the record of the cell the
+    search measured that every table uses (here the one under the stronger protocol)."""
+    import pandas as pd
+
+    from llmbench import grid, record
+    from llmbench.record import Metrics, Record
+
+    def run(name, n_probes, protocol, tps):
+        g = grid.expand({"protocol": protocol, "finetune": [{"platforms": ["h100"], "models": ["llama2-7b"],
+                                                              "techniques": ["L"], "max_batch": {"max": 64}}]})
+        s, root = g.searches[0], tmp_path / "reference" / name
+        folder = tmp_path / s.record_path(str(root))
+        folder.mkdir(parents=True)
+        probes = [{"batch_size": b, "status": "ok", "source": "run"} for b in range(1, n_probes)] + \
+                 [{"batch_size": 40, "status": "oom", "source": "run"}]
+        (folder / "search.json").write_text(json.dumps({
+            **{k: v for k, v in s.key.items() if k != "batch_size"}, "status": "ok", "reason": "",
+            "largest_ok": n_probes - 1, "smallest_oom": 40, "max_batch": 64, "capacity_gib": 80.0,
+            "probes": probes, "n_probes": n_probes, "n_run": n_probes, "bound": 9, "search_wall_s": 1.0,
+            "search_gpu_s": 1.0}))
+        cell = s.measured(n_probes - 1)
+        record.write(Record(cell=cell.to_dict(), status="ok", metrics=Metrics(tokens_per_s_mean=tps)),
+                     cell.record_path(str(root)))
+
+    run("2026-01-01-a", 3, {"warmup_steps": 1, "measured_steps": 5, "repeats": 1}, 200.0)
+    run("2026-01-02-b", 3, {"warmup_steps": 1, "measured_steps": 2, "repeats": 1}, 100.0)  # same search, same cell
+    (tmp_path / "combined.yaml").write_text("results_dir: out\nprotocol: {}\nevidence_dirs: [reference/2026-*]\n")
+    subprocess.run([BIN / "snakemake", "out/tables/search.csv", "--cores", "1", "-s", REPO / "Snakefile",
+                    "-d", tmp_path, "--configfile", tmp_path / "combined.yaml"],
+                   cwd=tmp_path, capture_output=True, text=True, check=True)
+    table = pd.read_csv(tmp_path / "out/tables/search.csv")
+    assert len(table) == 1 and table.iloc[0].largest_ok == 2 and table.iloc[0].measured_tokens_per_s == 200.0

@@ -151,3 +151,23 @@ def test_the_rule_reads_each_stages_protocol():
         runs.identity("other/runs/finetune/h100/m/deepspeed/L/bs1-g1/record.json")
     assert runs.started({"started": "2026-01-02T07:00:00+02:00"}) == "2026-01-02T05:00:00+00:00"
     assert runs.started({}) == ""
+
+
+def test_of_several_folders_of_one_search_the_fuller_one_is_read(tmp_path):
+    """A search run again in a later results folder (resumed: it holds the earlier probes,
+    answered from its frontier file) is read from there; a folder without the search's
+    summary (stopped, or only its probes copied) is not read; a tie goes to the later folder."""
+    import json
+
+    def folder(run, technique, n_probes):
+        f = tmp_path / run / f"runs/search/finetune/h100/llama2-7b/deepspeed/{technique}-g1"
+        f.mkdir(parents=True)
+        if n_probes is not None:
+            (f / "search.json").write_text(json.dumps({"n_probes": n_probes}))
+        return str(f)
+
+    early_l, late_l = folder("2026-01-01-a", "L", 2), folder("2026-01-02-b", "L", 5)
+    stopped, early_q, late_q = folder("2026-01-03-c", "L", None), folder("2026-01-01-a", "QL", 3), \
+        folder("2026-01-02-b", "QL", 3)
+    assert runs.choose_searches([early_l, early_q, late_l, late_q, stopped]) == [late_l, late_q]
+    assert runs.choose_searches([late_l, early_l]) == [late_l]

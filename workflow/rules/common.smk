@@ -14,6 +14,7 @@ from llmbench.serve import engines as lbengines  # noqa: E402
 from llmbench.config import ConfigError  # noqa: E402
 from llmbench.report import catalog as lbcatalog  # noqa: E402
 from llmbench.report import findings as lbfindings  # noqa: E402
+from llmbench.report import runs as lbruns  # noqa: E402
 
 try:
     GRID = lbgrid.expand(config, Path(workflow.basedir), source="config")
@@ -53,20 +54,42 @@ wildcard_constraints:
     sample="|".join(lbcatalog.SAMPLES),
 
 
-def evidence_records(stage=None):
-    """Records of the other results folders this config reads (evidence_dirs: the combined
-    view), or those of one stage (its cells and its max-batch searches' probes). A pattern
-    that matches no folder with records is an error, before any job."""
+def evidence_dirs():
+    """The other results folders this config reads (evidence_dirs: the combined view). A
+    pattern that matches no folder with records is an error, before any job."""
     out = []
     for pattern in config.get("evidence_dirs") or []:
         dirs = sorted(p for p in Path().glob(pattern) if p.is_dir() and (p / "runs").is_dir()
                       and p.resolve() != Path(R).resolve())
         if not dirs:
             raise WorkflowError(f"evidence_dirs: {pattern!r} matches no results folder with a runs/ folder")
-        for d in dirs:
-            folders = [d / f for f in lbcells.record_dirs(stage)]
-            out += sorted(str(p) for f in folders if f.is_dir() for p in f.rglob("record.json"))
+        out += dirs
     return out
+
+
+def evidence_records(stage=None):
+    """Records of the other results folders this config reads (evidence_dirs), or those of
+    one stage (its cells and its max-batch searches' probes)."""
+    out = []
+    for d in evidence_dirs():
+        folders = [d / f for f in lbcells.record_dirs(stage)]
+        out += sorted(str(p) for f in folders if f.is_dir() for p in f.rglob("record.json"))
+    return out
+
+
+def evidence_searches():
+    """The max-batch searches the other results folders hold (their folders with a summary),
+    one folder per search where several hold it (llmbench.report.runs.choose_searches)."""
+    folders = [str(p.parent) for d in evidence_dirs()
+               for p in sorted(d.glob(lbcells.glob(lbcells.SEARCH_SUMMARY_PATTERN)))]
+    return lbruns.choose_searches(folders)
+
+
+def evidence_measured():
+    """The training cells of the other results folders (not the searches' probes): the
+    cells their searches measured are among them, for the search table."""
+    return [p for s in lbcells.SEARCH_STAGES for p in evidence_records(s)
+            if not lbcells.parse(p, (lbcells.PROBE_RECORD_PATTERN,))]
 
 
 def slice_records(wildcards):
@@ -135,13 +158,16 @@ def table_inputs(wildcards):
     entry = lbcatalog.get("table", wildcards.table)
     out = lbcatalog.inputs(entry, R)
     if "searches" in entry.reads:
-        out["searches"] = search_folders()
+        out["searches"] = search_folders() + evidence_searches()
     return out
 
 
 def measured_inputs(wildcards):
-    """The records the max-batch searches measured, for the tables that read the searches."""
-    return searched_records() if "searches" in lbcatalog.get("table", wildcards.table).reads else []
+    """The records the max-batch searches measured, for the tables that read the searches
+    (the other results folders' training cells among them: evidence_measured)."""
+    if "searches" not in lbcatalog.get("table", wildcards.table).reads:
+        return []
+    return searched_records() + evidence_measured()
 
 
 def figure_inputs(wildcards):

@@ -18,13 +18,19 @@ The others are superseded, not dropped: the tidy table's row of the cell says ho
 held it (``runs``) and which it was chosen over and why (``choice``); their own rows are kept
 apart (tables/records-superseded.csv) with the run that superseded them (``superseded_by``).
 One results folder holds one record per cell, so with one folder nothing is superseded.
+
+A max-batch search several folders hold (its folder's path below each results folder is the
+same) is read from one of them (choose_searches): one with its summary before one without,
+then the one with more probes (a search resumed in a later run holds the earlier run's
+probes, answered from its frontier file), then the folder name last in sort order.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Iterable
 
 from .. import cells
@@ -143,3 +149,23 @@ def choose(candidates: Iterable[Candidate]) -> dict[str, dict]:
         for o in rest:
             out[o.path] = {"runs": len(group), "superseded_by": best.run, "choice": why(best, o)}
     return out
+
+
+def choose_searches(folders: Iterable[str | Path]) -> list[str]:
+    """Of max-batch search folders (runs/search/...) from one or several results folders,
+    the one per search the report reads (module docstring), in the order given; a folder
+    without its summary (search.json: a search stopped, or only its probes copied) is not
+    returned."""
+    folders, best = [str(f) for f in folders], {}
+    for folder in folders:
+        try:
+            summary = json.loads((Path(folder) / cells.SEARCH_SUMMARY).read_text())
+        except (OSError, ValueError):
+            continue
+        parsed = cells.parse(folder, (cells.SEARCH_PATTERN,))
+        search, run = (folder, "") if parsed is None else (folder[len(parsed.root):].lstrip("/"), Path(parsed.root).name)
+        key = (int(summary.get("n_probes") or 0), run)
+        if search not in best or key > best[search][0]:
+            best[search] = (key, folder)
+    chosen = {folder for _, folder in best.values()}
+    return [f for f in folders if f in chosen]

@@ -5,6 +5,7 @@ spent beside the time of the cell measured at that batch."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Iterable
 
@@ -13,7 +14,8 @@ import pandas as pd
 from ..cells import SEARCH_KEY, cell_from_dict
 from ..record import read, wall_s
 from ..search import measured_batch, measured_out_of_memory
-from . import render
+from . import render, runs
+from .tidy import origin
 from .render import fmt
 
 COLUMNS = list(SEARCH_KEY) + [
@@ -28,12 +30,18 @@ MARK = {"ok": "ok", "oom": "oom"}
 def build(folders: Iterable[str | Path], measured: Iterable[str | Path]) -> pd.DataFrame:
     """One row per search (its folder's search.json) joined with the record it measured, at
     llmbench.search.measured_batch (the largest batch that fit, below any whose measured
-    cell ran out of memory: those batches in ``measured_out_of_memory``)."""
-    by_key = {}
+    cell ran out of memory: those batches in ``measured_out_of_memory``). Where several
+    results folders hold that cell, the record llmbench.report.runs chooses; where they hold
+    the search, give the folder runs.choose_searches chooses."""
+    by_key, candidates = {}, []
     for p in measured:
         rec = read(p)
         key = cell_from_dict(rec.cell).key  # the path form of the backend, as in search.json
-        by_key[tuple(str(key[k]) for k in (*SEARCH_KEY, "batch_size"))] = rec
+        by_key.setdefault(tuple(str(key[k]) for k in (*SEARCH_KEY, "batch_size")), []).append((str(p), rec))
+        candidates.append(runs.candidate(rec, str(p), origin(p)[0]))
+    # a cell several results folders hold (the combined view): the record every table uses
+    used = {p for p, c in runs.choose(candidates).items() if c["superseded_by"] is None}
+    by_key = {k: next(rec for p, rec in recs if p in used) for k, recs in by_key.items()}
     rows = []
     for folder in folders:
         s = json.loads((Path(folder) / "search.json").read_text())
@@ -54,7 +62,17 @@ def build(folders: Iterable[str | Path], measured: Iterable[str | Path]) -> pd.D
             "measured_tokens_per_s": rec.metrics.tokens_per_s_mean if rec is not None else None,
             "measured_wall_s": wall, "measured_gpu_s": wall * s["gpus"] if wall is not None else None,
         })
-    return pd.DataFrame(rows, columns=COLUMNS)
+    # by platform, stage (pre-training first), model, backend and method: searches from several runs
+    return pd.DataFrame(rows, columns=COLUMNS).sort_values(
+        ["platform", "stage", "model", "backend", "technique", "gpus"], ascending=[True, False, True, True, True, True],
+        ignore_index=True, kind="stable", key=_by_size)
+
+
+def _by_size(column: pd.Series) -> pd.Series:
+    """Numbers in a model's name sort by value (llama2-7b before llama2-13b)."""
+    if column.name != "model":
+        return column
+    return column.map(lambda m: re.sub(r"\d+", lambda d: d.group().zfill(8), str(m)))
 
 
 def table(df: pd.DataFrame) -> render.Table:

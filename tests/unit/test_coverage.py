@@ -10,7 +10,7 @@ from llmbench.report import coverage, render, tables, tidy
 
 
 def write(tmp_path, stage, plat, model, tech, bs, status, tps=None, runs=(), protocol=None, results="results",
-          reason="CUDA out of memory. Tried to allocate 2.00 GiB", gpus=1):
+          reason="CUDA out of memory. Tried to allocate 2.00 GiB", gpus=1, samples=None):
     proto = protocol or {"warmup_steps": 3, "measured_steps": 10, "repeats": max(1, len(runs))}
     g = grid.expand({"protocol": proto, stage: [
         {"platforms": [plat], "models": [model], "techniques": [tech], "batch_sizes": [bs], "gpus": gpus}]})
@@ -19,7 +19,7 @@ def write(tmp_path, stage, plat, model, tech, bs, status, tps=None, runs=(), pro
         runs = runs or (tps,)
         m = Metrics(tokens_per_s_mean=sum(runs) / len(runs), tokens_per_s_std=pd.Series(runs).std() if len(runs) > 1 else 0.0,
                     tokens_per_s_runs=tuple(runs), peak_mem_allocated_gib=10.0, peak_mem_reserved_gib=11.0)
-        r = Record(cell=cell.to_dict(), status="ok", metrics=m)
+        r = Record(cell=cell.to_dict(), status="ok", metrics=m, samples=samples or {})
     else:
         r = Record(cell=cell.to_dict(), status=status, reason=reason)
     path = tmp_path / cell.record_path(results)
@@ -75,6 +75,22 @@ def test_answers_and_what_is_left_to_do(cov):
     # a row nobody ran that the model says fits is a run to make, not a silent gap
     lz2 = at(cov, "finetune", "llama2-7b", "L+Z2")
     assert (lz2.answer, lz2.to_do, lz2.predicted_fits) == ("not run", "run batch 1", True)
+
+
+def test_a_row_under_the_protocol_shows_the_spread_within_a_process_beside_the_spread_between(tmp_path):
+    """The CV is between repeats (processes); the step samples give the spread within each
+    (median over repeats of its step-time CV): here steady steps in each of three processes
+    that ran at different speeds, so the CV is large and the spread within is nil."""
+    times = [0.40] * 4 + [0.44] * 4 + [0.40] * 4
+    samples = {"repeat": [0] * 4 + [1] * 4 + [2] * 4, "step": list(range(4)) * 3, "step_time_s": times}
+    path = write(tmp_path, "finetune", "h100", "llama2-7b", "L", 1, "ok", runs=(875.0, 795.0, 875.0),
+                 protocol=PAPER, samples=samples)
+    row = at(coverage.build(tidy.build([path])), "finetune", "llama2-7b", "L")
+    assert row.cv == pytest.approx(pd.Series([875.0, 795.0, 875.0]).std() / 848.33, rel=1e-3)
+    assert row.cv_in_repeat == 0.0
+    shown = coverage.table(coverage.build(tidy.build([path]))).parts[1].frame
+    mine = (shown["Method"] == "L") & (shown["Model"] == "llama2-7b")
+    assert shown.loc[mine, ["CV %", "Step CV in repeat %"]].values.tolist() == [["5.4", "0.0"]]
 
 
 def test_a_searched_row_has_no_search_left(tmp_path):

@@ -4,7 +4,8 @@
 # 10-minute call, a Slurm allocation's last minutes) never starts a cell it cannot finish:
 # a cell killed half-way is GPU time spent on nothing. Before each target it checks that
 # the time left is at least the longest cell so far took (or FIRST_S before any has run),
-# and stops otherwise. After each target it prints one line: the target, its status,
+# and stops otherwise; a max-batch search needs FIRST_S only, as it starts no probe that its
+# job's deadline cannot hold (below). After each target it prints one line: the target, its status,
 # tokens/s and the seconds the invocation took, so the log is the batch's table.
 #
 #   bash envs/offline-batch.sh .whl 540 todo.txt --configfile config/gpu-one-gpu-sweep.yaml \
@@ -57,7 +58,8 @@ deadline=${2:?usage: offline-batch.sh WHEELHOUSE DEADLINE_S TARGETS_FILE [snakem
 list=${3:?usage: offline-batch.sh WHEELHOUSE DEADLINE_S TARGETS_FILE [snakemake arguments]}
 shift 3
 start=$SECONDS
-longest=${FIRST_S:-60}
+first=${FIRST_S:-60}
+longest=$first
 site_path=workflow/scripts:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 if [[ -n ${SEED_FRONTIER:-} ]]; then
     bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" --install-only
@@ -127,6 +129,8 @@ while (( i < ${#targets[@]} )); do
     if [[ $est =~ ^[0-9]+$ ]]; then
         need=$((est * 3 / 2 + 20))
         why="its search's probe puts it at ${est}s (x 1.5 + 20 s: ${need}s)"
+    elif [[ $t != *.json ]]; then  # a search stops between probes at its job's deadline
+        est="" need=$first why="a search needs FIRST_S (${first}s) for its first probe"
     else
         est="" need=$longest why="the longest cell took ${longest}s"
     fi
@@ -159,7 +163,7 @@ while (( i < ${#targets[@]} )); do
         break
     fi
     (( trc != 0 )) && rc=$trc
-    (( took > longest )) && longest=$took
+    [[ $t == *.json ]] && (( took > longest )) && longest=$took  # cells only: a search guards itself
     if [[ $t != *.json ]]; then  # a search folder: its line, then the cell it measures
         python3 - "$t" "$took" "$est" <<'EOF'
 import json, sys

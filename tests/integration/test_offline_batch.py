@@ -115,6 +115,21 @@ def test_each_job_is_given_the_deadline_and_one_that_stopped_at_it_ends_the_batc
         assert int(t0) + 300 - 20 - 1 <= int(Path(f"{t}.deadline").read_text()) <= int(t1) + 300 - 20
 
 
+def test_a_search_starts_where_a_cell_would_not_as_it_guards_its_own_probes(batch, tmp_path):
+    """A cell took 5 s, 3 s are left: another cell would not start (the longest cell so
+    far), but a search does, needing only FIRST_S: its job starts no probe its deadline
+    cannot hold (llmbench.search.runner), and what it probed stays in its frontier."""
+    run, targets = batch
+    folder = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/L-g1"
+    (tmp_path / "todo.txt").write_text(f"{targets[0]}\n{folder}\n{targets[1]}\n")
+    done = run(deadline_s=8, fake_s=5, first_s=1)
+    assert done.returncode == 3, done.stdout + done.stderr
+    lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
+    assert lines[0].startswith(f"offline-batch: {targets[0]}  ok")
+    assert lines[1].startswith(f"offline-batch: {folder}  stopped at the deadline after "), lines
+    assert len(lines) == 2 and not targets[1].exists()
+
+
 def test_a_target_without_a_record_says_so(batch, tmp_path):
     run, targets = batch
     (tmp_path / "fake-offline-run.sh").write_text("#!/usr/bin/env bash\nexit 1\n")  # Snakemake failed

@@ -52,7 +52,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from . import backends, forkserver, gpus, nodes, provenance
 from .aggregate import Outcome
@@ -323,6 +323,13 @@ def deadline_stop(deadline: float | None, walls: list[float], what: str) -> str 
     return f"stopped before {what} at the deadline: {max(left, 0):.0f} s left, {took}"
 
 
+def stop_at_deadline(why: str, log: Path, mark: str = "") -> NoReturn:
+    """Say ``why`` in the job's ``log`` (after ``mark``), then raise DeadlineStop."""
+    with open(log, "a") as fh:
+        fh.write(f"{mark}{why}\n")
+    raise DeadlineStop(why)
+
+
 def spec_digest(spec: dict) -> str:
     """What a kept repeat must match to count for a cell: its whole resolved spec."""
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
@@ -396,10 +403,8 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
                     outcome = kept[i]["outcome"]
                 else:
                     if why := deadline_stop(deadline, walls, f"repeat {i} (of 0-{cell.protocol.repeats - 1})"):
-                        why += f"; repeat(s) {sorted({*range(i), *kept})} kept: the next run of this cell resumes there"
-                        with open(log, "a") as fh:
-                            fh.write(f"=== {why}\n")
-                        raise DeadlineStop(why)
+                        stop_at_deadline(f"{why}; repeat(s) {sorted({*range(i), *kept})} kept: the next run of "
+                                         "this cell resumes there", log, mark="=== ")
                     t0 = time.monotonic()
                     outcome = run_repeat(spec, workdir, i, log, threads, keep_dir, alloc)
                     walls.append(time.monotonic() - t0)

@@ -68,7 +68,7 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
     ``hint_slope_gib`` its predicted GiB per further batch element (State.hint_slope_gib)."""
     from ..aggregate import Outcome, build_record
     from ..cells import Cell
-    from ..launch import DeadlineStop, deadline_from_env, deadline_stop, run_cell
+    from ..launch import deadline_from_env, deadline_stop, run_cell, stop_at_deadline
     from ..record import write, write_json_atomic
 
     out_dir, log = Path(out_dir), Path(log)
@@ -111,10 +111,8 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
             # the frontier file holds every probe so far, and the next run resumes from it
             if why := deadline_stop(deadline, [p.wall_s for p in state.probes if p.source == "run"],
                                     f"the probe at batch {bs}"):
-                why += f" ({len(state.probes)} probe(s) so far are in the frontier file: the next run resumes there)"
-                with open(log, "a") as fh:
-                    fh.write(f"{why}\n")
-                raise DeadlineStop(why)
+                stop_at_deadline(f"{why} ({len(state.probes)} probe(s) so far are in the frontier file: the next "
+                                 "run resumes there)", log)
             record = run_cell(probe_spec, record_path, probe_dir / "probe.log", threads=threads,
                               gpu_busy=gpu_busy)
             peak = getattr(record.metrics, metric) if record.status == "ok" else None

@@ -103,6 +103,15 @@ def test_workflow_runs_through_real_slurm(tmp_path: Path) -> None:
         assert len(b) == 2 and all(x.isdigit() for x in b), b
         assert b[0] == a[0]
         assert b[1] != a[0], "the two rules should have run as two Slurm jobs"
+
+        # a job's time limit is its cells' deadline (llmbench.launch, from scontrol's EndTime):
+        # a job of 2 minutes, just started, has at most 120 s left
+        code = "import time; from llmbench.launch import deadline_from_env; print(deadline_from_env() - time.time())"
+        job = subprocess.run(["srun", "-p", cluster.partition, "--time=2", sys.executable, "-c", code],
+                             env={**env, "PYTHONPATH": str(REPO / "workflow" / "scripts")},
+                             capture_output=True, text=True, timeout=120)
+        assert job.returncode == 0, job.stdout + job.stderr
+        assert 60 < float(job.stdout.split()[-1]) <= 121, job.stdout
         marker = cluster.env[MARKER_VAR]
         pids = dict(cluster.pids)
         conf = cluster.conf

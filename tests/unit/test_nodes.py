@@ -100,6 +100,28 @@ def test_the_allocation_comes_from_scontrol_never_localhost(tmp_path, monkeypatc
         nodes.allocation(2, {"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "n2"})
 
 
+def test_a_slurm_jobs_deadline_is_its_end_time_unless_one_is_given(tmp_path, monkeypatch):
+    """Inside a Slurm job a cell's deadline (llmbench.launch) is the job's EndTime (start plus
+    time limit, local time, as scontrol prints it); LLMBENCH_DEADLINE wins; no job, a job
+    without a limit (EndTime=Unknown) or no scontrol: no deadline."""
+    from datetime import datetime
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text('#!/bin/sh\n[ "$4" = 7 ] && echo "JobId=7 EndTime=Unknown" && exit 0\n'
+                                     'echo "JobId=$4 JobName=x StartTime=2026-11-26T10:00:00 EndTime=2026-11-26T10:30:00 '
+                                     'Deadline=N/A"\n')
+    (bindir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    end = datetime(2026, 11, 26, 10, 30).timestamp()  # local time
+    assert nodes.job_end({"SLURM_JOB_ID": "42"}) == end
+    assert launch.deadline_from_env({"SLURM_JOB_ID": "42"}) == end
+    assert launch.deadline_from_env({"SLURM_JOB_ID": "42", "LLMBENCH_DEADLINE": "1000"}) == 1000.0
+    assert nodes.job_end({"SLURM_JOB_ID": "7"}) is None and nodes.job_end({}) is None
+    monkeypatch.setenv("PATH", "/nonexistent")  # no scontrol on PATH
+    assert nodes.job_end({"SLURM_JOB_ID": "42"}) is None
+
+
 def test_srun_starts_one_node_launcher_per_node_and_torchrun_meets_on_the_first():
     alloc = nodes.Allocation(job_id="42", hostnames=("n1", "n2"), addresses={"n1": "10.0.0.1", "n2": "10.0.0.2"})
     argv = nodes.srun_argv(alloc, 8, "llmbench.train.deepspeed_worker", ["--spec", "s.json"], port=29400,

@@ -28,7 +28,8 @@ they ran. The paper's protocol (three repeats of 30 + 100 steps) of a slow cell 
 several calls that are each shorter than the cell.
 
 A job may carry a deadline, ``LLMBENCH_DEADLINE`` (Unix seconds; envs/offline-batch.sh sets
-it to its call's end, a cluster job script can set it to its allocation's): a repeat is not
+it to its call's end), and a Slurm job without it has its time limit's end (scontrol's
+EndTime, llmbench.nodes.job_end: a cell the Slurm profiles submit): a repeat is not
 started where the time left is shorter than REPEAT_MARGIN times the longest repeat of this
 cell so far (run here, or kept with its wall time by an earlier run), and a max-batch
 search's probe likewise (llmbench.search.runner). The job then stops between repeats with
@@ -300,10 +301,11 @@ class DeadlineStop(RuntimeError):
 
 
 def deadline_from_env(environ=os.environ) -> float | None:
-    """The job's deadline (``LLMBENCH_DEADLINE``, Unix seconds), or None where it has none."""
+    """The job's deadline: ``LLMBENCH_DEADLINE`` (Unix seconds), else, inside a Slurm job,
+    the job's end (llmbench.nodes.job_end: its time limit), else None."""
     value = environ.get(DEADLINE_VAR, "").strip()
     if not value:
-        return None
+        return nodes.job_end(environ)
     try:
         return float(value)
     except ValueError:

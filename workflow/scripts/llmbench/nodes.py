@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime
 
 from . import procs
 
@@ -82,6 +83,22 @@ def _scontrol(*args: str) -> str:
 def _field(text: str, name: str) -> str | None:
     m = re.search(rf"(?:^|\s){name}=(\S+)", text)
     return m.group(1) if m else None
+
+
+def job_end(env: dict[str, str] | None = None) -> float | None:
+    """When the Slurm job this process runs in ends (its EndTime: the start plus its time
+    limit, in this host's local time as scontrol prints it), in Unix seconds; None outside a
+    job, for a job without a time limit, or where scontrol cannot say (a job's deadline,
+    llmbench.launch, is then none)."""
+    env = os.environ if env is None else env
+    job_id = env.get("SLURM_JOB_ID")
+    if not job_id:
+        return None
+    try:
+        end = _field(_scontrol("show", "job", "-o", job_id), "EndTime")
+        return datetime.fromisoformat(end).timestamp() if end else None
+    except (NodesError, OSError, subprocess.SubprocessError, ValueError):  # EndTime=Unknown: no limit
+        return None
 
 
 def allocation(nodes: int, env: dict[str, str] | None = None) -> Allocation:

@@ -66,10 +66,11 @@ class Candidate:
         return (self.status in RESULTS, self.strength, self.started, self.run)
 
 
-def identity(path: str) -> str:
-    """The cell a record path holds: its path below the results folder (the path itself
-    where it follows no pattern of the grammar, so it is never taken for another cell's)."""
-    parsed = cells.parse(path)
+def identity(path: str, patterns: tuple[str, ...] = tuple(cells.RECORD_PATTERNS)) -> str:
+    """The cell a record path holds (or the search a search folder does, with
+    ``patterns``): its path below the results folder (the path itself where it follows no
+    pattern of the grammar, so it is never taken for another cell's)."""
+    parsed = cells.parse(path, patterns)
     text = PurePosixPath(path).as_posix()
     return text[len(parsed.root):].lstrip("/") if parsed is not None else text
 
@@ -163,8 +164,8 @@ def choose_searches(folders: Iterable[str | Path]) -> list[str]:
         except (OSError, ValueError):
             continue
         parsed = cells.parse(folder, (cells.SEARCH_PATTERN,))
-        search, run = (folder, "") if parsed is None else (folder[len(parsed.root):].lstrip("/"), Path(parsed.root).name)
-        key = (int(summary.get("n_probes") or 0), run)
+        search = identity(folder, (cells.SEARCH_PATTERN,))
+        key = (int(summary.get("n_probes") or 0), "" if parsed is None else Path(parsed.root).name)
         if search not in best or key > best[search][0]:
             best[search] = (key, folder)
     chosen = {folder for _, folder in best.values()}

@@ -33,15 +33,14 @@ def build(folders: Iterable[str | Path], measured: Iterable[str | Path]) -> pd.D
     cell ran out of memory: those batches in ``measured_out_of_memory``). Where several
     results folders hold that cell, the record llmbench.report.runs chooses; where they hold
     the search, give the folder runs.choose_searches chooses."""
-    by_key, candidates = {}, []
-    for p in measured:
-        rec = read(p)
-        key = cell_from_dict(rec.cell).key  # the path form of the backend, as in search.json
-        by_key.setdefault(tuple(str(key[k]) for k in (*SEARCH_KEY, "batch_size")), []).append((str(p), rec))
-        candidates.append(runs.candidate(rec, str(p), origin(p)[0]))
+    records = {str(p): read(p) for p in measured}
     # a cell several results folders hold (the combined view): the record every table uses
-    used = {p for p, c in runs.choose(candidates).items() if c["superseded_by"] is None}
-    by_key = {k: next(rec for p, rec in recs if p in used) for k, recs in by_key.items()}
+    chosen = runs.choose(runs.candidate(rec, p, origin(p)[0]) for p, rec in records.items())
+    by_key = {}
+    for p, rec in records.items():
+        if chosen[p]["superseded_by"] is None:
+            key = cell_from_dict(rec.cell).key  # the path form of the backend, as in search.json
+            by_key[tuple(str(key[k]) for k in (*SEARCH_KEY, "batch_size"))] = rec
     rows = []
     for folder in folders:
         s = json.loads((Path(folder) / "search.json").read_text())

@@ -1,6 +1,9 @@
 """The memory model: each term against a hand calculation, the fit against its stated
 constants, the validation table against the committed records."""
 
+import json
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -100,19 +103,41 @@ def test_korthikanti_activations_by_hand():
     assert layer == pytest.approx(700 * k.act_scale * (34 * 4096 + 5 * 32 * 350) * C.RECOMPUTED_LAYER_PEAK)
 
 
+def test_an_adapter_under_zero3_scales_its_activations_and_its_recomputed_layer_apart():
+    plain, z3 = (activation_bytes(w(t, adapter=LORA_ALL, batch_size=8)) for t in ("L", "L+Z3"))
+    assert z3[0] == pytest.approx(plain[0] * C.ZERO3_ADAPTER_ACT_SCALE)
+    plain, z3 = (activation_bytes(w(t, adapter=LORA_ALL, batch_size=200)) for t in ("L+F+R", "L+F+R+Z3"))
+    assert z3[0] == plain[0]  # the layer inputs are what they are
+    assert z3[1] == pytest.approx(plain[1] * C.ZERO3_RECOMPUTED_ADAPTER_SCALE)
+
+
 def test_buckets_and_the_peak_is_the_larger_phase():
     assert buffer_bytes(w("Z2", gpus=2)) == 2 * 5e8 * 2 and buffer_bytes(w("Z3", gpus=2)) == 5e8 * 2
     assert buffer_bytes(w("Naive")) == 0
     k = C.BACKENDS["deepspeed"]
-    # ZeRO-2 on two GPUs at batch 1: the step (2N + 20N/2) beats forward/backward (4N + 12N/2 + a little)
+    # ZeRO-2 on two GPUs at batch 1: the step (2N + 20N/2) beats forward/backward (4N + 12N/2 + a
+    # little); ZeRO-2 frees its buckets at the backward's end, so the step holds none (the H200
+    # pair's Z2 at batch 1: 75.40 GiB, 12 bytes x 6.74e9 without them)
     p = predict(w("F+Z2", gpus=2))
     assert p.phase == "optimizer step"
-    assert p.gpu_gib == pytest.approx((12 * N7 + 2e9) / GIB + k.overhead_gib)
-    # at batch 64 the activations win
+    assert p.gpu_gib == pytest.approx(12 * N7 / GIB + k.overhead_gib)
+    # ZeRO-3 allocates its bucket at start-up: the step holds it
+    z3 = predict(w("F+Z3", gpus=2))
+    assert z3.phase == "optimizer step" and z3.gpu_gib == pytest.approx((9 * N7 + 1e9) / GIB + k.overhead_gib)
+    # at batch 64 the activations win; a full-parameter cell's first gradient (the output
+    # layer's) comes while the logits' gradient is alive: its buckets sit beside the logits
     big = predict(w("F+Z2", gpus=2, batch_size=64))
     assert big.phase == "forward-backward"
     t = big.terms
     assert big.gpu_gib == pytest.approx(t["states_fb"] + t["activations"] + t["logits"] + t["buffers"] + t["overhead"])
+    # an adapter's first gradient comes after the loss's backward: the buckets count beside a
+    # recomputed layer, not beside the logits (one H100's 7B L+Z2 peaked where L did at batch
+    # 17 and 18, and 1.75 GiB above it at batch 1)
+    for batch, beside in ((1, "buffers"), (17, "logits")):
+        lz2 = predict(w("L+Z2", adapter=LORA_ALL, batch_size=batch)).terms
+        assert lz2["beside"] == pytest.approx(lz2[beside]) and lz2["buffers"] > 0
+    r = predict(w("L+F+R+Z2", adapter=LORA_ALL, batch_size=205)).terms
+    assert r["beside"] == pytest.approx(max(r["logits"], r["recomputed_layer"] + r["buffers"]))
 
 
 def test_fits_with_margin_and_host():
@@ -129,7 +154,8 @@ def test_fits_with_margin_and_host():
 def test_reserved_is_allocated_plus_the_cached_blocks_and_is_what_must_fit():
     p = predict(w("L+F+R", adapter=LORA_ALL, batch_size=200))
     assert p.phase == "forward-backward"
-    assert p.terms["cached"] == pytest.approx(200 * 350 * C.CACHED_LOGITS_BYTES * 32000 / GIB)
+    assert p.terms["cached"] == pytest.approx(200 * 350 * C.CACHED_LOGITS_BYTES * 32000 / GIB
+                                              + C.CACHED_ACTIVATION_FRACTION * p.terms["activations"])
     assert p.reserved_gib == pytest.approx(p.gpu_gib + p.terms["cached"])
     # one H100's 7B L+F+R: batch 200 ran (58.96 GiB allocated, 75.73 reserved), 226 ran out of
     # memory with 64 GiB predicted allocated: what fits is decided on reserved
@@ -172,6 +198,8 @@ def test_the_stated_constants_are_the_fit_of_the_committed_records(combined):
     assert got["megatron"]["act_scale"] == pytest.approx(mg.act_scale, rel=0.02)
     assert got["compiled_act_scale"] == pytest.approx(C.COMPILED_ACT_SCALE, rel=0.05)
     assert got["zero3_adapter_act_scale"] == pytest.approx(C.ZERO3_ADAPTER_ACT_SCALE, rel=0.05)
+    assert got["zero3_recomputed_adapter_scale"] == pytest.approx(C.ZERO3_RECOMPUTED_ADAPTER_SCALE, rel=0.02)
+    assert got["cached_activation_fraction"] == pytest.approx(C.CACHED_ACTIVATION_FRACTION, rel=0.05)
     assert got["offload_fb_bytes"]["Z2+O"] == pytest.approx(C.DEEPSPEED[(2, True)].fb.sharded, rel=0.05)
     assert got["offload_fb_bytes"]["Z3+O"] == pytest.approx(C.DEEPSPEED[(3, True)].fb.sharded, rel=0.05)
     assert got["offload_host_bytes"]["Z2+O"] == pytest.approx(C.DEEPSPEED[(2, True)].host.sharded, rel=0.05)
@@ -257,6 +285,33 @@ def test_forcing_runs_the_cell_and_a_fitting_cell_is_never_skipped(mini, tmp_pat
     assert ran == ["Naive", "Q"] and forced.status == fitting.status == "oom"
 
 
+def test_a_batch_a_search_ran_is_not_skipped_on_the_prediction(mini, tmp_path, monkeypatch):
+    """A search's largest batch sits at the margin's edge: where its probe ran the batch
+    without running out of memory (the frontier file says so), the cell runs whatever the
+    model predicts; a frontier of another memory fingerprint does not count."""
+    from llmbench import gpus, launch
+    from llmbench.aggregate import Outcome
+    from llmbench.cells import FRONTIER_PATTERN, Cell
+    from llmbench.search.frontier import fingerprint
+
+    ran = []
+    monkeypatch.setattr(launch, "run_repeat", lambda spec, *a, **k: ran.append(1) or Outcome(status="oom", reason="x"))
+    monkeypatch.setattr(gpus, "check_cell", lambda *a, **k: gpus.Check())
+    spec = _spec(mini, "Naive")
+    cell = Cell.from_dict(spec["cell"])
+    results = tmp_path / "results"
+    out = Path(cell.record_path(str(results)))
+    front = results / FRONTIER_PATTERN.format(**cell.key)
+    front.parent.mkdir(parents=True)
+    probe = {"status": "ok", "peak_gib": 75.1, "at": "2026-11-26T06:25:52+00:00"}
+    front.write_text(json.dumps({"fingerprint": "another", "probes": {"1": probe}}))
+    assert launch.run_cell(spec, out, tmp_path / "a.log", skip_predicted_oom=True).status == "skipped" and not ran
+    out.unlink()
+    front.write_text(json.dumps({"fingerprint": fingerprint(spec), "probes": {"1": probe}}))
+    assert launch.run_cell(spec, out, tmp_path / "b.log", skip_predicted_oom=True).status == "oom" and ran == [1]
+    assert "search's probe ran this batch" in (tmp_path / "b.log").read_text()
+
+
 # The validation table --------------------------------------------------------------------
 
 def test_the_validation_table_has_a_row_for_every_training_record(combined):
@@ -302,7 +357,7 @@ def test_the_search_slope_is_what_a_batch_element_adds():
     # logits and the blocks the allocator keeps cached beside them (a search measures reserved)
     per_sample = 32 * 350 * (34 * 4096 + 5 * 32 * 350) * C.BACKENDS["deepspeed"].act_scale
     vocab = (C.BACKENDS["deepspeed"].logits_bytes + C.CACHED_LOGITS_BYTES) * 32000 * 350
-    assert naive == pytest.approx((per_sample + vocab) / GIB, rel=0.02)
+    assert naive == pytest.approx((per_sample * (1 + C.CACHED_ACTIVATION_FRACTION) + vocab) / GIB, rel=0.02)
     assert start_slope({}, None) is None
 
 
@@ -322,21 +377,27 @@ def test_replay_reproduces_the_committed_searches_and_the_hint_finds_the_same_ba
     assert (df["replayed_found"] == df["largest_ok"]).all() and (df["hinted_found"] == df["largest_ok"]).all()
     assert (df["probes_saved"] == df["replayed_probes"] - df["hinted_probes"]).all()
     # the hint and its slope: over by a little, the search backs off and draws its line
-    # from one fitting batch (Q: hint 31 too large, then 27, 24, 26)
+    # from one fitting batch (Q: hint 30 too large, then 27, 24, 26)
     q = df[df["technique"] == "Q"].iloc[0]
-    assert q["hinted"] == "31:oom 27:tight 24:ok 26:ok" and df["hinted_probes"].sum() < df["replayed_probes"].sum()
+    assert q["hinted"] == "30:oom 27:tight 24:ok 26:ok" and df["hinted_probes"].sum() < df["replayed_probes"].sum()
     # LoRA's dropout copies counted: the 7B L search that ran from hint 27 (6 probes) starts at 18
     lora = df[(df["technique"] == "L") & (df["model"] == "llama2-7b")].iloc[0]
     assert (lora["committed_probes"], lora["hinted_start"], lora["hinted_probes"]) == (6, 18, 3)
     # the allocator's cached blocks counted: recomputation's searches, which ran from hints of
-    # 280 and 320 (8 and 9 probes), start at 203 and 232 and need 4 and 3
+    # 280 and 320 (8 and 9 probes), start at 204 and 233 and need 4 and 3
     rec = df[df["technique"].isin(["L+F+R", "QL+F+R"]) & (df["model"] == "llama2-7b")].set_index("technique")
-    assert rec.loc["L+F+R", ["committed_probes", "hinted_start", "hinted_probes"]].tolist() == [8, 203, 4]
-    assert rec.loc["QL+F+R", ["committed_probes", "hinted_start", "hinted_probes"]].tolist() == [9, 232, 3]
+    assert rec.loc["L+F+R", ["committed_probes", "hinted_start", "hinted_probes"]].tolist() == [8, 204, 4]
+    assert rec.loc["QL+F+R", ["committed_probes", "hinted_start", "hinted_probes"]].tolist() == [9, 233, 3]
     # a recomputed layer's backward peak counted: one H200's 13B L+R, which ran from a hint
-    # of 304 (9 probes), starts at 288 and needs 5
+    # of 304 (9 probes), starts at 287 and needs 5
     lr = df[(df["platform"] == "h200") & (df["technique"] == "L+R")].iloc[0]
-    assert (lr["committed_probes"], lr["hinted_start"], lr["hinted_probes"], lr["largest_ok"]) == (9, 288, 5, 261)
+    assert (lr["committed_probes"], lr["hinted_start"], lr["hinted_probes"], lr["largest_ok"]) == (9, 287, 5, 261)
+    # ZeRO-2's buckets out of the logits' peak and ZeRO-3's recomputed adapter layer: the 7B
+    # L+F+R+Z2 search ran from a hint of 196 (12 probes over two calls) and starts at 203; the
+    # L+F+R+Z3+O search ran from 236 (5 probes) and starts at 227, its answer
+    zero = df[(df["platform"] == "h100") & (df["model"] == "llama2-7b")].set_index("technique")
+    assert zero.loc["L+F+R+Z2", ["committed_probes", "hinted_start", "hinted_probes"]].tolist() == [12, 203, 4]
+    assert zero.loc["L+F+R+Z3+O", ["committed_probes", "hinted_start", "hinted_probes"]].tolist() == [5, 227, 3]
 
 
 def test_the_replay_oracle_draws_its_line_through_every_probe_that_ran():

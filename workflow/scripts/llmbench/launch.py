@@ -266,13 +266,35 @@ def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int,
                       placement=placement)
 
 
+def searched_fit(spec: dict, record_path: Path) -> dict[str, Any] | None:
+    """What a max-batch search's probe showed at this cell's batch, where one ran it without
+    running out of memory (the frontier file of the record's results folder, for the same
+    memory fingerprint: llmbench.search.frontier), else None."""
+    from .cells import FRONTIER_PATTERN
+    from .search.frontier import Frontier, fingerprint
+
+    cell = Cell.from_dict(spec["cell"])
+    suffix = cell.record_path(".")[2:]  # runs/.../record.json below the results folder
+    if not str(record_path).endswith(suffix):
+        return None
+    results = Path(str(record_path)[: -len(suffix)] or ".")
+    return Frontier.load(results / FRONTIER_PATTERN.format(**cell.key), fingerprint(spec)).known_fit(cell.batch_size)
+
+
 def skip_if_predicted_oom(spec: dict, record_path: Path, log: Path, started: str, command: list[str]) -> Record | None:
     """Where the memory model predicts the cell not to fit: its ``skipped`` Record, written,
-    with the prediction and the margin in its summary (nothing runs); else None."""
+    with the prediction and the margin in its summary (nothing runs); else None. A batch a
+    max-batch search's probe ran without running out of memory is not skipped: the record
+    wins over the prediction (a search's largest batch sits at the margin's edge)."""
     from . import memory
 
     verdict = memory.check(spec)
     if verdict is None or verdict.fits:
+        return None
+    if (ran := searched_fit(spec, record_path)) is not None:
+        with open(log, "a") as fh:
+            fh.write(f"predicted not to fit ({verdict.reason}), but a max-batch search's probe ran this batch at "
+                     f"{ran.get('at')} with a peak of {ran['peak_gib']:.3f} GiB: running it\n")
         return None
     reason = (f"skip_predicted_oom: predicted not to fit: {verdict.reason} (llmbench.memory; "
               "--config skip_predicted_oom=false runs it)")

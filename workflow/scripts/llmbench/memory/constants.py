@@ -127,13 +127,21 @@ BACKENDS: dict[str, BackendConstants] = {
 COMPILED_ACT_SCALE = 0.58
 
 #: Saved activations of an adapter under ZeRO-3 over the same adapter without it (fitted:
-#: the mean over the llama2-7b and -13b L+Z3 and L+Z3+O rows at batch 1 on one H100 and one
-#: H200). With ZeRO-3 a LoRA cell keeps 1.4 times the activations, LoRA's dropout copies
-#: included, with or without offload, while its recomputation rows fit without the factor;
-#: DeepSpeed's ZeRO-3 linear wrapper is the likely holder of the extra copies (not
-#: traced). Before the dropout copies were counted, the same rows gave 2.16. One batch size
-#: only: whether it grows with the batch as activations do is untested.
+#: the mean over the llama2-7b and -13b L+Z3 and L+Z3+O rows without recomputation, at
+#: batch 1 and up to each row's largest batch, on one H100 and one H200). With ZeRO-3 a
+#: LoRA cell keeps 1.4 times the activations, LoRA's dropout copies included, with or
+#: without offload; DeepSpeed's ZeRO-3 linear wrapper is the likely holder of the extra
+#: copies (not traced). Before the dropout copies were counted, the same rows gave 2.16.
 ZERO3_ADAPTER_ACT_SCALE = 1.40
+
+#: The same for an adapter's recomputed layer under ZeRO-3 (with recomputation only one
+#: layer's activations are alive, and its backward sets the peak): fitted by
+#: llmbench.memory.fit, the median over the rows whose peak the recomputed layer sets, the
+#: llama2-7b L+F+R+Z3 and L+F+R+Z3+O searches on one H100 at batch 194-236, 1.55 and 1.53
+#: apiece and the same at every batch. With 1.40 the model was 3 GiB (5 %) short there and
+#: hinted 194 for 201 and 236 for 227. The searches of one model, with FlashAttention: the
+#: value is untested on 13B and without F.
+ZERO3_RECOMPUTED_ADAPTER_SCALE = 1.54
 
 #: A recomputed layer's backward peak over the activations the layer saves (fitted:
 #: llmbench.memory.fit, the median over the DeepSpeed rows with recomputation whose peak
@@ -152,22 +160,25 @@ RECOMPUTED_LAYER_PEAK = 1.28
 #: Z3+O rows with recomputation, whose activations are small, measured 1.9 GiB over the rest).
 ZERO3_MAX_LIVE_PARAMETERS = 1e9
 
-#: What the caching allocator holds reserved beyond the allocated peak, in bytes per
-#: vocabulary entry and token: the loss's large blocks (bf16 logits, their fp32 upcast and
-#: gradient, gigabytes each at a large batch) are carved out while the freed blocks of
-#: other sizes stay cached, so reserved memory runs ahead of allocated by a multiple of the
-#: logits. Fitted (llmbench.memory.fit: the median of reserved minus allocated per
-#: vocabulary entry and token over the ok DeepSpeed GPU rows whose fp32 logits are at least
-#: 2 GiB, full-parameter 4-bit rows left out: they keep their load-time reservation too):
-#: one H100's llama2-7b L+F+R at batch 182-203 and QL+F+R at 209-233 held 7.5-8.2 (15-19
-#: GiB), where 5 % of the allocated peak would allow 3; the margin alone let the model
-#: suggest batch 280 and 320, which ran out of memory, for 200 and 232. Small at the
-#: batches the other rows reach (1-2 GiB at batch 17-25), so it only matters with
-#: recomputation's large batches.
-CACHED_LOGITS_BYTES = 7.9
+#: What the caching allocator holds reserved beyond the allocated peak: bytes per
+#: vocabulary entry and token, and a share of the saved activations. The loss's large
+#: blocks (bf16 logits, their fp32 upcast and gradient, gigabytes each at a large batch) are
+#: carved out while the freed blocks of other sizes stay cached, so reserved memory runs
+#: ahead of allocated by a multiple of the logits; and the activations, many blocks freed
+#: and made again each step, leave a few per cent of their size cached. Fitted together
+#: (llmbench.memory.fit: least squares over the ok DeepSpeed GPU rows whose
+#: forward/backward peak is at least 60 % of the GPU, full-parameter 4-bit rows left out:
+#: they keep their load-time reservation too). One H100's llama2-7b L+F+R at batch 182-203
+#: and QL+F+R at 209-233 held 15-19 GiB beyond the allocated peak, where 5 % of it would
+#: allow 3: the margin alone let the model suggest batch 280 and 320, which ran out of
+#: memory, for 200 and 232. Without recomputation, near the limit (7B and 13B LoRA and
+#: QLoRA at their largest batch on one H100 and one H200), 2.2-7.5 GiB, where the logits'
+#: term alone gave 0.5-3 (a median error of 3.0 GiB, 1.1 with the activations' share).
+CACHED_LOGITS_BYTES = 7.5
+CACHED_ACTIVATION_FRACTION = 0.036
 
 #: Safety margin: a cell fits when its predicted reserved peak (the allocated peak plus
-#: CACHED_LOGITS_BYTES' share) x (1 + MARGIN) is at most the platform's gpu_memory_gib.
+#: the allocator's cached share) x (1 + MARGIN) is at most the platform's gpu_memory_gib.
 #: Chosen on the reference records (llmbench.memory.validate reports the figures): any
 #: margin under 8.4% predicts no ok cell of a sweep not to fit (the closest: Megatron-LM
 #: tp1pp1-distopt at batch 18 on the H200 pair); catching the one OOM it misses (Megatron-LM
@@ -177,4 +188,8 @@ CACHED_LOGITS_BYTES = 7.9
 #: 4-bit cells keep their load-time reservation), too irregular for a constant; the margin
 #: and the platform's gpu_memory_gib (above what CUDA reports usable: 139.8 GiB of an
 #: H200's 141) absorb it where it matters, near the limit.
+#: Since the ZeRO-2 buckets' lifetime and the activations' cached share (above), the ok rows
+#: it predicts not to fit are all at a max-batch search's boundary (91-98 % of the GPU
+#: reserved, where the search's own 5 % headroom draws the line), and it catches 50 of the
+#: 56 OOM records (the rest within 1-3 % of the limit).
 MARGIN = 0.05

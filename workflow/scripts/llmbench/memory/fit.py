@@ -27,10 +27,15 @@ From the tidy table's ok GPU training rows (with their records' specs):
 - ``COMPILED_ACT_SCALE``: the mean ratio of the activations the C rows leave to eager's;
 - ``ZERO3_ADAPTER_ACT_SCALE``: the same for the adapter rows under ZeRO-3 without
   recomputation (left out of ``act_scale``'s rows);
-- ``CACHED_LOGITS_BYTES``: the median of (reserved - allocated) / (V·tokens) over the
-  DeepSpeed rows whose fp32 logits are at least 2 GiB (there the loss's blocks make most of
-  the allocator's slack), full-parameter 4-bit rows left out (they keep their load-time
-  reservation as well);
+- ``ZERO3_RECOMPUTED_ADAPTER_SCALE``: the adapter rows under ZeRO-3 with recomputation whose
+  peak the recomputed layer sets (as for ``RECOMPUTED_LAYER_PEAK``): the median of what
+  they hold beyond states, buckets, layer inputs and overhead over the layer's activations
+  times ``RECOMPUTED_LAYER_PEAK``;
+- ``CACHED_LOGITS_BYTES`` and ``CACHED_ACTIVATION_FRACTION``: least squares through the
+  origin of reserved - allocated = a·V·tokens + b·saved activations over the DeepSpeed rows
+  whose peak is in the forward/backward phase and at least ``CACHED_FIT_LOAD`` of the GPU
+  (there the slack decides what fits), full-parameter 4-bit rows left out (they keep their
+  load-time reservation as well);
 - ``host_base_gib``: the median host RSS of the rows without offload; the offload rows'
   host bytes per sharded parameter come with them (``offload_host_bytes``), and their GPU
   bytes per sharded parameter (``offload_fb_bytes``) beside the accounting's value, both
@@ -45,6 +50,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +58,26 @@ import numpy as np
 import pandas as pd
 
 from .. import techniques
-from ..config import REPO_ROOT
+from ..config import REPO_ROOT, ConfigError
 from ..models import ModelSpec
-from .constants import BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, RECOMPUTED_LAYER_PEAK, ZERO3_ADAPTER_ACT_SCALE
+from ..platforms import Platform
+from .constants import (BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, RECOMPUTED_LAYER_PEAK, ZERO3_ADAPTER_ACT_SCALE,
+                        ZERO3_RECOMPUTED_ADAPTER_SCALE)
 from .model import (GIB, Workload, activation_bytes, adapter_dropout_bytes, adapter_params, adapter_under_zero3,
-                    buffer_bytes, layer_activation_bytes, predict, state_bytes)
+                    beside_activations_bytes, buffer_bytes, layer_activation_bytes, predict, state_bytes)
 
 TRAIN_STAGES = ("pretrain", "finetune")
+#: The rows the allocator's slack is fitted on: an allocated peak at least this share of
+#: the GPU (where the slack decides what fits, and the allocator has had to reuse blocks).
+CACHED_FIT_LOAD = 0.6
+
+
+@lru_cache(maxsize=None)
+def _gpu_memory_gib(platform: str, root: str) -> float | None:
+    try:
+        return Platform.load(platform, Path(root)).gpu_memory_gib
+    except ConfigError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,10 +135,12 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
         if not tech.recompute or tech.offload or w.backend != "deepspeed":
             continue
         acts, layer, logits = activation_bytes(w)
-        if layer > logits or predict(w).phase != "forward-backward":
+        beside = beside_activations_bytes(w, logits, layer, buffer_bytes(w))
+        if layer + buffer_bytes(w) > logits or predict(w).phase != "forward-backward":
             continue
         xs.append([logits / BACKENDS[w.backend].logits_bytes / GIB, 1.0])
-        ys.append(r.measured_gib - (state_bytes(w)[0] + buffer_bytes(w) + acts) / GIB)
+        # what the logits' peak holds beyond them: the buckets, where they are there
+        ys.append(r.measured_gib - (state_bytes(w)[0] + beside - logits + acts) / GIB)
     if len(xs) >= 2:
         (logits_bytes, _), *_ = np.linalg.lstsq(np.array(xs), np.array(ys), rcond=None)
         out["logits_bytes"] = float(logits_bytes)
@@ -140,6 +161,22 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
             peaks.append(rest / (layer / RECOMPUTED_LAYER_PEAK))
     out["recomputed_layer_peak"] = float(np.median(peaks)) if peaks else None
     out["recomputed_layer_rows"] = len(peaks)
+    # 1c. an adapter's recomputed layer under ZeRO-3: the same measure over the adapter rows
+    #     under ZeRO-3 (offload or not) whose peak the recomputed layer sets, as a scale of
+    #     the layer's activations (what 1b's rows leave beside it is RECOMPUTED_LAYER_PEAK)
+    zero3_layer = []
+    for r in ok:
+        w, tech = r.workload, techniques.parse(r.workload.technique)
+        if (not tech.recompute or not adapter_under_zero3(tech) or tech.compiled
+                or predict(w).phase != "forward-backward"):
+            continue
+        acts, layer, logits = activation_bytes(w)
+        rest = r.measured_gib * GIB - state_bytes(w)[0] - buffer_bytes(w) - acts \
+            - BACKENDS[w.backend].overhead_gib * GIB
+        if rest > 1.05 * logits:
+            zero3_layer.append(rest / (layer / ZERO3_RECOMPUTED_ADAPTER_SCALE))
+    out["zero3_recomputed_adapter_scale"] = float(np.median(zero3_layer)) if zero3_layer else None
+    out["zero3_recomputed_adapter_rows"] = len(zero3_layer)
     # 2. overhead per backend: what the smallest models' rows (under 1e8 parameters: their
     #    states and activations are a few MiB) leave over states, buckets and logits; 0
     #    where the backend has none. 3. act_scale: least squares through the origin of what
@@ -156,8 +193,8 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
             tp = int((w.parallel or {}).get("tensor_parallel", 1))
             tokens = w.batch_size * w.seq_len
             acts = tokens * w.model.num_hidden_layers * layer_activation_bytes(w.model, w.seq_len, tech.flash, tp)
-            rest = r.measured_gib - (state_bytes(w)[0] + buffer_bytes(w)
-                                     + logits_bytes * tokens * w.model.vocab_size / tp
+            logits = logits_bytes * tokens * w.model.vocab_size / tp
+            rest = r.measured_gib - (state_bytes(w)[0] + beside_activations_bytes(w, logits, 0.0, buffer_bytes(w))
                                      + tokens * w.model.num_hidden_layers
                                      * adapter_dropout_bytes(w.model, w.adapter)) / GIB
             if w.model.param_counts()["total"] < 1e8:
@@ -175,17 +212,25 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
         out[backend] = {"act_scale": scale, "overhead_gib": overhead,
                         "host_base_gib": float(np.median(base)) if base else None, "rows": len(mine),
                         "rows_fitted": len(plain), "rows_overhead": len(small)}
-    # 4. the allocator's cached blocks where the loss's blocks are large
-    cached = []
+    # 4. the allocator's cached blocks near the GPU's limit: least squares (through the
+    #    origin) of reserved - allocated over the loss's elements (V·tokens) and the saved
+    #    activations
+    xs, ys = [], []
     for r in ok:
         tech, w = techniques.parse(r.workload.technique), r.workload
-        elements = w.batch_size * w.seq_len * w.model.vocab_size
-        if (w.backend != "deepspeed" or r.reserved_gib is None or elements * 4 < 2 * GIB
-                or (tech.quant4 and tech.adapter is None)):
+        capacity = _gpu_memory_gib(r.platform, str(root))
+        if (w.backend != "deepspeed" or r.reserved_gib is None or not capacity
+                or r.measured_gib < CACHED_FIT_LOAD * capacity or (tech.quant4 and tech.adapter is None)
+                or predict(w).phase != "forward-backward"):
             continue
-        cached.append((r.reserved_gib - r.measured_gib) * GIB / elements)
-    out["cached_logits_bytes"] = float(np.median(cached)) if cached else None
-    out["cached_rows"] = len(cached)
+        xs.append([w.batch_size * w.seq_len * w.model.vocab_size / GIB, predict(w).terms["activations"]])
+        ys.append(r.reserved_gib - r.measured_gib)
+    if len(xs) >= 2:
+        (per_element, fraction), *_ = np.linalg.lstsq(np.array(xs), np.array(ys), rcond=None)
+        out["cached_logits_bytes"], out["cached_activation_fraction"] = float(per_element), float(fraction)
+    else:
+        out["cached_logits_bytes"] = out["cached_activation_fraction"] = None
+    out["cached_rows"] = len(xs)
     compiled, zero3_adapter, off_fb, off_host, off_frozen = [], [], {}, {}, {}
     for r in ok:
         tech, w = techniques.parse(r.workload.technique), r.workload
@@ -193,7 +238,7 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
             continue
         k = BACKENDS[w.backend]
         acts, layer, logits = activation_bytes(w)
-        rest = (buffer_bytes(w) + k.overhead_gib * GIB + max(logits, layer)) / GIB
+        rest = (beside_activations_bytes(w, logits, layer, buffer_bytes(w)) + k.overhead_gib * GIB) / GIB
         if tech.compiled and not tech.recompute:
             fb_states = state_bytes(w)[0] / GIB
             compiled.append((r.measured_gib - fb_states - rest) / (acts / COMPILED_ACT_SCALE / GIB))

@@ -6,8 +6,10 @@ A step has two peaks and the model takes the larger (``Prediction.phase``):
 - forward/backward: the model states that live through the step (``StateRow.fb`` of
   constants.DEEPSPEED or MEGATRON) plus the activations saved for the backward pass, the
   logits, DeepSpeed's communication buckets and a fixed overhead (CUDA/cuBLAS workspaces);
+  ZeRO-1/2's buckets live only through the backward pass, so for an adapter they count
+  beside a recomputed layer but not beside the logits (``beside_activations_bytes``);
 - optimizer step: the model states plus the flat buffers the optimizer allocates for the
-  step (``StateRow.step``; no activations are alive by then), plus the same buckets and
+  step (``StateRow.step``; no activations are alive by then), plus ZeRO-3's bucket and the
   overhead.
 
 Model states, in bytes per parameter, ``full + sharded / data-parallel ranks``
@@ -27,7 +29,8 @@ score): FlashAttention (F) never materialises them, so it drops out. Llama has n
 and a SwiGLU MLP of width f ≈ 2.7h with three matrices where GPT has 4h and two: their
 saved tensors come to about the same 24h, so the formula is kept and its scale fitted per
 backend (``act_scale``; torch.compile (C) saves fewer: ``COMPILED_ACT_SCALE``; an adapter
-under ZeRO-3 1.4 times as many: ``ZERO3_ADAPTER_ACT_SCALE``). LoRA adds, unscaled, what its
+under ZeRO-3 1.4 times as many: ``ZERO3_ADAPTER_ACT_SCALE``, and its recomputed layer 1.54
+times: ``ZERO3_RECOMPUTED_ADAPTER_SCALE``). LoRA adds, unscaled, what its
 own dropout keeps: 3 bytes per input element of each target linear
 (``adapter_dropout_bytes``). With
 recomputation (R) each checkpointed layer keeps only its 2-byte input (``2h`` per token and
@@ -45,8 +48,8 @@ to the host (``StateRow.frozen_host``) but for the parameters in use
 
 Reserved memory (``Prediction.reserved_gib``): PyTorch's caching allocator keeps freed
 blocks, and at a large batch the loss's blocks leave the others cached: reserved runs ahead
-of allocated by ``CACHED_LOGITS_BYTES · V`` per token (fitted), on top of the
-forward/backward peak.
+of allocated by ``CACHED_LOGITS_BYTES · V`` per token plus ``CACHED_ACTIVATION_FRACTION`` of
+the saved activations (both fitted), on top of the forward/backward peak.
 
 ``margin``: a cell is predicted to fit when ``reserved_gib · (1 + margin)`` is at most the
 platform's ``gpu_memory_gib`` (and, with offload, the host memory holds every rank's host
@@ -61,9 +64,10 @@ from typing import Any
 
 from .. import techniques
 from ..models import ModelSpec
-from .constants import (BACKENDS, BUCKETS, CACHED_LOGITS_BYTES, COMPILED_ACT_SCALE, DEEPSPEED, MARGIN, MEGATRON,
+from .constants import (BACKENDS, BUCKETS, CACHED_ACTIVATION_FRACTION, CACHED_LOGITS_BYTES, COMPILED_ACT_SCALE,
+                        DEEPSPEED, MARGIN, MEGATRON,
                         MEGATRON_DISTOPT, RECOMPUTED_LAYER_PEAK, ZERO3_ADAPTER_ACT_SCALE,
-                        ZERO3_MAX_LIVE_PARAMETERS)
+                        ZERO3_MAX_LIVE_PARAMETERS, ZERO3_RECOMPUTED_ADAPTER_SCALE)
 
 GIB = 2**30
 #: bytes per parameter of the model states (kept for the findings' lower bound)
@@ -141,7 +145,9 @@ class Prediction:
     """'forward-backward' or 'optimizer step': where the peak is."""
     terms: dict[str, float] = field(default_factory=dict)
     """Each term in GiB: states_fb, states_step, activations, recomputed_layer, logits, buffers,
-    overhead, host_offload, cached (reserved beyond allocated at the forward/backward peak)."""
+    beside (what the forward/backward peak holds beside states and saved activations: the
+    logits or a recomputed layer, and the buckets where they are there), overhead,
+    host_offload, cached (reserved beyond allocated at the forward/backward peak)."""
     reserved_gib: float | None = None
     """Peak GPU memory reserved by the caching allocator: the forward/backward peak plus the
     blocks it keeps cached (``terms['cached']``), or the step's peak if larger; what a cell
@@ -243,7 +249,8 @@ def adapter_dropout_bytes(model: ModelSpec, adapter: dict[str, Any] | None) -> f
 
 
 def adapter_under_zero3(tech: techniques.Technique) -> bool:
-    """An adapter under ZeRO-3: its activations take ZERO3_ADAPTER_ACT_SCALE."""
+    """An adapter under ZeRO-3: its activations take ZERO3_ADAPTER_ACT_SCALE (its
+    recomputed layer ZERO3_RECOMPUTED_ADAPTER_SCALE)."""
     return tech.adapter is not None and tech.zero_stage == 3
 
 
@@ -256,7 +263,9 @@ def activation_bytes(w: Workload) -> tuple[float, float, float]:
     tp = _layout(w)[0] if w.backend == "megatron" else 1
     seq = w.seq_len + (int((w.adapter or {}).get("num_virtual_tokens", 0)) if tech.adapter == "prompt_tuning" else 0)
     tokens = w.batch_size * seq
-    zero3 = ZERO3_ADAPTER_ACT_SCALE if adapter_under_zero3(tech) else 1.0  # scales the dropout copies too
+    zero3 = 1.0  # an adapter under ZeRO-3: scales the dropout copies too
+    if adapter_under_zero3(tech):
+        zero3 = ZERO3_RECOMPUTED_ADAPTER_SCALE if tech.recompute else ZERO3_ADAPTER_ACT_SCALE
     scale = k.act_scale * (COMPILED_ACT_SCALE if tech.compiled else 1.0) * zero3
     per_layer = tokens * (scale * layer_activation_bytes(w.model, seq, tech.flash, tp)
                           + zero3 * adapter_dropout_bytes(w.model, w.adapter))
@@ -274,11 +283,36 @@ def buffer_bytes(w: Workload) -> float:
     return BUCKETS.get(techniques.parse(w.technique).zero_stage, 0.0)
 
 
-def cached_bytes(w: Workload) -> float:
+def buckets_in_backward_only(w: Workload) -> bool:
+    """Whether the buckets live only through the backward pass: ZeRO-1/2 allocate them at
+    the first gradient (DeepSpeed's ``setup_buckets``, from ``process_gradients``) and free
+    them at the backward's end (``_release_ipg_buffers``), so neither the forward pass nor
+    the optimizer step holds them; ZeRO-3 allocates its bucket once, at start-up."""
+    return w.backend == "deepspeed" and techniques.parse(w.technique).zero_stage in (1, 2)
+
+
+def beside_activations_bytes(w: Workload, logits: float, layer: float, buffers: float) -> float:
+    """What the forward/backward peak holds beside the model states and the saved activations:
+    the larger of the forward pass's end (the logits and the loss) and the backward pass (a
+    recomputed layer, and the buckets). The logits' gradient is freed once the output
+    layer's backward has run; a full-parameter cell's first gradient (the output layer's
+    weight) comes while it is alive, so its buckets sit beside the logits, but an adapter's
+    first gradient comes after it. Measured on one H100: llama2-7b L+Z2 peaked at batch 17
+    and 18 exactly where L did (69.67 and 73.04 GiB), at batch 1 1.75 GiB above it (the
+    buckets' 1.86 through the backward pass); L+F+R+Z2 at batch 205 held its states, layer
+    inputs and logits to 0.01 GiB."""
+    if buckets_in_backward_only(w) and techniques.parse(w.technique).adapter is not None:
+        return max(logits, layer + buffers)
+    return max(logits, layer) + buffers
+
+
+def cached_bytes(w: Workload, activations: float) -> float:
     """What the caching allocator keeps reserved beyond the forward/backward peak of one
-    rank: CACHED_LOGITS_BYTES per vocabulary entry and token (split as the logits are)."""
+    rank: CACHED_LOGITS_BYTES per vocabulary entry and token (split as the logits are), and
+    CACHED_ACTIVATION_FRACTION of the saved ``activations`` (bytes)."""
     tp = _layout(w)[0] if w.backend == "megatron" else 1
-    return w.batch_size * w.seq_len * CACHED_LOGITS_BYTES * w.model.vocab_size / tp
+    return (w.batch_size * w.seq_len * CACHED_LOGITS_BYTES * w.model.vocab_size / tp
+            + CACHED_ACTIVATION_FRACTION * activations)
 
 
 def predict(w: Workload) -> Prediction:
@@ -288,13 +322,15 @@ def predict(w: Workload) -> Prediction:
     buffers = buffer_bytes(w)
     k = BACKENDS[w.backend]
     overhead = k.overhead_gib * GIB
-    # The logits and the loss live at the end of the forward pass, a recomputed layer only
-    # later in the backward pass (the logits are gone by then): the larger of the two counts.
-    fb = fb_states + acts + max(logits, layer) + buffers + overhead
-    step = step_states + buffers + overhead
-    cached = cached_bytes(w)
+    # the end of the forward pass (the logits and the loss) or the backward pass (a
+    # recomputed layer; the logits are gone by then): the larger counts
+    beside = beside_activations_bytes(w, logits, layer, buffers)
+    fb = fb_states + acts + beside + overhead
+    step = step_states + (0.0 if buckets_in_backward_only(w) else buffers) + overhead
+    cached = cached_bytes(w, acts)
     terms = {"states_fb": fb_states, "states_step": step_states, "activations": acts, "recomputed_layer": layer,
-             "logits": logits, "buffers": buffers, "overhead": overhead, "host_offload": host, "cached": cached}
+             "logits": logits, "buffers": buffers, "beside": beside, "overhead": overhead, "host_offload": host,
+             "cached": cached}
     return Prediction(gpu_gib=max(fb, step) / GIB, reserved_gib=max(fb + cached, step) / GIB,
                       host_gib=(host / GIB) + k.host_base_gib,
                       phase="forward-backward" if fb >= step else "optimizer step",
@@ -307,7 +343,7 @@ def batch_slope_gib(w: Workload) -> float:
     allocator's cached blocks): the slope of the line a max-batch search draws through its
     probes' reserved peaks (llmbench.search.algorithm)."""
     def grows(p: Prediction) -> float:
-        return p.terms["activations"] + max(p.terms["logits"], p.terms["recomputed_layer"]) + p.terms["cached"]
+        return p.terms["activations"] + p.terms["beside"] + p.terms["cached"]
     return grows(predict(w.with_batch(w.batch_size + 1))) - grows(predict(w))
 
 

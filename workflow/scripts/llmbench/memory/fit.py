@@ -148,33 +148,26 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
     # 1b. a recomputed layer's backward peak over what it saves, from the rows whose peak it
     #     sets: what they hold beyond states, buckets, layer inputs and overhead exceeds
     #     their logits by more than 5% (ZeRO-3's gathered parameters left out)
-    peaks = []
+    # 1c. an adapter's recomputed layer under ZeRO-3 (offload or not): the same measure, as
+    #     a scale of the layer's activations (beside which 1b's rows leave
+    #     RECOMPUTED_LAYER_PEAK)
+    peaks, zero3_layer = [], []
     for r in ok:
         w, tech = r.workload, techniques.parse(r.workload.technique)
-        if (not tech.recompute or tech.offload or tech.compiled or tech.zero_stage == 3
-                or w.backend != "deepspeed" or predict(w).phase != "forward-backward"):
-            continue
-        acts, layer, logits = activation_bytes(w)
-        rest = r.measured_gib * GIB - state_bytes(w)[0] - buffer_bytes(w) - acts \
-            - BACKENDS[w.backend].overhead_gib * GIB
-        if rest > 1.05 * logits:
-            peaks.append(rest / (layer / RECOMPUTED_LAYER_PEAK))
-    out["recomputed_layer_peak"] = float(np.median(peaks)) if peaks else None
-    out["recomputed_layer_rows"] = len(peaks)
-    # 1c. an adapter's recomputed layer under ZeRO-3: the same measure over the adapter rows
-    #     under ZeRO-3 (offload or not) whose peak the recomputed layer sets, as a scale of
-    #     the layer's activations (what 1b's rows leave beside it is RECOMPUTED_LAYER_PEAK)
-    zero3_layer = []
-    for r in ok:
-        w, tech = r.workload, techniques.parse(r.workload.technique)
-        if (not tech.recompute or not adapter_under_zero3(tech) or tech.compiled
+        if (not tech.recompute or tech.compiled or w.backend != "deepspeed"
                 or predict(w).phase != "forward-backward"):
             continue
         acts, layer, logits = activation_bytes(w)
         rest = r.measured_gib * GIB - state_bytes(w)[0] - buffer_bytes(w) - acts \
             - BACKENDS[w.backend].overhead_gib * GIB
-        if rest > 1.05 * logits:
+        if rest <= 1.05 * logits:
+            continue
+        if adapter_under_zero3(tech):
             zero3_layer.append(rest / (layer / ZERO3_RECOMPUTED_ADAPTER_SCALE))
+        elif not tech.offload and tech.zero_stage != 3:
+            peaks.append(rest / (layer / RECOMPUTED_LAYER_PEAK))
+    out["recomputed_layer_peak"] = float(np.median(peaks)) if peaks else None
+    out["recomputed_layer_rows"] = len(peaks)
     out["zero3_recomputed_adapter_scale"] = float(np.median(zero3_layer)) if zero3_layer else None
     out["zero3_recomputed_adapter_rows"] = len(zero3_layer)
     # 2. overhead per backend: what the smallest models' rows (under 1e8 parameters: their

@@ -98,3 +98,41 @@ def test_the_policy_comes_from_the_config_and_the_schema_checks_it():
     assert config.validate(dict(base), "config", "t")["gpu_busy"] == "error"
     with pytest.raises(config.ConfigError, match="gpu_busy"):
         config.validate({**base, "gpu_busy": "maybe"}, "config", "t")
+
+
+def test_nvml_reads_which_gpu_it_is_and_what_bounds_its_speed(monkeypatch):
+    """The board (UUID, PCIe link, SM clock, power limit) goes to the record's provenance with
+    the memory state; a query the driver does not answer is left out, not an error. NVML is
+    a stand-in module with pynvml's names."""
+    import types
+
+    class NVMLError(Exception):
+        pass
+
+    def unsupported(handle):
+        raise NVMLError("Not Supported")
+
+    mem = types.SimpleNamespace(total=80 * 2**30, used=2**29, free=80 * 2**30 - 2**29)
+    fake = types.SimpleNamespace(
+        NVMLError=NVMLError, NVML_CLOCK_SM=1, nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: f"h{i}", nvmlDeviceGetMemoryInfo=lambda h: mem,
+        nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3",
+        nvmlDeviceGetComputeRunningProcesses=lambda h: [], nvmlDeviceGetGraphicsRunningProcesses=unsupported,
+        nvmlDeviceGetUUID=lambda h: b"GPU-1234", nvmlDeviceGetCurrPcieLinkGeneration=lambda h: 1,
+        nvmlDeviceGetMaxPcieLinkGeneration=lambda h: 5, nvmlDeviceGetCurrPcieLinkWidth=lambda h: 16,
+        nvmlDeviceGetMaxPcieLinkWidth=lambda h: 16, nvmlDeviceGetMaxClockInfo=lambda h, clock: 1980,
+        nvmlDeviceGetEnforcedPowerLimit=unsupported)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    [info] = gpus.read_nvml(["0"])
+    assert info.name == "NVIDIA H100 80GB HBM3" and info.used_gib == 0.5
+    assert info.board == {"uuid": "GPU-1234", "pcie_gen": 1, "pcie_gen_max": 5, "pcie_width": 16,
+                          "pcie_width_max": 16, "sm_clock_max_mhz": 1980}
+    state = gpus.check("cuda", 1, reader=gpus.read_nvml, env={"CUDA_VISIBLE_DEVICES": "0"}).provenance()
+    assert state["gpu_state"]["gpus"][0]["board"]["uuid"] == "GPU-1234"
+
+
+def test_the_host_says_which_boot_of_which_machine_it_is():
+    from llmbench import provenance
+
+    host = provenance.host()
+    assert host["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()

@@ -21,7 +21,7 @@ import dataclasses
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -59,6 +59,10 @@ class GpuInfo:
     """Memory free."""
     processes: tuple[GpuProcess, ...] = ()
     """Processes with memory on it (compute and graphics)."""
+    board: dict[str, Any] = field(default_factory=dict)
+    """Which GPU it is and what sets its speed, where NVML tells (``board``): uuid, the PCIe
+    link's generation and width (current, which idles lower, and maximum), the SM clock's
+    maximum (MHz) and the enforced power limit (W)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the record's provenance: lists, as JSON reads them back)."""
@@ -132,6 +136,30 @@ def cell_gpu_ids(count: int, accelerator: str, env: Mapping[str, str] | None = N
     return [str(i) for i in range(count)]
 
 
+def board(pynvml: Any, handle: Any) -> dict[str, Any]:
+    """What tells two GPUs of one product apart, each query where the driver answers it: the
+    UUID (which physical GPU a record ran on), the PCIe link (offload's copies cross it), the
+    SM clock's maximum and the enforced power limit. The product name and the driver do not
+    tell two machines apart; these say which GPU it was and what bounds its speed."""
+    queries = {
+        "uuid": lambda: pynvml.nvmlDeviceGetUUID(handle),
+        "pcie_gen": lambda: pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle),
+        "pcie_gen_max": lambda: pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle),
+        "pcie_width": lambda: pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle),
+        "pcie_width_max": lambda: pynvml.nvmlDeviceGetMaxPcieLinkWidth(handle),
+        "sm_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+        "power_limit_w": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000,
+    }
+    out: dict[str, Any] = {}
+    for key, query in queries.items():
+        try:
+            value = query()
+        except pynvml.NVMLError:
+            continue
+        out[key] = value.decode() if isinstance(value, bytes) else value
+    return out
+
+
 def read_nvml(ids: list[str]) -> list[GpuInfo]:
     """Read these GPUs through NVML. An index is NVML's (PCI bus order, which CUDA follows
     with CUDA_DEVICE_ORDER=PCI_BUS_ID, as Slurm's indices do); a UUID names one GPU in any order."""
@@ -156,7 +184,7 @@ def read_nvml(ids: list[str]) -> list[GpuInfo]:
                     procs[p.pid] = GpuProcess(pid=p.pid, used_gib=used / GIB if isinstance(used, int) else None)
             out.append(GpuInfo(id=gid, name=name.decode() if isinstance(name, bytes) else str(name),
                                total_gib=mem.total / GIB, used_gib=mem.used / GIB, free_gib=mem.free / GIB,
-                               processes=tuple(procs.values())))
+                               processes=tuple(procs.values()), board=board(pynvml, handle)))
         return out
     finally:
         pynvml.nvmlShutdown()

@@ -64,8 +64,12 @@ def host() -> dict[str, Any]:
                 mem_gib = round(int(line.split()[1]) / 2**20, 2)
     except OSError:
         pass
+    try:  # which boot of which machine: lent machines share a hostname and a CPU string
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot_id = None
     return {"hostname": socket.gethostname(), "cpu": cpu, "cpus": os.cpu_count(),
-            "mem_total_gib": mem_gib, "os": pyplatform.platform(),
+            "mem_total_gib": mem_gib, "os": pyplatform.platform(), "boot_id": boot_id,
             "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
 
 

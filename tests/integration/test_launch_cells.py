@@ -150,8 +150,30 @@ def test_a_cell_stopped_between_repeats_resumes_with_the_repeats_it_has(spec_for
     assert rec.metrics.tokens_per_s_runs == (100.0, 100.0, 200.0)
     assert [r["index"] for r in rec.provenance["resumed_repeats"]] == [0, 1]
     assert all(r["finished"] and r["hostname"] for r in rec.provenance["resumed_repeats"])
+    assert {r["boot_id"] for r in rec.provenance["resumed_repeats"]} == {launch.provenance.host()["boot_id"]}
     assert "=== resuming: repeat(s) [0, 1]" in (tmp_path / "run.log").read_text()
+    assert "another machine" not in (tmp_path / "run.log").read_text()
     assert not list(tmp_path.glob(".repeat-*.json"))  # the record holds them now
+
+
+def test_a_repeat_kept_on_another_machine_counts_and_the_log_says_so(spec_for, tmp_path, monkeypatch):
+    spec, real = spec_for("ok", repeats=2), launch.run_repeat
+
+    def stopped_at_the_second(spec, workdir, index, *args):
+        if index == 1:
+            raise KeyboardInterrupt("the call's deadline")
+        return real(spec, workdir, index, *args)
+
+    monkeypatch.setattr(launch, "run_repeat", stopped_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        run(spec, tmp_path)
+    kept = tmp_path / ".repeat-0.json"
+    kept.write_text(kept.read_text().replace(launch.provenance.host()["boot_id"], "another-boot"))
+    monkeypatch.setattr(launch, "run_repeat", real)
+    rec = run(spec, tmp_path)
+    assert rec.status == "ok" and len(rec.metrics.tokens_per_s_runs) == 2
+    assert rec.provenance["resumed_repeats"][0]["boot_id"] == "another-boot"
+    assert "repeat(s) [0] ran on another machine or boot" in (tmp_path / "run.log").read_text()
 
 
 def test_kept_repeats_of_another_spec_do_not_count(spec_for, tmp_path, monkeypatch):

@@ -362,12 +362,13 @@ def spec_digest(spec: dict) -> str:
 def keep_repeat(keep_dir: Path, index: int, spec: dict, outcome: Outcome, wall_s: float | None = None) -> None:
     """Keep an ok repeat beside the cell's record, with when, where, at which commit and in
     how many seconds (``wall_s``) it ran, so that a cell stopped between repeats (a call's
-    deadline, a killed job) resumes with the repeats it has, not from the first."""
+    deadline, a killed job) resumes with the repeats it has, not from the first. The
+    machine's boot id goes with it: lent machines and cluster nodes share hostnames."""
     state = provenance.git_state()
     write_json_atomic(keep_dir / PARTIAL.format(index=index), {
         "spec_sha256": spec_digest(spec), "index": index, "outcome": asdict(outcome),
         "finished": datetime.now(timezone.utc).isoformat(), "hostname": socket.gethostname(),
-        "git_sha": state.get("sha"), "wall_s": wall_s})
+        "boot_id": provenance.host()["boot_id"], "git_sha": state.get("sha"), "wall_s": wall_s})
 
 
 def kept_repeats(keep_dir: Path, spec: dict, repeats: int, log: Path) -> dict[int, dict]:
@@ -387,9 +388,13 @@ def kept_repeats(keep_dir: Path, spec: dict, repeats: int, log: Path) -> dict[in
         else:
             path.unlink(missing_ok=True)
     if kept:
+        here = provenance.host()["boot_id"]
+        elsewhere = [i for i in sorted(kept) if kept[i].get("boot_id") != here]
         with open(log, "a") as fh:
             fh.write(f"=== resuming: repeat(s) {sorted(kept)} kept from an earlier run of this cell "
-                     f"({', '.join(kept[i]['finished'] for i in sorted(kept))})\n")
+                     f"({', '.join(kept[i]['finished'] for i in sorted(kept))})"
+                     + (f"; repeat(s) {elsewhere} ran on another machine or boot (boot id), so the spread "
+                        "between repeats includes the machines'" if elsewhere else "") + "\n")
     return kept
 
 
@@ -444,7 +449,8 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
             record = gpus.with_state(record, check)
             if kept:  # the record says which repeats an earlier run made, where and when
                 record = replace(record, provenance={**record.provenance, "resumed_repeats": [
-                    {k: kept[i][k] for k in ("index", "finished", "hostname", "git_sha")} for i in sorted(kept)]})
+                    {k: kept[i].get(k) for k in ("index", "finished", "hostname", "boot_id", "git_sha")}
+                    for i in sorted(kept)]})
             write(record, record_path)
             for i in range(cell.protocol.repeats):  # the record holds them now
                 (keep_dir / PARTIAL.format(index=i)).unlink(missing_ok=True)

@@ -297,10 +297,7 @@ def beside_activations_bytes(w: Workload, logits: float, layer: float, buffers: 
     recomputed layer, and the buckets). The logits' gradient is freed once the output
     layer's backward has run; a full-parameter cell's first gradient (the output layer's
     weight) comes while it is alive, so its buckets sit beside the logits, but an adapter's
-    first gradient comes after it. Measured on one H100: llama2-7b L+Z2 peaked at batch 17
-    and 18 exactly where L did (69.67 and 73.04 GiB), at batch 1 1.75 GiB above it (the
-    buckets' 1.86 through the backward pass); L+F+R+Z2 at batch 205 held its states, layer
-    inputs and logits to 0.01 GiB."""
+    first gradient comes after it (the records that show it: README, Memory model)."""
     if buckets_in_backward_only(w) and techniques.parse(w.technique).adapter is not None:
         return max(logits, layer + buffers)
     return max(logits, layer) + buffers

@@ -139,8 +139,9 @@ ZERO3_ADAPTER_ACT_SCALE = 1.40
 #: llmbench.memory.fit, the median over the rows whose peak the recomputed layer sets, the
 #: llama2-7b L+F+R+Z3 and L+F+R+Z3+O searches on one H100 at batch 194-236, 1.55 and 1.53
 #: apiece and the same at every batch. With 1.40 the model was 3 GiB (5 %) short there and
-#: hinted 194 for 201 and 236 for 227. The searches of one model, with FlashAttention: the
-#: value is untested on 13B and without F.
+#: hinted 194 for 201 and 236 for 227. The 13B L+F+R+Z3 search, which ran after it was set,
+#: needed 1.57-1.58 at batch 114-127 (the median over all three: 1.55). All with FlashAttention:
+#: untested without F.
 ZERO3_RECOMPUTED_ADAPTER_SCALE = 1.54
 
 #: A recomputed layer's backward peak over the activations the layer saves (fitted:

@@ -270,15 +270,15 @@ def searched_fit(spec: dict, record_path: Path) -> dict[str, Any] | None:
     """What a max-batch search's probe showed at this cell's batch, where one ran it without
     running out of memory (the frontier file of the record's results folder, for the same
     memory fingerprint: llmbench.search.frontier), else None."""
-    from .cells import FRONTIER_PATTERN
+    from .cells import FRONTIER_PATTERN, parse
     from .search.frontier import Frontier, fingerprint
 
-    cell = Cell.from_dict(spec["cell"])
-    suffix = cell.record_path(".")[2:]  # runs/.../record.json below the results folder
-    if not str(record_path).endswith(suffix):
+    parsed = parse(str(record_path))
+    if parsed is None:
         return None
-    results = Path(str(record_path)[: -len(suffix)] or ".")
-    return Frontier.load(results / FRONTIER_PATTERN.format(**cell.key), fingerprint(spec)).known_fit(cell.batch_size)
+    cell = Cell.from_dict(spec["cell"])
+    path = Path(parsed.root or ".") / FRONTIER_PATTERN.format(**cell.key)
+    return Frontier.load(path, fingerprint(spec)).known_fit(cell.batch_size)
 
 
 def skip_if_predicted_oom(spec: dict, record_path: Path, log: Path, started: str, command: list[str]) -> Record | None:
@@ -368,7 +368,7 @@ def keep_repeat(keep_dir: Path, index: int, spec: dict, outcome: Outcome, wall_s
     write_json_atomic(keep_dir / PARTIAL.format(index=index), {
         "spec_sha256": spec_digest(spec), "index": index, "outcome": asdict(outcome),
         "finished": datetime.now(timezone.utc).isoformat(), "hostname": socket.gethostname(),
-        "boot_id": provenance.host()["boot_id"], "git_sha": state.get("sha"), "wall_s": wall_s})
+        "boot_id": provenance.boot_id(), "git_sha": state.get("sha"), "wall_s": wall_s})
 
 
 def kept_repeats(keep_dir: Path, spec: dict, repeats: int, log: Path) -> dict[int, dict]:
@@ -388,7 +388,7 @@ def kept_repeats(keep_dir: Path, spec: dict, repeats: int, log: Path) -> dict[in
         else:
             path.unlink(missing_ok=True)
     if kept:
-        here = provenance.host()["boot_id"]
+        here = provenance.boot_id()
         elsewhere = [i for i in sorted(kept) if kept[i].get("boot_id") != here]
         with open(log, "a") as fh:
             fh.write(f"=== resuming: repeat(s) {sorted(kept)} kept from an earlier run of this cell "

@@ -47,6 +47,15 @@ def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
     return {"sha": sha, "dirty": None if status is None else bool(status)}
 
 
+def boot_id() -> str | None:
+    """Which boot of which machine this is (Linux's boot id; None elsewhere): lent machines
+    and a cluster's nodes share hostnames and CPU strings."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
 def host() -> dict[str, Any]:
     """Host CPU, memory and OS."""
     cpu = pyplatform.processor()
@@ -64,12 +73,8 @@ def host() -> dict[str, Any]:
                 mem_gib = round(int(line.split()[1]) / 2**20, 2)
     except OSError:
         pass
-    try:  # which boot of which machine: lent machines share a hostname and a CPU string
-        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot_id = None
     return {"hostname": socket.gethostname(), "cpu": cpu, "cpus": os.cpu_count(),
-            "mem_total_gib": mem_gib, "os": pyplatform.platform(), "boot_id": boot_id,
+            "mem_total_gib": mem_gib, "os": pyplatform.platform(), "boot_id": boot_id(),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
 
 

@@ -73,9 +73,10 @@ CACHED_FIT_LOAD = 0.6
 
 
 @lru_cache(maxsize=None)
-def _gpu_memory_gib(platform: str, root: str) -> float | None:
+def platform_file(name: str, root: str) -> dict[str, Any] | None:
+    """A platform's file as a dict (None where there is none), read once per run."""
     try:
-        return Platform.load(platform, Path(root)).gpu_memory_gib
+        return Platform.load(name, Path(root)).to_dict()
     except ConfigError:
         return None
 
@@ -211,7 +212,7 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
     xs, ys = [], []
     for r in ok:
         tech, w = techniques.parse(r.workload.technique), r.workload
-        capacity = _gpu_memory_gib(r.platform, str(root))
+        capacity = (platform_file(r.platform, str(root)) or {}).get("gpu_memory_gib")
         if (w.backend != "deepspeed" or r.reserved_gib is None or not capacity
                 or r.measured_gib < CACHED_FIT_LOAD * capacity or (tech.quant4 and tech.adapter is None)
                 or predict(w).phase != "forward-backward"):

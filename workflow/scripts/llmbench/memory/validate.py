@@ -20,15 +20,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from .. import techniques
-from ..config import REPO_ROOT, ConfigError
-from ..platforms import Platform
+from ..config import REPO_ROOT
 from .constants import MARGIN
-from .fit import rows
+from .fit import platform_file, rows
 from .model import GIB, Workload, fits, host_memory_gib, machine_host_gib, predict
 
 COLUMNS = ["platform", "accelerator", "stage", "model", "backend", "layout", "technique", "batch_size", "gpus", "seq_len", "run",
@@ -37,14 +35,6 @@ COLUMNS = ["platform", "accelerator", "stage", "model", "backend", "layout", "te
            "fit_reason", "error_pct",
            "deepspeed_gib", "deepspeed_host_gib", "deepspeed_fits", "deepspeed_error_pct", "accelerate_gib", "accelerate_fits",
            "accelerate_error_pct", "record_path"]
-
-
-@lru_cache(maxsize=None)
-def _platform(name: str, root: str) -> dict[str, Any] | None:
-    try:
-        return Platform.load(name, Path(root)).to_dict()
-    except ConfigError:
-        return None
 
 
 def deepspeed_estimate_gib(w: Workload) -> tuple[float, float] | None:
@@ -125,7 +115,7 @@ def build(tidy: pd.DataFrame, root: Path = REPO_ROOT, margin: float = MARGIN,
     out = []
     for r, row in rows(tidy, root):
         w = row.workload
-        plat = _platform(row.platform, str(root)) or {}
+        plat = platform_file(row.platform, str(root)) or {}
         gpu = plat.get("accelerator") == "cuda"
         # as llmbench.memory.cells.check: a CPU cell's capacity is its RSS cap, against the tensors
         cap = plat.get("gpu_memory_gib") if gpu else row.mem_cap_gib
@@ -200,7 +190,7 @@ def paper_check(paths: list[str | Path], root: Path = REPO_ROOT, margin: float =
         for r in pd.read_csv(path).itertuples():
             if r.status not in ("ok", "oom"):
                 continue
-            plat = _platform(r.platform, str(root))
+            plat = platform_file(r.platform, str(root))
             if plat is None:
                 continue
             tech = techniques.canonical(r.method)

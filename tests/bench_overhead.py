@@ -1,6 +1,8 @@
 """Benchmark of the harness's overhead (numbers, not assertions; not collected by pytest).
 
-For each technique (L, QL, Q by default) at batch 1 and at ``--batch``, the pipeline's cell
+For each technique (L, QL, Q by default) at batch 1 and at ``--batch`` (a number, or
+``searched``: each technique's largest batch, as the committed max-batch searches found it
+for the model and platform, searched_batch), the pipeline's cell
 runs through the real launch path (llmbench.launch.run_repeat: the DeepSpeed worker in its
 own process, as every cell runs) and, beside it in a process of its own, a plain PyTorch
 (+PEFT) loop trains the same model: built by the worker's own builder
@@ -23,6 +25,8 @@ plain loop of the same child (``overflow_over_plain``, ``master_over_plain``).
 
     # one GPU (deepspeed, bitsandbytes, peft on PYTHONPATH, e.g. /tmp/site from envs/offline-run.sh)
     python3 tests/bench_overhead.py --model llama2-7b --device cuda --batch 8 --rounds 3 --json overhead.json
+    # at each technique's searched largest batch (results/reference's searches for llama2-7b on h100)
+    python3 tests/bench_overhead.py --model llama2-7b --device cuda --batch searched --json overhead.json
     # the CPU smoke run (fp32, the CPU platform's dtype)
     .venv/bin/python tests/bench_overhead.py --model tiny --device cpu --batch 4 --warmup 2 --steps 5
 """
@@ -48,17 +52,45 @@ DEFAULT_PLATFORM = {"cpu": "cpu", "cuda": "h100"}
 
 def cell_spec(technique: str, model: str, platform: str, batch: int, warmup: int, steps: int, seq_len: int,
               timeout_s: int) -> dict:
-    """The resolved spec of the pipeline's cell (llmbench.grid): a finetune cell for a
-    fine-tuning method, a pretrain cell otherwise; LoRA settings are the schema's defaults."""
+    """The resolved spec of the pipeline's cell (llmbench.grid) on one GPU: a finetune cell for
+    a fine-tuning method, a pretrain cell otherwise; LoRA settings are the schema's defaults."""
     from llmbench import grid, techniques
 
     stage = "finetune" if techniques.parse(technique).adapter else "pretrain"
     g = grid.expand({
         "protocol": {"warmup_steps": warmup, "measured_steps": steps, "repeats": 1, "seq_len": seq_len,
                      "timeout_s": timeout_s},
-        stage: [{"platforms": [platform], "models": [model], "techniques": [technique], "batch_sizes": [batch]}],
+        # one GPU: the plain loop is one process (the h200 platform's node is a pair)
+        stage: [{"platforms": [platform], "models": [model], "techniques": [technique], "batch_sizes": [batch],
+                 "gpus": 1}],
     })
     return g.spec(g.cells[0])
+
+
+def searched_batch(spec: dict, reference: Path) -> int:
+    """The largest batch of ``spec``'s cell (any batch size) that the max-batch searches in
+    the results folders under ``reference`` found: the search the report reads where several
+    folders hold it (llmbench.report.runs.choose_searches), at the batch its cell is measured
+    (llmbench.search.measured_batch). The search must have ended with its answer (status ok;
+    one a probe's error stopped has a lower bound only) and probed the spec's sequence length.
+    ValueError, naming the technique and where it looked, where none did."""
+    from llmbench import cells
+    from llmbench.report import runs
+    from llmbench.search import measured_batch
+
+    cell = spec["cell"]
+    key = cells.Cell.from_dict(cell).key
+    search = cells.SEARCH_PATTERN.format(**key)
+    seq_len = cell["protocol"]["seq_len"]
+    found = [str(f) for f in sorted(reference.glob(f"*/{search}"))
+             if any(json.loads(r.read_text())["cell"]["protocol"]["seq_len"] == seq_len
+                    for r in f.glob("bs*/record.json"))]
+    for folder in runs.choose_searches(found):  # one, or none: each found folder holds the same search
+        batch = measured_batch(folder)
+        if json.loads((Path(folder) / cells.SEARCH_SUMMARY).read_text())["status"] == "ok" and batch is not None:
+            return batch
+    raise ValueError(f"--batch searched: no max-batch search of {key['technique']} ({key['model']} on "
+                     f"{key['platform']}, seq {seq_len}) found a batch under {reference}/*/{search}")
 
 
 def run_cell(spec: dict, workdir: Path, index: int, threads: int) -> dict:
@@ -216,7 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--platform", default=None, help="config/platforms/<name>.yaml (default: cpu, or h100 on cuda)")
     ap.add_argument("--techniques", default="L,QL,Q", help="comma-separated (default L,QL,Q)")
-    ap.add_argument("--batch", type=int, default=8, help="the larger batch, measured besides batch 1 (default 8)")
+    ap.add_argument("--batch", default="8", help="the larger batch, measured besides batch 1: a number, or "
+                    "'searched' for each technique's largest batch from --reference's max-batch searches (default 8)")
+    ap.add_argument("--reference", type=Path, default=REPO / "results" / "reference",
+                    help="results folders whose max-batch searches --batch searched reads (default results/reference)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--seq-len", type=int, default=350)
@@ -227,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help=f"plain-loop variants, the first the reference (default {','.join(VARIANTS)}; see VARIANTS)")
     args = ap.parse_args(argv)
+    if args.batch != "searched" and not (args.batch.isdigit() and int(args.batch) >= 1):
+        ap.error(f"--batch: a batch size >= 1 or 'searched'; got {args.batch!r}")
     variants = tuple(args.variants.split(","))
     if variants[0] != "plain" or not set(variants) <= set(VARIANTS):
         ap.error(f"--variants: plain first, then any of {', '.join(VARIANTS[1:])}; got {args.variants!r}")
@@ -245,10 +282,18 @@ def main(argv: list[str] | None = None) -> int:
     rows, index = [], 0
     # device memory allocated on a GPU; on a CPU the host's peak RSS (no allocator statistics there)
     peak_key = "peak_mem_allocated_gib" if args.device == "cuda" else "peak_rss_gib"
+    specs = {}  # the larger batch of each technique first, so a missing search stops the benchmark before it runs
     for technique in args.techniques.split(","):
-        for batch in sorted({1, args.batch}):
-            spec = cell_spec(technique, args.model, platform, batch, args.warmup, args.steps, args.seq_len,
-                             args.timeout_s)
+        spec = cell_spec(technique, args.model, platform, 1, args.warmup, args.steps, args.seq_len, args.timeout_s)
+        try:
+            larger = searched_batch(spec, args.reference) if args.batch == "searched" else int(args.batch)
+        except ValueError as e:
+            ap.error(str(e))
+        specs[technique] = [cell_spec(technique, args.model, platform, batch, args.warmup, args.steps, args.seq_len,
+                                      args.timeout_s) for batch in sorted({1, larger})]
+    for technique, batch_specs in specs.items():
+        for spec in batch_specs:
+            batch = spec["cell"]["batch_size"]
             plain, cell = [], []
             for _ in range(args.rounds):
                 plain.append(run_plain(spec, workdir, index, args.threads, variants))

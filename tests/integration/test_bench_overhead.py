@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 
@@ -38,3 +40,31 @@ def test_an_unknown_variant_is_refused_by_name():
     proc = subprocess.run([sys.executable, str(REPO / "tests" / "bench_overhead.py"), "--variants", "plain,fast"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--variants" in proc.stderr and "'plain,fast'" in proc.stderr
+
+
+def test_the_searched_batch_is_the_committed_searchs_answer_at_the_benchmarks_sequence_length(tmp_path):
+    """--batch searched reads each technique's largest batch from the reference runs'
+    max-batch searches (the one the report reads), only from a search that probed the
+    benchmark's sequence length, and names the technique where there is none."""
+    sys.path.insert(0, str(REPO / "tests"))
+    import bench_overhead
+
+    def search(run, technique, seq_len, largest, status="ok"):
+        f = tmp_path / run / f"runs/search/finetune/cpu/tiny/deepspeed/{technique}-g1"
+        (f / "bs2").mkdir(parents=True)
+        (f / "search.json").write_text(json.dumps({"status": status, "largest_ok": largest, "n_probes": 1,
+                                                   "probes": [{"batch_size": largest, "status": "ok"}]}))
+        (f / "bs2" / "record.json").write_text(json.dumps({"cell": {"protocol": {"seq_len": seq_len}}}))
+
+    search("2026-01-01-a", "L", 350, 6)
+    search("2026-01-02-b", "L", 512, 3)  # another sequence length: not this benchmark's cell
+    search("2026-01-01-a", "QL", 350, 9, status="error")
+    spec = lambda t: bench_overhead.cell_spec(t, "tiny", "cpu", 1, 1, 2, 350, 300)  # noqa: E731
+    assert bench_overhead.searched_batch(spec("L"), tmp_path) == 6
+    with pytest.raises(ValueError, match=r"no max-batch search of QL \(tiny on cpu, seq 350\)"):
+        bench_overhead.searched_batch(spec("QL"), tmp_path)  # its search stopped at an error: no answer
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "bench_overhead.py"), "--batch", "searched",
+                           "--techniques", "L,Q", "--reference", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    # refused before anything runs: Q has no search there
+    assert proc.returncode == 2 and "no max-batch search of Q (tiny on cpu, seq 350)" in proc.stderr, proc.stderr

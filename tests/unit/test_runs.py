@@ -156,14 +156,16 @@ def test_the_rule_reads_each_stages_protocol():
 def test_of_several_folders_of_one_search_the_fuller_one_is_read(tmp_path):
     """A search run again in a later results folder (resumed: it holds the earlier probes,
     answered from its frontier file) is read from there; a folder without the search's
-    summary (stopped, or only its probes copied) is not read; a tie goes to the later folder."""
+    summary (stopped, or only its probes copied) is not read; a tie goes to the later folder.
+    A search that found its answer is read before one a probe's error stopped, whatever their
+    probes (h100 llama2-7b QL: 4 probes to an NCCL error, then afresh, 2 probes to batch 20)."""
     import json
 
-    def folder(run, technique, n_probes):
+    def folder(run, technique, n_probes, status="ok"):
         f = tmp_path / run / f"runs/search/finetune/h100/llama2-7b/deepspeed/{technique}-g1"
         f.mkdir(parents=True)
         if n_probes is not None:
-            (f / "search.json").write_text(json.dumps({"n_probes": n_probes}))
+            (f / "search.json").write_text(json.dumps({"n_probes": n_probes, "status": status}))
         return str(f)
 
     early_l, late_l = folder("2026-01-01-a", "L", 2), folder("2026-01-02-b", "L", 5)
@@ -171,3 +173,7 @@ def test_of_several_folders_of_one_search_the_fuller_one_is_read(tmp_path):
         folder("2026-01-02-b", "QL", 3)
     assert runs.choose_searches([early_l, early_q, late_l, late_q, stopped]) == [late_l, late_q]
     assert runs.choose_searches([late_l, early_l]) == [late_l]
+    errored, answered = folder("2026-01-01-a", "QL+Z2", 4, "error"), folder("2026-01-02-b", "QL+Z2", 2)
+    assert runs.choose_searches([answered, errored]) == [answered]
+    timed_out, answered_earlier = folder("2026-01-02-b", "L+Z2", 6, "timeout"), folder("2026-01-01-a", "L+Z2", 5)
+    assert runs.choose_searches([answered_earlier, timed_out]) == [answered_earlier]

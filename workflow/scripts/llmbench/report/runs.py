@@ -21,8 +21,10 @@ One results folder holds one record per cell, so with one folder nothing is supe
 
 A max-batch search several folders hold (its folder's path below each results folder is the
 same) is read from one of them (choose_searches): one with its summary before one without,
-then the one with more probes (a search resumed in a later run holds the earlier run's
-probes, answered from its frontier file), then the folder name last in sort order.
+then a search that ended with an answer (status ok) before one a probe's error or timeout
+stopped (a search run again after such a stop may start afresh, with fewer probes), then
+the one with more probes (a search resumed in a later run holds the earlier run's probes,
+answered from its frontier file), then the folder name last in sort order.
 """
 
 from __future__ import annotations
@@ -165,7 +167,8 @@ def choose_searches(folders: Iterable[str | Path]) -> list[str]:
             continue
         parsed = cells.parse(folder, (cells.SEARCH_PATTERN,))
         search = identity(folder, (cells.SEARCH_PATTERN,))
-        key = (int(summary.get("n_probes") or 0), "" if parsed is None else Path(parsed.root).name)
+        key = (summary.get("status") == "ok", int(summary.get("n_probes") or 0),
+               "" if parsed is None else Path(parsed.root).name)
         if search not in best or key > best[search][0]:
             best[search] = (key, folder)
     chosen = {folder for _, folder in best.values()}

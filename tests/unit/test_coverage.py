@@ -150,6 +150,40 @@ def test_a_searched_batch_whose_cell_ran_out_of_memory_steps_down_to_the_next_th
     assert (row.searched_max_batch, row.best_batch_size, row.to_do) == (203, 203, "")
 
 
+def test_a_search_that_stopped_at_its_max_batch_is_searched_again_past_it(tmp_path):
+    """A search whose every batch fit up to its max_batch found a lower bound, not the
+    largest batch (h100 llama2-7b R+Q: 128 of max 128, predicted to fit about 230): the row
+    asks for a search past it, and its search folder is a target of that to-do. A later
+    search that found where memory runs out answers it."""
+    paths = [write(tmp_path, "pretrain", "h100", "llama2-7b", "R+Q", 1, "ok", runs=(1170.0, 1180.0, 1175.0),
+                   protocol=PAPER)]
+
+    def search(results, body):
+        folder = tmp_path / results / "runs/search/pretrain/h100/llama2-7b/deepspeed/R+Q-g1"
+        folder.mkdir(parents=True)
+        (folder / "search.json").write_text(body)
+
+    search("results", '{"largest_ok": 128, "smallest_oom": null, "max_batch": 128}')
+    paths.append(write(tmp_path, "pretrain", "h100", "llama2-7b", "R+Q", 128, "ok", 8900.0))
+    df = tidy.build(paths)
+    assert df.loc[df.batch_size == 128, "searched_to_cap"].tolist() == [True]
+    row = at(coverage.build(df), "pretrain", "llama2-7b", "R+Q")
+    assert (row.searched_max_batch, row.best_batch_size) == (128, 128)
+    assert row.to_do == f"{coverage.SEARCH_TODO} past max_batch 128"
+    g = grid.expand({"protocol": {"repeats": 1}, "pretrain": [
+        {"platforms": ["h100"], "models": ["llama2-7b"], "techniques": ["R+Q"], "gpus": 1,
+         "max_batch": {"max": 1024}}]})
+    assert coverage.targets(coverage.build(df), g, (coverage.SEARCH_TODO,)) == [
+        "results/runs/search/pretrain/h100/llama2-7b/deepspeed/R+Q-g1"]
+    # searched again with a larger max: the limit found, the row's batch is that search's
+    search("again", '{"largest_ok": 230, "smallest_oom": 231, "max_batch": 1024}')
+    paths.append(write(tmp_path, "pretrain", "h100", "llama2-7b", "R+Q", 230, "ok", 9100.0, results="again"))
+    df = tidy.build(paths)
+    assert not df.loc[df.batch_size == 230, "searched_to_cap"].iloc[0]
+    row = at(coverage.build(df), "pretrain", "llama2-7b", "R+Q")
+    assert (row.searched_max_batch, row.best_batch_size, row.to_do) == (230, 230, "")
+
+
 def test_a_search_whose_run_holds_only_its_probes_still_counts(tmp_path):
     """A search stopped before its measured cell (its run holds the probes and search.json):
     the row's batch is the search's, and what is left is to measure it there."""

@@ -17,7 +17,9 @@ Each row's ``answer``:
 ``to_do`` (empty where nothing is left): ``run batch 1`` (not run, or failed); ``rerun under
 the paper's protocol`` (an ok record with fewer than 30 warm-up or 100 measured steps, or fewer
 than 3 repeats: the protocol of Tables III and IX); ``search the largest batch`` (an ok row
-whose largest batch no max-batch search found: Table IV's batch); ``measure the searched batch``
+whose largest batch no max-batch search found: Table IV's batch; also where the search stopped
+at its max_batch with every batch fitting, so its batch is a lower bound: the to-do then says
+``past max_batch N``, and the search wants a config with a larger max); ``measure the searched batch``
 (a search found the batch, but no cell ran ok there: not measured yet, or measured where its
 cell then ran out of memory, and llmbench.search.measured_batch stepped down to the next
 batch whose probe fit). A predicted-not-to-fit row has nothing to do: the prediction is its
@@ -112,7 +114,7 @@ def _answer(rec, pred: dict | None) -> tuple[str, str]:
     return "not run", ""
 
 
-def _to_do(answer: str, rec, searched, measured_ok: bool) -> list[str]:
+def _to_do(answer: str, rec, searched, to_cap: bool, measured_ok: bool) -> list[str]:
     if answer in ("not run", "error", "timeout"):
         return ["run batch 1"]
     if answer != "measured":
@@ -120,6 +122,8 @@ def _to_do(answer: str, rec, searched, measured_ok: bool) -> list[str]:
     todo = [] if meets_protocol(rec) else ["rerun under the paper's protocol"]
     if pd.isna(searched):
         todo.append(SEARCH_TODO)
+    elif to_cap:
+        todo.append(f"{SEARCH_TODO} past max_batch {int(searched)}")
     elif not measured_ok:
         todo.append(MEASURE_TODO)
     return todo
@@ -146,6 +150,8 @@ def build(tidy: pd.DataFrame, root: Path | None = None) -> pd.DataFrame:
             ok = cells[cells["status"] == "ok"]
             best = ok.sort_values("tokens_per_s_mean").iloc[-1] if not ok.empty else None
             searched = cells["searched_max_batch"].max() if "searched_max_batch" in cells and len(cells) else None
+            to_cap = pd.notna(searched) and "searched_to_cap" in cells and bool(
+                cells.loc[cells["searched_max_batch"] == searched, "searched_to_cap"].fillna(False).astype(bool).any())
             measured_ok = pd.notna(searched) and bool((ok["batch_size"] == searched).any())
             tps = rec["tokens_per_s_mean"] if answer == "measured" else None
             std = rec["tokens_per_s_std"] if answer == "measured" else None
@@ -167,7 +173,7 @@ def build(tidy: pd.DataFrame, root: Path | None = None) -> pd.DataFrame:
                 "capacity_gib": None if pred is None else pred["capacity_gib"],
                 "predicted_fits": None if pred is None else pred["fits"],
                 "predicted_max_batch": None if pred is None else pred["max_batch"],
-                "why": why, "to_do": "; ".join(_to_do(answer, rec, searched, measured_ok)),
+                "why": why, "to_do": "; ".join(_to_do(answer, rec, searched, to_cap, measured_ok)),
                 "paper_a800_status": r.paper_a800_status,
             })
     return pd.DataFrame(out, columns=COLUMNS)

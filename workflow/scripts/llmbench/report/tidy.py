@@ -3,6 +3,7 @@ hold a cell, the record llmbench.report.runs chooses), flat columns with units i
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 from typing import Iterable
@@ -33,8 +34,10 @@ COLUMNS = [
     # and where several hold one cell, which record is used and why (llmbench.report.runs)
     "run", "kind", *runs.COLUMNS,
     # training cells: the largest batch a max-batch search of the same method found (empty
-    # where none ran: Table IV then says "not maximised"); per-GPU throughput; memory in GB
-    "searched_max_batch", "tokens_per_s_per_gpu", "peak_mem_allocated_gb",
+    # where none ran: Table IV then says "not maximised"), and whether that search stopped at
+    # its max_batch with every batch fitting (so the batch is a lower bound: coverage asks for
+    # a search past it); per-GPU throughput; memory in GB
+    "searched_max_batch", "searched_to_cap", "tokens_per_s_per_gpu", "peak_mem_allocated_gb",
 ]
 #: Serving cells' columns (empty for training rows): the load, then llmbench.serve.metrics
 #: names (units in the names), then the server's memory and start-up.
@@ -200,18 +203,22 @@ def origin(path: str | Path) -> tuple[str, str]:
     return Path(parsed.root).name, "probe" if parsed.is_probe else "cell"
 
 
-def searched_max_batch(path: str | Path) -> int | None:
+def search_answer(path: str | Path) -> tuple[int | None, bool]:
     """The largest batch the max-batch search of this training cell's (or probe's) method
     found, read from the search folder beside it (runs/search/<stage>/.../<technique>-g<gpus>/):
     the batch its cell is measured at (llmbench.search.measured_batch: below a batch whose
-    measured cell ran out of memory where its probe fit)."""
+    measured cell ran out of memory where its probe fit); and whether the search stopped at
+    its max_batch with no batch out of memory (that batch is then a lower bound)."""
     parsed = cells.parse(path, (cells.RECORD_PATTERN, cells.PROBE_RECORD_PATTERN))
     if parsed is None or parsed.wildcards["stage"] not in cells.SEARCH_STAGES:
-        return None
+        return None, False
     folder = Path(parsed.root) / cells.SEARCH_PATTERN.format(**parsed.wildcards)
-    if not (folder / cells.SEARCH_SUMMARY).exists():
-        return None
-    return measured_batch(folder)
+    try:
+        summary = json.loads((folder / cells.SEARCH_SUMMARY).read_text())
+    except OSError:
+        return None, False
+    batch = measured_batch(folder)
+    return batch, batch is not None and summary.get("smallest_oom") is None and batch == summary.get("max_batch")
 
 
 def build_all(paths: Iterable[str | Path]) -> pd.DataFrame:
@@ -230,13 +237,19 @@ def build_all(paths: Iterable[str | Path]) -> pd.DataFrame:
         r.update(chosen[r["record_path"]])
     df = _gemm_ceiling(pd.DataFrame(rows, columns=ALL_COLUMNS))
     staged = df["stage"].isin(["pretrain", "finetune"])
-    searched = pd.Series([searched_max_batch(p) if t else None for p, t in zip(df["record_path"], staged)],
-                         index=df.index, dtype="Int64")
+    answers = [search_answer(p) if t else (None, False) for p, t in zip(df["record_path"], staged)]
+    searched = pd.Series([a[0] for a in answers], index=df.index, dtype="Int64")
     # a cell measured again in a run without the search (a rerun under a stronger protocol, a
     # second machine), or a search whose run holds its probes but not yet its measured cell:
     # the method's search from another run still answers Table IV's question (cells only)
-    found = searched.groupby([df[k] for k in (*cells.SEARCH_KEY, "seq_len")], dropna=False).transform("max")
-    df["searched_max_batch"] = found.where(staged & (df["kind"] == "cell"))
+    group = [df[k] for k in (*cells.SEARCH_KEY, "seq_len")]
+    found = searched.groupby(group, dropna=False).transform("max")
+    # that batch is a lower bound only where no search that reached it found the limit
+    at_found = (searched == found).fillna(False)
+    found_limit = (at_found & ~pd.Series([a[1] for a in answers], index=df.index)).groupby(group, dropna=False)
+    cell = staged & (df["kind"] == "cell")
+    df["searched_max_batch"] = found.where(cell)
+    df["searched_to_cap"] = (found.notna() & ~found_limit.transform("any")).where(cell & found.notna())
     df["runs"] = df["runs"].astype("Int64")
     per_gpu(df)
     return df.sort_values(["stage", "platform", "model", "backend", "technique", "load", "bench", "case",

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
 from .config import check_schema, schema_defaults
+from .provenance import cpu_times
 
 #: the config schema's protocol entry: the defaults (the paper's) and bounds are written there
 _SCHEMA = "/$defs/protocol"
@@ -52,13 +53,39 @@ class Window:
     """Wall-clock seconds of the window (device synchronised at both ends)."""
     step_times_s: tuple[float, ...]
     """Host-clock time between consecutive step returns (not synchronised per step)."""
+    host: dict[str, float] | None = None
+    """The host's CPUs over the window (host_cpu; None where they cannot be read)."""
+
+    def summary(self) -> dict[str, float]:
+        """``window_<key>`` for each of ``host``'s keys: a repeat's summary entries."""
+        return {f"window_{k}": v for k, v in (self.host or {}).items()}
+
+
+def host_cpu(before: dict[str, int] | None, after: dict[str, int] | None, process_s: float) -> dict[str, float] | None:
+    """What the host's CPUs did between two provenance.cpu_times readings: the share of the
+    machine's CPU time stolen by the hypervisor (``cpu_steal_pct``: a VM host's other
+    tenants), the share busy with anything (``host_busy_pct``: not idle, not waiting on
+    I/O), and this process's own CPU seconds (``process_cpu_s``, every thread: a
+    host-bound step's Python, DeepSpeed's CPU Adam). None where either reading is missing
+    or no time passed."""
+    if before is None or after is None:
+        return None
+    delta = {k: after[k] - before[k] for k in before}
+    total = sum(delta.values())
+    if total <= 0:
+        return None
+    return {"cpu_steal_pct": 100.0 * delta["steal"] / total,
+            "host_busy_pct": 100.0 * (total - delta["idle"] - delta["iowait"]) / total,
+            "process_cpu_s": process_s}
 
 
 def run_window(step: Callable[[], None], protocol: Protocol, synchronize: Callable[[], None]) -> Window:
-    """Run warm-up steps, then time ``measured_steps`` steps as one window."""
+    """Run warm-up steps, then time ``measured_steps`` steps as one window, with what the
+    host's CPUs did meanwhile (host_cpu: two reads of /proc/stat, outside the timed steps)."""
     for _ in range(protocol.warmup_steps):
         step()
     synchronize()
+    cpu_before, process_before = cpu_times(), time.process_time()
     start = last = time.perf_counter()
     marks = []
     for _ in range(protocol.measured_steps):
@@ -68,7 +95,8 @@ def run_window(step: Callable[[], None], protocol: Protocol, synchronize: Callab
         last = now
     synchronize()
     elapsed = time.perf_counter() - start
-    return Window(steps=protocol.measured_steps, elapsed_s=elapsed, step_times_s=tuple(marks))
+    host = host_cpu(cpu_before, cpu_times(), time.process_time() - process_before)
+    return Window(steps=protocol.measured_steps, elapsed_s=elapsed, step_times_s=tuple(marks), host=host)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

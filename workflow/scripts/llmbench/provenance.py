@@ -56,6 +56,26 @@ def boot_id() -> str | None:
         return None
 
 
+#: /proc/stat's "cpu" line, the fields cpu_times reads (jiffies, all CPUs together; guest
+#: time is already inside user and nice)
+CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_times(path: str | Path = "/proc/stat") -> dict[str, int] | None:
+    """The machine's CPU time so far, all CPUs together (CPU_FIELDS, in jiffies); None where
+    it cannot be read (not Linux). ``steal`` is time a virtual machine's CPUs were ready to
+    run while the hypervisor ran something else: a lent VM's noisy neighbours."""
+    try:
+        with open(path) as fh:
+            for line in fh:
+                if line.startswith("cpu "):
+                    values = [int(v) for v in line.split()[1:1 + len(CPU_FIELDS)]]
+                    return dict(zip(CPU_FIELDS, values + [0] * (len(CPU_FIELDS) - len(values))))
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def host() -> dict[str, Any]:
     """Host CPU, memory and OS."""
     cpu = pyplatform.processor()

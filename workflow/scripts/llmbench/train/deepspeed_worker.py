@@ -269,7 +269,7 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
             "optimizer_param_numel": int(opt_numel.item()),
             "ds_config": config,
             "summary": {**summary, **(build.compile_stats(backend.built.compiled_layers) if tech.compiled else {}),
-                        **phases.seconds},
+                        **phases.seconds, **result.window.summary()},
             "versions": provenance.versions(),
             "devices": provenance.devices(),
         }

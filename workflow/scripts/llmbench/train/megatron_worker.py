@@ -324,7 +324,7 @@ def run(spec: dict, out: Path) -> dict | None:
                 "process_group": "gloo" if accelerator == "cpu" else "nccl",
                 "cpu_compat": megatron_cpu_compat.applied(),
             },
-            "summary": phases.seconds,
+            "summary": {**phases.seconds, **result.window.summary()},
             "versions": provenance.versions(),
             "devices": provenance.devices(),
         }

@@ -36,10 +36,16 @@
 # the allocator's fragmentation can grow past what the probe showed): its record says oom,
 # and the cell at the next batch down whose probe fit runs next (llmbench.search.measured_batch).
 # A cell that a max-batch search probed at its batch starts only if the time left holds 1.5
-# times the probe's estimate plus 20 s (python -m llmbench.search estimate: the probe's
-# set-up plus its seconds a step times the cell's steps, per repeat, the protocol read from
-# the last --configfile; over 49 measured cells the wall time was 0.27-1.63 times it, median
-# 0.95); its line gives the estimate beside the seconds it took.
+# times the probe's estimate of a repeat plus 20 s (python -m llmbench.search estimate: the
+# probe's set-up plus its seconds a step times the cell's steps, the protocol read from the
+# last --configfile; over 49 measured cells the wall time was 0.27-1.63 times it, median
+# 0.95); one repeat, as a cell stops between repeats at its job's deadline (below). Without
+# a probe, ESTIMATE_FROM="DIR ..." (optional: results folders, e.g. the reference runs)
+# gives the same estimate from the cell's own record there with the most measured steps
+# (a sweep's 3 + 10 steps time a protocol rerun's 30 + 100): the cell starts only if the
+# time left holds that repeat plus 20 s (a cell of one repeat longer than a call is never
+# started, rather than killed at the deadline every call). The line after a cell gives the
+# estimate of all its repeats beside the seconds it took.
 # SKIP_RECORDED="DIR ..." (optional): results folders (a reference run's, holding runs/...)
 # whose records count as done: a target recorded in one of them is skipped (a search folder
 # once its search.json and the cell it measures are there), so the same list can go to a
@@ -124,16 +130,21 @@ while (( i < ${#targets[@]} )); do
         continue
     fi
     left=$((deadline - (SECONDS - start)))
-    est=""
-    [[ $t == *.json ]] && est=$(PYTHONPATH=$site_path python3 -m llmbench.search estimate "$t" "$configfile" 2>/dev/null)
-    if [[ $est =~ ^[0-9]+$ ]]; then
+    est="" reps="" src=""
+    [[ $t == *.json ]] && read -r est reps src < <(PYTHONPATH=$site_path python3 -m llmbench.search estimate \
+        "$t" "$configfile" ${ESTIMATE_FROM:+--earlier $ESTIMATE_FROM} 2>/dev/null)
+    if [[ $est =~ ^[0-9]+$ && $src == probe ]]; then
         need=$((est * 3 / 2 + 20))
-        why="its search's probe puts it at ${est}s (x 1.5 + 20 s: ${need}s)"
+        why="its search's probe puts a repeat at ${est}s (x 1.5 + 20 s: ${need}s)"
+    elif [[ $est =~ ^[0-9]+$ ]]; then
+        need=$((est + 20))
+        why="its record in ${src%%/runs/*} puts a repeat at ${est}s (+ 20 s: ${need}s)"
     elif [[ $t != *.json ]]; then  # a search stops between probes at its job's deadline
         est="" need=$first why="a search needs FIRST_S (${first}s) for its first probe"
     else
         est="" need=$longest why="the longest cell took ${longest}s"
     fi
+    [[ $est =~ ^[0-9]+$ ]] && est=$((est * reps))  # the line after the cell gives the whole cell's
     if (( left < need )); then
         echo "offline-batch: ${left}s left, $why: stopping before $t"
         rc=3

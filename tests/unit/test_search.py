@@ -488,14 +488,50 @@ def test_a_searched_cell_is_estimated_from_its_probe_and_its_own_protocol(tmp_pa
     assert search.estimate_s(target, config) is None  # no probe at that batch
     probe.parent.mkdir(parents=True)
     probe.write_text(probe_record(wall_s=40, window_s=9.0))
-    # 2 repeats x (31 s of set-up + 3 s a step x 13 steps)
-    assert search.estimate_s(target, config) == pytest.approx(140.0)
-    assert search.main(["estimate", str(target), str(config)]) == 0 and capsys.readouterr().out == "140\n"
+    # a repeat: 31 s of set-up + 3 s a step x 13 steps; the cell has 2
+    assert search.estimate_s(target, config) == search.Estimate(repeat_s=70.0, repeats=2, source="probe")
+    assert search.main(["estimate", str(target), str(config)]) == 0 and capsys.readouterr().out == "70 2 probe\n"
     other = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L/bs203-g1/record.json"
     assert search.estimate_s(other, config) is None  # no such cell in the config (nor probe)
     probe.write_text(probe_record(wall_s=40, window_s=9.0, status="skipped"))  # answered by the frontier
     assert search.estimate_s(target, config) is None
     assert search.main(["estimate", str(target), str(config)]) == 0 and capsys.readouterr().out == ""
+
+
+def test_without_a_probe_a_cell_is_estimated_from_its_own_earlier_record(tmp_path, capsys):
+    """A cell no search probed (a protocol rerun of a swept cell) is timed by its record in
+    the earlier results folders with the most measured steps: per repeat, its wall time a
+    repeat less its window, plus its seconds a step times the cell's steps; where its
+    repeats were resumed from another run (the wall time is not theirs), its worker's other
+    phases are the set-up. Probes, records of other cells and failed records are not read."""
+    config = tmp_path / "config.yaml"
+    config.write_text(ESTIMATE_CONFIG)
+    target = "results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs203-g1/record.json"
+
+    def earlier(run, measured, runs, wall_s, window_s, status="ok", resumed=False, **phases):
+        path = tmp_path / run / target.removeprefix("results/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({
+            "status": status, "cell": {"protocol": {"warmup_steps": 3, "measured_steps": measured}},
+            "metrics": {"tokens_per_s_runs": [1.0] * runs}, "summary": {"phase_window_s": window_s, **phases},
+            "provenance": {"started": "2026-11-26T06:00:00+00:00",
+                           "finished": f"2026-11-26T06:{wall_s // 60:02d}:{wall_s % 60:02d}+00:00",
+                           **({"resumed_repeats": [{"index": 0}]} if resumed else {})}}))
+        return tmp_path / run
+
+    sweep = earlier("sweep", 10, 1, 65, 26.0)  # 39 s of set-up, 2 s a step: 39 + 2 x 13 = 65 s
+    failed = earlier("failed", 100, 3, 50, 10.0, status="error")
+    assert search.estimate_s(target, config) is None  # no earlier folders given
+    assert search.estimate_s(target, config, [sweep, failed]) == search.Estimate(
+        repeat_s=65.0, repeats=2, source=str(sweep / target.removeprefix("results/")))
+    # the most measured steps x repeats: 3 repeats of 100 steps, 240 s each, 206 s of it stepping
+    protocol = earlier("protocol", 100, 3, 720, 206.0)
+    assert search.estimate_s(target, config, [sweep, protocol]).repeat_s == pytest.approx(34 + 2 * 13)
+    resumed = earlier("resumed", 100, 3, 240, 206.0, resumed=True, phase_start_s=1.0, phase_build_s=20.0,
+                      phase_after_window_s=1.0)
+    assert search.estimate_s(target, config, [resumed]).repeat_s == pytest.approx(22 + 2 * 13)
+    assert search.main(["estimate", target, str(config), "--earlier", str(sweep)]) == 0
+    assert capsys.readouterr().out == f"65 2 {sweep / target.removeprefix('results/')}\n"
 
 
 def test_a_search_stops_before_a_probe_its_deadline_cannot_hold_and_resumes_from_its_frontier(tmp_path, monkeypatch,

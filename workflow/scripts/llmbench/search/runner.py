@@ -28,10 +28,10 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from .. import cells
 from ..record import FRONTIER_COMMAND, wall_s
@@ -202,25 +202,58 @@ def measured_target(folder: Path | str) -> str | None:
     return None if batch is None else measured_record(folder, batch)
 
 
-def estimate_s(target: Path | str, configfile: Path | str) -> float | None:
-    """Seconds the cell of record ``target`` should take to run, where a max-batch search
-    beside it probed that batch: per repeat of the cell's protocol (``configfile``'s grid),
-    what the probe spent outside its timed window (start, imports, the build) plus the
-    probe's seconds a step times the cell's warm-up and measured steps. None where no probe
-    ran at that batch there (one the frontier answered keeps no timing) or the config has
-    no such cell. envs/offline-batch.sh compares it with the time left before it starts the
-    cell. Snakemake's own start is not in it."""
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """How long a cell's repeat should take (estimate_s)."""
+
+    repeat_s: float
+    """Seconds one repeat of the cell's protocol should take."""
+    repeats: int
+    """The cell's repeats (each a process of its own, and a cell stops between two at its deadline)."""
+    source: str
+    """``probe`` (its search's probe at that batch), or the path of the earlier record read."""
+
+
+def _timing(rec: dict[str, Any]) -> tuple[float, float, int, int] | None:
+    """(set-up seconds a repeat, timed-window seconds a repeat, steps in the window, measured
+    steps of all its repeats: how much it saw) of an
+    ok record or probe: its wall time a repeat less its window (the window covers the
+    warm-up and measured steps, llmbench.protocol.run_window). Where the wall time is not
+    its repeats' alone (repeats resumed from an earlier run), the set-up is the worker's
+    other phases (llmbench.train.scenario.Phases: from the process's start, so without the
+    launcher's few seconds before it). None where the record lacks a window or steps."""
+    try:
+        summary = rec["summary"]
+        window = float(summary["phase_window_s"])
+        protocol = rec["cell"]["protocol"]
+        steps = int(protocol["warmup_steps"]) + int(protocol["measured_steps"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if rec.get("status") != "ok" or not steps:
+        return None
+    provenance = rec.get("provenance") or {}
+    wall = wall_s(provenance)
+    repeats = len((rec.get("metrics") or {}).get("tokens_per_s_runs") or ()) or 1
+    if wall is None or provenance.get("resumed_repeats"):
+        setup = sum(v for k, v in summary.items()
+                    if k.startswith("phase_") and k != "phase_window_s" and isinstance(v, (int, float)))
+    else:
+        setup = max(wall / repeats - window, 0.0)
+    return setup, window, steps, int(protocol["measured_steps"]) * repeats
+
+
+def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Path | str] = ()) -> Estimate | None:
+    """How long the cell of record ``target`` should take a repeat, per the cell's protocol
+    (``configfile``'s grid): the set-up (wall time less timed window) of a run of the same
+    cell plus its seconds a step times the cell's warm-up and measured steps. The run read
+    is the max-batch search's probe at that batch beside ``target`` where one ran (one the
+    frontier answered keeps no timing), else the record of the cell with the most measured
+    steps in the results folders ``earlier`` (any protocol: a sweep's 3 + 10 steps tell a
+    protocol rerun's 30 + 100). None where neither is there or the config has no such cell.
+    envs/offline-batch.sh compares it with the time left before it starts the cell.
+    Snakemake's own start is not in it."""
     parsed = cells.parse(str(target), (cells.RECORD_PATTERN,))
     if parsed is None:
-        return None
-    try:
-        probe = json.loads((Path(parsed.root) / cells.PROBE_RECORD_PATTERN.format(**parsed.wildcards)).read_text())
-        window = probe["summary"]["phase_window_s"]
-        probe_steps = probe["cell"]["protocol"]["warmup_steps"] + probe["cell"]["protocol"]["measured_steps"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    wall = wall_s(probe.get("provenance") or {})
-    if probe.get("status") != "ok" or not probe_steps or wall is None:
         return None
     from ..grid import load
 
@@ -229,14 +262,34 @@ def estimate_s(target: Path | str, configfile: Path | str) -> float | None:
     except (KeyError, LookupError, ValueError):
         return None
     steps = cell.protocol.warmup_steps + cell.protocol.measured_steps
-    return cell.protocol.repeats * (max(wall - window, 0.0) + window / probe_steps * steps)
+
+    def read(path: Path) -> dict[str, Any] | None:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    found, source = None, "probe"
+    probe = read(Path(parsed.root) / cells.PROBE_RECORD_PATTERN.format(**parsed.wildcards))
+    if probe is not None:
+        found = _timing(probe)
+    if found is None:
+        runs = [(path, read(path)) for path in (Path(d) / cells.RECORD_PATTERN.format(**parsed.wildcards)
+                                               for d in earlier)]
+        timed = [(timing, str(path)) for path, rec in runs if rec is not None and (timing := _timing(rec)) is not None]
+        if not timed:
+            return None
+        found, source = max(timed, key=lambda t: t[0][3])
+    setup, window, run_steps, _ = found
+    return Estimate(repeat_s=setup + window / run_steps * steps, repeats=cell.protocol.repeats, source=source)
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m llmbench.search seed-frontier RECORDS [--results DIR]`` (seed_frontier);
     ``python -m llmbench.search measured-target FOLDER`` (measured_target: prints the
     record path, or nothing where no batch fit); ``python -m llmbench.search estimate
-    TARGET CONFIG`` (estimate_s: prints whole seconds, or nothing where there is no estimate)."""
+    TARGET CONFIG [--earlier DIR ...]`` (estimate_s: prints a repeat's whole seconds, the
+    repeats and the source, or nothing where there is no estimate)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m llmbench.search", description=main.__doc__)
@@ -249,11 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     estimate = sub.add_parser("estimate", help=estimate_s.__doc__.split("\n")[0])
     estimate.add_argument("target", type=Path, help="a training cell's record path")
     estimate.add_argument("config", type=Path, help="the config whose cell it is")
+    estimate.add_argument("--earlier", nargs="*", type=Path, default=[],
+                          help="results folders whose records of the cell time it where no probe did")
     args = parser.parse_args(argv)
     if args.command == "estimate":
-        seconds = estimate_s(args.target, args.config)
-        if seconds is not None:
-            print(math.ceil(seconds))
+        est = estimate_s(args.target, args.config, args.earlier)
+        if est is not None:
+            print(math.ceil(est.repeat_s), est.repeats, est.source)
         return 0
     if args.command == "measured-target":
         try:

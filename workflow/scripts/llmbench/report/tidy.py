@@ -3,7 +3,6 @@ hold a cell, the record llmbench.report.runs chooses), flat columns with units i
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Iterable
@@ -13,7 +12,7 @@ import pandas as pd
 from .. import cells
 from ..profile import kernels
 from ..record import Record, read
-from ..search import measured_batch
+from ..search import measured_batch, read_summary
 from . import render, runs
 
 COLUMNS = [
@@ -214,8 +213,8 @@ def search_answer(path: str | Path) -> tuple[int | None, bool]:
         return None, False
     folder = Path(parsed.root) / cells.SEARCH_PATTERN.format(**parsed.wildcards)
     try:
-        summary = json.loads((folder / cells.SEARCH_SUMMARY).read_text())
-    except OSError:
+        summary = read_summary(folder)
+    except (OSError, ValueError):
         return None, False
     batch = measured_batch(folder)
     return batch, batch is not None and summary.get("smallest_oom") is None and batch == summary.get("max_batch")

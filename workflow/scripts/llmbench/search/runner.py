@@ -216,12 +216,12 @@ class Estimate:
 
 def _timing(rec: dict[str, Any]) -> tuple[float, float, int, int] | None:
     """(set-up seconds a repeat, timed-window seconds a repeat, steps in the window, measured
-    steps of all its repeats: how much it saw) of an
-    ok record or probe: its wall time a repeat less its window (the window covers the
-    warm-up and measured steps, llmbench.protocol.run_window). Where the wall time is not
-    its repeats' alone (repeats resumed from an earlier run), the set-up is the worker's
-    other phases (llmbench.train.scenario.Phases: from the process's start, so without the
-    launcher's few seconds before it). None where the record lacks a window or steps."""
+    steps of all its repeats: how much it saw) of an ok record or probe. The set-up is its
+    wall time a repeat less its window (the window covers the warm-up and measured steps,
+    llmbench.protocol.run_window); where the wall time is not its repeats' alone (repeats
+    resumed from an earlier run), it is the worker's other phases (llmbench.train.scenario.Phases:
+    from the process's start, so without the launcher's few seconds before it). None where
+    the record lacks a window or steps."""
     try:
         summary = rec["summary"]
         window = float(summary["phase_window_s"])

@@ -17,11 +17,14 @@ def test_compiled_layers_are_one_graph_and_train_like_eager(tmp_path):
     recs = run(tmp_path, "pretrain", ["R+Z2", "R+Z2+C"])
     eager, compiled = recs["R+Z2"], recs["R+Z2+C"]
     assert eager.status == compiled.status == "ok", (eager.reason, compiled.reason)
-    def without_phases(summary):  # where each repeat's time went (scenario.Phases): every cell has them
-        return {k: v for k, v in summary.items() if not k.startswith("phase_")}
+    def without_phases(summary):
+        # where each repeat's time went (scenario.Phases) and what the host's CPUs did over its
+        # window (protocol.host_cpu): every cell has them
+        return {k: v for k, v in summary.items() if not k.startswith(("phase_", "window_"))}
 
     assert without_phases(eager.summary) == {}
-    assert {"phase_imports_s", "phase_build_s", "phase_window_s"} <= set(eager.summary)
+    assert {"phase_imports_s", "phase_build_s", "phase_window_s", "window_cpu_steal_pct",
+            "window_process_cpu_s"} <= set(eager.summary)
     # both layers of the tiny model compiled, sharing one graph, with no break inside it
     assert without_phases(compiled.summary) == {"compiled_layers": 2, "compile_unique_graphs": 1,
                                                 "compile_graph_breaks": 0}

@@ -76,7 +76,7 @@ def searched_batch(spec: dict, reference: Path) -> int:
     ValueError, naming the technique and where it looked, where none did."""
     from llmbench import cells
     from llmbench.report import runs
-    from llmbench.search import measured_batch
+    from llmbench.search import measured_batch, read_summary
 
     cell = spec["cell"]
     key = cells.Cell.from_dict(cell).key
@@ -86,8 +86,8 @@ def searched_batch(spec: dict, reference: Path) -> int:
              if any(json.loads(r.read_text())["cell"]["protocol"]["seq_len"] == seq_len
                     for r in f.glob("bs*/record.json"))]
     for folder in runs.choose_searches(found):  # one, or none: each found folder holds the same search
-        batch = measured_batch(folder)
-        if json.loads((Path(folder) / cells.SEARCH_SUMMARY).read_text())["status"] == "ok" and batch is not None:
+        batch = measured_batch(folder) if read_summary(folder)["status"] == "ok" else None
+        if batch is not None:
             return batch
     raise ValueError(f"--batch searched: no max-batch search of {key['technique']} ({key['model']} on "
                      f"{key['platform']}, seq {seq_len}) found a batch under {reference}/*/{search}")

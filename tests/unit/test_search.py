@@ -3,6 +3,7 @@
 import json
 import random
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -577,3 +578,34 @@ def test_a_search_stops_before_a_probe_its_deadline_cannot_hold_and_resumes_from
     done = search.run(g.spec(s), tmp_path / "a", frontier, tmp_path / "a.log")
     assert done["largest_ok"] == 11 and not set(first) & set(ran)  # nothing ran twice
     assert [p["source"] for p in done["probes"][:2]] == ["frontier", "frontier"]
+
+
+def test_the_runner_records_why_each_probe_ran_and_a_hint_over_the_limit_backs_off(tmp_path, monkeypatch, repo):
+    """search.run with a hint (14) over the largest batch that fits (10) and a deadline far
+    away: each probe that ran records why next_probe chose it, which next_probe reads again;
+    so the OOM at the hint is followed by the batch just below it (HINT_BACKOFF), not by a
+    bisection from 0, and the probes are the pure algorithm's against the same oracle."""
+    from llmbench import grid, launch
+    from llmbench.memory.replay import replay
+    from llmbench.record import Metrics, Record, write
+
+    def fake_run_cell(spec, record_path, log, threads=1, gpu_busy=None):
+        bs = spec["cell"]["batch_size"]
+        rec = (Record(cell=spec["cell"], status="ok", metrics=Metrics(peak_rss_gib=0.5 + 0.13 * bs))
+               if bs <= 11 else Record(cell=spec["cell"], status="oom", reason="over the cap"))
+        write(rec, record_path)
+        return rec
+
+    monkeypatch.setattr(launch, "run_cell", fake_run_cell)
+    monkeypatch.setenv("LLMBENCH_DEADLINE", str(time.time() + 3600))
+    g = grid.expand({"protocol": {"warmup_steps": 1, "measured_steps": 1, "repeats": 1, "seq_len": 16, "timeout_s": 60},
+                     "pretrain": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive"],
+                                   "max_batch": {"max": 32}, "mem_cap_gib": 2.0}]}, repo)
+    s = g.searches[0]
+    done = search.run(g.spec(s), tmp_path / "a", tmp_path / s.frontier_path(), tmp_path / "a.log",
+                      hint=14, hint_slope_gib=0.13)
+    probes = [(p["batch_size"], p["status"], p["chosen_by"]) for p in done["probes"]]
+    assert probes[:2] == [(14, "oom", "hint"), (12, "oom", "hint")] and done["largest_ok"] == 10
+    assert all(why for _, _, why in probes)
+    assert probes == [(p.batch_size, p.status, p.chosen_by) for p in replay(done, 14, 0.13)]
+    assert "batch 14 (hint) -> oom" in (tmp_path / "a.log").read_text()

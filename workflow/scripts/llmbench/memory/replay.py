@@ -58,18 +58,23 @@ def oracle(summary: dict[str, Any]):
     return answer
 
 
-def replay(summary: dict[str, Any], hint: int | None, slope_gib: float | None = None) -> list[Probe]:
+def replay(summary: dict[str, Any], hint: int | None, slope_gib: float | None = None,
+           recorded_why: bool = False) -> list[Probe]:
     """The probes next_probe makes from the search's own start, ``hint`` probed first with
     its slope (llmbench.search.algorithm.State.hint and hint_slope_gib, as the runner
-    does), against the search's oracle."""
+    does), against the search's oracle. ``recorded_why``: a batch the search probed keeps
+    the ``chosen_by`` it recorded, which is what next_probe read when it ran (whether the
+    first probe was the hint decides the next one; a runner once recorded none for the
+    probes it ran, and its searches went on as if there had been no hint)."""
     answer = oracle(summary)
+    recorded = {p["batch_size"]: p.get("chosen_by") for p in summary["probes"]} if recorded_why else {}
     cap = summary.get("fit_limit_gib") or summary.get("capacity_gib")
     state = State(start=summary["start"], max_batch=summary["max_batch"], capacity_gib=cap,
                   hint=None if hint is None else max(1, min(hint, summary["max_batch"])), hint_slope_gib=slope_gib)
     while (nxt := next_probe(state)) is not None:
         batch, why = nxt
         status, peak = answer(batch)
-        state.probes.append(Probe(batch_size=batch, status=status, peak_gib=peak, chosen_by=why))
+        state.probes.append(Probe(batch_size=batch, status=status, peak_gib=peak, chosen_by=recorded.get(batch, why)))
     return state.probes
 
 
@@ -81,8 +86,9 @@ def hinted_start(workload: Workload, capacity_gib: float, max_batch: int) -> int
 def replay_all(results: Path | str = "results/reference", root: Path = REPO_ROOT) -> pd.DataFrame:
     """One row per committed search that found its answer (a search a probe stopped, status
     error or timeout, has none to replay towards): probes from its own start, from the
-    start and slope it was given when it ran (``as_run_probes``: the oracle's check, equal
-    to ``committed_probes``), and from today's hinted start."""
+    start and slope it was given when it ran, each probe with the reason it recorded
+    (``as_run_probes``: the oracle's check, equal to ``committed_probes``), and from
+    today's hinted start."""
     rows = []
     for path in sorted(Path(results).glob("*/runs/search/**/search.json")):
         s = json.loads(path.read_text())
@@ -96,7 +102,8 @@ def replay_all(results: Path | str = "results/reference", root: Path = REPO_ROOT
         rows.append({
             "run": path.relative_to(Path(results)).parts[0], "platform": s["platform"], "model": s["model"],
             "backend": s["backend"], "technique": s["technique"], "gpus": s["gpus"], "largest_ok": s["largest_ok"],
-            "committed_probes": s["n_probes"], "as_run_probes": len(replay(s, s.get("hint"), s.get("hint_slope_gib"))),
+            "committed_probes": s["n_probes"],
+            "as_run_probes": len(replay(s, s.get("hint"), s.get("hint_slope_gib"), recorded_why=True)),
             "start": s["start"], "replayed_probes": len(base),
             "replayed_found": found(base), "hinted_start": start,
             "hinted_probes": len(hinted), "hinted_found": found(hinted), "probes_saved": len(base) - len(hinted),

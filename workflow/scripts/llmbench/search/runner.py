@@ -109,9 +109,11 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
         else:
             # the job's deadline (llmbench.launch): a probe that would not finish is not started;
             # the frontier file holds every probe so far, and the next run resumes from it
-            if why := deadline_stop(deadline, [p.wall_s for p in state.probes if p.source == "run"],
-                                    f"the probe at batch {bs}"):
-                stop_at_deadline(f"{why} ({len(state.probes)} probe(s) so far are in the frontier file: the next "
+            # (not ``why``: that is why next_probe chose this batch, recorded with the probe and read
+            # by next_probe again, e.g. whether the first probe was the hint)
+            if stop := deadline_stop(deadline, [p.wall_s for p in state.probes if p.source == "run"],
+                                     f"the probe at batch {bs}"):
+                stop_at_deadline(f"{stop} ({len(state.probes)} probe(s) so far are in the frontier file: the next "
                                  "run resumes there)", log)
             record = run_cell(probe_spec, record_path, probe_dir / "probe.log", threads=threads,
                               gpu_busy=gpu_busy)

@@ -369,11 +369,15 @@ def test_replay_reproduces_the_committed_searches_and_the_hint_finds_the_same_ba
     # error in the harness) nor 7B L+F (stopped where cuBLAS's failed allocation was still
     # recorded as an error)
     h100 = df[df["platform"] == "h100"]
-    assert len(df) == 60 and len(h100) == 36  # and 24 on one H200 (two of them a pair's)
+    assert len(df) == 64 and len(h100) == 38  # and 26 on one H200 (two of them a pair's)
     assert "L+F" not in set(h100.loc[h100["model"] == "llama2-7b", "technique"])
     assert (h100.loc[h100["technique"] == "QL", "run"] == "2026-11-25-h100-one-gpu-search-b").all()
     # the oracle is faithful: from the start (and hint) each had, today's next_probe makes the committed probes
     assert (df["as_run_probes"] == df["committed_probes"]).all()
+    # 13B L+F+R+Z2 ran while the runner recorded no reason for the probes it ran: after the OOM
+    # at its hint it bisected from 0 (67); knowing the first probe was the hint, it backs off
+    lfr = df[(df["run"] == "2026-11-26-h100-one-gpu-search-k") & (df["technique"] == "L+F+R+Z2")].iloc[0]
+    assert lfr["committed_probes"] == 5 and lfr["hinted"] == "135:oom 121:ok 129:ok 130:tight"
     assert (df["replayed_found"] == df["largest_ok"]).all() and (df["hinted_found"] == df["largest_ok"]).all()
     assert (df["probes_saved"] == df["replayed_probes"] - df["hinted_probes"]).all()
     # the hint and its slope: over by a little, the search backs off and draws its line

@@ -282,3 +282,23 @@ def test_targets_are_the_cells_still_to_do(cov, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         coverage.main(["targets", str(csv), str(cfg)])
     assert exc.value.code == 2 and "L+Q+X" in capsys.readouterr().err
+
+
+def test_a_row_beyond_the_papers_that_ran_at_batch_1_is_covered_after_them(tmp_path):
+    """llama2-70b QL (issue 18 asks for it; Table IX has no 70B QL row) ran ok at batch 1:
+    it gets a row, "beyond IX", after the paper's, with its search to do, and the search
+    targets name its folder. The tiny model's cell on the same GPU is no paper model's."""
+    paths = [write(tmp_path, "finetune", "h100", "llama2-70b", "QL", 1, "ok", 290.0),
+             write(tmp_path, "pretrain", "h100", "tiny", "Z3", 1, "ok", 100.0)]
+    cov = coverage.build(tidy.build(paths))
+    assert len(cov) == len(coverage.paper_rows()) + 1
+    extra = cov.iloc[-1]
+    assert (extra.paper_tables, extra.model, extra.technique, extra.answer) == ("beyond IX", "llama2-70b", "QL",
+                                                                                 "measured")
+    assert extra.to_do == "rerun under the paper's protocol; search the largest batch"
+    assert "tiny" not in set(cov["model"])
+    g = grid.expand({"protocol": {"repeats": 1}, "finetune": [
+        {"platforms": ["h100"], "models": ["llama2-70b"], "techniques": ["QL", "QL+F"], "gpus": 1,
+         "max_batch": {"max": 64}}]})
+    assert coverage.targets(cov, g, (coverage.SEARCH_TODO,)) == [
+        "results/runs/search/finetune/h100/llama2-70b/deepspeed/QL-g1"]

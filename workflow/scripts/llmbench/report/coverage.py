@@ -1,6 +1,8 @@
 """Coverage (tables/coverage.{csv,md,html}): every training row of the paper's Tables III, IV
 (pre-training) and IX (fine-tuning), on each GPU platform the records ran on, with what is
-known of it and what is left to do. No row is left out: a row nobody ran says so.
+known of it and what is left to do. No row is left out: a row nobody ran says so. A row the
+paper has not, run there at batch 1 for one of its models (llama2-70b QL), follows them
+(extra_rows), so that its search is on the to-do lists too.
 
 The GPU count of a platform is the one most of its batch-1 training records used (one GPU
 for the lent H100 and H200; eight for a user's 8-GPU node).
@@ -69,6 +71,20 @@ def paper_rows(root: Path = REPO_ROOT) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def extra_rows(records: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows beyond the paper's that a platform's batch-1 ``records`` ran, for the paper's
+    models (issue 18's llama2-70b QL: Table IX has no 70B QL row), in the shape of
+    paper_rows with ``paper_tables`` "beyond III" or "beyond IX": covered as the paper's
+    rows are, so that a measured row is not left out of the to-do lists."""
+    known = set(zip(rows["stage"], rows["model"], rows["technique"]))
+    bs1 = records[(records["batch_size"] == 1) & records["model"].isin(set(rows["model"]))]
+    extra = sorted({k for k in zip(bs1["stage"], bs1["model"], bs1["technique"]) if k not in known},
+                   key=lambda k: (list(STAGES).index(k[0]), k[1], k[2]))
+    return pd.DataFrame([{"stage": stage, "paper_tables": "beyond " + STAGES[stage][1].split(",")[0], "model": model,
+                          "technique": tech, "paper_a800_status": None} for stage, model, tech in extra],
+                        columns=rows.columns)
+
+
 def _training(tidy: pd.DataFrame) -> pd.DataFrame:
     """The measured DeepSpeed training cells of the tidy table (not a search's probes)."""
     if tidy.empty or "stage" not in tidy:
@@ -130,7 +146,8 @@ def _to_do(answer: str, rec, searched, to_cap: bool, measured_ok: bool) -> list[
 
 
 def build(tidy: pd.DataFrame, root: Path | None = None) -> pd.DataFrame:
-    """One row per (GPU platform with training records, paper row)."""
+    """One row per (GPU platform with training records, paper row), then the platform's
+    extra_rows."""
     root = root or REPO_ROOT
     train = _training(tidy)
     rows = paper_rows(root)
@@ -139,7 +156,7 @@ def build(tidy: pd.DataFrame, root: Path | None = None) -> pd.DataFrame:
     for name, plat, gpus in platform_gpus(train, root):
         mine = train[(train["platform"] == name) & (train["gpus"] == gpus)]
         host = offload_host_gib(train, plat, gpus)  # the machine's where smaller than the file's
-        for r in rows.itertuples():
+        for r in pd.concat([rows, extra_rows(mine, rows)], ignore_index=True).itertuples():
             cells = mine[(mine["stage"] == r.stage) & (mine["model"] == r.model) & (mine["technique"] == r.technique)]
             bs1 = cells[cells["batch_size"] == 1]
             rec = bs1.iloc[0] if not bs1.empty else None  # the tidy table holds one record per cell
@@ -239,7 +256,8 @@ def table(df: pd.DataFrame) -> render.Table:
         parts.append(render.Part(frame=frame, heading=f"{plat} x {int(gpus)} GPU{'s' if gpus > 1 else ''}"))
     note = (
         "One row per row of the paper's Tables III/IV (pre-training) and IX (fine-tuning) on each GPU platform the "
-        "records ran on, at the GPU count most of its batch-1 records used. Answer: measured (an ok record at batch "
+        "records ran on, at the GPU count most of its batch-1 records used, then the rows beyond the paper's that "
+        "ran there at batch 1 for its models (Tables: beyond III, beyond IX). Answer: measured (an ok record at batch "
         "1), out of memory (its record's reason), error/timeout/skipped (a record that did not measure), predicted "
         "not to fit (no record; the memory model with its safety margin needs more than the GPU, or, with offload, "
         "the host memory of the platform file's Slurm mem_mb or of the machine its records ran on, the smaller), "

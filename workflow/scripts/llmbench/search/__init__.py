@@ -19,5 +19,5 @@ The names callers use are re-exported here.
 from ..record import FRONTIER_COMMAND
 from .algorithm import BOUNDING, MODEL_POINTS, TOO_LARGE, Probe, State, bound, next_probe, predict
 from .frontier import Answer, Frontier, capacity_and_metric, fingerprint, memory_spec, rerun_spec, seed_frontier
-from .runner import (Estimate, estimate_s, main, measured_batch, measured_out_of_memory, measured_record, measured_target,
-                     read_summary, run, summary)
+from .runner import (Estimate, estimate_s, main, measured_batch, measured_out_of_memory, measured_record,
+                     measured_target, read_summary, run, summary)

@@ -369,9 +369,10 @@ def test_replay_reproduces_the_committed_searches_and_the_hint_finds_the_same_ba
     # error in the harness) nor 7B L+F (stopped where cuBLAS's failed allocation was still
     # recorded as an error)
     h100 = df[df["platform"] == "h100"]
-    assert len(df) == 64 and len(h100) == 38  # and 26 on one H200 (two of them a pair's)
+    assert len(df) == 69 and len(h100) == 40  # and 29 on one H200 (two of them a pair's)
     assert "L+F" not in set(h100.loc[h100["model"] == "llama2-7b", "technique"])
-    assert (h100.loc[h100["technique"] == "QL", "run"] == "2026-11-25-h100-one-gpu-search-b").all()
+    small_ql = (h100["technique"] == "QL") & (h100["model"] != "llama2-70b")
+    assert (h100.loc[small_ql, "run"] == "2026-11-25-h100-one-gpu-search-b").all()
     # the oracle is faithful: from the start (and hint) each had, today's next_probe makes the committed probes
     assert (df["as_run_probes"] == df["committed_probes"]).all()
     # 13B L+F+R+Z2 ran while the runner recorded no reason for the probes it ran: after the OOM

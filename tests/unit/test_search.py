@@ -6,10 +6,12 @@ import re
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from search_fixtures import ESTIMATE_CONFIG, probe_record
 from llmbench import search
+from llmbench.record import read
 from llmbench.search import Frontier, Probe, State, bound, next_probe
 
 
@@ -347,6 +349,22 @@ def test_search_table_joins_a_megatron_search_with_its_measured_cell(repo):
     df = search_report.build(folders, measured)
     assert list(df["largest_ok"]) == [17, 37]
     assert df["measured_status"].tolist() == ["ok", "ok"] and df["measured_tokens_per_s"].notna().all()
+    # beside the cell, its probe at the same batch (the search's short protocol) and the ratio
+    probes = [read(f / f"bs{b}" / "record.json").metrics.tokens_per_s_mean for f, b in zip(folders, (17, 37))]
+    assert df["probe_tokens_per_s"].tolist() == probes
+    assert df["measured_over_probe"].tolist() == pytest.approx(list(df["measured_tokens_per_s"] / probes))
+
+
+def test_search_table_has_no_probe_throughput_where_the_frontier_answered_the_probe(repo):
+    from llmbench.report import search as search_report
+
+    ref = repo / "results/reference"
+    folder = ref / "2026-11-26-h100-one-gpu-search-f/runs/search/finetune/h100/llama2-7b/deepspeed/L+F+R+Z2-g1"
+    cell = ref / "2026-11-26-h100-one-gpu-search-g/runs/finetune/h100/llama2-7b/deepspeed/L+F+R+Z2/bs205-g1/record.json"
+    assert read(folder / "bs205" / "record.json").status == "skipped"  # 205 ran in an earlier call
+    row = search_report.build([folder], [cell]).iloc[0]
+    assert row["measured_batch_size"] == 205 and row["measured_status"] == "ok"
+    assert pd.isna(row["probe_tokens_per_s"]) and pd.isna(row["measured_over_probe"])
 
 
 def test_seed_frontier_rebuilds_a_lost_frontier_from_probe_records(tmp_path, monkeypatch, repo):

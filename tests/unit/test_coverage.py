@@ -90,7 +90,21 @@ def test_a_row_under_the_protocol_shows_the_spread_within_a_process_beside_the_s
     assert row.cv_in_repeat == 0.0
     shown = coverage.table(coverage.build(tidy.build([path]))).parts[1].frame
     mine = (shown["Method"] == "L") & (shown["Model"] == "llama2-7b")
-    assert shown.loc[mine, ["CV %", "Step CV in repeat %"]].values.tolist() == [["5.4", "0.0"]]
+    assert shown.loc[mine, ["CV %", "Step CV in repeat %", "Step drift in repeat %"]].values.tolist() == \
+        [["5.4", "0.0", "0.0"]]
+
+
+def test_a_row_whose_steps_still_sped_up_shows_its_drift(tmp_path):
+    """Each repeat's first third of measured steps ran 10% slower than its last third: the
+    warm-up did not reach the steady state, and the row says so."""
+    times = [0.44] * 3 + [0.42] * 3 + [0.40] * 3
+    samples = {"repeat": [0] * 9, "step": list(range(9)), "step_time_s": times}
+    path = write(tmp_path, "finetune", "h100", "llama2-7b", "L", 1, "ok", runs=(875.0,), samples=samples)
+    cov = coverage.build(tidy.build([path]))
+    assert at(cov, "finetune", "llama2-7b", "L").drift_in_repeat == pytest.approx(0.1)
+    shown = coverage.table(cov).parts[1].frame
+    mine = (shown["Method"] == "L") & (shown["Model"] == "llama2-7b")
+    assert shown.loc[mine, "Step drift in repeat %"].tolist() == ["10.0"]
 
 
 def test_a_searched_row_has_no_search_left(tmp_path):

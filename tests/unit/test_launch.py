@@ -29,6 +29,21 @@ def test_each_repeats_step_times_are_kept_as_samples_and_give_the_spread_within_
     assert _cv_in_repeat(step_samples([{"step_times_s": [2.0]}])) is None  # one step: no spread
 
 
+def test_the_drift_within_a_repeat_says_whether_its_steps_still_sped_up():
+    import pytest
+
+    from llmbench.aggregate import step_samples
+    from llmbench.report.tidy import _drift_in_repeat
+
+    # a repeat whose first third ran at 1.5 s a step and its last at 1.0 (still warming up),
+    # a steady one, and one still warming up less: the median of 0.5, 0 and 0.2
+    s = step_samples([{"step_times_s": [1.5, 1.5, 1.2, 1.0, 1.0, 1.0]}, {"step_times_s": [1.0] * 6},
+                      {"step_times_s": [1.2, 1.1, 1.0]}])
+    assert _drift_in_repeat(s) == pytest.approx(0.2)
+    assert _drift_in_repeat(step_samples([{"step_times_s": [1.0, 2.0]}])) is None  # fewer than three steps
+    assert _drift_in_repeat({}) is None
+
+
 def test_each_rank_gets_its_share_of_the_jobs_threads(monkeypatch):
     """Snakemake exports the job's thread count; a 2-rank cell of 2 threads must run each
     rank with 1 (with 2 each it oversubscribed the cores and measured 24% scaling)."""

@@ -52,7 +52,7 @@ STAGES = {"pretrain": ("table3", "III, IV"), "finetune": ("table9", "IX")}
 ANSWERS = ("measured", "out of memory", "error", "timeout", "skipped", "predicted not to fit", "not run")
 COLUMNS = [
     "platform", "gpus", "stage", "paper_tables", "model", "technique", "answer", "status", "tokens_per_s",
-    "tokens_per_s_std", "cv", "cv_in_repeat", "warmup_steps", "measured_steps", "repeats", "paper_protocol", "run",
+    "tokens_per_s_std", "cv", "cv_in_repeat", "drift_in_repeat", "warmup_steps", "measured_steps", "repeats", "paper_protocol", "run",
     "best_batch_size", "best_tokens_per_s", "searched_max_batch", "peak_mem_allocated_gib", "predicted_gib_bs1",
     "capacity_gib", "predicted_fits", "predicted_max_batch", "why", "to_do", "paper_a800_status",
 ]
@@ -179,6 +179,8 @@ def build(tidy: pd.DataFrame, root: Path | None = None) -> pd.DataFrame:
                 "cv": std / tps if tps and std is not None and pd.notna(std) else None,
                 # the spread of step times within a process, beside the spread between them
                 "cv_in_repeat": rec.get("step_time_cv_in_repeat") if answer == "measured" else None,
+                # and whether its steps still sped up: the warm-up did not reach the steady state
+                "drift_in_repeat": rec.get("step_time_drift_in_repeat") if answer == "measured" else None,
                 **{k: (None if rec is None else rec[k]) for k in PAPER_PROTOCOL},
                 "paper_protocol": None if rec is None else meets_protocol(rec),
                 "run": None if rec is None else rec["run"],
@@ -249,6 +251,7 @@ def table(df: pd.DataFrame) -> render.Table:
             "Tables": r.paper_tables, "Model": r.model, "Method": r.technique, "Answer": r.answer,
             "tok/s (BS 1)": _tokens(r), "CV %": fmt(100 * r.cv if pd.notna(r.cv) else None, ".1f"),
             "Step CV in repeat %": fmt(100 * r.cv_in_repeat if pd.notna(r.cv_in_repeat) else None, ".1f"),
+            "Step drift in repeat %": fmt(100 * r.drift_in_repeat if pd.notna(r.drift_in_repeat) else None, ".1f"),
             "Protocol": _protocol(r), "Best BS (tok/s)": _best(r), "Max BS searched": fmt(r.searched_max_batch, ".0f"),
             "Predicted GiB BS 1 / GPU GiB": _memory(r), "Predicted max BS": fmt(r.predicted_max_batch, ".0f"),
             "Why": r.why or "", "To do": r.to_do or "", "Run": r.run or "",
@@ -266,7 +269,9 @@ def table(df: pd.DataFrame) -> render.Table:
         f"{PAPER_PROTOCOL['warmup_steps']}/{PAPER_PROTOCOL['measured_steps']}/{PAPER_PROTOCOL['repeats']}. CV: "
         f"sample std over repeats / mean (goal {CV_GOAL:.0%}); step CV in repeat: the median over repeats of "
         "each one's step-time std / mean (records that keep their step times), the spread within a process "
-        "beside the CV's between processes. Best BS: the ok batch with the most tokens/s of any "
+        "beside the CV's between processes; step drift in repeat: the median over repeats of the first third of "
+        "its measured steps' mean step time over the last third's, less 1 (well above 0: its steps still sped up, "
+        "the warm-up did not reach the steady state, and the mean understates the cell). Best BS: the ok batch with the most tokens/s of any "
         "run; Max BS searched: what a max-batch search found (Table IV). To do: what is left for the row; a row "
         "predicted not to fit is answered by the prediction and is not run. A measured answer wins over the "
         "prediction: where both disagree, the record is right and the model (or the platform file's host "

@@ -21,6 +21,7 @@ COLUMNS = [
     "seq_len", "status", "reason", "tokens_per_s_mean", "tokens_per_s_std", "tokens_per_s_runs",
     "step_time_s_mean",
     "step_time_cv_in_repeat",  # training: the median over repeats of each one's step-time CV (record samples)
+    "step_time_drift_in_repeat",  # training: the median over repeats of first third's mean step / last third's - 1
     "peak_mem_gib", "peak_mem_kind", "peak_mem_allocated_gib",
     "peak_mem_reserved_gib", "peak_rss_gib",
     "host_mem_gib",  # the host memory of the machine the cell ran on (its provenance)
@@ -117,6 +118,7 @@ def row(record: Record, path: str) -> dict:
         "tokens_per_s_std": m.tokens_per_s_std if len(m.tokens_per_s_runs) > 1 else None,
         "tokens_per_s_runs": ";".join(f"{v:.6g}" for v in m.tokens_per_s_runs),
         "step_time_s_mean": m.step_time_s_mean, "step_time_cv_in_repeat": _cv_in_repeat(record.samples),
+        "step_time_drift_in_repeat": _drift_in_repeat(record.samples),
         "peak_mem_gib": gpu_mem if gpu_mem is not None else m.peak_rss_gib,
         "peak_mem_kind": "gpu_reserved" if gpu_mem is not None else ("host_rss" if m.peak_rss_gib is not None else None),
         "peak_mem_allocated_gib": m.peak_mem_allocated_gib,
@@ -132,17 +134,36 @@ def row(record: Record, path: str) -> dict:
     }
 
 
-def _cv_in_repeat(samples: dict[str, list]) -> float | None:
-    """The median over repeats of each repeat's step-time CV (sample std / mean) from a
-    training record's samples (llmbench.aggregate.step_samples); None without them or with
-    fewer than two steps a repeat."""
+def _by_repeat(samples: dict[str, list]) -> list[list[float]]:
+    """Each repeat's measured step times, in step order, from a training record's samples
+    (llmbench.aggregate.step_samples); [] without them."""
     if not samples or "step_time_s" not in samples or "repeat" not in samples:
-        return None
+        return []
     by: dict[int, list[float]] = {}
     for rep, t in zip(samples["repeat"], samples["step_time_s"]):
         by.setdefault(rep, []).append(t)
-    cvs = [statistics.stdev(v) / statistics.fmean(v) for v in by.values() if len(v) > 1 and statistics.fmean(v) > 0]
+    return list(by.values())
+
+
+def _cv_in_repeat(samples: dict[str, list]) -> float | None:
+    """The median over repeats of each repeat's step-time CV (sample std / mean) from a
+    training record's samples; None without them or with fewer than two steps a repeat."""
+    cvs = [statistics.stdev(v) / statistics.fmean(v) for v in _by_repeat(samples)
+           if len(v) > 1 and statistics.fmean(v) > 0]
     return statistics.median(cvs) if cvs else None
+
+
+def _drift_in_repeat(samples: dict[str, list]) -> float | None:
+    """The median over repeats of how much slower a repeat's first third of measured steps
+    ran than its last third (mean over mean, less 1): well above 0, the warm-up steps did not
+    reach the steady state and the cell's mean understates it. None without samples or with
+    fewer than three steps a repeat."""
+    drifts = []
+    for v in _by_repeat(samples):
+        n = len(v) // 3
+        if n and statistics.fmean(v[-n:]) > 0:
+            drifts.append(statistics.fmean(v[:n]) / statistics.fmean(v[-n:]) - 1)
+    return statistics.median(drifts) if drifts else None
 
 
 def _model_tflops_per_gpu(record: Record) -> float | None:

@@ -143,8 +143,31 @@ def test_untestable_names_the_cells_that_would_decide_it(tmp_path):
     frame = rows(("h100", "llama2-7b", "Q", 1, 1, "ok", 1700.0, 9.0), ("h100", "llama2-7b", "Naive", 1, 1, "oom", None, None))
     r = judge(tmp_path, frame, finding()).iloc[0]
     assert r.verdict == "untestable" and r.ours_value == "n/a"
-    assert r.missing == ("pretrain h100 llama2-7b deepspeed Z2 bs1 g1: not run; "
+    # Z2 was not run, and its model states alone exceed one H100: the reader is told so
+    assert r.missing == ("pretrain h100 llama2-7b deepspeed Z2 bs1 g1: not run "
+                         "(cannot fit: model states 138 GiB > 80 GiB); "
                          "pretrain h100 llama2-7b deepspeed Naive bs1 g1: out of memory")
+
+
+def test_a_cell_not_run_whose_states_fit_but_the_memory_model_does_not_says_so(tmp_path):
+    # 70B LoRA on one H200: its bf16 base (128 GiB) is under the 141 GiB, but with the
+    # adapters' states, the activations and the margin the memory model says it does not fit
+    frame = rows(("h200", "llama2-70b", "QL", 1, 1, "ok", 360.0, 62.4), stage="finetune")
+    entry = finding(stage="finetune", checks=[{"metric": "tokens_per_s_per_gpu", "relation": "ratio",
+                                               "a": {"technique": "L"}, "b": {"technique": "QL"},
+                                               "expect": {"min": 1.5}}])
+    r = judge(tmp_path, frame, entry).iloc[0]
+    assert r.verdict == "untestable"
+    assert r.missing.startswith("finetune h200 llama2-70b deepspeed L bs1 g1: not run (predicted GPU peak ")
+    assert r.missing.endswith("x (1 + margin 0.05) > 141 GiB)")
+
+
+def test_a_cell_not_run_that_may_fit_is_named_without_a_fit_note(tmp_path):
+    frame = rows(("h100", "llama2-7b", "Q", 1, 1, "ok", 1700.0, 9.0))
+    entry = finding(checks=[{"metric": "tokens_per_s_per_gpu", "relation": "ratio", "a": {"technique": "R+Q"},
+                             "b": {"technique": "Q"}, "expect": {"max": 1.0}}])
+    r = judge(tmp_path, frame, entry).iloc[0]
+    assert r.verdict == "untestable" and r.missing == "pretrain h100 llama2-7b deepspeed R+Q bs1 g1: not run"
 
 
 def test_a_finding_no_cell_speaks_to_is_one_untestable_row(tmp_path):

@@ -600,7 +600,7 @@ def evaluate(findings: list[Finding], ours: pd.DataFrame, paper: pd.DataFrame) -
         for r in kept:
             g = r["group"]
             paper_value, paper_check = _paper_text(f, theirs, g.get("model", f.where.get("model")))
-            missing = [f"{cell}: {why}" for o in r["outcomes"] for cell, why, _ in o.missing]
+            missing = [_missing_text(cell, why, spec) for o in r["outcomes"] for cell, why, spec in o.missing]
             rows.append({
                 "finding": f.id, "section": f.section, "claim": f.claim, "compares": f.compares(),
                 "platform": g.get("platform", "-"), "model": g.get("model", f.where.get("model", "-")),
@@ -652,6 +652,31 @@ def _fit_note(spec: dict) -> str:
     except (ConfigError, techniques.TechniqueError):
         return ""
     return f"cannot fit: {what} {need:.0f} GiB > {cap:g} GiB" if need > cap else ""
+
+
+def _predicted_note(spec: dict) -> str:
+    """'' unless the memory model (with its margin, llmbench.report.advice.predicted) says a
+    training cell at batch 1 on a stated GPU count does not fit, then why."""
+    from ..models import ModelSpec
+    from .advice import predicted
+
+    if spec.get("stage") not in ("pretrain", "finetune") or spec.get("batch_size") != 1 or not spec.get("gpus") \
+            or not isinstance(spec.get("technique"), str) or not spec.get("model") or not spec.get("platform"):
+        return ""
+    try:
+        p = predicted(paper_frame.platform_spec(spec["platform"]), ModelSpec.load(spec["model"]), spec["technique"],
+                      int(spec["gpus"]))
+    except (ConfigError, techniques.TechniqueError):
+        return ""
+    return p["why"] if p is not None and p["fits"] is False else ""  # "predicted GPU peak ... > ..."
+
+
+def _missing_text(cell: str, why: str, spec: dict) -> str:
+    """A cell a check could not use and why; one not run says where it cannot fit its GPU
+    (its model states alone, else the memory model with its margin), so that a claim a
+    single GPU cannot test reads as such."""
+    note = (_fit_note(spec) or _predicted_note(spec)) if why == "not run" else ""
+    return f"{cell}: {why} ({note})" if note else f"{cell}: {why}"
 
 
 def missing_cells(findings: list[Finding], ours: pd.DataFrame, lent=LENT) -> pd.DataFrame:

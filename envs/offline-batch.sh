@@ -35,12 +35,12 @@
 # A measured cell can run out of memory where its search's probe fit (it runs more steps, and
 # the allocator's fragmentation can grow past what the probe showed): its record says oom,
 # and the cell at the next batch down whose probe fit runs next (llmbench.search.measured_batch).
-# A cell that a max-batch search probed at its batch starts only if the time left holds 1.5
+# A cell that a max-batch search probed at its batch starts only if the time left holds 1.25
 # times the probe's estimate of a repeat plus 20 s (python -m llmbench.search estimate: the
 # probe's set-up plus its seconds a step times the cell's steps, the protocol read from the
-# last --configfile; over 49 measured cells the wall time was 0.27-1.63 times it, median
-# 0.95); one repeat, as a cell stops between repeats at its job's deadline (below). Without
-# a probe, ESTIMATE_FROM="DIR ..." (optional: results folders, e.g. the reference runs)
+# last --configfile; how the committed cells' wall times compare with it: README, the
+# paragraph on offline-batch); one repeat, as a cell stops between repeats at its job's
+# deadline (below). Without a probe, ESTIMATE_FROM="DIR ..." (optional: results folders, e.g. the reference runs)
 # gives the same estimate from the cell's own record there with the most measured steps
 # (a sweep's 3 + 10 steps time a protocol rerun's 30 + 100): the cell starts only if the
 # time left holds that repeat plus 20 s (a cell of one repeat longer than a call is never
@@ -134,8 +134,8 @@ while (( i < ${#targets[@]} )); do
     [[ $t == *.json ]] && read -r est reps src < <(PYTHONPATH=$site_path python3 -m llmbench.search estimate \
         "$t" "$configfile" ${ESTIMATE_FROM:+--earlier $ESTIMATE_FROM} 2>/dev/null)
     if [[ $est =~ ^[0-9]+$ && $src == probe ]]; then
-        need=$((est * 3 / 2 + 20))
-        why="its search's probe puts a repeat at ${est}s (x 1.5 + 20 s: ${need}s)"
+        need=$((est * 5 / 4 + 20))
+        why="its search's probe puts a repeat at ${est}s (x 1.25 + 20 s: ${need}s)"
     elif [[ $est =~ ^[0-9]+$ ]]; then
         need=$((est + 20))
         why="its record in ${src%%/runs/*} puts a repeat at ${est}s (+ 20 s: ${need}s)"

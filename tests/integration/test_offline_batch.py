@@ -259,7 +259,7 @@ def test_seed_frontier_installs_then_seeds_before_the_first_target(batch, tmp_pa
 
 
 def test_a_searched_cell_starts_only_where_its_estimate_fits_the_time_left(tmp_path):
-    """A cell its search probed at that batch is weighed by its estimate of a repeat (1.5 x
+    """A cell its search probed at that batch is weighed by its estimate of a repeat (1.25 x
     + 20 s: a cell stops between repeats at its deadline), not by the longest target so far:
     one too long for the time left is not started; a short one starts though an earlier
     target took longer than the time left. Without a probe, its record in ESTIMATE_FROM's
@@ -274,7 +274,7 @@ def test_a_searched_cell_starts_only_where_its_estimate_fits_the_time_left(tmp_p
     target = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs203-g1/record.json"
     probe = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1/bs203/record.json"
     probe.parent.mkdir(parents=True)
-    probe.write_text(probe_record(wall_s=40, window_s=9.0))  # 70 s a repeat: needs 125 s
+    probe.write_text(probe_record(wall_s=40, window_s=9.0))  # 70 s a repeat: needs 107 s
     listing = tmp_path / "todo.txt"
     listing.write_text(f"{target}\n")
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
@@ -286,11 +286,11 @@ def test_a_searched_cell_starts_only_where_its_estimate_fits_the_time_left(tmp_p
             env={**os.environ, "OFFLINE_RUN": str(tmp_path / "fake-offline-run.sh"), "FAKE_S": "0",
                  "FIRST_S": str(first_s), "PATH": path, **env})
 
-    done = run(deadline_s=120, first_s=1)
+    done = run(deadline_s=100, first_s=1)
     assert done.returncode == 3, done.stdout + done.stderr
-    assert "its search's probe puts a repeat at 70s (x 1.5 + 20 s: 125s): stopping before" in done.stdout
+    assert "its search's probe puts a repeat at 70s (x 1.25 + 20 s: 107s): stopping before" in done.stdout
     assert not target.exists()
-    probe.write_text(probe_record(wall_s=4, window_s=1.5))  # 2.5 + 0.5 x 13 = 9 s a repeat: needs 33 s
+    probe.write_text(probe_record(wall_s=4, window_s=1.5))  # 2.5 + 0.5 x 13 = 9 s a repeat: needs 31 s
     done = run(deadline_s=200, first_s=1000)
     lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
     assert done.returncode == 0 and lines[0].startswith(f"offline-batch: {target}  ok  123.4 tok/s"), done.stdout

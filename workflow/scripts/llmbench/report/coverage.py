@@ -52,7 +52,8 @@ STAGES = {"pretrain": ("table3", "III, IV"), "finetune": ("table9", "IX")}
 ANSWERS = ("measured", "out of memory", "error", "timeout", "skipped", "predicted not to fit", "not run")
 COLUMNS = [
     "platform", "gpus", "stage", "paper_tables", "model", "technique", "answer", "status", "tokens_per_s",
-    "tokens_per_s_std", "cv", "cv_in_repeat", "drift_in_repeat", "warmup_steps", "measured_steps", "repeats", "paper_protocol", "run",
+    "tokens_per_s_std", "cv", "cv_in_repeat", "drift_in_repeat", "warmup_steps", "measured_steps", "repeats",
+    "paper_protocol", "run",
     "best_batch_size", "best_tokens_per_s", "searched_max_batch", "peak_mem_allocated_gib", "predicted_gib_bs1",
     "capacity_gib", "predicted_fits", "predicted_max_batch", "why", "to_do", "paper_a800_status",
 ]
@@ -271,8 +272,9 @@ def table(df: pd.DataFrame) -> render.Table:
         "each one's step-time std / mean (records that keep their step times), the spread within a process "
         "beside the CV's between processes; step drift in repeat: the median over repeats of the first third of "
         "its measured steps' mean step time over the last third's, less 1 (well above 0: its steps still sped up, "
-        "the warm-up did not reach the steady state, and the mean understates the cell). Best BS: the ok batch with the most tokens/s of any "
-        "run; Max BS searched: what a max-batch search found (Table IV). To do: what is left for the row; a row "
+        "the warm-up did not reach the steady state, and the mean understates the cell). Best BS: the ok batch "
+        "with the most tokens/s of any run; Max BS searched: what a max-batch search found (Table IV). To do: "
+        "what is left for the row; a row "
         "predicted not to fit is answered by the prediction and is not run. A measured answer wins over the "
         "prediction: where both disagree, the record is right and the model (or the platform file's host "
         "memory) is not.")

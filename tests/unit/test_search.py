@@ -517,6 +517,28 @@ def test_a_searched_cell_is_estimated_from_its_probe_and_its_own_protocol(tmp_pa
     assert search.main(["estimate", str(target), str(config)]) == 0 and capsys.readouterr().out == ""
 
 
+def test_a_plan_sums_the_estimates_of_a_target_list_and_names_what_it_cannot_time(tmp_path, capsys):
+    """Before a call or an allocation: each cell of the list timed as offline-batch would
+    time it (all its repeats), a search folder and a cell nothing times named as untimed."""
+    config = tmp_path / "config.yaml"
+    config.write_text(ESTIMATE_CONFIG)
+    cell = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs203-g1/record.json"
+    probe = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1/bs203/record.json"
+    probe.parent.mkdir(parents=True)
+    probe.write_text(probe_record(wall_s=40, window_s=9.0))  # 70 s a repeat, 2 repeats
+    untimed = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs100-g1/record.json"
+    folder = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1"
+    listing = tmp_path / "todo.txt"
+    listing.write_text(f"{cell}\n{folder}\n\n{untimed}\n")
+    assert search.main(["plan", str(listing), str(config)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"   140  {cell}  (2 x 70 s from probe)"
+    assert out[1].startswith(f"     ?  {folder}  (a search") and out[2].startswith(f"     ?  {untimed}  (no probe")
+    assert out[3] == "total: 140 s for 1 of 3 targets; 2 not timed (above)"
+    with pytest.raises(SystemExit):
+        search.main(["plan", str(tmp_path / "missing.txt"), str(config)])
+
+
 def test_without_a_probe_a_cell_is_estimated_from_its_own_earlier_record(tmp_path, capsys):
     """A cell no search probed (a protocol rerun of a swept cell) is timed by its record in
     the earlier results folders with the most measured steps: per repeat, its wall time a

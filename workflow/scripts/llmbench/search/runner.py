@@ -286,12 +286,33 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
     return Estimate(repeat_s=setup + window / run_steps * steps, repeats=cell.protocol.repeats, source=source)
 
 
+def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path | str] = ()) \
+        -> list[tuple[str, float | None, str]]:
+    """(target, seconds, why) for each target of a list such as envs/offline-batch.sh runs:
+    a cell's estimate_s times its repeats (why: where the estimate comes from), or None for
+    a search folder (its probes are not known before it runs) and a cell nothing times."""
+    out: list[tuple[str, float | None, str]] = []
+    for target in targets:
+        if not target.endswith(".json"):
+            out.append((target, None, "a search: its probes are not known before it runs"))
+            continue
+        est = estimate_s(target, configfile, earlier)
+        if est is None:
+            out.append((target, None, "no probe at its batch nor an earlier record of the cell"))
+        else:
+            out.append((target, math.ceil(est.repeat_s) * est.repeats,
+                        f"{est.repeats} x {math.ceil(est.repeat_s)} s from {est.source}"))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m llmbench.search seed-frontier RECORDS [--results DIR]`` (seed_frontier);
     ``python -m llmbench.search measured-target FOLDER`` (measured_target: prints the
     record path, or nothing where no batch fit); ``python -m llmbench.search estimate
     TARGET CONFIG [--earlier DIR ...]`` (estimate_s: prints a repeat's whole seconds, the
-    repeats and the source, or nothing where there is no estimate)."""
+    repeats and the source, or nothing where there is no estimate); ``python -m
+    llmbench.search plan LIST CONFIG [--earlier DIR ...]`` (plan: the seconds of each target
+    of a target list, then their sum and what it leaves out)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m llmbench.search", description=main.__doc__)
@@ -306,7 +327,24 @@ def main(argv: list[str] | None = None) -> int:
     estimate.add_argument("config", type=Path, help="the config whose cell it is")
     estimate.add_argument("--earlier", nargs="*", type=Path, default=[],
                           help="results folders whose records of the cell time it where no probe did")
+    planned = sub.add_parser("plan", help=plan.__doc__.split("\n")[0])
+    planned.add_argument("targets", type=Path, help="a file of targets, one a line (coverage targets writes one)")
+    planned.add_argument("config", type=Path, help="the config whose cells they are")
+    planned.add_argument("--earlier", nargs="*", type=Path, default=[],
+                         help="results folders whose records of a cell time it where no probe did")
     args = parser.parse_args(argv)
+    if args.command == "plan":
+        try:
+            listed = [t.strip() for t in args.targets.read_text().splitlines() if t.strip()]
+        except OSError as exc:
+            parser.exit(2, f"{exc}\n")
+        rows = plan(listed, args.config, args.earlier)
+        for target, secs, why in rows:
+            print(f"{'?' if secs is None else int(secs):>6}  {target}  ({why})")
+        timed = [secs for _, secs, _ in rows if secs is not None]
+        print(f"total: {int(sum(timed))} s for {len(timed)} of {len(rows)} targets"
+              + (f"; {len(rows) - len(timed)} not timed (above)" if len(timed) < len(rows) else ""))
+        return 0
     if args.command == "estimate":
         est = estimate_s(args.target, args.config, args.earlier)
         if est is not None:

@@ -3,9 +3,11 @@
 # invocation per target, so that a call that must end by a deadline (a lent machine's
 # 10-minute call, a Slurm allocation's last minutes) never starts a cell it cannot finish:
 # a cell killed half-way is GPU time spent on nothing. Before each target it checks that
-# the time left is at least the longest cell so far took (or FIRST_S before any has run),
-# and stops otherwise; a max-batch search needs FIRST_S only, as it starts no probe that its
-# job's deadline cannot hold (below). After each target it prints one line: the target, its status,
+# the time left is at least the longest cell so far took (or FIRST_S before any has run);
+# a target it cannot hold is not started, and the list goes on with the next ones (a shorter
+# cell, or a search, may still fit the time left; the list's order is its priority); a
+# max-batch search needs FIRST_S only, as it starts no probe that its job's deadline cannot
+# hold (below). After each target it prints one line: the target, its status,
 # tokens/s and the seconds the invocation took, so the log is the batch's table.
 #
 #   bash envs/offline-batch.sh .whl 540 todo.txt --configfile config/gpu-one-gpu-sweep.yaml \
@@ -146,9 +148,9 @@ while (( i < ${#targets[@]} )); do
     fi
     [[ $est =~ ^[0-9]+$ ]] && est=$((est * reps))  # the line after the cell gives the whole cell's
     if (( left < need )); then
-        echo "offline-batch: ${left}s left, $why: stopping before $t"
+        echo "offline-batch: ${left}s left, $why: not starting $t (later targets go on; the next call runs it)"
         rc=3
-        break
+        continue
     fi
     t0=$SECONDS
     # the deadline also bounds the target itself: a search's probes or a cell longer than

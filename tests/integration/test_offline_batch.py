@@ -67,8 +67,9 @@ def test_it_stops_before_a_target_the_time_left_cannot_hold(batch):
     assert done.returncode == 3, done.stderr
     lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
     assert lines[0].startswith(f"offline-batch: {targets[0]}  ok  123.4 tok/s ± 5.6  ")
-    assert "the longest cell took" in lines[1] and f"stopping before {targets[1]}" in lines[1]
-    assert targets[0].exists() and not targets[1].exists()
+    assert "the longest cell took" in lines[1] and f"not starting {targets[1]}" in lines[1]
+    assert f"not starting {targets[2]}" in lines[2]  # the list goes on: nor does the next fit
+    assert targets[0].exists() and not targets[1].exists() and not targets[2].exists()
     # passed through, after --rerun-incomplete: a target stopped at a deadline resumes
     assert (targets[0].parent / "record.json.args").read_text().split() == ["--rerun-incomplete", "--cores", "1"]
     # the same list again: the recorded target is skipped, the others run
@@ -258,6 +259,38 @@ def test_seed_frontier_installs_then_seeds_before_the_first_target(batch, tmp_pa
     assert not (tmp_path / "installs").exists()
 
 
+def test_a_target_the_time_left_cannot_hold_is_passed_over_for_a_later_one_that_fits(tmp_path):
+    """The list's order is its priority, but a long cell first does not keep the shorter
+    ones after it from the time left: it is not started, they run, the exit status says
+    a target was left."""
+    import sys
+
+    from search_fixtures import ESTIMATE_CONFIG, probe_record
+
+    config = tmp_path / "config.yaml"
+    config.write_text(ESTIMATE_CONFIG)
+    (tmp_path / "fake-offline-run.sh").write_text(STAND_IN)
+    cells = {}
+    for bs, (wall, window) in {203: (40, 9.0), 10: (4, 1.5)}.items():  # 70 s a repeat; 9 s
+        cells[bs] = tmp_path / f"results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs{bs}-g1/record.json"
+        probe = tmp_path / f"results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1/bs{bs}/record.json"
+        probe.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_text(probe_record(wall_s=wall, window_s=window))
+    listing = tmp_path / "todo.txt"
+    listing.write_text(f"{cells[203]}\n{cells[10]}\n")
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    done = subprocess.run(
+        ["bash", str(REPO / "envs/offline-batch.sh"), "WHL", "60", str(listing), "--cores", "1",
+         "--configfile", str(config)], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "OFFLINE_RUN": str(tmp_path / "fake-offline-run.sh"), "FAKE_S": "0", "FIRST_S": "1",
+             "PATH": path})
+    lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert f"(x 1.25 + 20 s: 107s): not starting {cells[203]}" in lines[0]
+    assert lines[1].startswith(f"offline-batch: {cells[10]}  ok  123.4 tok/s")
+    assert cells[10].exists() and not cells[203].exists()
+
+
 def test_a_searched_cell_starts_only_where_its_estimate_fits_the_time_left(tmp_path):
     """A cell its search probed at that batch is weighed by its estimate of a repeat (1.25 x
     + 20 s: a cell stops between repeats at its deadline), not by the longest target so far:
@@ -288,7 +321,7 @@ def test_a_searched_cell_starts_only_where_its_estimate_fits_the_time_left(tmp_p
 
     done = run(deadline_s=100, first_s=1)
     assert done.returncode == 3, done.stdout + done.stderr
-    assert "its search's probe puts a repeat at 70s (x 1.25 + 20 s: 107s): stopping before" in done.stdout
+    assert "its search's probe puts a repeat at 70s (x 1.25 + 20 s: 107s): not starting" in done.stdout
     assert not target.exists()
     probe.write_text(probe_record(wall_s=4, window_s=1.5))  # 2.5 + 0.5 x 13 = 9 s a repeat: needs 31 s
     done = run(deadline_s=200, first_s=1000)
@@ -303,7 +336,7 @@ def test_a_searched_cell_starts_only_where_its_estimate_fits_the_time_left(tmp_p
     earlier.parent.mkdir(parents=True)
     earlier.write_text(probe_record(wall_s=40, window_s=9.0))
     done = run(deadline_s=80, first_s=1, ESTIMATE_FROM=str(sweep))
-    assert done.returncode == 3 and f"its record in {sweep} puts a repeat at 70s (+ 20 s: 90s): stopping before" \
+    assert done.returncode == 3 and f"its record in {sweep} puts a repeat at 70s (+ 20 s: 90s): not starting" \
         in done.stdout, done.stdout + done.stderr
     done = run(deadline_s=100, first_s=1000, ESTIMATE_FROM=str(sweep))
     assert done.returncode == 0 and "s (estimated 140s)" in done.stdout, done.stdout + done.stderr

@@ -529,7 +529,7 @@ def test_a_plan_sums_the_estimates_of_a_target_list_and_names_what_it_cannot_tim
     untimed = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs100-g1/record.json"
     folder = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1"
     listing = tmp_path / "todo.txt"
-    listing.write_text(f"{cell}\n{folder}\n\n{untimed}\n")
+    listing.write_text(f"# a comment\n{cell}\n{folder}\n\n{untimed}\n")
     assert search.main(["plan", str(listing), str(config)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"   140  {cell}  (2 x 70 s from probe)"

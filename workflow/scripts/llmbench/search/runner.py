@@ -335,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "plan":
         try:
-            listed = [t.strip() for t in args.targets.read_text().splitlines() if t.strip()]
+            lines = (t.strip() for t in args.targets.read_text().splitlines())
+            listed = [t for t in lines if t and not t.startswith("#")]  # as offline-batch reads it
         except OSError as exc:
             parser.exit(2, f"{exc}\n")
         rows = plan(listed, args.config, args.earlier)

@@ -300,8 +300,8 @@ def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path 
         if est is None:
             out.append((target, None, "no probe at its batch nor an earlier record of the cell"))
         else:
-            out.append((target, math.ceil(est.repeat_s) * est.repeats,
-                        f"{est.repeats} x {math.ceil(est.repeat_s)} s from {est.source}"))
+            repeat = math.ceil(est.repeat_s)  # whole seconds, as estimate prints it
+            out.append((target, repeat * est.repeats, f"{est.repeats} x {repeat} s from {est.source}"))
     return out
 
 
@@ -322,16 +322,15 @@ def main(argv: list[str] | None = None) -> int:
     seed.add_argument("--results", type=Path, default=Path("results"), help="results folder of the frontier files")
     measured = sub.add_parser("measured-target", help=measured_target.__doc__.split("\n")[0])
     measured.add_argument("folder", type=Path, help="a finished search's folder (holding search.json)")
-    estimate = sub.add_parser("estimate", help=estimate_s.__doc__.split("\n")[0])
+    timing = argparse.ArgumentParser(add_help=False)  # what estimate and plan time a cell by
+    timing.add_argument("--earlier", nargs="*", type=Path, default=[],
+                        help="results folders whose records of a cell time it where no probe did")
+    estimate = sub.add_parser("estimate", parents=[timing], help=estimate_s.__doc__.split("\n")[0])
     estimate.add_argument("target", type=Path, help="a training cell's record path")
     estimate.add_argument("config", type=Path, help="the config whose cell it is")
-    estimate.add_argument("--earlier", nargs="*", type=Path, default=[],
-                          help="results folders whose records of the cell time it where no probe did")
-    planned = sub.add_parser("plan", help=plan.__doc__.split("\n")[0])
+    planned = sub.add_parser("plan", parents=[timing], help=plan.__doc__.split("\n")[0])
     planned.add_argument("targets", type=Path, help="a file of targets, one a line (coverage targets writes one)")
     planned.add_argument("config", type=Path, help="the config whose cells they are")
-    planned.add_argument("--earlier", nargs="*", type=Path, default=[],
-                         help="results folders whose records of a cell time it where no probe did")
     args = parser.parse_args(argv)
     if args.command == "plan":
         try:

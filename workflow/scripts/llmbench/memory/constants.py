@@ -175,8 +175,8 @@ ZERO3_MAX_LIVE_PARAMETERS = 1e9
 #: memory, for 200 and 232. Without recomputation, near the limit (7B and 13B LoRA and
 #: QLoRA at their largest batch on one H100 and one H200), 2.2-7.5 GiB, where the logits'
 #: term alone gave 0.5-3 (a median error of 3.0 GiB, 1.1 with the activations' share).
-CACHED_LOGITS_BYTES = 7.5
-CACHED_ACTIVATION_FRACTION = 0.036
+CACHED_LOGITS_BYTES = 7.9
+CACHED_ACTIVATION_FRACTION = 0.038
 
 #: Safety margin: a cell fits when its predicted reserved peak (the allocated peak plus
 #: the allocator's cached share) x (1 + MARGIN) is at most the platform's gpu_memory_gib.

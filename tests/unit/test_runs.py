@@ -158,14 +158,15 @@ def test_of_several_folders_of_one_search_the_fuller_one_is_read(tmp_path):
     answered from its frontier file) is read from there; a folder without the search's
     summary (stopped, or only its probes copied) is not read; a tie goes to the later folder.
     A search that found its answer is read before one a probe's error stopped, whatever their
-    probes (h100 llama2-7b QL: 4 probes to an NCCL error, then afresh, 2 probes to batch 20)."""
+    probes (h100 llama2-7b QL: 4 probes to an NCCL error, then afresh, 2 probes to batch 20),
+    and one that found a batch too large before one that stopped at its cap."""
     import json
 
-    def folder(run, technique, n_probes, status="ok"):
+    def folder(run, technique, n_probes, status="ok", **summary):
         f = tmp_path / run / f"runs/search/finetune/h100/llama2-7b/deepspeed/{technique}-g1"
         f.mkdir(parents=True)
         if n_probes is not None:
-            (f / "search.json").write_text(json.dumps({"n_probes": n_probes, "status": status}))
+            (f / "search.json").write_text(json.dumps({"n_probes": n_probes, "status": status, **summary}))
         return str(f)
 
     early_l, late_l = folder("2026-01-01-a", "L", 2), folder("2026-01-02-b", "L", 5)
@@ -177,3 +178,8 @@ def test_of_several_folders_of_one_search_the_fuller_one_is_read(tmp_path):
     assert runs.choose_searches([answered, errored]) == [answered]
     timed_out, answered_earlier = folder("2026-01-02-b", "L+Z2", 6, "timeout"), folder("2026-01-01-a", "L+Z2", 5)
     assert runs.choose_searches([answered_earlier, timed_out]) == [answered_earlier]
+    # one that stopped at its cap (every probe fit) is a lower bound: a later search past the
+    # cap that found the edge is read, though it ran fewer probes
+    capped = folder("2026-01-02-b", "R+Q", 10, smallest_oom=None, largest_ok=128, max_batch=128)
+    bounded = folder("2026-01-01-a", "R+Q", 3, smallest_oom=232, largest_ok=231, max_batch=1024)
+    assert runs.choose_searches([capped, bounded]) == [bounded]

@@ -23,8 +23,11 @@ A max-batch search several folders hold (its folder's path below each results fo
 same) is read from one of them (choose_searches): one with its summary before one without,
 then a search that ended with an answer (status ok) before one a probe's error or timeout
 stopped (a search run again after such a stop may start afresh, with fewer probes), then
-the one with more probes (a search resumed in a later run holds the earlier run's probes,
-answered from its frontier file), then the folder name last in sort order.
+one that found a batch too large for the GPU (``smallest_oom``) before one that stopped at
+its cap with every probe fitting (its answer only a lower bound: one H100's 7B R+Q searched
+to a cap of 128, then past it to 231), then the one with more probes (a search resumed in a
+later run holds the earlier run's probes, answered from its frontier file), then the folder
+name last in sort order.
 """
 
 from __future__ import annotations
@@ -167,7 +170,8 @@ def choose_searches(folders: Iterable[str | Path]) -> list[str]:
             continue
         parsed = cells.parse(folder, (cells.SEARCH_PATTERN,))
         search = identity(folder, (cells.SEARCH_PATTERN,))
-        key = (summary.get("status") == "ok", int(summary.get("n_probes") or 0),
+        key = (summary.get("status") == "ok", summary.get("smallest_oom") is not None,
+               int(summary.get("n_probes") or 0),
                "" if parsed is None else Path(parsed.root).name)
         if search not in best or key > best[search][0]:
             best[search] = (key, folder)

@@ -57,8 +57,10 @@
 # SEED_FRONTIER="DIR ..." (optional): before the first target, the frontier files are rebuilt
 # from the probe records under each DIR (python -m llmbench.search seed-frontier), so that a
 # search whose cells a committed reference run already probed (same platform file, same
-# spec) starts from those outcomes on a fresh machine; the wheels are installed first
-# (offline-run.sh --install-only), for llmbench.search's yaml and jsonschema.
+# spec) starts from those outcomes on a fresh machine; a DIR holding a stopped search's
+# frontier with its kept probes (<technique>-g<gpus>.probes/, saved before the machine went
+# back) gives the resumed search those probes' own records and logs. The wheels are
+# installed first (offline-run.sh --install-only), for llmbench.search's yaml and jsonschema.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 whl=${1:?usage: offline-batch.sh WHEELHOUSE DEADLINE_S TARGETS_FILE [snakemake arguments]}

@@ -3,6 +3,7 @@
 import json
 import random
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -413,6 +414,49 @@ def test_seed_frontier_rebuilds_a_lost_frontier_from_probe_records(tmp_path, mon
     before = frontier.read_text()
     assert search.seed_frontier(tmp_path / "probes3", results) == {}
     assert frontier.read_text() == before
+
+
+def test_seed_frontier_from_kept_probes_puts_their_own_records_back(tmp_path, monkeypatch, repo):
+    """A stopped search's kept probes (``<technique>-g<gpus>.probes/``, saved when its
+    machine was given back) seed the next machine's frontier, and the resumed search's
+    folder gets those probes' own records and logs back, not skipped answers: they were
+    run, and no committed folder holds them."""
+    from llmbench import cells, grid, launch
+    from llmbench.record import Metrics, Record, read, write
+
+    def fake_run_cell(spec, record_path, log, threads=1, gpu_busy=None):
+        bs = spec["cell"]["batch_size"]
+        rec = (Record(cell=spec["cell"], status="ok", metrics=Metrics(peak_rss_gib=0.5 + 0.1 * bs),
+                      provenance={"spec": spec, "finished": "then"})
+               if bs <= 9 else Record(cell=spec["cell"], status="oom", reason="over the cap", provenance={"spec": spec}))
+        write(rec, record_path)
+        Path(log).write_text(f"probe at {bs}\n")
+        return rec
+
+    monkeypatch.setattr(launch, "run_cell", fake_run_cell)
+    base = {"protocol": {"warmup_steps": 1, "measured_steps": 2, "repeats": 1, "seq_len": 16, "timeout_s": 60},
+            "pretrain": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive"],
+                          "max_batch": {"max": 32}, "mem_cap_gib": 2.0}]}
+    g = grid.expand(base, repo)
+    s = g.searches[0]
+    first_machine, next_machine = tmp_path / "m1" / "results", tmp_path / "m2" / "results"
+    folder = first_machine / cells.SEARCH_PATTERN.format(**s.key)
+    first = search.run(g.spec(s), folder, Path(s.frontier_path(str(first_machine))), tmp_path / "a.log")
+    ran = [p["batch_size"] for p in first["probes"] if p["source"] == "run"]
+    # what is saved of the first machine: its frontier file and the kept probes beside it
+    saved = tmp_path / "saved"
+    shutil.copytree(first_machine / "frontier", saved / "frontier")
+
+    frontier = Path(s.frontier_path(str(next_machine)))
+    assert search.seed_frontier(saved, next_machine) == {str(frontier): len(ran)}
+    resumed = next_machine / cells.SEARCH_PATTERN.format(**s.key)
+    again = search.run(g.spec(s), resumed, frontier, tmp_path / "b.log")
+    assert again["largest_ok"] == first["largest_ok"] and {p["source"] for p in again["probes"]} == {"frontier"}
+    for bs in ran:
+        rec = read(resumed / f"bs{bs}" / "record.json")
+        assert rec.status in ("ok", "oom") and rec.provenance.get("finished") == read(
+            folder / f"bs{bs}" / "record.json").provenance.get("finished")
+        assert (resumed / f"bs{bs}" / "probe.log").read_text() == f"probe at {bs}\n"
 
 
 def test_the_algorithm_is_pure():

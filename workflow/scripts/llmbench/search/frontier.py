@@ -215,9 +215,13 @@ def seed_frontier(records_root: Path | str, results_dir: Path | str) -> dict[str
     fingerprint, and outcomes land only in a frontier of the same fingerprint: a search of
     a changed cell ignores them, and a frontier file already there is never replaced by
     one of another fingerprint, nor are its own outcomes overwritten. Answers that came
-    from a frontier (skipped records) are not re-added. Returns the outcomes added per
-    frontier file."""
-    from ..cells import FRONTIER_PATTERN, Cell
+    from a frontier (skipped records) are not re-added. A record that is a frontier's kept
+    copy (``<technique>-g<gpus>.probes/bs<N>/``, a stopped search's own probe, in no
+    committed search folder) is kept beside the seeded file too, as the search's folder
+    under ``results_dir``: the resumed search puts the probe's own record and log back
+    (Frontier.restore) rather than a skipped one. Returns the outcomes added per frontier
+    file."""
+    from ..cells import FRONTIER_PATTERN, PROBE_DIR, SEARCH_PATTERN, Cell
     from ..record import read
 
     added: dict[str, int] = {}
@@ -238,6 +242,11 @@ def seed_frontier(records_root: Path | str, results_dir: Path | str) -> dict[str
         if frontier.fingerprint != fp or cell.batch_size in frontier.probes or (rec.status == "ok" and peak is None):
             continue
         frontier.keep(cell.batch_size, rec.status, peak, rec.provenance.get("finished", ""), rec.reason)
+        if path.parent.parent.name.endswith(".probes"):
+            probe_dir = Path(results_dir) / SEARCH_PATTERN.format(**cell.key) / PROBE_DIR.format(**cell.key)
+            if path.parent.resolve() != frontier.kept_dir(cell.batch_size).resolve():
+                shutil.copytree(path.parent, frontier.kept_dir(cell.batch_size), dirs_exist_ok=True)
+            frontier.probes[cell.batch_size]["record"] = str(probe_dir / "record.json")
         added[str(target)] = added.get(str(target), 0) + 1
     for target, frontier in frontiers.items():
         if str(target) in added:

@@ -368,12 +368,10 @@ def test_search_table_has_no_probe_throughput_where_the_frontier_answered_the_pr
     assert pd.isna(row["probe_tokens_per_s"]) and pd.isna(row["measured_over_probe"])
 
 
-def test_seed_frontier_rebuilds_a_lost_frontier_from_probe_records(tmp_path, monkeypatch, repo):
-    """A search whose frontier file is gone (a GPU machine given back, a results folder
-    lost) resumes from its probe records once seed-frontier has read them; records of
-    another fingerprint, and answers that came from a frontier, are not taken; a frontier
-    file of another fingerprint is left as it is."""
-    from llmbench import grid, launch
+def _probes_fit_to_9(monkeypatch) -> list[int]:
+    """Probes that run nothing: batch 9 and below fit (host RSS 0.5 + 0.1 GiB an element),
+    above it out of memory; each writes its record and a log line. Returns the batches run."""
+    from llmbench import launch
     from llmbench.record import Metrics, Record, write
 
     ran = []
@@ -385,12 +383,29 @@ def test_seed_frontier_rebuilds_a_lost_frontier_from_probe_records(tmp_path, mon
                       provenance={"spec": spec, "finished": "then"})
                if bs <= 9 else Record(cell=spec["cell"], status="oom", reason="over the cap", provenance={"spec": spec}))
         write(rec, record_path)
+        Path(log).write_text(f"probe at {bs}\n")
         return rec
 
     monkeypatch.setattr(launch, "run_cell", fake_run_cell)
-    base = {"protocol": {"warmup_steps": 1, "measured_steps": 2, "repeats": 1, "seq_len": 16, "timeout_s": 60},
+    return ran
+
+
+def _capped_search_grid() -> dict:
+    """One tiny CPU pre-training search under a 2 GiB host cap."""
+    return {"protocol": {"warmup_steps": 1, "measured_steps": 2, "repeats": 1, "seq_len": 16, "timeout_s": 60},
             "pretrain": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive"],
                           "max_batch": {"max": 32}, "mem_cap_gib": 2.0}]}
+
+
+def test_seed_frontier_rebuilds_a_lost_frontier_from_probe_records(tmp_path, monkeypatch, repo):
+    """A search whose frontier file is gone (a GPU machine given back, a results folder
+    lost) resumes from its probe records once seed-frontier has read them; records of
+    another fingerprint, and answers that came from a frontier, are not taken; a frontier
+    file of another fingerprint is left as it is."""
+    from llmbench import grid
+
+    ran = _probes_fit_to_9(monkeypatch)
+    base = _capped_search_grid()
     g = grid.expand(base, repo)
     s = g.searches[0]
     results = tmp_path / "results"
@@ -421,23 +436,10 @@ def test_seed_frontier_from_kept_probes_puts_their_own_records_back(tmp_path, mo
     machine was given back) seed the next machine's frontier, and the resumed search's
     folder gets those probes' own records and logs back, not skipped answers: they were
     run, and no committed folder holds them."""
-    from llmbench import cells, grid, launch
-    from llmbench.record import Metrics, Record, read, write
+    from llmbench import cells, grid
 
-    def fake_run_cell(spec, record_path, log, threads=1, gpu_busy=None):
-        bs = spec["cell"]["batch_size"]
-        rec = (Record(cell=spec["cell"], status="ok", metrics=Metrics(peak_rss_gib=0.5 + 0.1 * bs),
-                      provenance={"spec": spec, "finished": "then"})
-               if bs <= 9 else Record(cell=spec["cell"], status="oom", reason="over the cap", provenance={"spec": spec}))
-        write(rec, record_path)
-        Path(log).write_text(f"probe at {bs}\n")
-        return rec
-
-    monkeypatch.setattr(launch, "run_cell", fake_run_cell)
-    base = {"protocol": {"warmup_steps": 1, "measured_steps": 2, "repeats": 1, "seq_len": 16, "timeout_s": 60},
-            "pretrain": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive"],
-                          "max_batch": {"max": 32}, "mem_cap_gib": 2.0}]}
-    g = grid.expand(base, repo)
+    _probes_fit_to_9(monkeypatch)
+    g = grid.expand(_capped_search_grid(), repo)
     s = g.searches[0]
     first_machine, next_machine = tmp_path / "m1" / "results", tmp_path / "m2" / "results"
     folder = first_machine / cells.SEARCH_PATTERN.format(**s.key)

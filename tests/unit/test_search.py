@@ -1,6 +1,7 @@
 """The max-batch search: exact, within its probe bound, frontier read and written."""
 
 import json
+import math
 import random
 import re
 import shutil
@@ -583,6 +584,48 @@ def test_a_plan_sums_the_estimates_of_a_target_list_and_names_what_it_cannot_tim
     assert out[3] == "total: 140 s for 1 of 3 targets; 2 not timed (above)"
     with pytest.raises(SystemExit):
         search.main(["plan", str(tmp_path / "missing.txt"), str(config)])
+
+
+def test_a_plan_times_a_search_at_the_hint_from_the_largest_batch_an_earlier_folder_ran(tmp_path, capsys):
+    """A search not yet run: PLAN_PROBES probes (1 + 2 steps) and the cell's 2 repeats
+    (3 + 10 steps) at the memory model's hint, each the set-up plus its steps at the seconds a
+    token of the earlier record with the largest batch (another GPU's probe at 100, not this
+    GPU's batch-1 cell, which is host-bound). A search an earlier folder finished is its
+    cell alone, timed by its probe there."""
+    from llmbench import grid as grids, memory
+    from llmbench.search.runner import PLAN_PROBES
+
+    config = tmp_path / "config.yaml"
+    config.write_text(ESTIMATE_CONFIG)
+    ref = tmp_path / "ref"
+    other = ref / "runs/search/finetune/h200/llama2-7b/deepspeed/L+R-g1/bs100/record.json"
+    other.parent.mkdir(parents=True)
+    other.write_text(probe_record(wall_s=40, window_s=30.0))  # 10 s set-up; 10 s a step at 100
+    small = ref / "runs/finetune/h100/llama2-7b/deepspeed/L+R/bs1-g1/record.json"
+    small.parent.mkdir(parents=True)
+    small.write_text(probe_record(wall_s=20, window_s=15.0))  # 5 s a step at batch 1
+    folder = "results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1"
+    listing = tmp_path / "todo.txt"
+    listing.write_text(f"{folder}\n")
+    g = grids.load(config)
+    hint = memory.start_hint(g.spec(g.searches[0]))
+    step = 10.0 / 100 * hint
+    want = math.ceil(PLAN_PROBES * (10 + 3 * step) + 2 * (10 + 13 * step))
+    assert search.main(["plan", str(listing), str(config), "--earlier", str(ref)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (f"{want:>6}  {folder}  (a search: {PLAN_PROBES} probes and 2 repeat(s) at batch {hint}, "
+                      f"{step:.1f} s a step from {other})")
+    # searched in the earlier folder: the cell at its largest batch, timed by the probe there
+    done = ref / folder.removeprefix("results/")
+    done.mkdir(parents=True)
+    (done / "search.json").write_text(json.dumps({"largest_ok": 100, "probes": [
+        {"batch_size": 100, "status": "ok"}]}))
+    probe = done / "bs100/record.json"
+    probe.parent.mkdir(parents=True)
+    probe.write_text(probe_record(wall_s=40, window_s=30.0))
+    assert search.main(["plan", str(listing), str(config), "--earlier", str(ref)]) == 0
+    cell = ref / "runs/finetune/h100/llama2-7b/deepspeed/L+R/bs100-g1/record.json"
+    assert capsys.readouterr().out.splitlines()[0] == f"   280  {cell}  (2 x 140 s from probe)"
 
 
 def test_without_a_probe_a_cell_is_estimated_from_its_own_earlier_record(tmp_path, capsys):

@@ -286,15 +286,86 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
     return Estimate(repeat_s=setup + window / run_steps * steps, repeats=cell.protocol.repeats, source=source)
 
 
+#: the probes plan counts for a search: about what the committed searches need from the
+#: memory model's hint (python -m llmbench.memory replay: 221 probes for 72 searches)
+PLAN_PROBES = 3
+
+
+def search_estimate_s(folder: Path | str, configfile: Path | str, earlier: Sequence[Path | str] = ()) \
+        -> tuple[float, str] | None:
+    """(seconds, why) a search folder's search and the cell it measures should take, for a
+    plan: PLAN_PROBES probes and the cell's repeats, all at the memory model's hint (the
+    search's start where the model does not apply), each its set-up plus its steps. The
+    seconds a token and the set-up come from the ok record or probe of the same cell (any
+    platform, any batch) in ``earlier`` with the largest batch (the same platform's first
+    where batches tie): a large batch's seconds a token is what the searched batch runs at,
+    where batch 1's is often host-bound. On another GPU the figure carries that GPU's speed
+    (an H200 ran the rows both searched 1.1-1.35 times as fast as an H100 at their largest
+    batches). None where the config has no such search or ``earlier`` no such record."""
+    from .. import memory
+    from ..grid import load
+
+    parsed = cells.parse(str(folder).rstrip("/"), (cells.SEARCH_PATTERN,))
+    if parsed is None:
+        return None
+    try:
+        grid = load(Path(configfile))
+        found = grid.find_search(**parsed.wildcards)
+    except (KeyError, LookupError, ValueError):
+        return None
+    spec = grid.spec(found)
+    batch = memory.start_hint(spec) or found.start
+    key = {**parsed.wildcards, "platform": "*", "batch_size": "*"}
+    best = None
+    for d in earlier:
+        for pattern in (cells.RECORD_PATTERN, cells.PROBE_RECORD_PATTERN):
+            for path in Path(d).glob(pattern.format(**key)):
+                ref = cells.parse(str(path), (pattern,))
+                try:
+                    rec = json.loads(path.read_text())
+                    ref_batch = int(ref.wildcards["batch_size"])
+                    seq = int(rec["cell"]["protocol"].get("seq_len") or found.cell.protocol.seq_len)
+                except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                    continue
+                if (timing := _timing(rec)) is None:
+                    continue
+                rank = (ref_batch, ref.wildcards["platform"] == parsed.wildcards["platform"])
+                if best is None or rank > best[0]:
+                    best = (rank, timing, seq, str(path))
+    if best is None:
+        return None
+    (ref_batch, _), (setup, window, steps, _), seq, source = best
+    step_s = window / steps / (ref_batch * seq) * batch * found.cell.protocol.seq_len
+    probe_steps = found.probe_protocol.warmup_steps + found.probe_protocol.measured_steps
+    cell = found.cell.protocol
+    total = (PLAN_PROBES * (setup + probe_steps * step_s)
+             + cell.repeats * (setup + (cell.warmup_steps + cell.measured_steps) * step_s))
+    far = f"; its batch {ref_batch} is far below, so an upper bound" if 4 * ref_batch < batch else ""
+    return total, (f"{PLAN_PROBES} probes and {cell.repeats} repeat(s) at batch {batch}, {step_s:.1f} s a step "
+                   f"from {source}{far}")
+
+
 def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path | str] = ()) \
         -> list[tuple[str, float | None, str]]:
     """(target, seconds, why) for each target of a list such as envs/offline-batch.sh runs:
-    a cell's estimate_s times its repeats (why: where the estimate comes from), or None for
-    a search folder (its probes are not known before it runs) and a cell nothing times."""
+    a cell's estimate_s times its repeats (why: where the estimate comes from), a search
+    folder's search_estimate_s (its probes are not known before it runs: a rougher figure),
+    or None where nothing times the target."""
     out: list[tuple[str, float | None, str]] = []
     for target in targets:
+        searched = [Path(d) / target.removeprefix("results/") for d in earlier]
+        searched = [f for f in searched if (f / cells.SEARCH_SUMMARY).is_file()]
+        if not target.endswith(".json") and searched:
+            # searched in an earlier folder (offline-batch's SKIP_RECORDED): its cell alone
+            cell = measured_target(searched[0])
+            if cell is None:
+                out.append((target, 0, f"searched in {searched[0]}: no batch fit"))
+                continue
+            target = cell
         if not target.endswith(".json"):
-            out.append((target, None, "a search: its probes are not known before it runs"))
+            est = search_estimate_s(target, configfile, earlier)
+            out.append((target, None, "a search: no earlier record of its cell times it") if est is None
+                       else (target, math.ceil(est[0]), f"a search: {est[1]}"))
             continue
         est = estimate_s(target, configfile, earlier)
         if est is None:

@@ -299,9 +299,9 @@ def search_estimate_s(folder: Path | str, configfile: Path | str, earlier: Seque
     seconds a token and the set-up come from the ok record or probe of the same cell (any
     platform, any batch) in ``earlier`` with the largest batch (the same platform's first
     where batches tie): a large batch's seconds a token is what the searched batch runs at,
-    where batch 1's is often host-bound. On another GPU the figure carries that GPU's speed
-    (an H200 ran the rows both searched 1.1-1.35 times as fast as an H100 at their largest
-    batches). None where the config has no such search or ``earlier`` no such record."""
+    where batch 1's is often host-bound. From another GPU the figure carries that GPU's
+    speed (from a slower one, an over-estimate). None where the config has no such search
+    or ``earlier`` no such record."""
     from .. import memory
     from ..grid import load
 
@@ -353,13 +353,14 @@ def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path 
     or None where nothing times the target."""
     out: list[tuple[str, float | None, str]] = []
     for target in targets:
-        searched = [Path(d) / target.removeprefix("results/") for d in earlier]
-        searched = [f for f in searched if (f / cells.SEARCH_SUMMARY).is_file()]
-        if not target.endswith(".json") and searched:
+        searched = [] if target.endswith(".json") else [
+            f for d in earlier if ((f := Path(d) / target.removeprefix("results/")) / cells.SEARCH_SUMMARY).is_file()]
+        if searched:
             # searched in an earlier folder (offline-batch's SKIP_RECORDED): its cell alone
             cell = measured_target(searched[0])
-            if cell is None:
-                out.append((target, 0, f"searched in {searched[0]}: no batch fit"))
+            if cell is None or Path(cell).is_file():
+                why = "no batch fit" if cell is None else "its cell measured there too"
+                out.append((target, 0, f"searched in {searched[0]}: {why}"))
                 continue
             target = cell
         if not target.endswith(".json"):

@@ -20,7 +20,7 @@
 # from `coverage targets ... --to-do "search the largest batch"`): once the search has
 # found its batch, the cell it measures there runs next (python -m llmbench.search
 # measured-target), under the same deadline. Exit status: 0 when every target ran (whatever its record's status),
-# 3 when the deadline left targets unstarted, else Snakemake's. OFFLINE_RUN names the script
+# 3 when the deadline left targets unstarted, 2 when SKIP_RECORDED could not be read, else Snakemake's. OFFLINE_RUN names the script
 # that runs one target (default envs/offline-run.sh; tests/integration/test_offline_batch.py
 # gives a stand-in). A cell longer than a call: give the list again, call after call; its
 # finished repeats carry over (llmbench.launch). A target still running
@@ -53,7 +53,8 @@
 # once its search.json and the cell it measures are there), so the same list can go to a
 # fresh machine after its records were committed. A search folder one of them holds without
 # the cell it measures (never measured, or measured at a batch that then ran out of memory)
-# becomes that cell's target alone: the search is not run again.
+# becomes that cell's target alone: the search is not run again (python -m llmbench.search
+# recorded-in, with the wheels installed first; where it fails the batch stops, exit 2).
 # SEED_FRONTIER="DIR ..." (optional): before the first target, the frontier files are rebuilt
 # from the probe records under each DIR (python -m llmbench.search seed-frontier), so that a
 # search whose cells a committed reference run already probed (same platform file, same
@@ -71,8 +72,9 @@ start=$SECONDS
 first=${FIRST_S:-60}
 longest=$first
 site_path=workflow/scripts:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+# llmbench.search (seed-frontier, recorded-in) reads yaml and jsonschema: the wheels first
+[[ -n ${SEED_FRONTIER:-}${SKIP_RECORDED:-} ]] && bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" --install-only
 if [[ -n ${SEED_FRONTIER:-} ]]; then
-    bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" --install-only
     for d in $SEED_FRONTIER; do
         PYTHONPATH=$site_path python3 -m llmbench.search seed-frontier "$d" | sed 's/^/offline-batch: seed: /'
     done
@@ -86,23 +88,15 @@ mapfile -t targets < <(grep -v '^\s*\(#\|$\)' "$list")
 # SKIP_RECORDED: "skip DIR" where the results folder DIR (DIR/runs/...) holds target
 # results/runs/... (a search folder once the cell it measures is there too); else "cell
 # TARGET" where one holds the search but not that cell (TARGET: the cell's path beside the
-# given one); status 1 where none holds it
+# given one); status 1 where none holds it, 2 where it cannot tell (python -m
+# llmbench.search recorded-in failed: its error is on stderr)
 recorded_in() {
-    local rel=${1#*results/} d measured cell=""
-    for d in ${SKIP_RECORDED:-}; do
-        [[ -e $d/$rel ]] || continue
-        if [[ $1 != *.json ]]; then  # a search: recorded once the cell it measures is too
-            measured=$(PYTHONPATH=$site_path python3 -m llmbench.search measured-target "$d/$rel" 2>/dev/null) \
-                || continue
-            if [[ -n $measured && ! -e $measured ]]; then
-                [[ -n $cell ]] || cell="${1%"$rel"}${measured#"$d"/}"
-                continue
-            fi
-        fi
-        echo "skip $d"
-        return 0
-    done
-    [[ -n $cell ]] && echo "cell $cell"
+    [[ -n ${SKIP_RECORDED:-} ]] || return 1
+    local found
+    # shellcheck disable=SC2086  # SKIP_RECORDED is a list of folders
+    found=$(PYTHONPATH=$site_path python3 -m llmbench.search recorded-in "$1" $SKIP_RECORDED) || return 2
+    [[ $found == none ]] && return 1
+    echo "$found"
 }
 # the config the targets' cells come from (the estimates read their protocol there): the
 # last --configfile, else the embedded default
@@ -124,7 +118,14 @@ i=0
 while (( i < ${#targets[@]} )); do
     t=${targets[i]}
     i=$((i + 1))
-    if found=$(recorded_in "$t"); then
+    found=$(recorded_in "$t")
+    frc=$?
+    if (( frc == 2 )); then
+        echo "offline-batch: $t  cannot tell whether SKIP_RECORDED holds it (above): the batch stops here"
+        rc=2
+        break
+    fi
+    if (( frc == 0 )); then
         if [[ $found == "skip "* ]]; then
             echo "offline-batch: $t  already recorded in ${found#skip }: skipped"
         else

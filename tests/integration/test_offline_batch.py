@@ -165,6 +165,22 @@ def test_a_search_folder_is_followed_by_the_cell_it_measures(batch, tmp_path):
     assert done.returncode == 0 and len(lines) == 1 and "largest batch None" in lines[0]
 
 
+def test_a_skip_recorded_folder_it_cannot_read_stops_the_batch(batch, tmp_path):
+    """SKIP_RECORDED is read by python -m llmbench.search recorded-in, after the wheels are
+    installed; where that fails the batch does not run the target as if nothing held it:
+    it stops, says why, and exits 2."""
+    run, targets = batch
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text("#!/bin/sh\necho 'no llmbench here' >&2\nexit 1\n")
+    (fake / "python3").chmod(0o755)
+    done = run(deadline_s=30, fake_s=0, first_s=1, SKIP_RECORDED=str(tmp_path), PATH=f"{fake}{os.pathsep}{os.environ['PATH']}")
+    lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
+    assert done.returncode == 2 and "no llmbench here" in done.stderr
+    assert lines == [f"offline-batch: {targets[0]}  cannot tell whether SKIP_RECORDED holds it (above): the batch stops here"]
+    assert not targets[0].exists() and (tmp_path / "installs").read_text() == "WHL\n"
+
+
 def test_targets_recorded_in_a_skip_recorded_folder_are_skipped(batch, tmp_path):
     """SKIP_RECORDED: a record target that a listed results folder holds is not run; a
     search folder is skipped only once the cell it measures is recorded there too."""

@@ -590,8 +590,9 @@ def test_a_plan_times_a_search_at_the_hint_from_the_largest_batch_an_earlier_fol
     """A search not yet run: PLAN_PROBES probes (1 + 2 steps) and the cell's 2 repeats
     (3 + 10 steps) at the memory model's hint, each the set-up plus its steps at the seconds a
     token of the earlier record with the largest batch (another GPU's probe at 100, not this
-    GPU's batch-1 cell, which is host-bound). A search an earlier folder finished is its
-    cell alone, timed by its probe there, and nothing once that cell is measured too."""
+    GPU's batch-1 cell, which is host-bound). A search a --skip-recorded folder finished is
+    its cell alone (as offline-batch's SKIP_RECORDED), timed by the search's probe there,
+    and nothing once that cell is measured too."""
     from llmbench import grid as grids, memory
     from llmbench.search.runner import PLAN_PROBES
 
@@ -623,13 +624,15 @@ def test_a_plan_times_a_search_at_the_hint_from_the_largest_batch_an_earlier_fol
     probe = done / "bs100/record.json"
     probe.parent.mkdir(parents=True)
     probe.write_text(probe_record(wall_s=40, window_s=30.0))
-    assert search.main(["plan", str(listing), str(config), "--earlier", str(ref)]) == 0
-    cell = ref / "runs/finetune/h100/llama2-7b/deepspeed/L+R/bs100-g1/record.json"
+    both = ["--earlier", str(ref), "--skip-recorded", str(ref)]
+    assert search.main(["plan", str(listing), str(config), *both]) == 0
+    cell = "results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs100-g1/record.json"
     assert capsys.readouterr().out.splitlines()[0] == f"   280  {cell}  (2 x 140 s from probe)"
-    cell.parent.mkdir(parents=True)
-    cell.write_text(probe_record(wall_s=40, window_s=30.0))  # measured there too: nothing to do
-    assert search.main(["plan", str(listing), str(config), "--earlier", str(ref)]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == f"     0  {folder}  (searched in {done}: its cell measured there too)"
+    measured = ref / cell.removeprefix("results/")
+    measured.parent.mkdir(parents=True)
+    measured.write_text(probe_record(wall_s=40, window_s=30.0))  # measured there too: nothing to do
+    assert search.main(["plan", str(listing), str(config), *both]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"     0  {folder}  (already recorded in {ref})"
 
 
 def test_without_a_probe_a_cell_is_estimated_from_its_own_earlier_record(tmp_path, capsys):

@@ -272,9 +272,10 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
             return None
 
     found, source = None, "probe"
-    probe = read(Path(parsed.root) / cells.PROBE_RECORD_PATTERN.format(**parsed.wildcards))
-    if probe is not None:
-        found = _timing(probe)
+    for root in (parsed.root, *earlier):  # the search beside it, or one an earlier folder holds
+        probe = read(Path(root) / cells.PROBE_RECORD_PATTERN.format(**parsed.wildcards))
+        if probe is not None and (found := _timing(probe)) is not None:
+            break
     if found is None:
         runs = [(path, read(path)) for path in (Path(d) / cells.RECORD_PATTERN.format(**parsed.wildcards)
                                                for d in earlier)]
@@ -284,6 +285,30 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
         found, source = max(timed, key=lambda t: t[0][3])
     setup, window, run_steps, _ = found
     return Estimate(repeat_s=setup + window / run_steps * steps, repeats=cell.protocol.repeats, source=source)
+
+
+def recorded_in(target: str, folders: Sequence[Path | str]) -> tuple[str, str] | None:
+    """Whether results folders (a reference run's, holding runs/...) already hold a target
+    of a list such as envs/offline-batch.sh runs (``results/runs/...``, its SKIP_RECORDED):
+    ``("skip", folder)`` where one holds it (a search folder once the cell it measures is
+    there too, or where no batch fit); ``("cell", path)`` where one holds the search but
+    not that cell (path: the cell's record beside ``target``, the target to run instead);
+    None where none holds it."""
+    rel = target.split("results/", 1)[1] if "results/" in target else target
+    cell = None
+    for d in map(str, folders):
+        if not Path(d, rel).exists():
+            continue
+        if not target.endswith(".json"):  # a search: recorded once the cell it measures is too
+            try:
+                measured = measured_target(f"{d}/{rel}")
+            except (ValueError, OSError):
+                continue
+            if measured and not Path(measured).exists():
+                cell = cell or target[:len(target) - len(rel)] + measured.removeprefix(f"{d}/")
+                continue
+        return "skip", d
+    return ("cell", cell) if cell else None
 
 
 #: the probes plan counts for a search: about what the committed searches need from the
@@ -345,24 +370,22 @@ def search_estimate_s(folder: Path | str, configfile: Path | str, earlier: Seque
                    f"from {source}{far}")
 
 
-def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path | str] = ()) \
-        -> list[tuple[str, float | None, str]]:
-    """(target, seconds, why) for each target of a list such as envs/offline-batch.sh runs:
-    a cell's estimate_s times its repeats (why: where the estimate comes from), a search
-    folder's search_estimate_s (its probes are not known before it runs: a rougher figure),
-    or None where nothing times the target."""
+def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path | str] = (),
+         skip_recorded: Sequence[Path | str] = ()) -> list[tuple[str, float | None, str]]:
+    """(target, seconds, why) for each target of a list such as envs/offline-batch.sh runs,
+    with its SKIP_RECORDED folders ``skip_recorded`` (recorded_in): 0 for a target they
+    hold; for a search they hold without its cell, that cell; a cell's estimate_s times its
+    repeats (why: where the estimate comes from), a search folder's search_estimate_s (its
+    probes are not known before it runs: a rougher figure), or None where nothing times
+    the target."""
     out: list[tuple[str, float | None, str]] = []
     for target in targets:
-        searched = [] if target.endswith(".json") else [
-            f for d in earlier if ((f := Path(d) / target.removeprefix("results/")) / cells.SEARCH_SUMMARY).is_file()]
-        if searched:
-            # searched in an earlier folder (offline-batch's SKIP_RECORDED): its cell alone
-            cell = measured_target(searched[0])
-            if cell is None or Path(cell).is_file():
-                why = "no batch fit" if cell is None else "its cell measured there too"
-                out.append((target, 0, f"searched in {searched[0]}: {why}"))
-                continue
-            target = cell
+        found = recorded_in(target, skip_recorded)
+        if found is not None and found[0] == "skip":
+            out.append((target, 0, f"already recorded in {found[1]}"))
+            continue
+        if found is not None:
+            target = found[1]  # searched there: its cell alone
         if not target.endswith(".json"):
             est = search_estimate_s(target, configfile, earlier)
             out.append((target, None, "a search: no earlier record of its cell times it") if est is None
@@ -383,8 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     record path, or nothing where no batch fit); ``python -m llmbench.search estimate
     TARGET CONFIG [--earlier DIR ...]`` (estimate_s: prints a repeat's whole seconds, the
     repeats and the source, or nothing where there is no estimate); ``python -m
-    llmbench.search plan LIST CONFIG [--earlier DIR ...]`` (plan: the seconds of each target
-    of a target list, then their sum and what it leaves out)."""
+    llmbench.search plan LIST CONFIG [--earlier DIR ...] [--skip-recorded DIR ...]`` (plan:
+    the seconds of each target of a target list, then their sum and what it leaves out);
+    ``python -m llmbench.search recorded-in TARGET [DIR ...]`` (recorded_in: prints ``skip
+    DIR``, ``cell PATH``, or ``none`` where no folder holds the target)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m llmbench.search", description=main.__doc__)
@@ -403,14 +428,22 @@ def main(argv: list[str] | None = None) -> int:
     planned = sub.add_parser("plan", parents=[timing], help=plan.__doc__.split("\n")[0])
     planned.add_argument("targets", type=Path, help="a file of targets, one a line (coverage targets writes one)")
     planned.add_argument("config", type=Path, help="the config whose cells they are")
+    planned.add_argument("--skip-recorded", nargs="*", type=Path, default=[],
+                         help="results folders whose records count as done (offline-batch's SKIP_RECORDED)")
+    recorded = sub.add_parser("recorded-in", help=recorded_in.__doc__.split("\n")[0])
+    recorded.add_argument("target", help="a target (results/runs/...: a record or a search folder)")
+    recorded.add_argument("folders", nargs="*", help="results folders holding runs/...")
     args = parser.parse_args(argv)
+    if args.command == "recorded-in":
+        print(*(recorded_in(args.target, args.folders) or ("none",)))
+        return 0
     if args.command == "plan":
         try:
             lines = (t.strip() for t in args.targets.read_text().splitlines())
             listed = [t for t in lines if t and not t.startswith("#")]  # as offline-batch reads it
         except OSError as exc:
             parser.exit(2, f"{exc}\n")
-        rows = plan(listed, args.config, args.earlier)
+        rows = plan(listed, args.config, args.earlier, args.skip_recorded)
         for target, secs, why in rows:
             print(f"{'?' if secs is None else int(secs):>6}  {target}  ({why})")
         timed = [secs for _, secs, _ in rows if secs is not None]

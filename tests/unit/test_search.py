@@ -635,6 +635,29 @@ def test_a_plan_times_a_search_at_the_hint_from_the_largest_batch_an_earlier_fol
     assert capsys.readouterr().out.splitlines()[0] == f"     0  {folder}  (already recorded in {ref})"
 
 
+def test_recorded_in_reads_skip_recorded_folders_as_offline_batch_does(tmp_path, capsys):
+    """A record a folder holds: skip; a search it holds with its cell: skip; without its
+    cell: that cell, beside the given target; none: None (the CLI prints ``none``). A
+    folder given with a trailing slash (``ls -d DIR/``) reads the same."""
+    from llmbench.search.runner import recorded_in
+
+    ref = tmp_path / "ref"
+    rel = "runs/search/finetune/h100/llama2-7b/deepspeed/QL-g1"
+    (ref / rel).mkdir(parents=True)
+    (ref / rel / "search.json").write_text(json.dumps({"largest_ok": 7, "probes": [{"batch_size": 7, "status": "ok"}]}))
+    target = f"{tmp_path}/results/{rel}"
+    cell = f"{tmp_path}/results/runs/finetune/h100/llama2-7b/deepspeed/QL/bs7-g1/record.json"
+    for folder in (ref, f"{ref}/"):
+        assert recorded_in(target, [tmp_path / "nothing", folder]) == ("cell", cell)
+    measured = ref / "runs/finetune/h100/llama2-7b/deepspeed/QL/bs7-g1/record.json"
+    measured.parent.mkdir(parents=True)
+    measured.write_text('{"status": "ok"}')
+    assert recorded_in(target, [f"{ref}/"]) == ("skip", str(ref)) == recorded_in(cell, [ref])
+    assert recorded_in(f"{tmp_path}/results/runs/other/record.json", [ref]) is None
+    assert search.main(["recorded-in", f"{tmp_path}/results/runs/other/record.json", str(ref)]) == 0
+    assert capsys.readouterr().out == "none\n"
+
+
 def test_without_a_probe_a_cell_is_estimated_from_its_own_earlier_record(tmp_path, capsys):
     """A cell no search probed (a protocol rerun of a swept cell) is timed by its record in
     the earlier results folders with the most measured steps: per repeat, its wall time a

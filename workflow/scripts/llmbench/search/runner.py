@@ -296,7 +296,7 @@ def recorded_in(target: str, folders: Sequence[Path | str]) -> tuple[str, str] |
     None where none holds it."""
     rel = target.split("results/", 1)[1] if "results/" in target else target
     cell = None
-    for d in map(str, folders):
+    for d in (str(f).rstrip("/") for f in folders):
         if not Path(d, rel).exists():
             continue
         if not target.endswith(".json"):  # a search: recorded once the cell it measures is too
@@ -312,7 +312,7 @@ def recorded_in(target: str, folders: Sequence[Path | str]) -> tuple[str, str] |
 
 
 #: the probes plan counts for a search: about what the committed searches need from the
-#: memory model's hint (python -m llmbench.memory replay: 221 probes for 72 searches)
+#: memory model's hint (python -m llmbench.memory replay gives the count)
 PLAN_PROBES = 3
 
 

@@ -24,10 +24,10 @@ same) is read from one of them (choose_searches): one with its summary before on
 then a search that ended with an answer (status ok) before one a probe's error or timeout
 stopped (a search run again after such a stop may start afresh, with fewer probes), then
 one that found a batch too large for the GPU (``smallest_oom``) before one that stopped at
-its cap with every probe fitting (its answer only a lower bound: one H100's 7B R+Q searched
-to a cap of 128, then past it to 231), then the one with more probes (a search resumed in a
-later run holds the earlier run's probes, answered from its frontier file), then the folder
-name last in sort order.
+its cap with every probe fitting (its answer only a lower bound; a search rerun with a
+higher cap finds the edge), then the one with more probes (a search resumed in a later run
+holds the earlier run's probes, answered from its frontier file), then the folder name last
+in sort order.
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@
 # to the next call. A target may be a max-batch search's folder (results/runs/search/...,
 # from `coverage targets ... --to-do "search the largest batch"`): once the search has
 # found its batch, the cell it measures there runs next (python -m llmbench.search
-# measured-target), under the same deadline. Exit status: 0 when every target ran (whatever its record's status),
-# 3 when the deadline left targets unstarted, 2 when SKIP_RECORDED could not be read, else Snakemake's. OFFLINE_RUN names the script
+# measured-target), under the same deadline. Exit status: 0 when every target ran
+# (whatever its record's status), 3 when the deadline left targets unstarted, 2 when
+# SKIP_RECORDED could not be read, else Snakemake's. OFFLINE_RUN names the script
 # that runs one target (default envs/offline-run.sh; tests/integration/test_offline_batch.py
 # gives a stand-in). A cell longer than a call: give the list again, call after call; its
 # finished repeats carry over (llmbench.launch). A target still running

@@ -216,6 +216,14 @@ class Estimate:
     """``probe`` (its search's probe at that batch), or the path of the earlier record read."""
 
 
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """A record's JSON, or None where it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _timing(rec: dict[str, Any]) -> tuple[float, float, int, int] | None:
     """(set-up seconds a repeat, timed-window seconds a repeat, steps in the window, measured
     steps of all its repeats: how much it saw) of an ok record or probe. The set-up is its
@@ -264,13 +272,7 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
     except (KeyError, LookupError, ValueError):
         return None
     steps = cell.protocol.warmup_steps + cell.protocol.measured_steps
-
-    def read(path: Path) -> dict[str, Any] | None:
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-
+    read = _read_json
     found, source = None, "probe"
     for root in (parsed.root, *earlier):  # the search beside it, or one an earlier folder holds
         probe = read(Path(root) / cells.PROBE_RECORD_PATTERN.format(**parsed.wildcards))
@@ -345,15 +347,11 @@ def search_estimate_s(folder: Path | str, configfile: Path | str, earlier: Seque
     for d in earlier:
         for pattern in (cells.RECORD_PATTERN, cells.PROBE_RECORD_PATTERN):
             for path in Path(d).glob(pattern.format(**key)):
-                ref = cells.parse(str(path), (pattern,))
-                try:
-                    rec = json.loads(path.read_text())
-                    ref_batch = int(ref.wildcards["batch_size"])
-                    seq = int(rec["cell"]["protocol"].get("seq_len") or found.cell.protocol.seq_len)
-                except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                ref, rec = cells.parse(str(path), (pattern,)), _read_json(path)
+                if ref is None or rec is None or (timing := _timing(rec)) is None:
                     continue
-                if (timing := _timing(rec)) is None:
-                    continue
+                ref_batch = int(ref.wildcards["batch_size"])
+                seq = int(rec["cell"]["protocol"].get("seq_len") or found.cell.protocol.seq_len)
                 rank = (ref_batch, ref.wildcards["platform"] == parsed.wildcards["platform"])
                 if best is None or rank > best[0]:
                     best = (rank, timing, seq, str(path))

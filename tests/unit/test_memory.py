@@ -369,7 +369,7 @@ def test_replay_reproduces_the_committed_searches_and_the_hint_finds_the_same_ba
     # error in the harness) nor 7B L+F (stopped where cuBLAS's failed allocation was still
     # recorded as an error)
     h100 = df[df["platform"] == "h100"]
-    assert len(df) == 72 and len(h100) == 42  # and 30 on one H200 (two of them a pair's)
+    assert len(df) == 74 and len(h100) == 42  # and 32 on one H200 (two of them a pair's)
     assert "L+F" not in set(h100.loc[h100["model"] == "llama2-7b", "technique"])
     small_ql = (h100["technique"] == "QL") & (h100["model"] != "llama2-70b")
     assert (h100.loc[small_ql, "run"] == "2026-11-25-h100-one-gpu-search-b").all()
@@ -390,7 +390,7 @@ def test_replay_reproduces_the_committed_searches_and_the_hint_finds_the_same_ba
     assert (lora["committed_probes"], lora["hinted_start"], lora["hinted_probes"]) == (6, 17, 2)
     # the allocator's cached blocks counted: recomputation's searches, which ran from hints of
     # 280 and 320 (8 and 9 probes), start at 201 and 230 and need 3 each
-    rec = df[df["technique"].isin(["L+F+R", "QL+F+R"]) & (df["model"] == "llama2-7b")].set_index("technique")
+    rec = h100[h100["technique"].isin(["L+F+R", "QL+F+R"]) & (h100["model"] == "llama2-7b")].set_index("technique")
     assert rec.loc["L+F+R", ["committed_probes", "hinted_start", "hinted_probes"]].tolist() == [8, 201, 3]
     assert rec.loc["QL+F+R", ["committed_probes", "hinted_start", "hinted_probes"]].tolist() == [9, 230, 3]
     # a recomputed layer's backward peak counted: one H200's 13B L+R, which ran from a hint

@@ -81,7 +81,9 @@ def test_a_search_stopped_mid_way_resumes_with_the_records_of_its_probes(workspa
     summary = json.loads((folder / "search.json").read_text())
     source = {str(p["batch_size"]): p["source"] for p in summary["probes"]}
     for b, text in before.items():
-        assert source[b] == "frontier"  # nothing ran again
+        assert source[b] == "resumed"  # it ran in the stopped run, not again
         assert (folder / f"bs{b}" / "record.json").read_text() == text  # the record that ran, not skipped
         assert json.loads(text)["status"] in ("ok", "oom")
     assert summary["largest_ok"] and any(s == "run" for s in source.values())  # it went on where it was
+    # its cost counts the probes of both runs
+    assert summary["n_run"] == sum(s in ("run", "resumed") for s in source.values()) > len(before)

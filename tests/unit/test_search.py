@@ -293,7 +293,8 @@ def test_run_records_every_probe_and_a_rerun_skips_known_ooms(tmp_path, monkeypa
     shutil.rmtree(tmp_path / "a")
     ran.clear()
     again = search.run(search.rerun_spec(g.spec(s)), tmp_path / "a", frontier, tmp_path / "a.log")
-    assert not ran and again["largest_ok"] == 10 and {p["source"] for p in again["probes"]} == {"frontier"}
+    assert not ran and again["largest_ok"] == 10 and {p["source"] for p in again["probes"]} == {"resumed"}
+    assert again["n_run"] == first["n_run"]  # each ran once, for this folder
     assert {b: (tmp_path / "a" / f"bs{b}" / "record.json").read_text() for b in records} == records
 
     # a search cut after three probes (Snakemake stopped, a time limit) resumes from the
@@ -357,6 +358,31 @@ def test_search_table_joins_a_megatron_search_with_its_measured_cell(repo):
     assert df["measured_over_probe"].tolist() == pytest.approx(list(df["measured_tokens_per_s"] / probes))
 
 
+def test_a_committed_search_resumed_from_its_kept_probes_counts_them_as_run(repo):
+    """The H100's 13B L+F+R+Z3+O search (search-m) resumed from four probes an earlier
+    machine ran for it (their records put back); its search.json, written before resumed
+    probes were told apart, calls them frontier answers and leaves their seconds out.
+    read_summary, and so the search table, counts them as run, with their records' seconds;
+    a probe the frontier answered with a skipped record (search-f's 205) keeps its '*'."""
+    from llmbench.record import wall_s
+    from llmbench.report import search as search_report
+
+    ref = repo / "results/reference"
+    folder = ref / "2026-11-26-h100-one-gpu-search-m/runs/search/finetune/h100/llama2-13b/deepspeed/L+F+R+Z3+O-g1"
+    written = json.loads((folder / "search.json").read_text())
+    assert [p["source"] for p in written["probes"]] == ["frontier"] * 4 + ["run"] and written["n_run"] == 1
+    earlier = sum(wall_s(read(folder / f"bs{b}" / "record.json").provenance) for b in (177, 159, 172, 173))
+    assert earlier > 400  # four 13B ZeRO-3 offload probes: two minutes each
+    summary = search.read_summary(folder)
+    assert [p["source"] for p in summary["probes"]] == ["resumed"] * 4 + ["run"] and summary["n_run"] == 5
+    assert summary["search_wall_s"] == pytest.approx(written["search_wall_s"] + earlier)
+    row = search_report.build([folder], []).iloc[0]
+    assert row["probes"] == "177:tight 159:ok 172:ok 173:ok 174:tight" and row["n_run"] == 5
+    assert row["search_gpu_s"] == pytest.approx(summary["search_wall_s"])
+    answered = ref / "2026-11-26-h100-one-gpu-search-f/runs/search/finetune/h100/llama2-7b/deepspeed/L+F+R+Z2-g1"
+    assert "205:ok*" in search_report.build([answered], []).iloc[0]["probes"]
+
+
 def test_search_table_has_no_probe_throughput_where_the_frontier_answered_the_probe(repo):
     from llmbench.report import search as search_report
 
@@ -371,7 +397,8 @@ def test_search_table_has_no_probe_throughput_where_the_frontier_answered_the_pr
 
 def _probes_fit_to_9(monkeypatch) -> list[int]:
     """Probes that run nothing: batch 9 and below fit (host RSS 0.5 + 0.1 GiB an element),
-    above it out of memory; each writes its record and a log line. Returns the batches run."""
+    above it out of memory; each writes its record (started to finished: as many seconds as
+    its batch) and a log line. Returns the batches run."""
     from llmbench import launch
     from llmbench.record import Metrics, Record, write
 
@@ -380,9 +407,11 @@ def _probes_fit_to_9(monkeypatch) -> list[int]:
     def fake_run_cell(spec, record_path, log, threads=1, gpu_busy=None):
         bs = spec["cell"]["batch_size"]
         ran.append(bs)
+        when = {"started": "2026-01-01T00:00:00+00:00", "finished": f"2026-01-01T00:00:{bs:02d}+00:00"}
         rec = (Record(cell=spec["cell"], status="ok", metrics=Metrics(peak_rss_gib=0.5 + 0.1 * bs),
-                      provenance={"spec": spec, "finished": "then"})
-               if bs <= 9 else Record(cell=spec["cell"], status="oom", reason="over the cap", provenance={"spec": spec}))
+                      provenance={"spec": spec, **when})
+               if bs <= 9 else Record(cell=spec["cell"], status="oom", reason="over the cap",
+                                      provenance={"spec": spec, **when}))
         write(rec, record_path)
         Path(log).write_text(f"probe at {bs}\n")
         return rec
@@ -454,7 +483,10 @@ def test_seed_frontier_from_kept_probes_puts_their_own_records_back(tmp_path, mo
     assert search.seed_frontier(saved, next_machine) == {str(frontier): len(ran)}
     resumed = next_machine / cells.SEARCH_PATTERN.format(**s.key)
     again = search.run(g.spec(s), resumed, frontier, tmp_path / "b.log")
-    assert again["largest_ok"] == first["largest_ok"] and {p["source"] for p in again["probes"]} == {"frontier"}
+    assert again["largest_ok"] == first["largest_ok"] and {p["source"] for p in again["probes"]} == {"resumed"}
+    # they ran for this search: its cost counts them, at their records' seconds (a batch's own)
+    assert again["n_run"] == len(ran) and again["search_wall_s"] == pytest.approx(sum(ran))
+    assert search.read_summary(resumed)["search_wall_s"] == pytest.approx(sum(ran))
     for bs in ran:
         rec = read(resumed / f"bs{bs}" / "record.json")
         assert rec.status in ("ok", "oom") and rec.provenance.get("finished") == read(
@@ -736,7 +768,8 @@ def test_a_search_stops_before_a_probe_its_deadline_cannot_hold_and_resumes_from
     monkeypatch.delenv("LLMBENCH_DEADLINE")
     done = search.run(g.spec(s), tmp_path / "a", frontier, tmp_path / "a.log")
     assert done["largest_ok"] == 11 and not set(first) & set(ran)  # nothing ran twice
-    assert [p["source"] for p in done["probes"][:2]] == ["frontier", "frontier"]
+    # the two probes ran for this search (their records put back): its cost counts them
+    assert [p["source"] for p in done["probes"][:2]] == ["resumed", "resumed"] and done["n_run"] == len(done["probes"])
 
 
 def test_the_runner_records_why_each_probe_ran_and_a_hint_over_the_limit_backs_off(tmp_path, monkeypatch, repo):

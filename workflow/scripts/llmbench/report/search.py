@@ -9,7 +9,6 @@ one, are far slower than its later ones)."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Iterable
@@ -18,7 +17,7 @@ import pandas as pd
 
 from ..cells import PROBE_DIR, SEARCH_KEY, cell_from_dict
 from ..record import read, wall_s
-from ..search import measured_batch, measured_out_of_memory
+from ..search import measured_batch, measured_out_of_memory, read_summary
 from . import render, runs
 from .tidy import origin
 from .render import fmt
@@ -48,7 +47,7 @@ def build(folders: Iterable[str | Path], measured: Iterable[str | Path]) -> pd.D
             by_key[tuple(str(key[k]) for k in (*SEARCH_KEY, "batch_size"))] = rec
     rows = []
     for folder in folders:
-        s = json.loads((Path(folder) / "search.json").read_text())
+        s = read_summary(folder)
         batch = measured_batch(folder)
         rec = by_key.get(tuple(str(s[k]) for k in SEARCH_KEY) + (str(batch),))
         wall = wall_s(rec.provenance) if rec is not None else None
@@ -105,7 +104,9 @@ def table(df: pd.DataFrame) -> render.Table:
     return render.simple("search", df, ["Platform", "Model", "Stage", "Backend", "Method", "GPUs", "Search", "Largest BS", "Probes (BS:outcome)",
                   "Probes / bound", "Search GPU·s", "Measured BS", "Measured", "Measured tok/s", "Measured GPU·s",
                   "Probe tok/s", "Measured / probe"], rows,
-                 "Probes in the order run; '*': answered by the frontier file (a known OOM, or a batch that ran before: its peak) without running (its record: skipped). Bound: "
+                 "Probes in the order run; '*': answered by the frontier file (a known OOM, or a batch that ran "
+                 "before: its peak) without running (its record: skipped); a probe an earlier, stopped run of the "
+                 "same search ran (its record put back) counts as run, in the probes and the seconds. Bound: "
                  "floor(log2(max)) + 3. GPU·s: wall seconds x GPUs (on a CPU platform, x processes). The measured "
                  "cell is the full protocol at the largest batch; '-': no batch fits. Measured BS below the largest: "
                  "the cell measured at the batches in brackets ran out of memory where its probe fit (more steps, "

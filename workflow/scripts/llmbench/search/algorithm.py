@@ -68,7 +68,9 @@ class Probe:
     wall_s: float = 0.0
     """Wall-clock seconds the probe took (about 0 for one answered from the frontier)."""
     source: str = "run"
-    """run: the probe ran; frontier: answered from the frontier file without running."""
+    """run: the probe ran; resumed: it ran in an earlier, stopped run of this search (its
+    record put back, its wall_s the record's); frontier: answered from the frontier file
+    without running (a skipped record)."""
     chosen_by: str = "doubling"
     """doubling | bisection | model | hint | safeguard: why this batch was probed."""
     reason: str = ""

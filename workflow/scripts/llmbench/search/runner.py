@@ -39,10 +39,16 @@ from .algorithm import BOUNDING, Probe, State, bound, next_probe
 from .frontier import Frontier, capacity_and_metric, fingerprint, seed_frontier
 
 
+RAN = ("run", "resumed")
+"""Probe sources that ran for the search (Probe.source): what its n_run and search_wall_s count."""
+
+
 def summary(state: State, group: dict[str, Any], frontier_path: Path | str, reprobe: bool) -> dict[str, Any]:
-    """The search's result: the largest batch that fits and how it was found."""
+    """The search's result: the largest batch that fits and how it was found. Its cost
+    (``n_run``, ``search_wall_s``) counts every probe that ran for it, those of an earlier,
+    stopped run of the same search (resumed) included."""
     stopped = next((p for p in state.probes if p.status not in BOUNDING), None)
-    ran = [p for p in state.probes if p.source == "run"]
+    ran = [p for p in state.probes if p.source in RAN]
     wall = sum(p.wall_s for p in ran)
     return {
         **group,
@@ -100,18 +106,20 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
             # nothing runs: the probe's own record is put back if it ran into this folder
             # (a stopped search resumed), else the record says skipped and why; the search
             # goes on with what the batch showed when it ran (status, peak)
-            if not frontier.restore(bs, probe_dir):
+            resumed = frontier.restore(bs, probe_dir)
+            if not resumed:
                 record = build_record(probe_spec, [Outcome(status="skipped", reason=answer.reason)],
                                       datetime.now(timezone.utc).isoformat(), FRONTIER_COMMAND)
                 write(replace(record, provenance={**record.provenance,
                                                   "frontier": {**answer.to_dict(), "metric": metric}}), record_path)
-            status, peak, reason, source = answer.status, answer.peak_gib, answer.reason, "frontier"
+            status, peak, reason = answer.status, answer.peak_gib, answer.reason
+            source = "resumed" if resumed else "frontier"
         else:
             # the job's deadline (llmbench.launch): a probe that would not finish is not started;
             # the frontier file holds every probe so far, and the next run resumes from it
             # (not ``why``: that is why next_probe chose this batch, recorded with the probe and read
             # by next_probe again, e.g. whether the first probe was the hint)
-            if stop := deadline_stop(deadline, [p.wall_s for p in state.probes if p.source == "run"],
+            if stop := deadline_stop(deadline, [p.wall_s for p in state.probes if p.source in RAN],
                                      f"the probe at batch {bs}"):
                 stop_at_deadline(f"{stop} ({len(state.probes)} probe(s) so far are in the frontier file: the next "
                                  "run resumes there)", log)
@@ -122,8 +130,9 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
         if status == "ok" and limit is not None and peak is not None and peak > limit:
             status, reason = "tight", (f"ran, but its peak {peak:.3f} GiB leaves less than headroom "
                                        f"{search['headroom']:.0%} of {capacity:g} GiB free")
-        probe = Probe(batch_size=bs, status=status, peak_gib=peak, wall_s=time.monotonic() - t0,
-                      source=source, chosen_by=why, reason=reason)
+        took = (_record_wall_s(record_path) or 0.0) if source == "resumed" else time.monotonic() - t0
+        probe = Probe(batch_size=bs, status=status, peak_gib=peak, wall_s=took, source=source, chosen_by=why,
+                      reason=reason)
         state.probes.append(probe)
         frontier.add(probe)
         if source == "run" and probe.status in BOUNDING:
@@ -139,8 +148,36 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
 
 
 def read_summary(out_dir: Path | str) -> dict[str, Any]:
-    """A finished search's summary."""
-    return json.loads((Path(out_dir) / cells.SEARCH_SUMMARY).read_text())
+    """A finished search's summary. One written before resumed probes were told apart
+    (Probe.source) marked a probe an earlier, stopped run of the search had run as
+    ``frontier``, and left its seconds out: such a probe's record in the folder ran (a
+    frontier answer's says skipped), so it is read as resumed, with the record's seconds,
+    and ``n_run``, ``search_wall_s`` and ``search_gpu_s`` count it."""
+    out_dir = Path(out_dir)
+    s = json.loads((out_dir / cells.SEARCH_SUMMARY).read_text())
+    probes = s.get("probes") or []
+    upgraded = False
+    for p in probes:
+        if p.get("source") != "frontier":
+            continue
+        took = _record_wall_s(out_dir / cells.PROBE_DIR.format(batch_size=p["batch_size"]) / "record.json")
+        if took is not None:
+            p.update(source="resumed", wall_s=took)
+            upgraded = True
+    if upgraded:
+        ran = [p for p in probes if p.get("source") in RAN]
+        wall = sum(p.get("wall_s") or 0.0 for p in ran)
+        s.update(n_run=len(ran), search_wall_s=wall, search_gpu_s=wall * s.get("gpus", 1))
+    return s
+
+
+def _record_wall_s(path: Path) -> float | None:
+    """The seconds of the probe record at ``path`` where it ran (not skipped: a frontier
+    answer's), from its provenance; None where there is none or it did not run."""
+    rec = _read_json(path)
+    if rec is None or rec.get("status") == "skipped":
+        return None
+    return wall_s(rec.get("provenance") or {})
 
 
 def measured_batch(folder: Path | str) -> int | None:

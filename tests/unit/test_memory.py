@@ -399,10 +399,16 @@ def test_replay_reproduces_the_committed_searches_and_the_hint_finds_the_same_ba
     assert (lr["committed_probes"], lr["hinted_start"], lr["hinted_probes"], lr["largest_ok"]) == (9, 284, 7, 261)
     # ZeRO-2's buckets out of the logits' peak and ZeRO-3's recomputed adapter layer: the 7B
     # L+F+R+Z2 search ran from a hint of 196 (12 probes over two calls) and starts at 200; the
-    # L+F+R+Z3+O search ran from 236 (5 probes) and starts at 224 (5 probes)
+    # L+F+R+Z3+O search ran from 236 (5 probes) and starts at 224 (4 probes: 228 ran tight, and
+    # the line from 224 to its peak points at 227, where bisection took 226 first)
     zero = df[(df["platform"] == "h100") & (df["model"] == "llama2-7b")].set_index("technique")
     assert zero.loc["L+F+R+Z2", ["committed_probes", "hinted_start", "hinted_probes"]].tolist() == [12, 200, 3]
-    assert zero.loc["L+F+R+Z3+O", ["committed_probes", "hinted_start", "hinted_probes"]].tolist() == [5, 224, 5]
+    assert zero.loc["L+F+R+Z3+O", ["committed_probes", "hinted_start", "hinted_probes"]].tolist() == [5, 224, 4]
+    # a hint that ran tight, its peak read (search ALGORITHM 2): one H200's 7B L+F+R ran from
+    # 391 (tight, 134.34 GiB) by the back-off to 351 and bisection, seven probes; its peak and
+    # the slope point at 389, and the search ends in three
+    h200 = df[(df["platform"] == "h200") & (df["model"] == "llama2-7b")].set_index("technique")
+    assert h200.loc["L+F+R", ["committed_probes", "hinted"]].tolist() == [7, "391:tight 389:ok 390:ok"]
 
 
 def test_the_replay_oracle_draws_its_line_through_every_probe_that_ran():

@@ -14,7 +14,7 @@ import pytest
 from search_fixtures import ESTIMATE_CONFIG, probe_record
 from llmbench import search
 from llmbench.record import read
-from llmbench.search import Frontier, Probe, State, bound, next_probe
+from llmbench.search import Frontier, Probe, State, bound, next_probe, predict
 
 
 def simulate(largest: int, max_batch: int, capacity=None, base=1.0, per_sample=0.1, noise=0.0, start=1, seed=0,
@@ -149,6 +149,65 @@ def test_a_hint_with_its_slope_needs_one_fitting_batch_for_the_line():
                     assert len({p.batch_size for p in s.probes}) == len(s.probes)
 
 
+#: one H200's 7B L+F+R (2026-11-27-h200-one-gpu-search-f): every probe's reserved peak (GiB)
+#: and the search's limit (95% of 141); the memory model's hint 391 and its slope
+LFR_H200 = {351: 121.432, 371: 127.682, 381: 131.336, 388: 132.729, 389: 133.746, 390: 133.318, 391: 134.340}
+
+
+def _steer(peaks: dict[int, float], limit: float, algorithm: int, hint: int, slope: float) -> list[tuple[int, str]]:
+    state = State(start=1, max_batch=1024, capacity_gib=limit, hint=hint, hint_slope_gib=slope, algorithm=algorithm)
+    while (nxt := next_probe(state)) is not None:
+        b, why = nxt
+        state.probes.append(Probe(batch_size=b, status="ok" if peaks[b] <= limit else "tight", peak_gib=peaks[b],
+                                  chosen_by=why))
+    return [(p.batch_size, p.status) for p in state.probes]
+
+
+def test_a_tight_probe_s_peak_steers_the_search():
+    """A probe that ran tight shows its peak (search ALGORITHM 2 reads it): a hint just over
+    the limit is followed by the batch its peak and the slope put under it, not a 10% back-off
+    and a bisection; the line from the largest fit to the tight batch points inside the
+    interval. Version 1 reproduces what the H200's search ran (seven probes)."""
+    from llmbench.search import ALGORITHM
+
+    assert ALGORITHM == 2 and State(start=1, max_batch=8).algorithm == ALGORITHM
+    as_run = _steer(LFR_H200, 133.95, 1, 391, 0.3056)
+    assert [b for b, _ in as_run] == [391, 351, 371, 381, 388, 389, 390]
+    assert _steer(LFR_H200, 133.95, 2, 391, 0.3056) == [(391, "tight"), (389, "ok"), (390, "ok")]
+    # the line across the interval: 420 fits at 130.0 GiB, 431 ran tight at 134.4 (limit 133.95)
+    probes = [Probe(batch_size=420, status="ok", peak_gib=130.0, chosen_by="hint"),
+              Probe(batch_size=431, status="tight", peak_gib=134.4, chosen_by="model")]
+    assert predict(probes, 133.95, 0.3, algorithm=2) == 429 and predict(probes, 133.95, 0.3, algorithm=1) == 433
+    # an OOM shows no peak: nothing changes
+    oom = [probes[0], Probe(batch_size=431, status="oom", chosen_by="model")]
+    assert predict(oom, 133.95, 0.3, algorithm=2) == predict(oom, 133.95, 0.3, algorithm=1) == 433
+
+
+@pytest.mark.parametrize("algorithm", [1, 2])
+def test_tight_probes_never_break_the_bound(algorithm):
+    """Peaks in steps (the caching allocator's segments) and noise, tight between the limit
+    and the capacity, out of memory past it: exact within the bound, no batch twice."""
+    for largest in range(1, 300, 13):
+        for hint in (1, largest - 3, largest, largest + 1, largest + 4, 2 * largest):
+            for slope in (None, 0.1, 0.03, 0.4):
+                rng = random.Random(largest * 7 + hint)
+                step = {b: 0.5 * (b // 8) + rng.uniform(-0.2, 0.2) for b in range(1, 1025)}
+                limit = 1.0 + 0.1 * largest + step[largest] + 0.05
+                peaks = {b: max(1.0 + 0.1 * b + step[b], 0.0) for b in step}
+                # monotone as the search assumes: past largest, over the limit
+                peaks = {b: (min(m, limit) if b <= largest else max(m, limit + 0.01)) for b, m in peaks.items()}
+                state = State(start=1, max_batch=1024, capacity_gib=limit, hint=max(hint, 1), hint_slope_gib=slope,
+                              algorithm=algorithm)
+                while (nxt := next_probe(state)) is not None:
+                    b, why = nxt
+                    m = peaks[b]
+                    status = "ok" if m <= limit else ("tight" if m <= limit * 1.05 else "oom")
+                    state.probes.append(Probe(batch_size=b, status=status, peak_gib=None if status == "oom" else m,
+                                              chosen_by=why))
+                assert state.lo == largest and len(state.probes) <= bound(1024), (largest, hint, slope, state.probes)
+                assert len({p.batch_size for p in state.probes}) == len(state.probes)
+
+
 def test_nothing_fits_and_everything_fits():
     assert simulate(0, 64).lo == 0 and len(simulate(0, 64).probes) == 1
     state = simulate(64, 64)
@@ -273,6 +332,7 @@ def test_run_records_every_probe_and_a_rerun_skips_known_ooms(tmp_path, monkeypa
     first = search.run(search.rerun_spec(g.spec(s)), tmp_path / "a", frontier, tmp_path / "a.log")  # as the rule
     assert first["largest_ok"] == 10 and first["smallest_oom"] == 11 and first["n_probes"] <= first["bound"] == 8
     assert first["fit_limit_gib"] == pytest.approx(1.9) and first["capacity_gib"] == 2.0
+    assert first["algorithm"] == search.ALGORITHM  # the rules it followed, for a replay
     assert sorted(ran) == sorted(p["batch_size"] for p in first["probes"])
     by = {p["batch_size"]: p for p in first["probes"]}
     assert by[11]["status"] == "tight" and "headroom" in by[11]["reason"]

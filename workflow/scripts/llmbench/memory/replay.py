@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import REPO_ROOT
-from ..search import Probe, State, next_probe
+from ..search import ALGORITHM, Probe, State, next_probe
 from .fit import record_spec
 from .model import Workload, batch_slope_gib, predicted_max_batch
 
@@ -62,15 +62,18 @@ def replay(summary: dict[str, Any], hint: int | None, slope_gib: float | None = 
            recorded_why: bool = False) -> list[Probe]:
     """The probes next_probe makes from the search's own start, ``hint`` probed first with
     its slope (llmbench.search.algorithm.State.hint and hint_slope_gib, as the runner
-    does), against the search's oracle. ``recorded_why``: a batch the search probed keeps
-    the ``chosen_by`` it recorded, which is what next_probe read when it ran (whether the
-    first probe was the hint decides the next one; a runner once recorded none for the
-    probes it ran, and its searches went on as if there had been no hint)."""
+    does), against the search's oracle. ``recorded_why``: as the search ran: a batch the
+    search probed keeps the ``chosen_by`` it recorded, which is what next_probe read when
+    it ran (whether the first probe was the hint decides the next one; a runner once
+    recorded none for the probes it ran, and its searches went on as if there had been no
+    hint), and next_probe follows the rules' version the search recorded (``algorithm``,
+    1 where it recorded none); otherwise today's (llmbench.search.algorithm.ALGORITHM)."""
     answer = oracle(summary)
     recorded = {p["batch_size"]: p.get("chosen_by") for p in summary["probes"]} if recorded_why else {}
     cap = summary.get("fit_limit_gib") or summary.get("capacity_gib")
     state = State(start=summary["start"], max_batch=summary["max_batch"], capacity_gib=cap,
-                  hint=None if hint is None else max(1, min(hint, summary["max_batch"])), hint_slope_gib=slope_gib)
+                  hint=None if hint is None else max(1, min(hint, summary["max_batch"])), hint_slope_gib=slope_gib,
+                  algorithm=summary.get("algorithm", 1) if recorded_why else ALGORITHM)
     while (nxt := next_probe(state)) is not None:
         batch, why = nxt
         status, peak = answer(batch)

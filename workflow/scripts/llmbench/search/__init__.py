@@ -17,7 +17,7 @@ The names callers use are re-exported here.
 """
 
 from ..record import FRONTIER_COMMAND
-from .algorithm import BOUNDING, MODEL_POINTS, TOO_LARGE, Probe, State, bound, next_probe, predict
+from .algorithm import ALGORITHM, BOUNDING, MODEL_POINTS, TOO_LARGE, Probe, State, bound, next_probe, predict
 from .frontier import Answer, Frontier, capacity_and_metric, fingerprint, memory_spec, rerun_spec, seed_frontier
 from .runner import (Estimate, estimate_s, main, measured_batch, measured_out_of_memory, measured_record,
                      measured_target, plan, read_summary, recorded_in, run, search_estimate_s, summary)

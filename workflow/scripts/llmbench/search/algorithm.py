@@ -13,18 +13,25 @@ How the next batch is chosen (``next_probe``), with ``lo`` the largest batch kno
    (lo, hi). Each new fit moves the line to the newest pair, so the model follows memory
    that grows faster than linearly, as the allocator's reserved memory does (on an H200
    pair Megatron-LM TP2's batches 4 and 8 pointed at 50 where 38 was the limit: a
-   least-squares line through all fits spent the whole bound there). A prediction at or
-   past a known failure is dropped for bisection. A right model ends the search in four
-   probes (start, 2x, p + 1, p);
+   least-squares line through all fits spent the whole bound there). Where the smallest
+   batch too large ran (tight: its peak is known), the line runs from the largest fitting
+   batch to it instead, across the interval the answer lies in (``ALGORITHM`` 2; 1 drew it
+   through the two largest fits only, and bisected where that line pointed at or past the
+   tight batch: one H200's 7B L+F+R took seven probes for 390 after its hint 391 ran
+   tight). A prediction at or past a known failure is dropped for bisection. A right model
+   ends the search in four probes (start, 2x, p + 1, p);
 3. a ``hint`` (optional, unused unless a caller gives one): a predicted largest batch
    that fits, e.g. from a memory model that needs no probe at all. It is probed first
    (in place of ``start``), then ``hint + 1`` if it fit; a right hint ends the search in
    two probes. With the hint comes, optionally, the model's slope (``hint_slope_gib``,
    GiB each further batch element adds): then one fitting batch and the slope make the
    line of rule 2, and a hint that was too large is followed by ``HINT_BACKOFF`` below
-   the smallest batch too large, while nothing has fit. A hint a little over ends the
-   search in about three probes (it, the back-off, the line's batch) where bisection
-   from 1 took six or seven. A wrong hint falls back to rules 1 and 2;
+   the smallest batch too large, while nothing has fit; a hint that ran tight (its peak
+   over the capacity, known) by the batch its peak and the slope put under the capacity
+   (``ALGORITHM`` 2), then the back-off if that too was too large. A hint a little over
+   ends the search in about three probes (it, the back-off or the slope's batch, the
+   line's batch) where bisection from 1 took six or seven. A wrong hint falls back to
+   rules 1 and 2;
 4. never more than ``floor(log2(max)) + 3`` probes (``bound``): a probe is accepted only
    if plain bisection could still finish within the probes left whatever its outcome;
    otherwise the midpoint of (lo, hi) is probed, which always keeps that promise.
@@ -48,6 +55,10 @@ MODEL_POINTS = 2
 #: after a hint too large, and while nothing fits, probe this fraction below the smallest
 #: batch too large (the memory model's 90th-percentile error is 6.5%, plus the headroom)
 HINT_BACKOFF = 0.1
+#: the version of next_probe's rules a search records (search.json ``algorithm``; absent: 1),
+#: so that a replay reproduces the probes it made; 2 reads the peak of a probe that ran tight
+#: (rule 2's line across the interval, rule 3's tight hint)
+ALGORITHM = 2
 
 
 def bound(max_batch: int) -> int:
@@ -94,6 +105,9 @@ class State:
     hint_slope_gib: float | None = None
     """The hint's predicted GiB per further batch element (None: unknown): with it one
     fitting batch is enough for the line of ``predict``."""
+    algorithm: int = ALGORITHM
+    """Which version of the rules next_probe follows (``ALGORITHM``; a replay of a search
+    passes the one it recorded)."""
     probes: list[Probe] = field(default_factory=list)
     """The probes made so far, in order."""
 
@@ -120,13 +134,36 @@ class State:
         return stopped or self.hi - self.lo <= 1
 
 
-def predict(probes: list[Probe], capacity_gib: float | None, slope_gib: float | None = None) -> int | None:
+def predict(probes: list[Probe], capacity_gib: float | None, slope_gib: float | None = None,
+            algorithm: int = ALGORITHM) -> int | None:
     """The largest batch the line through the peak memory of the two largest fitting
     batches keeps under the capacity; with one fitting batch, the line through it with
-    ``slope_gib`` (a memory model's GiB per batch element). None without a capacity, enough
-    fitting batches, or a rising line."""
+    ``slope_gib`` (a memory model's GiB per batch element). From ``algorithm`` 2, where the
+    smallest batch too large ran tight (its peak known, above the largest fit's), also the
+    line through the largest fit and it, and the larger of the two batches below the tight
+    one (reserved memory grows in steps: either line can fall a batch short); with no fit
+    and the tight batch the only one too large, the line through it with ``slope_gib``.
+    None without a capacity, enough points, or a rising line."""
     pts = sorted({p.batch_size: p.peak_gib for p in probes if p.status == "ok" and p.peak_gib is not None}.items())
-    if capacity_gib is None or not pts:
+    if capacity_gib is None:
+        return None
+    line = _line(pts, capacity_gib, slope_gib)
+    over = _tight_bound(probes) if algorithm >= 2 else None
+    if over is None:
+        return line
+    if pts and over[1] > pts[-1][1]:
+        (b0, m0), (b1, m1) = pts[-1], over
+        across = int(math.floor(b0 + (capacity_gib - m0) * (b1 - b0) / (m1 - m0)))
+        return across if line is None or line >= over[0] else max(line, across)
+    if not pts and slope_gib and slope_gib > 0 and sum(p.status in TOO_LARGE for p in probes) == 1:
+        return int(math.floor(over[0] + (capacity_gib - over[1]) / slope_gib))
+    return line
+
+
+def _line(pts: list[tuple[int, float]], capacity_gib: float, slope_gib: float | None) -> int | None:
+    """Rule 2's line through the two largest fits (or the largest and ``slope_gib``): the
+    largest batch it keeps under the capacity, or None."""
+    if not pts:
         return None
     if len(pts) >= MODEL_POINTS:
         (b0, m0), (b1, m1) = pts[-2], pts[-1]
@@ -138,6 +175,19 @@ def predict(probes: list[Probe], capacity_gib: float | None, slope_gib: float | 
     if slope <= 0:
         return None
     return int(math.floor(b1 + (capacity_gib - m1) / slope))
+
+
+def _tight_bound(probes: list[Probe]) -> tuple[int, float] | None:
+    """(batch, peak) of the smallest batch too large where it ran tight (has a peak) and lies
+    above every fitting batch; None otherwise (an OOM shows no peak)."""
+    over = [p for p in probes if p.status in TOO_LARGE]
+    if not over:
+        return None
+    smallest = min(over, key=lambda p: p.batch_size)
+    fits = [p.batch_size for p in probes if p.status == "ok"]
+    if smallest.status != "tight" or smallest.peak_gib is None or smallest.batch_size <= max(fits, default=0):
+        return None
+    return smallest.batch_size, smallest.peak_gib
 
 
 def _keeps_bound(c: int, lo: int, hi: int, left: int) -> bool:
@@ -160,17 +210,22 @@ def next_probe(state: State) -> tuple[int, str] | None:
         return state.start, "doubling"
     candidates: list[tuple[int, str]] = []
     first = state.probes[0] if state.hint is not None and state.probes[0].chosen_by == "hint" else None
-    pred = predict(state.probes, state.capacity_gib, state.hint_slope_gib)
+    pred = predict(state.probes, state.capacity_gib, state.hint_slope_gib, state.algorithm)
     if first is not None and first.status == "ok" and (pred is None or pred <= first.batch_size):
         candidates.append((first.batch_size + 1, "hint"))  # the hint fit: is it the largest?
-    if first is not None and first.status in TOO_LARGE and lo == 0:
-        candidates.append((max(1, math.floor(hi * (1 - HINT_BACKOFF))), "hint"))  # over: just below it
+    backoff = (max(1, math.floor(hi * (1 - HINT_BACKOFF))), "hint")  # the hint over: just below it
+    # a tight hint's own peak (ALGORITHM 2) comes before the back-off: the model's batch below
+    backoff_last = state.algorithm >= 2 and pred is not None and lo == 0
+    if first is not None and first.status in TOO_LARGE and lo == 0 and not backoff_last:
+        candidates.append(backoff)
     if pred is not None:
         if hi > state.max_batch:  # nothing too large yet: the model's OOM side sets hi
             candidates.append((min(max(pred + 1, lo + 1), state.max_batch), "model"))
         elif pred < hi:  # then its fitting side
             candidates.append((min(max(pred, lo + 1), hi - 1), "model"))
         # else: the model points at or past a known failure; bisection below
+    if first is not None and first.status in TOO_LARGE and lo == 0 and backoff_last:
+        candidates.append(backoff)
     if hi > state.max_batch and not any(p.status in TOO_LARGE for p in state.probes):
         candidates.append((min(2 * lo, state.max_batch), "doubling"))
     candidates.append(((lo + hi) // 2, "bisection"))

@@ -57,6 +57,7 @@ def summary(state: State, group: dict[str, Any], frontier_path: Path | str, repr
         "largest_ok": state.lo or None,
         "smallest_oom": state.hi if state.hi <= state.max_batch else None,
         "start": state.start, "max_batch": state.max_batch, "fit_limit_gib": state.capacity_gib,
+        "algorithm": state.algorithm,
         "probes": [asdict(p) for p in state.probes],
         "n_probes": len(state.probes), "n_run": len(ran), "bound": bound(state.max_batch),
         "search_wall_s": wall, "search_gpu_s": wall * group["gpus"],

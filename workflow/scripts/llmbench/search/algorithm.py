@@ -14,12 +14,12 @@ How the next batch is chosen (``next_probe``), with ``lo`` the largest batch kno
    that grows faster than linearly, as the allocator's reserved memory does (on an H200
    pair Megatron-LM TP2's batches 4 and 8 pointed at 50 where 38 was the limit: a
    least-squares line through all fits spent the whole bound there). Where the smallest
-   batch too large ran (tight: its peak is known), the line runs from the largest fitting
-   batch to it instead, across the interval the answer lies in (``ALGORITHM`` 2; 1 drew it
-   through the two largest fits only, and bisected where that line pointed at or past the
-   tight batch: one H200's 7B L+F+R took seven probes for 390 after its hint 391 ran
-   tight). A prediction at or past a known failure is dropped for bisection. A right model
-   ends the search in four probes (start, 2x, p + 1, p);
+   batch too large ran (tight: its peak is known), a second line runs from the largest
+   fitting batch to it, across the interval the answer lies in, and the larger batch of
+   the two lines below it is probed (``ALGORITHM`` 2; version 1 drew only the first, and
+   bisected where it pointed at or past the tight batch). A prediction at or past a known
+   failure is dropped for bisection. A right model ends the search in four probes (start,
+   2x, p + 1, p);
 3. a ``hint`` (optional, unused unless a caller gives one): a predicted largest batch
    that fits, e.g. from a memory model that needs no probe at all. It is probed first
    (in place of ``start``), then ``hint + 1`` if it fit; a right hint ends the search in
@@ -213,10 +213,12 @@ def next_probe(state: State) -> tuple[int, str] | None:
     pred = predict(state.probes, state.capacity_gib, state.hint_slope_gib, state.algorithm)
     if first is not None and first.status == "ok" and (pred is None or pred <= first.batch_size):
         candidates.append((first.batch_size + 1, "hint"))  # the hint fit: is it the largest?
-    backoff = (max(1, math.floor(hi * (1 - HINT_BACKOFF))), "hint")  # the hint over: just below it
-    # a tight hint's own peak (ALGORITHM 2) comes before the back-off: the model's batch below
-    backoff_last = state.algorithm >= 2 and pred is not None and lo == 0
-    if first is not None and first.status in TOO_LARGE and lo == 0 and not backoff_last:
+    # the hint over, nothing fits yet: just below it; after the model's batch where a tight
+    # hint's own peak gave one (ALGORITHM 2)
+    over_hint = first is not None and first.status in TOO_LARGE and lo == 0
+    backoff = (max(1, math.floor(hi * (1 - HINT_BACKOFF))), "hint")
+    backoff_first = over_hint and not (state.algorithm >= 2 and pred is not None)
+    if backoff_first:
         candidates.append(backoff)
     if pred is not None:
         if hi > state.max_batch:  # nothing too large yet: the model's OOM side sets hi
@@ -224,7 +226,7 @@ def next_probe(state: State) -> tuple[int, str] | None:
         elif pred < hi:  # then its fitting side
             candidates.append((min(max(pred, lo + 1), hi - 1), "model"))
         # else: the model points at or past a known failure; bisection below
-    if first is not None and first.status in TOO_LARGE and lo == 0 and backoff_last:
+    if over_hint and not backoff_first:
         candidates.append(backoff)
     if hi > state.max_batch and not any(p.status in TOO_LARGE for p in state.probes):
         candidates.append((min(2 * lo, state.max_batch), "doubling"))

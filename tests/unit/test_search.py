@@ -860,4 +860,13 @@ def test_the_runner_records_why_each_probe_ran_and_a_hint_over_the_limit_backs_o
     assert probes[:2] == [(14, "oom", "hint"), (12, "oom", "hint")] and done["largest_ok"] == 10
     assert all(why for _, _, why in probes)
     assert probes == [(p.batch_size, p.status, p.chosen_by) for p in replay(done, 14, 0.13)]
+    assert probes == [(p.batch_size, p.status, p.chosen_by) for p in replay(done, 14, 0.13, recorded_why=True)]
+    # a hint that ran tight (11: 1.93 GiB, over the 1.9 limit): its peak and the slope point at
+    # 10; the replay as run follows the rules' version the search recorded (version 1 backed off)
+    tight = search.run(g.spec(s), tmp_path / "b", tmp_path / "b.json", tmp_path / "b.log", hint=11,
+                       hint_slope_gib=0.13)
+    as_run = [(p["batch_size"], p["status"]) for p in tight["probes"]]
+    assert as_run == [(11, "tight"), (10, "ok")] and tight["algorithm"] == 2
+    assert [(p.batch_size, p.status) for p in replay(tight, 11, 0.13, recorded_why=True)] == as_run
+    assert [p.batch_size for p in replay({**tight, "algorithm": 1}, 11, 0.13, recorded_why=True)] == [11, 9, 10]
     assert "batch 14 (hint) -> oom" in (tmp_path / "a.log").read_text()

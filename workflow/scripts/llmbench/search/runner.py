@@ -310,15 +310,14 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
     except (KeyError, LookupError, ValueError):
         return None
     steps = cell.protocol.warmup_steps + cell.protocol.measured_steps
-    read = _read_json
     found, source = None, "probe"
     for root in (parsed.root, *earlier):  # the search beside it, or one an earlier folder holds
-        probe = read(Path(root) / cells.PROBE_RECORD_PATTERN.format(**parsed.wildcards))
+        probe = _read_json(Path(root) / cells.PROBE_RECORD_PATTERN.format(**parsed.wildcards))
         if probe is not None and (found := _timing(probe)) is not None:
             break
     if found is None:
-        runs = [(path, read(path)) for path in (Path(d) / cells.RECORD_PATTERN.format(**parsed.wildcards)
-                                               for d in earlier)]
+        paths = [Path(d) / cells.RECORD_PATTERN.format(**parsed.wildcards) for d in earlier]
+        runs = [(path, _read_json(path)) for path in paths]
         timed = [(timing, str(path)) for path, rec in runs if rec is not None and (timing := _timing(rec)) is not None]
         if not timed:
             return None

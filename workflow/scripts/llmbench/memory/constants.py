@@ -134,6 +134,17 @@ COMPILED_ACT_SCALE = 0.58
 #: copies (not traced). Before the dropout copies were counted, the same rows gave 2.16.
 ZERO3_ADAPTER_ACT_SCALE = 1.40
 
+#: Saved activations of a 4-bit full-parameter cell (Q: frozen NF4 decoder linears, the
+#: embeddings, norms and output layer trained) over the backend's (fitted: llmbench.memory.fit,
+#: the mean over the Q rows without recomputation whose forward/backward pass sets the peak:
+#: the llama2-7b Q search on one H100 at batch 4-28, 1.09 at every batch, and the batch-2 cells
+#: of one H200 and of the H200 pair, 1.11). Q's step grew by 2.30 GiB a sample where the
+#: backend's scale gave 2.11, so the model was 5 GiB (7 %) short at batch 28 and hinted 30 for
+#: 26. bitsandbytes' 4-bit matmul saves no input for its frozen weight, so the extra is not the
+#: linears' inputs (what holds it is not traced). Not applied with recomputation: R+Q's
+#: recomputed layer stays below its logits at 7B, so no record tells.
+QUANT4_ACT_SCALE = 1.10
+
 #: The same for an adapter's recomputed layer under ZeRO-3 (with recomputation only one
 #: layer's activations are alive, and its backward sets the peak): fitted by
 #: llmbench.memory.fit, the median over the rows whose peak the recomputed layer sets, the

@@ -27,6 +27,8 @@ From the tidy table's ok GPU training rows (with their records' specs):
 - ``COMPILED_ACT_SCALE``: the mean ratio of the activations the C rows leave to eager's;
 - ``ZERO3_ADAPTER_ACT_SCALE``: the same for the adapter rows under ZeRO-3 without
   recomputation (left out of ``act_scale``'s rows);
+- ``QUANT4_ACT_SCALE``: the same for the 4-bit full-parameter rows (Q) without recomputation
+  whose predicted peak is in the forward/backward phase (left out of ``act_scale``'s rows);
 - ``ZERO3_RECOMPUTED_ADAPTER_SCALE``: the adapter rows under ZeRO-3 with recomputation whose
   peak the recomputed layer sets (as for ``RECOMPUTED_LAYER_PEAK``): the median of what
   they hold beyond states, buckets, layer inputs and overhead over the layer's activations
@@ -61,10 +63,11 @@ from .. import techniques
 from ..config import REPO_ROOT, ConfigError
 from ..models import ModelSpec
 from ..platforms import Platform
-from .constants import (BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, RECOMPUTED_LAYER_PEAK, ZERO3_ADAPTER_ACT_SCALE,
-                        ZERO3_RECOMPUTED_ADAPTER_SCALE)
+from .constants import (BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK,
+                        ZERO3_ADAPTER_ACT_SCALE, ZERO3_RECOMPUTED_ADAPTER_SCALE)
 from .model import (GIB, Workload, activation_bytes, adapter_dropout_bytes, adapter_params, adapter_under_zero3,
-                    beside_activations_bytes, buffer_bytes, layer_activation_bytes, predict, state_bytes)
+                    beside_activations_bytes, buffer_bytes, layer_activation_bytes, predict, quant4_full_parameter,
+                    state_bytes)
 
 TRAIN_STAGES = ("pretrain", "finetune")
 #: The rows the allocator's slack is fitted on: an allocated peak at least this share of
@@ -182,7 +185,7 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
         for r in mine:
             tech, w = techniques.parse(r.workload.technique), r.workload
             if (tech.recompute or tech.compiled or tech.offload or adapter_under_zero3(tech)
-                    or predict(w).phase != "forward-backward"):
+                    or quant4_full_parameter(tech) or predict(w).phase != "forward-backward"):
                 continue
             tp = int((w.parallel or {}).get("tensor_parallel", 1))
             tokens = w.batch_size * w.seq_len
@@ -225,7 +228,7 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
     else:
         out["cached_logits_bytes"] = out["cached_activation_fraction"] = None
     out["cached_rows"] = len(xs)
-    compiled, zero3_adapter, off_fb, off_host, off_frozen = [], [], {}, {}, {}
+    compiled, zero3_adapter, quant4, off_fb, off_host, off_frozen = [], [], [], {}, {}, {}
     for r in ok:
         tech, w = techniques.parse(r.workload.technique), r.workload
         if w.backend != "deepspeed":
@@ -239,6 +242,9 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
         if adapter_under_zero3(tech) and not tech.recompute and not tech.compiled:
             fb_states = state_bytes(w)[0] / GIB
             zero3_adapter.append((r.measured_gib - fb_states - rest) / (acts / ZERO3_ADAPTER_ACT_SCALE / GIB))
+        if quant4_full_parameter(tech) and predict(w).phase == "forward-backward":
+            fb_states = state_bytes(w)[0] / GIB
+            quant4.append((r.measured_gib - fb_states - rest) / (acts / QUANT4_ACT_SCALE / GIB))
         if not tech.offload or tech.quant4:
             continue
         row = DEEPSPEED[(tech.zero_stage, True)]
@@ -261,6 +267,8 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
                 off_host.setdefault(f"Z{tech.zero_stage}+O", []).append(host)
     out["compiled_act_scale"] = float(np.mean(compiled)) if compiled else None
     out["zero3_adapter_act_scale"] = float(np.mean(zero3_adapter)) if zero3_adapter else None
+    out["quant4_act_scale"] = float(np.mean(quant4)) if quant4 else None
+    out["quant4_rows"] = len(quant4)
     out["offload_fb_bytes"] = {k: float(np.mean(v)) for k, v in off_fb.items()}
     out["offload_host_bytes"] = {k: float(np.mean(v)) for k, v in off_host.items()}
     out["offload_frozen_host_bytes"] = {k: float(np.mean(v)) for k, v in off_frozen.items()}

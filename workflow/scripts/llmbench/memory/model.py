@@ -30,7 +30,8 @@ and a SwiGLU MLP of width f ≈ 2.7h with three matrices where GPT has 4h and tw
 saved tensors come to about the same 24h, so the formula is kept and its scale fitted per
 backend (``act_scale``; torch.compile (C) saves fewer: ``COMPILED_ACT_SCALE``; an adapter
 under ZeRO-3 1.4 times as many: ``ZERO3_ADAPTER_ACT_SCALE``, and its recomputed layer 1.54
-times: ``ZERO3_RECOMPUTED_ADAPTER_SCALE``). LoRA adds, unscaled, what its
+times: ``ZERO3_RECOMPUTED_ADAPTER_SCALE``; a 4-bit full-parameter cell (Q) 1.1 times:
+``QUANT4_ACT_SCALE``). LoRA adds, unscaled, what its
 own dropout keeps: 3 bytes per input element of each target linear
 (``adapter_dropout_bytes``). With
 recomputation (R) each checkpointed layer keeps only its 2-byte input (``2h`` per token and
@@ -66,7 +67,7 @@ from .. import techniques
 from ..models import ModelSpec
 from .constants import (BACKENDS, BUCKETS, CACHED_ACTIVATION_FRACTION, CACHED_LOGITS_BYTES, COMPILED_ACT_SCALE,
                         DEEPSPEED, MARGIN, MEGATRON,
-                        MEGATRON_DISTOPT, RECOMPUTED_LAYER_PEAK, ZERO3_ADAPTER_ACT_SCALE,
+                        MEGATRON_DISTOPT, QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK, ZERO3_ADAPTER_ACT_SCALE,
                         ZERO3_MAX_LIVE_PARAMETERS, ZERO3_RECOMPUTED_ADAPTER_SCALE)
 
 GIB = 2**30
@@ -254,6 +255,12 @@ def adapter_under_zero3(tech: techniques.Technique) -> bool:
     return tech.adapter is not None and tech.zero_stage == 3
 
 
+def quant4_full_parameter(tech: techniques.Technique) -> bool:
+    """A 4-bit full-parameter cell (Q without an adapter) without recomputation: its
+    activations take QUANT4_ACT_SCALE."""
+    return tech.quant4 and tech.adapter is None and not tech.recompute
+
+
 def activation_bytes(w: Workload) -> tuple[float, float, float]:
     """(saved activations, one recomputed layer, logits) in bytes of one rank for one
     micro-batch. Without recomputation no layer is recomputed (0); a recomputed layer's
@@ -266,7 +273,8 @@ def activation_bytes(w: Workload) -> tuple[float, float, float]:
     zero3 = 1.0  # an adapter under ZeRO-3: scales the dropout copies too
     if adapter_under_zero3(tech):
         zero3 = ZERO3_RECOMPUTED_ADAPTER_SCALE if tech.recompute else ZERO3_ADAPTER_ACT_SCALE
-    scale = k.act_scale * (COMPILED_ACT_SCALE if tech.compiled else 1.0) * zero3
+    scale = (k.act_scale * (COMPILED_ACT_SCALE if tech.compiled else 1.0) * zero3
+             * (QUANT4_ACT_SCALE if quant4_full_parameter(tech) else 1.0))
     per_layer = tokens * (scale * layer_activation_bytes(w.model, seq, tech.flash, tp)
                           + zero3 * adapter_dropout_bytes(w.model, w.adapter))
     logits = tokens * k.logits_bytes * w.model.vocab_size / tp

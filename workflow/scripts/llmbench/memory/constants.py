@@ -64,9 +64,12 @@ DEEPSPEED: dict[tuple[int, bool], StateRow] = {
     # the accounting's 2 would say 23); the host holds fp32 master, Adam and fp32 gradients
     # (16) plus pinned bf16 copies: 21, fitted to its 67.3 GiB RSS per rank.
     (2, True): StateRow(fb=StateBytes(2, 0.53), step=StateBytes(2, 0.53), host=StateBytes(0, 21)),
-    # ZeRO-3: everything sharded, 16 through forward/backward, 18 at the step (the fp32
-    # gradient partition): DeepSpeed's estimate_zero3_model_states_mem_needs (18N/g).
-    (3, False): StateRow(fb=StateBytes(0, 16), step=StateBytes(0, 18)),
+    # ZeRO-3: everything sharded, 16 through forward/backward (bf16 weights 2 and gradients
+    # 2, fp32 master 4 and Adam 8) and at the step, plus the step's copy of one optimizer
+    # sub-group's gradients (ZERO3_STEP_GRAD_COPY_BYTES, added in model.state_bytes).
+    # DeepSpeed's estimate_zero3_model_states_mem_needs says 18N/g: 6.9 GiB over one H200's
+    # llama2-7b Z3, R+Z3, F+Z3 and F+R+Z3 at g = 1 (107.06 GiB each).
+    (3, False): StateRow(fb=StateBytes(0, 16), step=StateBytes(0, 16)),
     # ZeRO-3 + O: part of the bf16 gradient partition stays on the GPU (1.3, fitted to the
     # H200 pair's 7.32 GiB); the host holds the rest (24, fitted to its 77.9 GiB RSS per rank).
     # offload_param partitions every parameter, a frozen adapter base included, and keeps
@@ -90,6 +93,16 @@ MEGATRON = StateRow(fb=StateBytes(18, 0), step=StateBytes(22, 0))
 #: (DeepSpeed's config defaults). The tiny model's cells on the H100 measured 1.74 GiB
 #: (R+Z2) and 0.94 GiB (Z3) over Naive, against 1.86 and 0.93 here.
 BUCKETS: dict[int, float] = {2: 2 * 5e8 * 2, 3: 5e8 * 2}
+
+#: ZeRO-3's optimizer step (DeepSpeed's stage3 ``_prepare_fp32_grad_for_sub_group``, without
+#: offload) runs one sub-group of at most ``sub_group_size`` elements of the rank's partition
+#: at a time (DeepSpeed's default 1e9: ZERO3_SUB_GROUP_SIZE) and makes its gradients a flat
+#: bf16 copy and then fp32: 6 bytes an element of the sub-group while both live. With it the
+#: model gives one H200's llama2-7b Z3 rows at g = 1 106.99 GiB for 107.06 measured and the
+#: H200 pair's Z3 at g = 2 56.78 for 56.81 (16 bytes a parameter, the sub-group's 5.59 GiB,
+#: the bucket's 0.93); 18N/g, fitted to neither, gave 113.95 and 57.47.
+ZERO3_SUB_GROUP_SIZE = 1e9
+ZERO3_STEP_GRAD_COPY_BYTES = 6.0
 
 
 @dataclass(frozen=True, slots=True)

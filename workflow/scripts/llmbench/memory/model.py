@@ -68,7 +68,8 @@ from ..models import ModelSpec
 from .constants import (BACKENDS, BUCKETS, CACHED_ACTIVATION_FRACTION, CACHED_LOGITS_BYTES, COMPILED_ACT_SCALE,
                         DEEPSPEED, MARGIN, MEGATRON,
                         MEGATRON_DISTOPT, QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK, ZERO3_ADAPTER_ACT_SCALE,
-                        ZERO3_MAX_LIVE_PARAMETERS, ZERO3_RECOMPUTED_ADAPTER_SCALE)
+                        ZERO3_MAX_LIVE_PARAMETERS, ZERO3_RECOMPUTED_ADAPTER_SCALE, ZERO3_STEP_GRAD_COPY_BYTES,
+                        ZERO3_SUB_GROUP_SIZE)
 
 GIB = 2**30
 #: bytes per parameter of the model states (kept for the findings' lower bound)
@@ -222,7 +223,10 @@ def state_bytes(w: Workload) -> tuple[float, float, float]:
         host, base = host + row.frozen_host * frozen / g, WEIGHTS_BF16 * min(frozen, ZERO3_MAX_LIVE_PARAMETERS)
     elif tech.zero_stage == 3:
         base = base / g
-    return (base + row.fb.per_rank(trainable, g), base + row.step.per_rank(trainable, g), host)
+    step = base + row.step.per_rank(trainable, g)
+    if tech.zero_stage == 3 and not tech.offload:  # one optimizer sub-group's gradient copy
+        step += ZERO3_STEP_GRAD_COPY_BYTES * min(ZERO3_SUB_GROUP_SIZE, trainable / g)
+    return base + row.fb.per_rank(trainable, g), step, host
 
 
 def _frozen_base_bytes(counts: dict[str, int], quant4: bool) -> float:

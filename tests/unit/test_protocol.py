@@ -54,7 +54,26 @@ def test_the_window_says_what_the_hosts_cpus_did(tmp_path, monkeypatch):
     monkeypatch.setattr(protocol, "cpu_times", lambda: real(_write(tmp_path, next(readings))))
     w = run_window(lambda: sum(range(20000)), Protocol(warmup_steps=1, measured_steps=3), lambda: None)
     assert w.host["cpu_steal_pct"] == 20.0 and w.host["process_cpu_s"] > 0
-    assert w.summary() == {f"window_{k}": v for k, v in w.host.items()}
+    assert w.summary() == {f"window_{k}": v for k, v in {**w.host, **w.gc}.items()}
+
+
+def test_the_window_counts_the_garbage_collectors_pauses_in_it():
+    import gc
+
+    def cycles():  # objects in reference cycles: only the cyclic collector frees them
+        for _ in range(5000):
+            a = []
+            a.append(a)
+
+    gc.collect()
+    w = run_window(cycles, Protocol(warmup_steps=0, measured_steps=5), lambda: None)
+    assert w.gc["gc_collections"] > 0 and w.gc["gc_s"] > 0
+    assert w.summary()["window_gc_collections"] == w.gc["gc_collections"]
+    # a forced full collection in the window is counted as one
+    w = run_window(lambda: gc.collect(2), Protocol(warmup_steps=0, measured_steps=3), lambda: None)
+    assert w.gc["gc_full_collections"] >= 3
+    # nothing is left hooked after the window
+    assert all(getattr(cb, "__self__", None).__class__.__name__ != "GcClock" for cb in gc.callbacks)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat is Linux's")

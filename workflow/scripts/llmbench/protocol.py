@@ -8,6 +8,7 @@ measured window, so asynchronous kernels are inside it.
 
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 import time
@@ -55,10 +56,44 @@ class Window:
     """Host-clock time between consecutive step returns (not synchronised per step)."""
     host: dict[str, float] | None = None
     """The host's CPUs over the window (host_cpu; None where they cannot be read)."""
+    gc: dict[str, float] | None = None
+    """Python's cyclic garbage collector in the window (GcClock.reading)."""
 
     def summary(self) -> dict[str, float]:
-        """``window_<key>`` for each of ``host``'s keys: a repeat's summary entries."""
-        return {f"window_{k}": v for k, v in (self.host or {}).items()}
+        """``window_<key>`` for each of ``host``'s and ``gc``'s keys: a repeat's summary entries."""
+        return {f"window_{k}": v for k, v in {**(self.host or {}), **(self.gc or {})}.items()}
+
+
+class GcClock:
+    """What Python's cyclic garbage collector did while the clock is open (``gc.callbacks``):
+    its collections, the full ones (generation 2) and the seconds they held the thread. A
+    host-bound step (a small batch) can hide a collection's pause, which the step times
+    show as an outlier; this says whether one fell in the window. The collector is left as
+    it is: the window measures the process as a user runs it."""
+
+    def __init__(self) -> None:
+        self.seconds, self.collections, self.full = 0.0, 0, 0
+        self._start: float | None = None
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.seconds += time.perf_counter() - self._start
+            self.collections += 1
+            self.full += info.get("generation") == 2
+            self._start = None
+
+    def __enter__(self) -> "GcClock":
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def reading(self) -> dict[str, float]:
+        """``gc_s``, ``gc_collections`` and ``gc_full_collections``."""
+        return {"gc_s": self.seconds, "gc_collections": self.collections, "gc_full_collections": self.full}
 
 
 def host_cpu(before: dict[str, int] | None, after: dict[str, int] | None, process_s: float) -> dict[str, float] | None:
@@ -81,22 +116,25 @@ def host_cpu(before: dict[str, int] | None, after: dict[str, int] | None, proces
 
 def run_window(step: Callable[[], None], protocol: Protocol, synchronize: Callable[[], None]) -> Window:
     """Run warm-up steps, then time ``measured_steps`` steps as one window, with what the
-    host's CPUs did meanwhile (host_cpu: two reads of /proc/stat, outside the timed steps)."""
+    host's CPUs did meanwhile (host_cpu: two reads of /proc/stat, outside the timed steps)
+    and Python's garbage collector in it (GcClock)."""
     for _ in range(protocol.warmup_steps):
         step()
     synchronize()
     cpu_before, process_before = cpu_times(), time.process_time()
-    start = last = time.perf_counter()
-    marks = []
-    for _ in range(protocol.measured_steps):
-        step()
-        now = time.perf_counter()
-        marks.append(now - last)
-        last = now
-    synchronize()
-    elapsed = time.perf_counter() - start
+    with GcClock() as collector:
+        start = last = time.perf_counter()
+        marks = []
+        for _ in range(protocol.measured_steps):
+            step()
+            now = time.perf_counter()
+            marks.append(now - last)
+            last = now
+        synchronize()
+        elapsed = time.perf_counter() - start
     host = host_cpu(cpu_before, cpu_times(), time.process_time() - process_before)
-    return Window(steps=protocol.measured_steps, elapsed_s=elapsed, step_times_s=tuple(marks), host=host)
+    return Window(steps=protocol.measured_steps, elapsed_s=elapsed, step_times_s=tuple(marks), host=host,
+                  gc=collector.reading())
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

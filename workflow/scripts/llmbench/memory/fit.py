@@ -236,15 +236,15 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
         k = BACKENDS[w.backend]
         acts, layer, logits = activation_bytes(w)
         rest = (beside_activations_bytes(w, logits, layer, buffer_bytes(w)) + k.overhead_gib * GIB) / GIB
+        # what the row leaves for its activations over what the model gives them: times the
+        # stated scale, the scale the row needs
+        left = (r.measured_gib - state_bytes(w)[0] / GIB - rest) * GIB / acts
         if tech.compiled and not tech.recompute:
-            fb_states = state_bytes(w)[0] / GIB
-            compiled.append((r.measured_gib - fb_states - rest) / (acts / COMPILED_ACT_SCALE / GIB))
+            compiled.append(left * COMPILED_ACT_SCALE)
         if adapter_under_zero3(tech) and not tech.recompute and not tech.compiled:
-            fb_states = state_bytes(w)[0] / GIB
-            zero3_adapter.append((r.measured_gib - fb_states - rest) / (acts / ZERO3_ADAPTER_ACT_SCALE / GIB))
+            zero3_adapter.append(left * ZERO3_ADAPTER_ACT_SCALE)
         if quant4_full_parameter(tech) and predict(w).phase == "forward-backward":
-            fb_states = state_bytes(w)[0] / GIB
-            quant4.append((r.measured_gib - fb_states - rest) / (acts / QUANT4_ACT_SCALE / GIB))
+            quant4.append(left * QUANT4_ACT_SCALE)
         if not tech.offload or tech.quant4:
             continue
         row = DEEPSPEED[(tech.zero_stage, True)]

@@ -170,7 +170,7 @@ def test_a_tight_probe_s_peak_steers_the_search():
     interval. Version 1 reproduces what the H200's search ran (seven probes)."""
     from llmbench.search import ALGORITHM
 
-    assert ALGORITHM == 2 and State(start=1, max_batch=8).algorithm == ALGORITHM
+    assert ALGORITHM == 3 and State(start=1, max_batch=8).algorithm == ALGORITHM
     as_run = _steer(LFR_H200, 133.95, 1, 391, 0.3056)
     assert [b for b, _ in as_run] == [391, 351, 371, 381, 388, 389, 390]
     assert _steer(LFR_H200, 133.95, 2, 391, 0.3056) == [(391, "tight"), (389, "ok"), (390, "ok")]
@@ -183,7 +183,24 @@ def test_a_tight_probe_s_peak_steers_the_search():
     assert predict(oom, 133.95, 0.3, algorithm=2) == predict(oom, 133.95, 0.3, algorithm=1) == 433
 
 
-@pytest.mark.parametrize("algorithm", [1, 2])
+def test_a_line_that_does_not_rise_gives_way_to_the_hints_slope():
+    """Reserved memory moves in steps: one H100's 7B QL+F+R fit at 231 (75.77 GiB) and 232
+    (75.66). From a hint of 231, version 2 found no line and doubled to 464 (out of memory,
+    then bisection back down: ten probes); version 3 draws the line from 232 with the hint's
+    slope and probes just past the limit."""
+    def after_two_fits(algorithm):
+        state = State(start=1, max_batch=1024, capacity_gib=76.0, hint=231, hint_slope_gib=0.22, algorithm=algorithm)
+        state.probes += [Probe(batch_size=231, status="ok", peak_gib=75.77, chosen_by="hint"),
+                         Probe(batch_size=232, status="ok", peak_gib=75.66, chosen_by="hint")]
+        return next_probe(state)
+
+    assert after_two_fits(2) == (464, "doubling")
+    assert after_two_fits(3) == (234, "model")  # 232 + (76 - 75.66) / 0.22 = 233.5, and one past it
+    flat = [Probe(batch_size=b, status="ok", peak_gib=75.0) for b in (231, 232)]
+    assert predict(flat, 76.0, None, algorithm=3) is None  # no slope to fall back on
+
+
+@pytest.mark.parametrize("algorithm", [1, 2, 3])
 def test_tight_probes_never_break_the_bound(algorithm):
     """Peaks in steps (the caching allocator's segments) and noise, tight between the limit
     and the capacity, out of memory past it: exact within the bound, no batch twice."""
@@ -866,7 +883,7 @@ def test_the_runner_records_why_each_probe_ran_and_a_hint_over_the_limit_backs_o
     tight = search.run(g.spec(s), tmp_path / "b", tmp_path / "b.json", tmp_path / "b.log", hint=11,
                        hint_slope_gib=0.13)
     as_run = [(p["batch_size"], p["status"]) for p in tight["probes"]]
-    assert as_run == [(11, "tight"), (10, "ok")] and tight["algorithm"] == 2
+    assert as_run == [(11, "tight"), (10, "ok")] and tight["algorithm"] == search.ALGORITHM
     assert [(p.batch_size, p.status) for p in replay(tight, 11, 0.13, recorded_why=True)] == as_run
     assert [p.batch_size for p in replay({**tight, "algorithm": 1}, 11, 0.13, recorded_why=True)] == [11, 9, 10]
     assert "batch 14 (hint) -> oom" in (tmp_path / "a.log").read_text()

@@ -70,13 +70,14 @@ DEEPSPEED: dict[tuple[int, bool], StateRow] = {
     # DeepSpeed's estimate_zero3_model_states_mem_needs says 18N/g: 6.9 GiB over one H200's
     # llama2-7b Z3, R+Z3, F+Z3 and F+R+Z3 at g = 1 (107.06 GiB each).
     (3, False): StateRow(fb=StateBytes(0, 16), step=StateBytes(0, 16)),
-    # ZeRO-3 + O: part of the bf16 gradient partition stays on the GPU (1.3, fitted to the
-    # H200 pair's 7.32 GiB); the host holds the rest (24, fitted to its 77.9 GiB RSS per rank).
+    # ZeRO-3 + O: part of the bf16 gradient partition stays on the GPU (1.1, fitted to the
+    # H200 pair's 7.32 GiB at batch 1, its activations taking ZERO3_ACT_SCALE; 1.3 before
+    # they did); the host holds the rest (24, fitted to its 77.9 GiB RSS per rank).
     # offload_param partitions every parameter, a frozen adapter base included, and keeps
     # the partitions in pinned host memory: 3.17 bytes per frozen parameter (fitted to the
     # four LoRA Z3+O rows of llama2-7b and -13b on one H100, 2.86 and 3.47 apiece: bf16's 2
     # plus pinned-buffer rounding and staging copies), none of the base on the GPU.
-    (3, True): StateRow(fb=StateBytes(0, 1.3), step=StateBytes(0, 1.3), host=StateBytes(0, 24), frozen_host=3.17),
+    (3, True): StateRow(fb=StateBytes(0, 1.1), step=StateBytes(0, 1.1), host=StateBytes(0, 24), frozen_host=3.17),
 }
 
 #: Megatron-LM (megatron-core) bf16 with fp32 main gradients, per local parameter (the
@@ -139,13 +140,17 @@ BACKENDS: dict[str, BackendConstants] = {
 #: against F+Z2 at batch 16; inductor fuses the norms, RoPE and SwiGLU and saves less).
 COMPILED_ACT_SCALE = 0.58
 
-#: Saved activations of an adapter under ZeRO-3 over the same adapter without it (fitted:
-#: the mean over the llama2-7b and -13b L+Z3 and L+Z3+O rows without recomputation, at
-#: batch 1 and up to each row's largest batch, on one H100 and one H200). With ZeRO-3 a
-#: LoRA cell keeps 1.4 times the activations, LoRA's dropout copies included, with or
-#: without offload; DeepSpeed's ZeRO-3 linear wrapper is the likely holder of the extra
-#: copies (not traced). Before the dropout copies were counted, the same rows gave 2.16.
-ZERO3_ADAPTER_ACT_SCALE = 1.40
+#: Saved activations of a cell under ZeRO-3 without recomputation over the same cell without
+#: it, an adapter's or a full-parameter one (fitted: llmbench.memory.fit, the mean over the
+#: DeepSpeed ZeRO-3 rows without recomputation whose forward/backward pass sets the peak: the
+#: llama2-7b and -13b L+Z3 and L+Z3+O rows on one H100 and one H200 at batch 1 and up to each
+#: row's largest batch, 1.39-1.54 (1.40-1.42 from batch 6), LoRA's dropout copies included,
+#: with or without offload; one H200's llama2-7b Z3 and F+Z3 searches at batch 9-17, 1.34 and
+#: 1.38 at every batch). With the adapter rows' 1.40 applied to the adapter only, the model was
+#: 4.8-6.7 % (6-9 GiB) short of every Z3 and F+Z3 probe and hinted 14 for 9 and 19 for 12.
+#: DeepSpeed's ZeRO-3 linear wrapper is the likely holder of the extra copies (not traced).
+#: Before the dropout copies were counted, the adapter rows gave 2.16.
+ZERO3_ACT_SCALE = 1.40
 
 #: Saved activations of a 4-bit full-parameter cell (Q: frozen NF4 decoder linears, the
 #: embeddings, norms and output layer trained) over the backend's (fitted: llmbench.memory.fit,
@@ -199,8 +204,15 @@ ZERO3_MAX_LIVE_PARAMETERS = 1e9
 #: memory, for 200 and 232. Without recomputation, near the limit (7B and 13B LoRA and
 #: QLoRA at their largest batch on one H100 and one H200), 2.2-7.5 GiB, where the logits'
 #: term alone gave 0.5-3 (a median error of 3.0 GiB, 1.1 with the activations' share).
-CACHED_LOGITS_BYTES = 7.9
-CACHED_ACTIVATION_FRACTION = 0.038
+#: ZeRO-3's rows are left out too (the fit is over 232 rows; the constants were 7.9 and 0.038
+#: before one H200's ZeRO-3 searches came in): they follow neither term. Its adapters'
+#: recomputation rows (L+F+R+Z3, no offload) hold 5.5-11 GiB less than these constants give,
+#: its full-parameter rows 3.0-4.4 GiB more. The likely cause, not traced: ZeRO-3 allocates and
+#: frees each layer's gathered parameters through forward and backward, from the cache the
+#: logits' blocks sit in. With them in, the fit gives 7.5 and 0.041 and moves the other
+#: rows' hints up; the search backs off either way.
+CACHED_LOGITS_BYTES = 7.7
+CACHED_ACTIVATION_FRACTION = 0.040
 
 #: Safety margin: a cell fits when its predicted reserved peak (the allocated peak plus
 #: the allocator's cached share) x (1 + MARGIN) is at most the platform's gpu_memory_gib.

@@ -25,8 +25,9 @@ From the tidy table's ok GPU training rows (with their records' specs):
   llmbench.memory.constants, so a fit that moved a row across phases is rerun after the
   constants are updated;
 - ``COMPILED_ACT_SCALE``: the mean ratio of the activations the C rows leave to eager's;
-- ``ZERO3_ADAPTER_ACT_SCALE``: the same for the adapter rows under ZeRO-3 without
-  recomputation (left out of ``act_scale``'s rows);
+- ``ZERO3_ACT_SCALE``: the same for the DeepSpeed ZeRO-3 rows without recomputation whose
+  predicted peak is in the forward/backward phase, adapters' and full-parameter ones (left out
+  of ``act_scale``'s rows; the tiny model's too: its activations are a few MiB);
 - ``QUANT4_ACT_SCALE``: the same for the 4-bit full-parameter rows (Q) without recomputation
   whose predicted peak is in the forward/backward phase (left out of ``act_scale``'s rows);
 - ``ZERO3_RECOMPUTED_ADAPTER_SCALE``: the adapter rows under ZeRO-3 with recomputation whose
@@ -37,7 +38,8 @@ From the tidy table's ok GPU training rows (with their records' specs):
   origin of reserved - allocated = a·V·tokens + b·saved activations over the DeepSpeed rows
   whose peak is in the forward/backward phase and at least ``CACHED_FIT_LOAD`` of the GPU
   (there the slack decides what fits), full-parameter 4-bit rows left out (they keep their
-  load-time reservation as well);
+  load-time reservation as well), and ZeRO-3's (its gathered parameters come and go through
+  the same cache: see ``CACHED_LOGITS_BYTES``);
 - ``host_base_gib``: the median host RSS of the rows without offload; the offload rows'
   host bytes per sharded parameter come with them (``offload_host_bytes``), and their GPU
   bytes per sharded parameter (``offload_fb_bytes``) beside the accounting's value, both
@@ -64,10 +66,10 @@ from ..config import REPO_ROOT, ConfigError
 from ..models import ModelSpec
 from ..platforms import Platform
 from .constants import (BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK,
-                        ZERO3_ADAPTER_ACT_SCALE, ZERO3_RECOMPUTED_ADAPTER_SCALE)
-from .model import (GIB, Workload, activation_bytes, adapter_dropout_bytes, adapter_params, adapter_under_zero3,
+                        ZERO3_ACT_SCALE, ZERO3_RECOMPUTED_ADAPTER_SCALE)
+from .model import (GIB, Workload, activation_bytes, adapter_dropout_bytes, adapter_params,
                     beside_activations_bytes, buffer_bytes, layer_activation_bytes, predict, quant4_full_parameter,
-                    state_bytes)
+                    state_bytes, zero3_scale)
 
 TRAIN_STAGES = ("pretrain", "finetune")
 #: The rows the allocator's slack is fitted on: an allocated peak at least this share of
@@ -166,7 +168,7 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
             - BACKENDS[w.backend].overhead_gib * GIB
         if rest <= 1.05 * logits:
             continue
-        if adapter_under_zero3(tech):
+        if tech.adapter is not None and tech.zero_stage == 3:
             zero3_layer.append(rest / (layer / ZERO3_RECOMPUTED_ADAPTER_SCALE))
         elif not tech.offload and tech.zero_stage != 3:
             peaks.append(rest / (layer / RECOMPUTED_LAYER_PEAK))
@@ -184,7 +186,7 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
         small, plain, xs, ys = [], [], [], []
         for r in mine:
             tech, w = techniques.parse(r.workload.technique), r.workload
-            if (tech.recompute or tech.compiled or tech.offload or adapter_under_zero3(tech)
+            if (tech.recompute or tech.compiled or tech.offload or zero3_scale(tech) != 1.0
                     or quant4_full_parameter(tech) or predict(w).phase != "forward-backward"):
                 continue
             tp = int((w.parallel or {}).get("tensor_parallel", 1))
@@ -211,14 +213,14 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
                         "rows_fitted": len(plain), "rows_overhead": len(small)}
     # 4. the allocator's cached blocks near the GPU's limit: least squares (through the
     #    origin) of reserved - allocated over the loss's elements (V·tokens) and the saved
-    #    activations
+    #    activations, ZeRO-3 left out
     xs, ys = [], []
     for r in ok:
         tech, w = techniques.parse(r.workload.technique), r.workload
         capacity = (platform_file(r.platform, str(root)) or {}).get("gpu_memory_gib")
         if (w.backend != "deepspeed" or r.reserved_gib is None or not capacity
                 or r.measured_gib < CACHED_FIT_LOAD * capacity or (tech.quant4 and tech.adapter is None)
-                or predict(w).phase != "forward-backward"):
+                or tech.zero_stage == 3 or predict(w).phase != "forward-backward"):
             continue
         xs.append([w.batch_size * w.seq_len * w.model.vocab_size / GIB, predict(w).terms["activations"]])
         ys.append(r.reserved_gib - r.measured_gib)
@@ -228,7 +230,7 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
     else:
         out["cached_logits_bytes"] = out["cached_activation_fraction"] = None
     out["cached_rows"] = len(xs)
-    compiled, zero3_adapter, quant4, off_fb, off_host, off_frozen = [], [], [], {}, {}, {}
+    compiled, zero3, quant4, off_fb, off_host, off_frozen = [], [], [], {}, {}, {}
     for r in ok:
         tech, w = techniques.parse(r.workload.technique), r.workload
         if w.backend != "deepspeed":
@@ -241,8 +243,9 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
         left = (r.measured_gib - state_bytes(w)[0] / GIB - rest) * GIB / acts
         if tech.compiled and not tech.recompute:
             compiled.append(left * COMPILED_ACT_SCALE)
-        if adapter_under_zero3(tech) and not tech.recompute and not tech.compiled:
-            zero3_adapter.append(left * ZERO3_ADAPTER_ACT_SCALE)
+        if (tech.zero_stage == 3 and not tech.recompute and not tech.compiled
+                and predict(w).phase == "forward-backward" and w.model.param_counts()["total"] >= 1e8):
+            zero3.append(left * ZERO3_ACT_SCALE)
         if quant4_full_parameter(tech) and predict(w).phase == "forward-backward":
             quant4.append(left * QUANT4_ACT_SCALE)
         if not tech.offload or tech.quant4:
@@ -266,7 +269,8 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
                 host = (r.rss_gib - BACKENDS[w.backend].host_base_gib) * GIB / per_rank
                 off_host.setdefault(f"Z{tech.zero_stage}+O", []).append(host)
     out["compiled_act_scale"] = float(np.mean(compiled)) if compiled else None
-    out["zero3_adapter_act_scale"] = float(np.mean(zero3_adapter)) if zero3_adapter else None
+    out["zero3_act_scale"] = float(np.mean(zero3)) if zero3 else None
+    out["zero3_rows"] = len(zero3)
     out["quant4_act_scale"] = float(np.mean(quant4)) if quant4 else None
     out["quant4_rows"] = len(quant4)
     out["offload_fb_bytes"] = {k: float(np.mean(v)) for k, v in off_fb.items()}

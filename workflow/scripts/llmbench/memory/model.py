@@ -28,9 +28,9 @@ The ``5·a·s`` part is the attention scores, softmax and its dropout (2 + 2 + 1
 score): FlashAttention (F) never materialises them, so it drops out. Llama has no dropout
 and a SwiGLU MLP of width f ≈ 2.7h with three matrices where GPT has 4h and two: their
 saved tensors come to about the same 24h, so the formula is kept and its scale fitted per
-backend (``act_scale``; torch.compile (C) saves fewer: ``COMPILED_ACT_SCALE``; an adapter
-under ZeRO-3 1.4 times as many: ``ZERO3_ADAPTER_ACT_SCALE``, and its recomputed layer 1.54
-times: ``ZERO3_RECOMPUTED_ADAPTER_SCALE``; a 4-bit full-parameter cell (Q) 1.1 times:
+backend (``act_scale``; torch.compile (C) saves fewer: ``COMPILED_ACT_SCALE``; a cell
+under ZeRO-3 1.4 times as many: ``ZERO3_ACT_SCALE``, and an adapter's recomputed layer under
+it 1.54 times: ``ZERO3_RECOMPUTED_ADAPTER_SCALE``; a 4-bit full-parameter cell (Q) 1.1 times:
 ``QUANT4_ACT_SCALE``). LoRA adds, unscaled, what its
 own dropout keeps: 3 bytes per input element of each target linear
 (``adapter_dropout_bytes``). With
@@ -67,7 +67,7 @@ from .. import techniques
 from ..models import ModelSpec
 from .constants import (BACKENDS, BUCKETS, CACHED_ACTIVATION_FRACTION, CACHED_LOGITS_BYTES, COMPILED_ACT_SCALE,
                         DEEPSPEED, MARGIN, MEGATRON,
-                        MEGATRON_DISTOPT, QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK, ZERO3_ADAPTER_ACT_SCALE,
+                        MEGATRON_DISTOPT, QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK, ZERO3_ACT_SCALE,
                         ZERO3_MAX_LIVE_PARAMETERS, ZERO3_RECOMPUTED_ADAPTER_SCALE, ZERO3_STEP_GRAD_COPY_BYTES,
                         ZERO3_SUB_GROUP_SIZE)
 
@@ -253,10 +253,15 @@ def adapter_dropout_bytes(model: ModelSpec, adapter: dict[str, Any] | None) -> f
     return 3.0 * sum(LINEAR_SHAPES[name](model)[0] for name in adapter.get("target_modules") or ())
 
 
-def adapter_under_zero3(tech: techniques.Technique) -> bool:
-    """An adapter under ZeRO-3: its activations take ZERO3_ADAPTER_ACT_SCALE (its
-    recomputed layer ZERO3_RECOMPUTED_ADAPTER_SCALE)."""
-    return tech.adapter is not None and tech.zero_stage == 3
+def zero3_scale(tech: techniques.Technique) -> float:
+    """What ZeRO-3 multiplies a cell's saved activations by: ZERO3_ACT_SCALE without
+    recomputation (an adapter's dropout copies too), ZERO3_RECOMPUTED_ADAPTER_SCALE on an
+    adapter's recomputed layer, 1 otherwise (a full-parameter recomputed layer, no ZeRO-3)."""
+    if tech.zero_stage != 3:
+        return 1.0
+    if tech.recompute:
+        return ZERO3_RECOMPUTED_ADAPTER_SCALE if tech.adapter is not None else 1.0
+    return ZERO3_ACT_SCALE
 
 
 def quant4_full_parameter(tech: techniques.Technique) -> bool:
@@ -274,9 +279,7 @@ def activation_bytes(w: Workload) -> tuple[float, float, float]:
     tp = _layout(w)[0] if w.backend == "megatron" else 1
     seq = w.seq_len + (int((w.adapter or {}).get("num_virtual_tokens", 0)) if tech.adapter == "prompt_tuning" else 0)
     tokens = w.batch_size * seq
-    zero3 = 1.0  # an adapter under ZeRO-3: scales the dropout copies too
-    if adapter_under_zero3(tech):
-        zero3 = ZERO3_RECOMPUTED_ADAPTER_SCALE if tech.recompute else ZERO3_ADAPTER_ACT_SCALE
+    zero3 = zero3_scale(tech)
     scale = (k.act_scale * (COMPILED_ACT_SCALE if tech.compiled else 1.0) * zero3
              * (QUANT4_ACT_SCALE if quant4_full_parameter(tech) else 1.0))
     per_layer = tokens * (scale * layer_activation_bytes(w.model, seq, tech.flash, tp)

@@ -17,8 +17,10 @@ How the next batch is chosen (``next_probe``), with ``lo`` the largest batch kno
    batch too large ran (tight: its peak is known), a second line runs from the largest
    fitting batch to it, across the interval the answer lies in, and the larger batch of
    the two lines below it is probed (``ALGORITHM`` 2; version 1 drew only the first, and
-   bisected where it pointed at or past the tight batch). A prediction at or past a known
-   failure is dropped for bisection. A right model ends the search in four probes (start,
+   bisected where it pointed at or past the tight batch). Reserved memory moves in steps, so
+   two nearby fits can show a flat or falling line: it gives way to the hint's slope where
+   one is known (``ALGORITHM`` 3; version 2 dropped the model and, with nothing too large
+   yet, doubled). A prediction at or past a known failure is dropped for bisection. A right model ends the search in four probes (start,
    2x, p + 1, p);
 3. a ``hint`` (optional, unused unless a caller gives one): a predicted largest batch
    that fits, e.g. from a memory model that needs no probe at all. It is probed first
@@ -57,8 +59,9 @@ MODEL_POINTS = 2
 HINT_BACKOFF = 0.1
 #: the version of next_probe's rules a search records (search.json ``algorithm``; absent: 1),
 #: so that a replay reproduces the probes it made; 2 reads the peak of a probe that ran tight
-#: (rule 2's line across the interval, rule 3's tight hint)
-ALGORITHM = 2
+#: (rule 2's line across the interval, rule 3's tight hint); 3 puts the hint's slope in
+#: place of a line through two fits that does not rise
+ALGORITHM = 3
 
 
 def bound(max_batch: int) -> int:
@@ -147,7 +150,7 @@ def predict(probes: list[Probe], capacity_gib: float | None, slope_gib: float | 
     pts = sorted({p.batch_size: p.peak_gib for p in probes if p.status == "ok" and p.peak_gib is not None}.items())
     if capacity_gib is None:
         return None
-    line = _line(pts, capacity_gib, slope_gib)
+    line = _line(pts, capacity_gib, slope_gib, algorithm)
     over = _tight_bound(probes) if algorithm >= 2 else None
     if over is None:
         return line
@@ -160,14 +163,18 @@ def predict(probes: list[Probe], capacity_gib: float | None, slope_gib: float | 
     return line
 
 
-def _line(pts: list[tuple[int, float]], capacity_gib: float, slope_gib: float | None) -> int | None:
-    """Rule 2's line through the two largest fits (or the largest and ``slope_gib``): the
-    largest batch it keeps under the capacity, or None."""
+def _line(pts: list[tuple[int, float]], capacity_gib: float, slope_gib: float | None,
+          algorithm: int = ALGORITHM) -> int | None:
+    """Rule 2's line through the two largest fits (or the largest and ``slope_gib``, and from
+    ``algorithm`` 3 where the two fits' line does not rise): the largest batch it keeps under
+    the capacity, or None."""
     if not pts:
         return None
     if len(pts) >= MODEL_POINTS:
         (b0, m0), (b1, m1) = pts[-2], pts[-1]
         slope = (m1 - m0) / (b1 - b0)
+        if slope <= 0 and algorithm >= 3 and slope_gib is not None:
+            slope = slope_gib
     elif slope_gib is not None:
         (b1, m1), slope = pts[-1], slope_gib
     else:

@@ -20,8 +20,8 @@ How the next batch is chosen (``next_probe``), with ``lo`` the largest batch kno
    bisected where it pointed at or past the tight batch). Reserved memory moves in steps, so
    two nearby fits can show a flat or falling line: it gives way to the hint's slope where
    one is known (``ALGORITHM`` 3; version 2 dropped the model and, with nothing too large
-   yet, doubled). A prediction at or past a known failure is dropped for bisection. A right model ends the search in four probes (start,
-   2x, p + 1, p);
+   yet, doubled). A prediction at or past a known failure is dropped for bisection. A
+   right model ends the search in four probes (start, 2x, p + 1, p);
 3. a ``hint`` (optional, unused unless a caller gives one): a predicted largest batch
    that fits, e.g. from a memory model that needs no probe at all. It is probed first
    (in place of ``start``), then ``hint + 1`` if it fit; a right hint ends the search in

@@ -156,6 +156,25 @@ def _device(cuda: bool) -> tuple[Any, Callable[[], None]]:
     return device, (torch.cuda.synchronize if cuda else (lambda: None))
 
 
+def _set_up(spec: dict, tech: techniques.Technique, seed: int) -> tuple[Any, ...]:
+    """What both profile entry points start from: (cuda, device, sync, model spec, the seeded
+    random-initialised model on the device in the platform's compute dtype with the
+    technique's attention (train.build), that dtype, the attention's context and label)."""
+    from .. import platforms
+    from ..models import ModelSpec
+    from ..train import build, scenario
+
+    accelerator = spec["platform"]["accelerator"]
+    cuda = accelerator == "cuda"
+    device, sync = _device(cuda)
+    scenario.seed(seed)
+    attn_impl, attn_ctx, attn_label = build.attention_choice(tech, accelerator)
+    dtype = platforms.compute_dtype(spec["platform"])
+    model_spec = ModelSpec(**spec["model"])
+    model = build.build_llama(model_spec, attn_impl, dtype, device)
+    return cuda, device, sync, model_spec, model, dtype, attn_ctx, attn_label
+
+
 def _attribute(prof: Any, walls: dict[str, float], profiled: dict[str, float], steps: int,
                phases_run: tuple[str, ...], cuda: bool) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
     """A finished profiler's events -> rows adding up to ``walls`` and phase totals
@@ -173,7 +192,6 @@ def _attribute(prof: Any, walls: dict[str, float], profiled: dict[str, float], s
 def run(spec: dict, out: Path, trace_dir: Path) -> dict:
     """Build the model, run warm-up and profiled steps, attribute, write the result (rank 0)."""
     from ..cells import Cell
-    from ..models import ModelSpec
 
     cell = Cell.from_dict(spec["cell"])
     tech = check_technique(cell.technique)
@@ -185,8 +203,6 @@ def run(spec: dict, out: Path, trace_dir: Path) -> dict:
     if proto.warmup_steps < 1:
         raise ValueError("profile cells need protocol.warmup_steps >= 1: the unprofiled step time is "
                          "measured on the warm-up steps")
-    accelerator = spec["platform"]["accelerator"]
-    model_spec = ModelSpec(**spec["model"])
 
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -194,12 +210,7 @@ def run(spec: dict, out: Path, trace_dir: Path) -> dict:
     from .. import platforms, provenance
     from ..train import build, scenario
 
-    cuda = accelerator == "cuda"
-    device, sync = _device(cuda)
-    scenario.seed(proto.seed)
-    attn_impl, attn_ctx, attn_label = build.attention_choice(tech, accelerator)
-    dtype = platforms.compute_dtype(spec["platform"])
-    model = build.build_llama(model_spec, attn_impl, dtype, device)
+    cuda, device, sync, model_spec, model, dtype, attn_ctx, attn_label = _set_up(spec, tech, proto.seed)
     if tech.recompute:
         build.enable_recompute(model)
     model.train()
@@ -283,7 +294,6 @@ def run_inference(spec: dict, out: Path, trace_dir: Path) -> dict:
     in a device synchronize. Rows are per phase (the decode phase's are all its steps).
     """
     from ..cells import Cell
-    from ..models import ModelSpec
 
     cell = Cell.from_dict(spec["cell"])
     tech = check_technique(cell.technique)
@@ -292,21 +302,16 @@ def run_inference(spec: dict, out: Path, trace_dir: Path) -> dict:
                                    "backward pass to recompute for (backend inference takes F only)")
     if cell.gpus != 1 or int(os.environ.get("WORLD_SIZE", "1")) != 1:
         raise ValueError(f"inference profile cells run as one process on one device (gpus: 1); got {cell.gpus}")
-    proto, accelerator = cell.protocol, spec["platform"]["accelerator"]
-    model_spec = ModelSpec(**spec["model"])
+    proto = cell.protocol
 
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from .. import platforms, provenance
-    from ..train import build, scenario
+    from ..train import scenario
 
-    cuda = accelerator == "cuda"
-    device, sync = _device(cuda)
-    scenario.seed(proto.seed)
-    attn_impl, attn_ctx, attn_label = build.attention_choice(tech, accelerator)
-    dtype = platforms.compute_dtype(spec["platform"])
-    model = build.build_llama(model_spec, attn_impl, dtype, device).eval()
+    cuda, device, sync, model_spec, model, dtype, attn_ctx, attn_label = _set_up(spec, tech, proto.seed)
+    model.eval()
     prompts = scenario.synthetic_ids(model_spec.vocab_size, cell.batch_size, proto.seq_len, proto.seed, 0, device)
 
     @torch.no_grad()

@@ -744,6 +744,45 @@ def test_a_plan_times_a_search_at_the_hint_from_the_largest_batch_an_earlier_fol
     assert capsys.readouterr().out.splitlines()[0] == f"     0  {folder}  (already recorded in {ref})"
 
 
+def test_a_plan_times_a_search_whose_only_record_is_far_below_from_the_closest_technique(tmp_path, capsys):
+    """Batch 1's seconds a token, scaled to the hint, over-state a large batch's many times
+    (one H200's 7B F+R+Z3: 2,303 s planned from batch 1, where R+Z3's search and cell took
+    266). Where the cell's only record is under a quarter of the hint, the seconds a token
+    come from the same platform's record, near the hint, of the technique fewest flags away
+    (L for L+R, not QL+F, nor another GPU's); the set-up stays the cell's own."""
+    from llmbench import grid as grids, memory
+    from llmbench.search.runner import PLAN_PROBES
+
+    config = tmp_path / "config.yaml"
+    config.write_text(ESTIMATE_CONFIG)
+    g = grids.load(config)
+    hint = memory.start_hint(g.spec(g.searches[0]))
+    ref = tmp_path / "ref"
+
+    def record(platform, technique, batch, wall_s, window_s):
+        path = ref / f"runs/finetune/{platform}/llama2-7b/deepspeed/{technique}/bs{batch}-g1/record.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(probe_record(wall_s=wall_s, window_s=window_s))
+        return path
+
+    record("h100", "L+R", 1, wall_s=20, window_s=15.0)  # 5 s of set-up; 5 s a step at batch 1
+    folder = "results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1"
+    listing = tmp_path / "todo.txt"
+    listing.write_text(f"{folder}\n")
+    assert search.main(["plan", str(listing), str(config), "--earlier", str(ref)]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("its batch 1 is far below, so an upper bound)")
+    near = record("h100", "L", hint, wall_s=40, window_s=30.0)  # 10 s a step at the hint
+    record("h100", "QL+F", hint, wall_s=10, window_s=3.0)  # five flags away
+    record("h200", "L", hint, wall_s=100, window_s=90.0)  # another GPU
+    record("h100", "L", max(hint // 3, 1), wall_s=10, window_s=3.0)  # as close, farther from the hint
+    want = math.ceil(PLAN_PROBES * (5 + 3 * 10.0) + 2 * (5 + 13 * 10.0))
+    assert search.main(["plan", str(listing), str(config), "--earlier", str(ref)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"{want:>6}  {folder}  (a search: {PLAN_PROBES} probes and 2 repeat(s) at batch {hint}, 10.0 s a step from "
+        f"{ref}/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs1-g1/record.json (its batch 1 is far below: a step's "
+        f"seconds a token from L at batch {hint}, {near}))")
+
+
 def test_recorded_in_reads_skip_recorded_folders_as_offline_batch_does(tmp_path, capsys):
     """A record a folder holds: skip; a search it holds with its cell: skip; without its
     cell: that cell, beside the given target; none: None (the CLI prints ``none``). A

@@ -31,9 +31,9 @@ import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
-from .. import cells
+from .. import cells, techniques
 from ..record import FRONTIER_COMMAND, wall_s
 from .algorithm import BOUNDING, Probe, State, bound, next_probe
 from .frontier import Frontier, capacity_and_metric, fingerprint, seed_frontier
@@ -355,6 +355,28 @@ def recorded_in(target: str, folders: Sequence[Path | str]) -> tuple[str, str] |
 PLAN_PROBES = 3
 
 
+def _timed_records(earlier: Sequence[Path | str],
+                   key: dict[str, str]) -> Iterator[tuple[dict[str, str], tuple, int, str]]:
+    """(wildcards, _timing, sequence length, path) of each ok record and probe in ``earlier``
+    that ``key`` (cells.RECORD_PATTERN's wildcards, ``*`` for any) matches."""
+    for d in earlier:
+        for pattern in (cells.RECORD_PATTERN, cells.PROBE_RECORD_PATTERN):
+            for path in Path(d).glob(pattern.format(**key)):
+                ref, rec = cells.parse(str(path), (pattern,)), _read_json(path)
+                if ref is None or rec is None or (timing := _timing(rec)) is None:
+                    continue
+                yield ref.wildcards, timing, int(rec["cell"]["protocol"].get("seq_len") or 0), str(path)
+
+
+def _technique_distance(a: str, b: str) -> int:
+    """How many flags (the adapter counted as one) two techniques differ in."""
+    def parts(name: str) -> set[str]:
+        tech = techniques.parse(name)
+        return set(tech.flags) | {tech.adapter_token or ""}
+
+    return len(parts(a) ^ parts(b))
+
+
 def search_estimate_s(folder: Path | str, configfile: Path | str, earlier: Sequence[Path | str] = ()) \
         -> tuple[float, str] | None:
     """(seconds, why) a search folder's search and the cell it measures should take, for a
@@ -364,8 +386,12 @@ def search_estimate_s(folder: Path | str, configfile: Path | str, earlier: Seque
     platform, any batch) in ``earlier`` with the largest batch (the same platform's first
     where batches tie): a large batch's seconds a token is what the searched batch runs at,
     where batch 1's is often host-bound. From another GPU the figure carries that GPU's
-    speed (from a slower one, an over-estimate). None where the config has no such search
-    or ``earlier`` no such record."""
+    speed (from a slower one, an over-estimate). Where that batch is far below the hint
+    (under a quarter), the seconds a token come instead from the record, on the same
+    platform, model, stage and GPUs, of the technique closest to the cell's (fewest flags
+    apart, then the batch nearest the hint) that ran within a quarter of the hint; where
+    none did, the batch-1 figure stands, an upper bound. None where the config has no such
+    search or ``earlier`` no such record."""
     from .. import memory
     from ..grid import load
 
@@ -379,28 +405,33 @@ def search_estimate_s(folder: Path | str, configfile: Path | str, earlier: Seque
         return None
     spec = grid.spec(found)
     batch = memory.start_hint(spec) or found.start
-    key = {**parsed.wildcards, "platform": "*", "batch_size": "*"}
+    wildcards, seq_len = parsed.wildcards, found.cell.protocol.seq_len
     best = None
-    for d in earlier:
-        for pattern in (cells.RECORD_PATTERN, cells.PROBE_RECORD_PATTERN):
-            for path in Path(d).glob(pattern.format(**key)):
-                ref, rec = cells.parse(str(path), (pattern,)), _read_json(path)
-                if ref is None or rec is None or (timing := _timing(rec)) is None:
-                    continue
-                ref_batch = int(ref.wildcards["batch_size"])
-                seq = int(rec["cell"]["protocol"].get("seq_len") or found.cell.protocol.seq_len)
-                rank = (ref_batch, ref.wildcards["platform"] == parsed.wildcards["platform"])
-                if best is None or rank > best[0]:
-                    best = (rank, timing, seq, str(path))
+    for ref, timing, seq, path in _timed_records(earlier, {**wildcards, "platform": "*", "batch_size": "*"}):
+        rank = (int(ref["batch_size"]), ref["platform"] == wildcards["platform"])
+        if best is None or rank > best[0]:
+            best = (rank, timing, seq or seq_len, path)
     if best is None:
         return None
     (ref_batch, _), (setup, window, steps, _), seq, source = best
-    step_s = window / steps / (ref_batch * seq) * batch * found.cell.protocol.seq_len
+    token_s, far = window / steps / (ref_batch * seq), ""
+    if 4 * ref_batch < batch:
+        near = None
+        for ref, (_, w, n, _), seq, path in _timed_records(earlier, {**wildcards, "technique": "*", "batch_size": "*"}):
+            b = int(ref["batch_size"])
+            if 4 * b >= batch:
+                rank = (_technique_distance(ref["technique"], wildcards["technique"]), abs(math.log(b / batch)))
+                if near is None or rank < near[0]:
+                    near = (rank, w / n / (b * (seq or seq_len)), f"{ref['technique']} at batch {b}, {path}")
+        if near is None:
+            far = f"; its batch {ref_batch} is far below, so an upper bound"
+        else:
+            token_s, far = near[1], f" (its batch {ref_batch} is far below: a step's seconds a token from {near[2]})"
+    step_s = token_s * batch * seq_len
     probe_steps = found.probe_protocol.warmup_steps + found.probe_protocol.measured_steps
     cell = found.cell.protocol
     total = (PLAN_PROBES * (setup + probe_steps * step_s)
              + cell.repeats * (setup + (cell.warmup_steps + cell.measured_steps) * step_s))
-    far = f"; its batch {ref_batch} is far below, so an upper bound" if 4 * ref_batch < batch else ""
     return total, (f"{PLAN_PROBES} probes and {cell.repeats} repeat(s) at batch {batch}, {step_s:.1f} s a step "
                    f"from {source}{far}")
 

@@ -745,9 +745,8 @@ def test_a_plan_times_a_search_at_the_hint_from_the_largest_batch_an_earlier_fol
 
 
 def test_a_plan_times_a_search_whose_only_record_is_far_below_from_the_closest_technique(tmp_path, capsys):
-    """Batch 1's seconds a token, scaled to the hint, over-state a large batch's many times
-    (one H200's 7B F+R+Z3: 2,303 s planned from batch 1, where R+Z3's search and cell took
-    266). Where the cell's only record is under a quarter of the hint, the seconds a token
+    """Batch 1's seconds a token, scaled to the hint, over-state a large batch's many times (a
+    host-bound step). Where the cell's only record is under a quarter of the hint, the seconds a token
     come from the same platform's record, near the hint, of the technique fewest flags away
     (L for L+R, not QL+F, nor another GPU's); the set-up stays the cell's own."""
     from llmbench import grid as grids, memory

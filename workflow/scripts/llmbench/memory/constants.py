@@ -144,7 +144,7 @@ COMPILED_ACT_SCALE = 0.58
 #: it, an adapter's or a full-parameter one (fitted: llmbench.memory.fit, the mean over the
 #: DeepSpeed ZeRO-3 rows without recomputation whose forward/backward pass sets the peak: the
 #: llama2-7b and -13b L+Z3 and L+Z3+O rows on one H100 and one H200 at batch 1 and up to each
-#: row's largest batch, 1.39-1.54 (1.40-1.42 from batch 6), LoRA's dropout copies included,
+#: row's largest batch, 1.38-1.54 (1.40-1.43 from batch 6), LoRA's dropout copies included,
 #: with or without offload; one H200's llama2-7b Z3 and F+Z3 searches at batch 9-17, 1.34 and
 #: 1.38 at every batch). With the adapter rows' 1.40 applied to the adapter only, the model was
 #: 4.8-6.7 % (6-9 GiB) short of every Z3 and F+Z3 probe and hinted 14 for 9 and 19 for 12.

@@ -435,8 +435,7 @@ def test_replay_reproduces_the_committed_searches_and_the_hint_finds_the_same_ba
     # one H200's 7B L+F+R ran from 391 (tight, 134.34 GiB) by the back-off to 351 and bisection,
     # seven probes. Today's hint is 393, out of memory: the back-off to 353, the line from it
     # past 391 (392, out of memory), then 372 and the line across (390, 391 tight): six probes
-    # (with the cached share at 7.9 and 0.038, before ZeRO-3 left its fit, the hint was 391 and
-    # the search took three; test_search's test_a_tight_probe_s_peak_steers_the_search keeps it)
+    # (a hint that runs tight is test_search's test_a_tight_probe_s_peak_steers_the_search)
     h200 = df[(df["platform"] == "h200") & (df["model"] == "llama2-7b")].set_index("technique")
     assert h200.loc["L+F+R", ["committed_probes", "hinted"]].tolist() == [
         7, "393:oom 353:ok 392:oom 372:ok 390:ok 391:tight"]

@@ -71,8 +71,8 @@ DEEPSPEED: dict[tuple[int, bool], StateRow] = {
     # llama2-7b Z3, R+Z3, F+Z3 and F+R+Z3 at g = 1 (107.06 GiB each).
     (3, False): StateRow(fb=StateBytes(0, 16), step=StateBytes(0, 16)),
     # ZeRO-3 + O: part of the bf16 gradient partition stays on the GPU (1.1, fitted to the
-    # H200 pair's 7.32 GiB at batch 1, its activations taking ZERO3_ACT_SCALE; 1.3 before
-    # they did); the host holds the rest (24, fitted to its 77.9 GiB RSS per rank).
+    # H200 pair's 7.32 GiB at batch 1, its activations taking ZERO3_ACT_SCALE); the host
+    # holds the rest (24, fitted to its 77.9 GiB RSS per rank).
     # offload_param partitions every parameter, a frozen adapter base included, and keeps
     # the partitions in pinned host memory: 3.17 bytes per frozen parameter (fitted to the
     # four LoRA Z3+O rows of llama2-7b and -13b on one H100, 2.86 and 3.47 apiece: bf16's 2
@@ -204,13 +204,12 @@ ZERO3_MAX_LIVE_PARAMETERS = 1e9
 #: memory, for 200 and 232. Without recomputation, near the limit (7B and 13B LoRA and
 #: QLoRA at their largest batch on one H100 and one H200), 2.2-7.5 GiB, where the logits'
 #: term alone gave 0.5-3 (a median error of 3.0 GiB, 1.1 with the activations' share).
-#: ZeRO-3's rows are left out too (the fit is over 232 rows; the constants were 7.9 and 0.038
-#: before one H200's ZeRO-3 searches came in): they follow neither term. Its adapters'
-#: recomputation rows (L+F+R+Z3, no offload) hold 5.5-11 GiB less than these constants give,
-#: its full-parameter rows 3.0-4.4 GiB more. The likely cause, not traced: ZeRO-3 allocates and
-#: frees each layer's gathered parameters through forward and backward, from the cache the
-#: logits' blocks sit in. With them in, the fit gives 7.5 and 0.041 and moves the other
-#: rows' hints up; the search backs off either way.
+#: ZeRO-3's rows are left out too (the fit is over the other 232 rows): they follow neither
+#: term. Its adapters' recomputation rows (L+F+R+Z3, no offload) hold 5.5-11 GiB less than
+#: these constants give, its full-parameter rows 3.0-4.4 GiB more. The likely cause, not
+#: traced: ZeRO-3 allocates and frees each layer's gathered parameters through forward and
+#: backward, from the cache the logits' blocks sit in. With them in, the fit gives 7.5 and
+#: 0.041 and moves the other rows' hints up; the search backs off either way.
 CACHED_LOGITS_BYTES = 7.7
 CACHED_ACTIVATION_FRACTION = 0.040
 

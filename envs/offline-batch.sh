@@ -47,7 +47,9 @@
 # gives the same estimate from the cell's own record there with the most measured steps
 # (a sweep's 3 + 10 steps time a protocol rerun's 30 + 100): the cell starts only if the
 # time left holds that repeat plus 20 s (a cell of one repeat longer than a call is never
-# started, rather than killed at the deadline every call). The line after a cell gives the
+# started, rather than killed at the deadline every call; its line says that no call of
+# DEADLINE_S starts it, and `python -m llmbench.search plan LIST CONFIG --call-s DEADLINE_S`
+# names such cells before any call). The line after a cell gives the
 # estimate of all its repeats beside the seconds it took.
 # SKIP_RECORDED="DIR ..." (optional): results folders (a reference run's, holding runs/...)
 # whose records count as done: a target recorded in one of them is skipped (a search folder
@@ -137,13 +139,12 @@ while (( i < ${#targets[@]} )); do
     fi
     left=$((deadline - (SECONDS - start)))
     est="" reps="" src=""
-    [[ $t == *.json ]] && read -r est reps src < <(PYTHONPATH=$site_path python3 -m llmbench.search estimate \
+    # est: a repeat's seconds; need: the seconds left it wants (llmbench.search's Estimate.start_s)
+    [[ $t == *.json ]] && read -r est reps need src < <(PYTHONPATH=$site_path python3 -m llmbench.search estimate \
         "$t" "$configfile" ${ESTIMATE_FROM:+--earlier $ESTIMATE_FROM} 2>/dev/null)
     if [[ $est =~ ^[0-9]+$ && $src == probe ]]; then
-        need=$((est * 5 / 4 + 20))
         why="its search's probe puts a repeat at ${est}s (x 1.25 + 20 s: ${need}s)"
     elif [[ $est =~ ^[0-9]+$ ]]; then
-        need=$((est + 20))
         why="its record in ${src%%/runs/*} puts a repeat at ${est}s (+ 20 s: ${need}s)"
     elif [[ $t != *.json ]]; then  # a search stops between probes at its job's deadline
         est="" need=$first why="a search needs FIRST_S (${first}s) for its first probe"
@@ -152,7 +153,10 @@ while (( i < ${#targets[@]} )); do
     fi
     [[ $est =~ ^[0-9]+$ ]] && est=$((est * reps))  # the line after the cell gives the whole cell's
     if (( left < need )); then
-        echo "offline-batch: ${left}s left, $why: not starting $t (later targets go on; the next call runs it)"
+        next="the next call runs it"
+        # a repeat longer than a whole call: calls of this length never start it
+        [[ $est =~ ^[0-9]+$ ]] && (( need > deadline )) && next="no call of ${deadline}s starts it: a longer one must"
+        echo "offline-batch: ${left}s left, $why: not starting $t (later targets go on; $next)"
         rc=3
         continue
     fi

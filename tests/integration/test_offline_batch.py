@@ -338,6 +338,7 @@ def test_a_searched_cell_starts_only_where_its_estimate_fits_the_time_left(tmp_p
     done = run(deadline_s=100, first_s=1)
     assert done.returncode == 3, done.stdout + done.stderr
     assert "its search's probe puts a repeat at 70s (x 1.25 + 20 s: 107s): not starting" in done.stdout
+    assert "no call of 100s starts it: a longer one must" in done.stdout  # 107 s > the whole call
     assert not target.exists()
     probe.write_text(probe_record(wall_s=4, window_s=1.5))  # 2.5 + 0.5 x 13 = 9 s a repeat: needs 31 s
     done = run(deadline_s=200, first_s=1000)

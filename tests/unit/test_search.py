@@ -665,7 +665,9 @@ def test_a_searched_cell_is_estimated_from_its_probe_and_its_own_protocol(tmp_pa
     probe.write_text(probe_record(wall_s=40, window_s=9.0))
     # a repeat: 31 s of set-up + 3 s a step x 13 steps; the cell has 2
     assert search.estimate_s(target, config) == search.Estimate(repeat_s=70.0, repeats=2, source="probe")
-    assert search.main(["estimate", str(target), str(config)]) == 0 and capsys.readouterr().out == "70 2 probe\n"
+    # and the seconds left offline-batch wants to start it: 1.25 x 70 + 20
+    assert search.estimate_s(target, config).start_s == 107
+    assert search.main(["estimate", str(target), str(config)]) == 0 and capsys.readouterr().out == "70 2 107 probe\n"
     other = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L/bs203-g1/record.json"
     assert search.estimate_s(other, config) is None  # no such cell in the config (nor probe)
     probe.write_text(probe_record(wall_s=40, window_s=9.0, status="skipped"))  # answered by the frontier
@@ -691,6 +693,14 @@ def test_a_plan_sums_the_estimates_of_a_target_list_and_names_what_it_cannot_tim
     assert out[0] == f"   140  {cell}  (2 x 70 s from probe)"
     assert out[1].startswith(f"     ?  {folder}  (a search") and out[2].startswith(f"     ?  {untimed}  (no probe")
     assert out[3] == "total: 140 s for 1 of 3 targets; 2 not timed (above)"
+    # a call of 106 s never starts the cell (offline-batch wants 1.25 x 70 + 20 = 107 s left); one of 107 does
+    assert search.main(["plan", str(listing), str(config), "--call-s", "106"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (f"   140  {cell}  (2 x 70 s from probe; never starts in a call of 106 s: offline-batch "
+                      "wants 107 s left to start it)")
+    assert out[3] == "total: 140 s for 1 of 3 targets; 2 not timed (above); 1 never starts in a call of 106 s (above)"
+    assert search.main(["plan", str(listing), str(config), "--call-s", "107"]) == 0
+    assert "never" not in capsys.readouterr().out
     with pytest.raises(SystemExit):
         search.main(["plan", str(tmp_path / "missing.txt"), str(config)])
 
@@ -838,7 +848,7 @@ def test_without_a_probe_a_cell_is_estimated_from_its_own_earlier_record(tmp_pat
                       phase_after_window_s=1.0)
     assert search.estimate_s(target, config, [resumed]).repeat_s == pytest.approx(22 + 2 * 13)
     assert search.main(["estimate", target, str(config), "--earlier", str(sweep)]) == 0
-    assert capsys.readouterr().out == f"65 2 {sweep / target.removeprefix('results/')}\n"
+    assert capsys.readouterr().out == f"65 2 85 {sweep / target.removeprefix('results/')}\n"  # a record's: + 20 s
 
 
 def test_a_search_stops_before_a_probe_its_deadline_cannot_hold_and_resumes_from_its_frontier(tmp_path, monkeypatch,

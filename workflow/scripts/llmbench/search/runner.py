@@ -253,6 +253,16 @@ class Estimate:
     source: str
     """``probe`` (its search's probe at that batch), or the path of the earlier record read."""
 
+    @property
+    def start_s(self) -> int:
+        """The seconds left that envs/offline-batch.sh wants before it starts the cell: a
+        repeat plus 20 s, a probe's estimate of a repeat taken 1.25 times first (how the
+        committed cells' wall times compare with the estimate: README, the paragraph on
+        offline-batch). A call shorter than this never starts the cell, as a cell stops
+        only between repeats."""
+        repeat = math.ceil(self.repeat_s)
+        return (repeat * 5 // 4 if self.source == "probe" else repeat) + 20
+
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     """A record's JSON, or None where it is missing or unreadable."""
@@ -437,13 +447,15 @@ def search_estimate_s(folder: Path | str, configfile: Path | str, earlier: Seque
 
 
 def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path | str] = (),
-         skip_recorded: Sequence[Path | str] = ()) -> list[tuple[str, float | None, str]]:
+         skip_recorded: Sequence[Path | str] = (), call_s: int | None = None) -> list[tuple[str, float | None, str]]:
     """(target, seconds, why) for each target of a list such as envs/offline-batch.sh runs,
     with its SKIP_RECORDED folders ``skip_recorded`` (recorded_in): 0 for a target they
     hold; for a search they hold without its cell, that cell; a cell's estimate_s times its
     repeats (why: where the estimate comes from), a search folder's search_estimate_s (its
     probes are not known before it runs: a rougher figure), or None where nothing times
-    the target."""
+    the target. With ``call_s`` (offline-batch's deadline: a lent machine's call, a Slurm
+    allocation), a cell whose Estimate.start_s exceeds it says so in its why
+    (NEVER_STARTS): no call of that length starts it."""
     out: list[tuple[str, float | None, str]] = []
     for target in targets:
         found = recorded_in(target, skip_recorded)
@@ -462,8 +474,15 @@ def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path 
             out.append((target, None, "no probe at its batch nor an earlier record of the cell"))
         else:
             repeat = math.ceil(est.repeat_s)  # whole seconds, as estimate prints it
-            out.append((target, repeat * est.repeats, f"{est.repeats} x {repeat} s from {est.source}"))
+            why = f"{est.repeats} x {repeat} s from {est.source}"
+            if call_s is not None and est.start_s > call_s:
+                why += f"; {NEVER_STARTS} of {call_s} s: offline-batch wants {est.start_s} s left to start it"
+            out.append((target, repeat * est.repeats, why))
     return out
+
+
+#: what plan says of a cell no call of the given length starts
+NEVER_STARTS = "never starts in a call"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -471,9 +490,10 @@ def main(argv: list[str] | None = None) -> int:
     ``python -m llmbench.search measured-target FOLDER`` (measured_target: prints the
     record path, or nothing where no batch fit); ``python -m llmbench.search estimate
     TARGET CONFIG [--earlier DIR ...]`` (estimate_s: prints a repeat's whole seconds, the
-    repeats and the source, or nothing where there is no estimate); ``python -m
-    llmbench.search plan LIST CONFIG [--earlier DIR ...] [--skip-recorded DIR ...]`` (plan:
-    the seconds of each target of a target list, then their sum and what it leaves out);
+    repeats, the seconds left offline-batch wants to start it (Estimate.start_s) and the
+    source, or nothing where there is no estimate); ``python -m llmbench.search plan LIST
+    CONFIG [--earlier DIR ...] [--skip-recorded DIR ...] [--call-s S]`` (plan: the seconds of
+    each target of a target list, then their sum and what it leaves out);
     ``python -m llmbench.search recorded-in TARGET [DIR ...]`` (recorded_in: prints ``skip
     DIR``, ``cell PATH``, or ``none`` where no folder holds the target)."""
     import argparse
@@ -496,6 +516,8 @@ def main(argv: list[str] | None = None) -> int:
     planned.add_argument("config", type=Path, help="the config whose cells they are")
     planned.add_argument("--skip-recorded", nargs="*", type=Path, default=[],
                          help="results folders whose records count as done (offline-batch's SKIP_RECORDED)")
+    planned.add_argument("--call-s", type=int, default=None,
+                         help="seconds of one call (offline-batch's DEADLINE_S): name the cells it never starts")
     recorded = sub.add_parser("recorded-in", help=recorded_in.__doc__.split("\n")[0])
     recorded.add_argument("target", help="a target (results/runs/...: a record or a search folder)")
     recorded.add_argument("folders", nargs="*", help="results folders holding runs/...")
@@ -509,17 +531,19 @@ def main(argv: list[str] | None = None) -> int:
             listed = [t for t in lines if t and not t.startswith("#")]  # as offline-batch reads it
         except OSError as exc:
             parser.exit(2, f"{exc}\n")
-        rows = plan(listed, args.config, args.earlier, args.skip_recorded)
+        rows = plan(listed, args.config, args.earlier, args.skip_recorded, args.call_s)
         for target, secs, why in rows:
             print(f"{'?' if secs is None else int(secs):>6}  {target}  ({why})")
         timed = [secs for _, secs, _ in rows if secs is not None]
+        never = sum(NEVER_STARTS in why for _, _, why in rows)
         print(f"total: {int(sum(timed))} s for {len(timed)} of {len(rows)} targets"
-              + (f"; {len(rows) - len(timed)} not timed (above)" if len(timed) < len(rows) else ""))
+              + (f"; {len(rows) - len(timed)} not timed (above)" if len(timed) < len(rows) else "")
+              + (f"; {never} {NEVER_STARTS} of {args.call_s} s (above)" if never else ""))
         return 0
     if args.command == "estimate":
         est = estimate_s(args.target, args.config, args.earlier)
         if est is not None:
-            print(math.ceil(est.repeat_s), est.repeats, est.source)
+            print(math.ceil(est.repeat_s), est.repeats, est.start_s, est.source)
         return 0
     if args.command == "measured-target":
         try:

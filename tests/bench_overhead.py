@@ -15,7 +15,10 @@ way: warm-up steps, a device synchronize, ``--steps`` steps, a synchronize. The 
 keeps no fp32 master copy of the trainable parameters and no fp32 gradient buffer, as
 DeepSpeed's bf16 mode does: what that and DeepSpeed's engine cost is in the ratio. Printed: tokens/s
 of each, cell / plain, and peak allocated memory; ``--rounds`` alternates the two that many
-times (medians; a 7B LoRA step at batch 1 is host-bound and moves between windows).
+times (medians; a 7B LoRA step at batch 1 is host-bound and moves between windows), and
+gives each side's coefficient of variation over its rounds (``plain_cv``, ``cell_cv``): with
+the paper's 30 + 100 steps and 3 rounds, whether a cell's spread between its repeats is the
+harness's and DeepSpeed's or already the plain loop's on that machine.
 
 The plain child also times ``--variants`` of its loop on the same model (VARIANTS), to split
 the cell's cost: ``overflow`` adds DeepSpeed's own per-tensor gradient-overflow check (what
@@ -25,6 +28,9 @@ plain loop of the same child (``overflow_over_plain``, ``master_over_plain``).
 
     # one GPU (deepspeed, bitsandbytes, peft on PYTHONPATH, e.g. /tmp/site from envs/offline-run.sh)
     python3 tests/bench_overhead.py --model llama2-7b --device cuda --batch 8 --rounds 3 --json overhead.json
+    # the run-to-run spread under the paper's protocol, at batch 1 only (plain_cv beside cell_cv)
+    python3 tests/bench_overhead.py --model llama2-7b --device cuda --techniques L --batch 1 --rounds 3 \
+        --warmup 30 --steps 100 --variants plain --json spread.json
     # at each technique's searched largest batch (results/reference's searches for llama2-7b on h100)
     python3 tests/bench_overhead.py --model llama2-7b --device cuda --batch searched --json overhead.json
     # the CPU smoke run (fp32, the CPU platform's dtype)
@@ -241,6 +247,20 @@ def median(rounds: list[dict], key: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def cv(rounds: list[dict], key: str = "tokens_per_s") -> float | None:
+    """The coefficient of variation of ``key`` over the ok rounds (sample standard deviation
+    over the mean, llmbench.protocol.summarize), None under two. Each round is a process of
+    its own, as each of the protocol's repeats is: the plain loop's is the run-to-run spread
+    of the machine and the model's step without DeepSpeed or the harness, beside the cell's."""
+    from llmbench.protocol import summarize
+
+    vals = [r[key] for r in rounds if r["status"] == "ok" and r.get(key) is not None]
+    if len(vals) < 2:
+        return None
+    s = summarize(vals)
+    return s.std / s.mean
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plain-child", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
@@ -308,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                       if any(r["status"] == "ok" for r in plain) else None for v in variants[1:]}
             rows.append({"technique": technique, "batch": batch, "plain_tokens_per_s": p_tps,
                          "cell_tokens_per_s": c_tps, "cell_over_plain": c_tps / p_tps if p_tps and c_tps else None,
+                         "plain_cv": cv(plain), "cell_cv": cv(cell),
                          **shares, "trainable_tensors": next((r["trainable_tensors"] for r in plain
                                                               if r["status"] == "ok"), None),
                          "plain_peak_gib": median(plain, peak_key), "cell_peak_gib": median(cell, peak_key),

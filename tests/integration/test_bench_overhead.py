@@ -34,6 +34,18 @@ def test_the_overhead_benchmark_runs_the_cell_and_every_plain_variant_on_the_cpu
     assert row["cell_over_plain"] == cell["tokens_per_s"] / plain["tokens_per_s"]
     assert row["overflow_over_plain"] == tps["overflow"] / tps["plain"]
     assert "master_over_plain" in proc.stdout  # the printed table has every ratio
+    assert "plain_cv" in proc.stdout and row["plain_cv"] is None is row["cell_cv"]  # one round: no spread
+
+
+def test_the_spread_over_rounds_is_the_ok_rounds_coefficient_of_variation():
+    """plain_cv and cell_cv: sample standard deviation over the mean of the ok rounds' tokens/s
+    (each round a process, as the protocol's repeats), None under two ok rounds."""
+    sys.path.insert(0, str(REPO / "tests"))
+    import bench_overhead
+
+    ok = [{"status": "ok", "tokens_per_s": v} for v in (90.0, 100.0, 110.0)]
+    assert bench_overhead.cv(ok + [{"status": "error", "reason": ["x"]}]) == pytest.approx(10.0 / 100.0)
+    assert bench_overhead.cv(ok[:1]) is None
 
 
 def test_an_unknown_variant_is_refused_by_name():

@@ -146,10 +146,10 @@ COMPILED_ACT_SCALE = 0.58
 #: llama2-7b and -13b L+Z3 and L+Z3+O rows on one H100 and one H200 at batch 1 and up to each
 #: row's largest batch, 1.38-1.54 (1.40-1.43 from batch 6), LoRA's dropout copies included,
 #: with or without offload; one H200's llama2-7b Z3 and F+Z3 searches at batch 9-17, 1.34 and
-#: 1.38 at every batch). With the adapter rows' 1.40 applied to the adapter only, the model was
-#: 4.8-6.7 % (6-9 GiB) short of every Z3 and F+Z3 probe and hinted 14 for 9 and 19 for 12.
-#: DeepSpeed's ZeRO-3 linear wrapper is the likely holder of the extra copies (not traced).
-#: Before the dropout copies were counted, the adapter rows gave 2.16.
+#: 1.38 at every batch). Full-parameter cells take it too: without it the model falls 4.8-6.7 %
+#: (6-9 GiB) short of those Z3 and F+Z3 rows. DeepSpeed's ZeRO-3 linear wrapper is the likely
+#: holder of the extra copies (not traced). LoRA's dropout copies are counted on their own
+#: (adapter_dropout_bytes); left in this scale, the adapter rows would give 2.16.
 ZERO3_ACT_SCALE = 1.40
 
 #: Saved activations of a 4-bit full-parameter cell (Q: frozen NF4 decoder linears, the

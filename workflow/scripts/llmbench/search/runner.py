@@ -363,6 +363,8 @@ def recorded_in(target: str, folders: Sequence[Path | str]) -> tuple[str, str] |
 #: the probes plan counts for a search: about what the committed searches need from the
 #: memory model's hint (python -m llmbench.memory replay gives the count)
 PLAN_PROBES = 3
+#: what plan says of a cell no call of the given length starts (plan's call_s)
+NEVER_STARTS = "never starts in a call"
 
 
 def _timed_records(earlier: Sequence[Path | str],
@@ -479,10 +481,6 @@ def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path 
                 why += f"; {NEVER_STARTS} of {call_s} s: offline-batch wants {est.start_s} s left to start it"
             out.append((target, repeat * est.repeats, why))
     return out
-
-
-#: what plan says of a cell no call of the given length starts
-NEVER_STARTS = "never starts in a call"
 
 
 def main(argv: list[str] | None = None) -> int:

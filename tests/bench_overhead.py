@@ -52,8 +52,38 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow" / "scripts"))
 
-#: --device -> the platform a cell runs on when --platform is not given
-DEFAULT_PLATFORM = {"cpu": "cpu", "cuda": "h100"}
+
+def gpu_platform(names: list[str]) -> str:
+    """The platform (config/platforms) a run on GPUs of these NVML product names takes when
+    --platform is not given: the one whose ``gpu_name`` every name contains, the one with the
+    fewest GPUs a node where several do (h200 before h200x4). ValueError naming the GPUs
+    where none matches."""
+    from llmbench.platforms import Platform
+    from llmbench.config import available
+
+    found = [p for p in map(Platform.load, available("platform")) if p.accelerator == "cuda" and p.gpu_name
+             and all(p.gpu_name.lower() in n.lower() for n in names)]
+    if not found:
+        raise ValueError(f"no config/platforms/*.yaml has a gpu_name in GPU name(s) {names}: pass --platform")
+    return min(found, key=lambda p: (p.gpus_per_node, p.name)).name
+
+
+def platform_for(device: str, platform: str | None) -> tuple[str, list[dict]]:
+    """(platform, the GPU's state as llmbench.gpus reads it) a run on ``device`` takes: the
+    CPU platform on a CPU; on CUDA the GPU the cells run on (llmbench.gpus.cell_gpu_ids),
+    its platform from its name unless ``platform`` names one, which must match it as a
+    pipeline cell's must (llmbench.gpus.wrong_gpu_reason). ValueError otherwise."""
+    from llmbench import gpus
+    from llmbench.platforms import Platform
+
+    if device == "cpu":
+        return platform or "cpu", []
+    found = gpus.read_nvml(gpus.cell_gpu_ids(1, "cuda"))
+    if platform is None:
+        return gpu_platform([g.name for g in found]), [g.to_dict() for g in found]
+    if wrong := gpus.wrong_gpu_reason(found, Platform.load(platform).gpu_name, platform):
+        raise ValueError(f"--platform {platform}: {wrong}")
+    return platform, [g.to_dict() for g in found]
 
 
 def cell_spec(technique: str, model: str, platform: str, batch: int, warmup: int, steps: int, seq_len: int,
@@ -266,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plain-child", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     ap.add_argument("--model", default="tiny", help="config/models/<name>.yaml (default tiny)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--platform", default=None, help="config/platforms/<name>.yaml (default: cpu, or h100 on cuda)")
+    ap.add_argument("--platform", default=None, help="config/platforms/<name>.yaml (default: cpu, or on cuda the "
+                    "platform whose gpu_name the GPU's name holds: h100 or h200)")
     ap.add_argument("--techniques", default="L,QL,Q", help="comma-separated (default L,QL,Q)")
     ap.add_argument("--batch", default="8", help="the larger batch, measured besides batch 1: a number, or "
                     "'searched' for each technique's largest batch from --reference's max-batch searches (default 8)")
@@ -297,7 +328,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import pandas as pd
 
-    platform = args.platform or DEFAULT_PLATFORM[args.device]
+    try:
+        platform, gpu_state = platform_for(args.device, args.platform)
+    except ValueError as e:
+        ap.error(str(e))
     workdir = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
     rows, index = [], 0
     # device memory allocated on a GPU; on a CPU the host's peak RSS (no allocator statistics there)
@@ -338,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             if args.json:  # after every point: a benchmark stopped by its time limit keeps what it measured
                 args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                 "platform": platform, "rows": rows}, indent=2))
+                                                 "platform": platform, "gpus": gpu_state,
+                                                 "rows": rows}, indent=2))
     table = pd.DataFrame(rows).drop(columns=["plain_rounds", "cell_rounds"])
     print(f"model {args.model}, platform {platform}, seq {args.seq_len}, {args.warmup} warm-up + {args.steps} "
           f"measured steps, {args.rounds} round(s), medians; peak: {peak_key}; logs in {workdir}")

@@ -80,3 +80,23 @@ def test_the_searched_batch_is_the_committed_searchs_answer_at_the_benchmarks_se
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     # refused before anything runs: Q has no search there
     assert proc.returncode == 2 and "no max-batch search of Q (tiny on cpu, seq 350)" in proc.stderr, proc.stderr
+
+
+def test_on_a_gpu_the_platform_is_the_one_whose_gpu_name_the_gpu_has(monkeypatch):
+    """Without --platform a CUDA run takes the platform its GPU is (an H200's run was once
+    labelled h100, the old fixed default); a --platform the GPU is not is refused by name,
+    as a pipeline cell on the wrong GPU is (llmbench.gpus.wrong_gpu_reason)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    import bench_overhead
+    from llmbench import gpus
+
+    assert bench_overhead.gpu_platform(["NVIDIA H200"]) == "h200"  # not h200x4 or h200x8
+    assert bench_overhead.gpu_platform(["NVIDIA H100 80GB HBM3"]) == "h100"
+    with pytest.raises(ValueError, match="Tesla T4"):
+        bench_overhead.gpu_platform(["Tesla T4"])
+    h200 = gpus.GpuInfo(id="0", name="NVIDIA H200", total_gib=140.4, used_gib=0.6, free_gib=139.8)
+    monkeypatch.setattr(gpus, "read_nvml", lambda ids: [h200])
+    assert bench_overhead.platform_for("cuda", None) == ("h200", [h200.to_dict()])
+    with pytest.raises(ValueError, match="--platform h100: wrong GPU: GPU 0 is 'NVIDIA H200'"):
+        bench_overhead.platform_for("cuda", "h100")
+    assert bench_overhead.platform_for("cpu", None) == ("cpu", [])

@@ -49,7 +49,10 @@
 # time left holds that repeat plus 20 s (a cell of one repeat longer than a call is never
 # started, rather than killed at the deadline every call; its line says that no call of
 # DEADLINE_S starts it, and `python -m llmbench.search plan LIST CONFIG --call-s DEADLINE_S`
-# names such cells before any call). The line after a cell gives the
+# names such cells before any call). A cell whose repeat the deadline stopped inside (an
+# estimate that fell short) left how long that repeat ran (llmbench.launch.STOPPED); where
+# that is longer, it is the estimate, and the cell starts only with 1.2 times it plus 20 s
+# left (the cell's own deadline check wants the 1.2). The line after a cell gives the
 # estimate of all its repeats beside the seconds it took.
 # SKIP_RECORDED="DIR ..." (optional): results folders (a reference run's, holding runs/...)
 # whose records count as done: a target recorded in one of them is skipped (a search folder
@@ -144,6 +147,8 @@ while (( i < ${#targets[@]} )); do
         "$t" "$configfile" ${ESTIMATE_FROM:+--earlier $ESTIMATE_FROM} 2>/dev/null)
     if [[ $est =~ ^[0-9]+$ && $src == probe ]]; then
         why="its search's probe puts a repeat at ${est}s (x 1.25 + 20 s: ${need}s)"
+    elif [[ $est =~ ^[0-9]+$ && $src == stopped ]]; then
+        why="a repeat of it was stopped unfinished after ${est}s (x 1.2 + 20 s: ${need}s)"
     elif [[ $est =~ ^[0-9]+$ ]]; then
         why="its record in ${src%%/runs/*} puts a repeat at ${est}s (+ 20 s: ${need}s)"
     elif [[ $t != *.json ]]; then  # a search stops between probes at its job's deadline

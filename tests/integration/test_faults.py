@@ -7,6 +7,7 @@ process running llmbench's run_cell with stand-in workers and a test-double engi
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -152,6 +153,34 @@ def test_a_cell_killed_mid_repeat_resumes_with_the_repeats_it_finished(tmp_path)
     assert rec.status == "ok" and rec.metrics.tokens_per_s_runs == (100.0, 200.0, 200.0)
     assert [r["index"] for r in rec.provenance["resumed_repeats"]] == [0]
     assert not list(tmp_path.glob(".repeat-*.json"))
+
+
+def test_a_repeat_stopped_by_term_leaves_how_long_it_ran(tmp_path):
+    """The TERM a deadline's `timeout` sends the job's group during the second of three
+    repeats: the launcher stops the ranks and notes that repeat's index and seconds beside
+    the record (launch.STOPPED), the first repeat kept; the record, once a rerun writes it,
+    takes both notes' place."""
+    pidfile = tmp_path / "pid"
+    proc = start_launcher(tmp_path, "train", "--repeats", "3", via_shell=True,
+                          FAKE_MODE="okfirst", FAKE_PIDFILE=str(pidfile))
+    try:
+        wait_until(lambda: Path(f"{pidfile}.rank0").exists(), 120, "the second repeat running")
+        launcher_pid = int((tmp_path / "launcher.pid").read_text())
+        sids, _ = cell_processes(launcher_pid, [int(Path(f"{pidfile}.rank0").read_text())])
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=KILL_BOUND_S)  # the shell above it; the launcher stops the ranks first
+        wait_until(lambda: not live(launcher_pid) and not in_sessions(sids), KILL_BOUND_S,
+                   f"the launcher and every process of sessions {sids} gone")
+    finally:
+        for p in in_sessions(sids if "sids" in locals() else set()):
+            p.kill()
+    note = json.loads((tmp_path / launch.STOPPED).read_text())
+    assert note["index"] == 1 and note["ran_s"] >= 1.0 and not (tmp_path / "record.json").exists()
+    assert [p.name for p in tmp_path.glob(".repeat-*.json")] == [".repeat-0.json"]
+    again = start_launcher(tmp_path, "train", "--repeats", "3", FAKE_MODE="ok")
+    assert again.wait(timeout=120) == 0 and record.read(tmp_path / "record.json").status == "ok"
+    assert not (tmp_path / launch.STOPPED).exists() and not list(tmp_path.glob(".repeat-*.json"))
 
 
 @pytest.mark.parametrize("group", [False, True], ids=["launcher", "group"])

@@ -224,6 +224,51 @@ def test_a_cell_stops_before_a_repeat_its_deadline_cannot_hold_and_resumes_there
     assert [r["index"] for r in rec.provenance["resumed_repeats"]] == [0, 1]
 
 
+def test_a_repeat_stopped_inside_counts_as_a_repeats_time_at_the_next_deadline(spec_for, tmp_path, monkeypatch):
+    """A repeat stopped unfinished by a signal (the TERM of a call's end that the estimate
+    missed) after 100 s of the test's clock leaves that time beside the record: the next
+    run with 110 s left does not start it again (1.2 x 100 > 110), one with 121 s does; the
+    record, once written, holds the cell and the note goes. A note of another spec is
+    dropped."""
+    import json
+    from types import SimpleNamespace
+
+    spec = spec_for("ok", repeats=1)
+    clock = [1000.0]
+    monkeypatch.setattr(launch, "time", SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0]))
+    real, ran = launch.run_repeat, []
+
+    def stopped_after_100_s(spec, workdir, index, *args):
+        clock[0] += 100.0
+        raise SystemExit(143)  # procs' handler of the deadline's SIGTERM exits so
+
+    monkeypatch.setattr(launch, "run_repeat", stopped_after_100_s)
+    with pytest.raises(SystemExit):
+        run(spec, tmp_path)
+    note = json.loads((tmp_path / launch.STOPPED).read_text())
+    assert (note["index"], note["ran_s"], note["steps"]) == (0, 100.0, 1) and not (tmp_path / "record.json").exists()
+
+    def counted(spec, workdir, index, *args):
+        ran.append(index)
+        return real(spec, workdir, index, *args)
+
+    monkeypatch.setattr(launch, "run_repeat", counted)
+    monkeypatch.setenv("LLMBENCH_DEADLINE", str(clock[0] + 110))
+    with pytest.raises(launch.DeadlineStop, match=r"stopped before repeat 0 \(of 0-0\) at the deadline: 110 s left, "
+                                                   r"the longest so far took 100 s"):
+        run(spec, tmp_path)
+    assert ran == [] and "repeat 0 of an earlier run was stopped unfinished after 100 s" in \
+        (tmp_path / "run.log").read_text()
+    monkeypatch.setenv("LLMBENCH_DEADLINE", str(clock[0] + 121))
+    assert run(spec, tmp_path).status == "ok" and ran == [0]
+    assert not (tmp_path / launch.STOPPED).exists()
+
+    launch.keep_stopped(tmp_path, 0, spec_for("ok", repeats=1, timeout_s=61), 500.0)  # another spec's
+    monkeypatch.setenv("LLMBENCH_DEADLINE", str(clock[0] + 121))
+    (tmp_path / "record.json").unlink()
+    assert run(spec, tmp_path).status == "ok" and ran == [0, 0]
+
+
 def test_a_deadline_that_is_not_a_time_is_refused_before_anything_runs(spec_for, tmp_path, monkeypatch):
     ran = []
     monkeypatch.setattr(launch, "run_repeat", lambda *a: ran.append(a))

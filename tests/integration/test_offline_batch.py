@@ -357,3 +357,9 @@ def test_a_searched_cell_starts_only_where_its_estimate_fits_the_time_left(tmp_p
         in done.stdout, done.stdout + done.stderr
     done = run(deadline_s=100, first_s=1000, ESTIMATE_FROM=str(sweep))
     assert done.returncode == 0 and "s (estimated 140s)" in done.stdout, done.stdout + done.stderr
+    # a repeat of it stopped unfinished after 90 s (the estimate fell short): 1.2 x 90 + 20 = 128 s wanted
+    target.unlink()
+    (target.parent / ".stopped-repeat.json").write_text(json.dumps({"ran_s": 90.0, "steps": 13}))
+    done = run(deadline_s=120, first_s=1, ESTIMATE_FROM=str(sweep))
+    assert done.returncode == 3 and "a repeat of it was stopped unfinished after 90s (x 1.2 + 20 s: 128s): " \
+        "not starting" in done.stdout and "no call of 120s starts it" in done.stdout, done.stdout + done.stderr

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from search_fixtures import ESTIMATE_CONFIG, probe_record
-from llmbench import search
+from llmbench import launch, search
 from llmbench.record import read
 from llmbench.search import Frontier, Probe, State, bound, next_probe, predict
 
@@ -849,6 +849,38 @@ def test_without_a_probe_a_cell_is_estimated_from_its_own_earlier_record(tmp_pat
     assert search.estimate_s(target, config, [resumed]).repeat_s == pytest.approx(22 + 2 * 13)
     assert search.main(["estimate", target, str(config), "--earlier", str(sweep)]) == 0
     assert capsys.readouterr().out == f"65 2 85 {sweep / target.removeprefix('results/')}\n"  # a record's: + 20 s
+
+
+def test_a_repeat_stopped_unfinished_beside_the_cell_is_its_estimate_where_it_ran_longer(tmp_path, capsys):
+    """A repeat the deadline stopped inside (llmbench.launch.STOPPED beside the record: the
+    estimate fell short) ran at least that long: where that is longer than the estimate it
+    is the estimate, and offline-batch wants 1.2 times it (the cell's own deadline check)
+    plus 20 s left. Only a repeat of the cell's own steps counts; with no other estimate,
+    it is the estimate."""
+    config = tmp_path / "config.yaml"
+    config.write_text(ESTIMATE_CONFIG)
+    target = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs203-g1/record.json"
+    probe = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1/bs203/record.json"
+    probe.parent.mkdir(parents=True)
+    probe.write_text(probe_record(wall_s=40, window_s=9.0))  # 70 s a repeat
+    target.parent.mkdir(parents=True)
+    note = target.parent / launch.STOPPED
+
+    def stopped(ran_s, steps=13):
+        note.write_text(json.dumps({"spec_sha256": "any", "index": 0, "ran_s": ran_s, "steps": steps}))
+
+    stopped(60.0)  # shorter than the estimate: the probe's stands
+    assert search.estimate_s(target, config).source == "probe"
+    stopped(90.0)
+    assert search.estimate_s(target, config) == search.Estimate(repeat_s=90.0, repeats=2, source="stopped")
+    assert search.estimate_s(target, config).start_s == 128  # 1.2 x 90 + 20
+    assert search.main(["estimate", str(target), str(config)]) == 0 and capsys.readouterr().out == "90 2 128 stopped\n"
+    stopped(90.0, steps=130)  # another protocol's repeat
+    assert search.estimate_s(target, config).source == "probe"
+    probe.unlink()
+    stopped(90.0)
+    assert search.estimate_s(target, config).source == "stopped"
+    assert note.exists()  # read, not consumed: the launcher deletes it with the record
 
 
 def test_a_search_stops_before_a_probe_its_deadline_cannot_hold_and_resumes_from_its_frontier(tmp_path, monkeypatch,

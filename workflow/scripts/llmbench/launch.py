@@ -36,7 +36,11 @@ search's probe likewise (llmbench.search.runner). The job then stops between rep
 DeadlineStop (no record, its finished repeats kept; the Snakemake adapters exit with
 DEADLINE_EXIT's line, which envs/offline-batch.sh reads), instead of being killed inside a
 repeat that could not finish, which is GPU time spent on nothing. With no repeat timed yet,
-the first starts.
+the first starts. A repeat stopped inside by a signal (the TERM of a deadline the estimate
+missed, a cancel) leaves how long it ran beside the record (STOPPED) until the record is
+written: a lower bound on a repeat of that spec, which the next run's deadline check
+counts as a repeat's time, so that it is not started again into the same deadline
+(envs/offline-batch.sh's estimate reads it too: llmbench.search.estimate_s).
 """
 
 from __future__ import annotations
@@ -310,6 +314,8 @@ def skip_if_predicted_oom(spec: dict, record_path: Path, log: Path, started: str
 
 #: A finished repeat kept beside its record until the record is written (``run_cell``).
 PARTIAL = ".repeat-{index}.json"
+#: A repeat stopped unfinished by a signal: how long it ran (keep_stopped; module docstring)
+STOPPED = ".stopped-repeat.json"
 #: The job's deadline, Unix seconds (module docstring)
 DEADLINE_VAR = "LLMBENCH_DEADLINE"
 #: A repeat starts only where the time left is at least this times the longest repeat so far
@@ -398,6 +404,37 @@ def kept_repeats(keep_dir: Path, spec: dict, repeats: int, log: Path) -> dict[in
     return kept
 
 
+def keep_stopped(keep_dir: Path, index: int, spec: dict, ran_s: float) -> None:
+    """Keep beside the cell's record that its repeat ``index`` ran ``ran_s`` seconds without
+    finishing (a signal stopped it), with the spec's digest and its steps a repeat, where,
+    when and at which commit; the longest such run of the spec is kept."""
+    earlier = stopped_repeat(keep_dir, spec)
+    if earlier is not None and earlier["ran_s"] >= ran_s:
+        return
+    protocol = spec["cell"]["protocol"]
+    write_json_atomic(keep_dir / STOPPED, {
+        "spec_sha256": spec_digest(spec), "index": index, "ran_s": round(ran_s, 1),
+        "steps": int(protocol["warmup_steps"]) + int(protocol["measured_steps"]),
+        "stopped": datetime.now(timezone.utc).isoformat(), "hostname": socket.gethostname(),
+        "boot_id": provenance.boot_id(), "git_sha": provenance.git_state().get("sha")})
+
+
+def stopped_repeat(keep_dir: Path, spec: dict | None = None) -> dict | None:
+    """What keep_stopped kept in ``keep_dir``: for ``spec`` only (one of another spec is
+    deleted), or, with no spec, whatever is there (read-only: an estimate, which matches
+    the steps itself). None where there is none."""
+    path = keep_dir / STOPPED
+    try:
+        data = json.loads(path.read_text())
+        float(data["ran_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if spec is not None and data.get("spec_sha256") != spec_digest(spec):
+        path.unlink(missing_ok=True)
+        return None
+    return data
+
+
 def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
              gpu_busy: gpus.BusyPolicy | None = None, skip_predicted_oom: bool = False) -> Record:
     """Run every repeat of a cell (stopping at the first that is not ok) and write its Record.
@@ -427,6 +464,12 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
             outcomes = [Outcome(status="error", reason=check.refused)] if check.refused else []
             kept = kept_repeats(keep_dir, spec, cell.protocol.repeats, log) if not check.refused else {}
             walls = [k["wall_s"] for k in kept.values() if k.get("wall_s")]  # the repeats timed so far
+            if not check.refused and (stopped := stopped_repeat(keep_dir, spec)):  # a lower bound on a repeat
+                walls.append(float(stopped["ran_s"]))
+                with open(log, "a") as fh:
+                    fh.write(f"=== repeat {stopped['index']} of an earlier run was stopped unfinished after "
+                             f"{float(stopped['ran_s']):.0f} s ({stopped['stopped']}): counted as a repeat's "
+                             "time at the deadline\n")
             for i in range(cell.protocol.repeats if not check.refused else 0):
                 if i in kept:
                     outcome = kept[i]["outcome"]
@@ -435,7 +478,11 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
                         stop_at_deadline(f"{why}; repeat(s) {sorted({*range(i), *kept})} kept: the next run of "
                                          "this cell resumes there", log, mark="=== ")
                     t0 = time.monotonic()
-                    outcome = run_repeat(spec, workdir, i, log, threads, keep_dir, alloc)
+                    try:
+                        outcome = run_repeat(spec, workdir, i, log, threads, keep_dir, alloc)
+                    except (SystemExit, KeyboardInterrupt):  # a signal inside it: a deadline's TERM, a cancel
+                        keep_stopped(keep_dir, i, spec, time.monotonic() - t0)
+                        raise
                     walls.append(time.monotonic() - t0)
                     if outcome.status == "ok" and cell.protocol.repeats > 1:
                         keep_repeat(keep_dir, i, spec, outcome, wall_s=walls[-1])
@@ -454,6 +501,7 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
             write(record, record_path)
             for i in range(cell.protocol.repeats):  # the record holds them now
                 (keep_dir / PARTIAL.format(index=i)).unlink(missing_ok=True)
+            (keep_dir / STOPPED).unlink(missing_ok=True)
             return record
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -251,17 +251,29 @@ class Estimate:
     repeats: int
     """The cell's repeats (each a process of its own, and a cell stops between two at its deadline)."""
     source: str
-    """``probe`` (its search's probe at that batch), or the path of the earlier record read."""
+    """``probe`` (its search's probe at that batch), the path of the earlier record read, or
+    ``stopped`` (a repeat of the cell ran this long and was stopped unfinished: llmbench.launch.STOPPED)."""
 
     @property
     def start_s(self) -> int:
         """The seconds left that envs/offline-batch.sh wants before it starts the cell: a
         repeat plus 20 s, a probe's estimate of a repeat taken 1.25 times first (how the
         committed cells' wall times compare with the estimate: README, the paragraph on
-        offline-batch). A call shorter than this never starts the cell, as a cell stops
-        only between repeats."""
+        offline-batch), a stopped repeat's time launch.REPEAT_MARGIN times (what the cell's
+        own deadline check wants). A call shorter than this never starts the cell, as a cell
+        stops only between repeats."""
+        from ..launch import REPEAT_MARGIN
+
         repeat = math.ceil(self.repeat_s)
-        return (repeat * 5 // 4 if self.source == "probe" else repeat) + 20
+        if self.source == "probe":
+            repeat = repeat * 5 // 4
+        elif self.source == STOPPED:
+            repeat = math.ceil(repeat * REPEAT_MARGIN)
+        return repeat + 20
+
+
+#: Estimate.source where a stopped repeat's time is the estimate
+STOPPED = "stopped"
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -307,7 +319,10 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
     is the max-batch search's probe at that batch beside ``target`` where one ran (one the
     frontier answered keeps no timing), else the record of the cell with the most measured
     steps in the results folders ``earlier`` (any protocol: a sweep's 3 + 10 steps tell a
-    protocol rerun's 30 + 100). None where neither is there or the config has no such cell.
+    protocol rerun's 30 + 100). A repeat of the cell with those steps that a signal stopped
+    unfinished beside ``target`` (llmbench.launch.STOPPED: a deadline the estimate missed) is
+    the estimate where it ran longer (source ``stopped``). None where none of these is there
+    or the config has no such cell.
     envs/offline-batch.sh compares it with the time left before it starts the cell.
     Snakemake's own start is not in it."""
     parsed = cells.parse(str(target), (cells.RECORD_PATTERN,))
@@ -329,11 +344,20 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
         paths = [Path(d) / cells.RECORD_PATTERN.format(**parsed.wildcards) for d in earlier]
         runs = [(path, _read_json(path)) for path in paths]
         timed = [(timing, str(path)) for path, rec in runs if rec is not None and (timing := _timing(rec)) is not None]
-        if not timed:
-            return None
-        found, source = max(timed, key=lambda t: t[0][3])
-    setup, window, run_steps, _ = found
-    return Estimate(repeat_s=setup + window / run_steps * steps, repeats=cell.protocol.repeats, source=source)
+        if timed:
+            found, source = max(timed, key=lambda t: t[0][3])
+    estimate = None
+    if found is not None:
+        setup, window, run_steps, _ = found
+        estimate = Estimate(repeat_s=setup + window / run_steps * steps, repeats=cell.protocol.repeats, source=source)
+    # a repeat of the cell (its steps) stopped unfinished beside the target: at least that long
+    from ..launch import stopped_repeat
+
+    stopped = stopped_repeat(Path(target).parent)
+    if stopped is not None and stopped.get("steps") == steps and \
+            (estimate is None or float(stopped["ran_s"]) > estimate.repeat_s):
+        return Estimate(repeat_s=float(stopped["ran_s"]), repeats=cell.protocol.repeats, source=STOPPED)
+    return estimate
 
 
 def recorded_in(target: str, folders: Sequence[Path | str]) -> tuple[str, str] | None:

@@ -22,5 +22,9 @@ def test_cells_train_in_the_platforms_dtype(tmp_path, dtype, short):
         # each measured step's time is kept (the spread within a repeat beside the repeats')
         assert rec.samples["step"] == [0, 1] and all(t > 0 for t in rec.samples["step_time_s"])
         assert rec.provenance["ds_config"]["bf16"]["enabled"] is (dtype == "bfloat16")
+        # rank 0 said each phase in the cell's log as it passed it (what a killed repeat leaves)
+        said = [line.split()[2] for line in (tmp_path / f"{c.technique}.log").read_text().splitlines()
+                if line.startswith("llmbench: phase ")]
+        assert said == ["imports", "init_distributed", "build", "window", "after_window"]
         if c.technique == "Q":
             assert f"{short} compute" in rec.metrics.trainable_desc

@@ -21,6 +21,17 @@ def test_phases_are_consecutive_intervals():
     assert 0 < s["phase_start_s"] <= scenario.process_age_s()
 
 
+def test_rank_0_says_each_phase_in_its_log_as_it_passes_it(capsys, monkeypatch):
+    """A repeat killed part-way (a call's deadline) leaves in its log the phases it finished."""
+    monkeypatch.setenv("RANK", "0")
+    phases = scenario.Phases()
+    phases.mark("build")
+    assert capsys.readouterr().err == f"llmbench: phase build done: {phases.seconds['phase_build_s']:.1f} s\n"
+    monkeypatch.setenv("RANK", "1")  # one line a cell, not one a rank
+    phases.mark("window")
+    assert capsys.readouterr().err == ""
+
+
 def test_frozen_checksum_is_the_float64_sum_of_frozen_storage():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
     model[0].requires_grad_(False)

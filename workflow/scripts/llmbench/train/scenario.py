@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +34,18 @@ def process_age_s() -> float | None:
         return None
 
 
+#: What Phases.mark writes to rank 0's stderr (the cell's log)
+PHASE_LINE = "llmbench: phase {name} done: {seconds:.1f} s"
+
+
 class Phases:
     """Where a repeat's wall time goes: seconds from one mark to the next, as summary keys
     ``phase_<name>_s`` (the first, ``phase_start_s``, from process start: interpreter and
     the worker's own imports). Marks are host clock reads; a mark after device work must
     follow a synchronize to mean the device's time too. ``run`` marks build, window and
-    after_window; a worker marks what it does before (imports, init_distributed)."""
+    after_window; a worker marks what it does before (imports, init_distributed). Rank 0
+    says each mark in its log as it passes it (PHASE_LINE, flushed; none inside the timed
+    window), so the log of a repeat killed part-way tells where its time went."""
 
     def __init__(self) -> None:
         age = process_age_s()
@@ -54,6 +61,8 @@ class Phases:
         now = time.perf_counter()
         self.seconds[f"phase_{name}_s"] = now - self._last
         self._last = now
+        if os.environ.get("RANK", "0") == "0":
+            print(PHASE_LINE.format(name=name, seconds=self.seconds[f"phase_{name}_s"]), file=sys.stderr, flush=True)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -4,6 +4,7 @@ tests/integration/test_gpus_cells.py."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -136,3 +137,99 @@ def test_the_host_says_which_boot_of_which_machine_it_is():
 
     host = provenance.host()
     assert host["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+@pytest.fixture
+def no_claim():
+    """This process holds no GPU claim before and after the test (gpus._HELD)."""
+    def release():
+        for fd in gpus._HELD.get("fds", ()):
+            os.close(fd)
+        gpus._HELD.clear()
+
+    release()
+    yield
+    release()
+
+
+def test_a_job_outside_a_scheduler_claims_free_gpus_of_a_larger_node(tmp_path, no_claim):
+    """Several one-GPU jobs at once on a node of more GPUs (Snakemake's gpu_slots): each
+    claims the lowest free one through a lock file and hands it to its workers through
+    CUDA_VISIBLE_DEVICES (with CUDA's order NVML's), where each used to run on GPU 0."""
+    env: dict[str, str] = {}
+    assert gpus.claim_gpus(1, "cuda", env=env, total=2, lock_dir=tmp_path) == (["0"], None)
+    assert env == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert gpus.cell_gpu_ids(1, "cuda", env) == ["0"]
+    assert gpus.claim_gpus(1, "cuda", env=env, total=2, lock_dir=tmp_path) == (["0"], None)  # kept: a search's probes
+    # another job's process gets the other GPU, and none is left for a third
+    other = ("import json, sys; from pathlib import Path; from llmbench import gpus; env = {}; "
+             f"print(json.dumps([gpus.claim_gpus(1, 'cuda', env=env, total=2, lock_dir=Path({str(tmp_path)!r})), env]))")
+    import json
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}).stdout
+    assert json.loads(out) == [[["1"], None], {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}]
+    held = gpus.lock_free(1, 2, tmp_path)  # that process ended: its GPU is free again
+    assert held is not None and held[0] == ["1"]
+    assert gpus.lock_free(1, 2, tmp_path) is None  # both held now
+    # another count (a node of 3): GPU 0 goes back first, then the two lowest free are 0 and 2
+    assert gpus.claim_gpus(2, "cuda", env=env, total=3, lock_dir=tmp_path) == (["0", "2"], None)
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,2" and gpus._HELD["ids"] == ["0", "2"]
+    os.close(held[1][0])
+
+
+def test_a_claim_waits_as_the_busy_policy_says_then_refuses(tmp_path, no_claim):
+    held = gpus.lock_free(2, 2, tmp_path)
+    clock, slept = [0.0], []
+
+    def sleep(s):
+        slept.append(s)
+        clock[0] += s
+
+    ids, why = gpus.claim_gpus(1, "cuda", BusyPolicy(action="wait", wait_s=10), env={}, total=2, lock_dir=tmp_path,
+                               sleep=sleep, clock=lambda: clock[0])
+    assert ids is None and slept == [5.0, 5.0] and "after waiting 10 s of gpu_busy_wait_s=10" in why
+    assert gpus.claim_gpus(1, "cuda", env={}, total=2, lock_dir=tmp_path) == (
+        None, f"no 1 free GPU(s) of the node's 2: the others are claimed by other llmbench jobs ({tmp_path}; "
+        "Snakemake's gpu_slots over the node's GPUs?) (nothing ran)")  # gpu_busy: error, at once
+    for fd in held[1]:
+        os.close(fd)
+
+
+def test_nothing_is_claimed_on_a_cpu_under_a_scheduler_or_where_the_node_has_no_more_gpus(tmp_path, no_claim):
+    for accelerator, env, total in [("cpu", {}, 8), ("cuda", {"CUDA_VISIBLE_DEVICES": "3"}, 8),
+                                    ("cuda", {"SLURM_JOB_GPUS": "2"}, 8), ("cuda", {}, 1)]:
+        before = dict(env)
+        assert gpus.claim_gpus(1, accelerator, env=env, total=total, lock_dir=tmp_path) == (None, None)
+        assert env == before
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_cell_reads_the_gpu_it_claimed_and_its_log_says_so(tmp_path, monkeypatch, no_claim):
+    """check_cell claims before it reads: the cell's state and log are of the claimed GPU;
+    with none free the cell is refused by name, nothing read."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    for var in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv(gpus.LOCK_DIR_VAR, str(tmp_path / "locks"))
+    monkeypatch.setattr(gpus, "nvml_count", lambda: 2)
+    read = reader_of(FREE)
+    monkeypatch.setattr(gpus, "read_nvml", read)
+    other = gpus.lock_free(1, 2, tmp_path / "locks")  # another job holds GPU 0
+    spec = {"platform": {"accelerator": "cuda", "name": "h100", "gpu_name": "H100"}}
+    log = tmp_path / "cell.log"
+    check = gpus.check_cell(spec, 1, None, log)
+    assert check.refused is None and read.calls == [["1"]] and os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+    assert "=== GPU claim: GPU(s) 1 of the node's, for this job (CUDA_VISIBLE_DEVICES=1)" in log.read_text()
+    for fd in gpus._HELD.pop("fds"):  # as if this job's process had ended
+        os.close(fd)
+    gpus._HELD.clear()
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    held = gpus.lock_free(1, 2, tmp_path / "locks")  # now both are held
+    check = gpus.check_cell(spec, 1, None, log)
+    assert check.refused.startswith("no 1 free GPU(s) of the node's 2") and read.calls == [["1"]]
+    assert "=== GPU claim: no 1 free GPU(s)" in log.read_text()
+    for fd in other[1] + held[1]:
+        os.close(fd)

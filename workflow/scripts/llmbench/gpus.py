@@ -13,13 +13,24 @@ H100: a mixed Slurm partition, a lent machine of another kind) is refused the sa
 at once: a record must say what it ran on.
 Every GPU record carries what was read at its start in ``provenance["gpu_state"]``.
 CPU platforms are not read.
+
+Which GPUs a cell runs on: those a scheduler gave the job (CUDA_VISIBLE_DEVICES, Slurm's
+variables: cell_gpu_ids); outside a scheduler, on a node with more GPUs than the cell
+needs (Snakemake running several one-GPU jobs at once, ``--resources gpu_slots=8`` on an
+8-GPU server), the job claims free ones for the rest of its process (claim_gpus: a lock
+file a GPU under LLMBENCH_GPU_LOCK_DIR, held by flock, so a killed job frees its GPUs) and
+sets CUDA_VISIBLE_DEVICES for its workers; before, every such job ran on GPUs 0..n-1.
+Concurrent cells share the node's CPUs, host memory and PCIe: a host-bound cell (batch 1,
+offload) is timed alone (gpu_slots=1).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -120,6 +131,105 @@ class Check:
             return {}
         return {"gpu_state": {"gpus": self.state, "waited_s": round(self.waited_s, 3)}
                 if isinstance(self.state, list) else self.state}
+
+
+#: The variables through which a scheduler gives a job its GPUs (cell_gpu_ids reads them)
+SCHEDULER_VARS = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
+#: Where local jobs claim GPUs (one lock file a GPU; module docstring), else LOCK_DIR
+LOCK_DIR_VAR = "LLMBENCH_GPU_LOCK_DIR"
+LOCK_DIR = Path(tempfile.gettempdir()) / "llmbench-gpus"
+#: This process's claim (claim_gpus): the GPU ids and the open lock files that hold them
+_HELD: dict[str, Any] = {}
+
+
+def nvml_count() -> int | None:
+    """The node's GPUs as NVML counts them; None where NVML cannot be read."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML library, no driver
+        return None
+
+
+def lock_free(count: int, total: int, lock_dir: Path) -> tuple[list[str], list[int]] | None:
+    """Lock ``count`` of GPUs 0..total-1 that no other process holds, the lowest indices
+    first (flock, non-blocking, on ``lock_dir``/gpu-<i>.lock): their ids and the open file
+    descriptors that hold them (closing one frees its GPU; so does the process's end).
+    None where fewer than ``count`` are free (nothing is held then)."""
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        os.chmod(lock_dir, 0o1777)  # other users' jobs on the node claim through it too
+    except OSError:
+        pass
+    ids, fds = [], []
+    for i in range(total):
+        fd = os.open(lock_dir / f"gpu-{i}.lock", os.O_RDONLY | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        ids.append(str(i))
+        fds.append(fd)
+        if len(ids) == count:
+            return ids, fds
+    for fd in fds:
+        os.close(fd)
+    return None
+
+
+def claim_gpus(count: int, accelerator: str, policy: "BusyPolicy | None" = None, *,
+               env: dict[str, str] | None = None, total: int | None = None, lock_dir: Path | None = None,
+               sleep: Callable[[float], None] = time.sleep,
+               clock: Callable[[], float] = time.monotonic) -> tuple[list[str] | None, str | None]:
+    """Claim ``count`` GPUs for this process where no scheduler gave it any and the node has
+    more (module docstring): (their ids, None), CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER
+    (PCI_BUS_ID, so that CUDA's index is NVML's) set in ``env`` (default os.environ) for the
+    workers. The claim lasts until the process ends or claims another count, so a search's
+    probes keep their GPUs. (None, None) where there is nothing to claim (a CPU, a scheduler's
+    GPUs, as many GPUs as the cell needs or fewer, NVML unreadable). (None, why) where all
+    are held by other jobs after the policy's wait (BusyPolicy: error at once, or wait)."""
+    env = os.environ if env is None else env
+    if accelerator != "cuda":
+        return None, None
+    if _HELD.get("count") == count:
+        return list(_HELD["ids"]), None
+    if _HELD:  # another count: give those back first
+        for fd in _HELD["fds"]:
+            os.close(fd)
+        for var in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
+            if _HELD.get(var) is None:
+                env.pop(var, None)
+            else:
+                env[var] = _HELD[var]
+        _HELD.clear()
+    if any(env.get(var, "").strip() for var in SCHEDULER_VARS):
+        return None, None
+    total = nvml_count() if total is None else total
+    if total is None or total <= count:
+        return None, None
+    lock_dir = Path(env.get(LOCK_DIR_VAR) or LOCK_DIR) if lock_dir is None else lock_dir
+    policy = policy or BusyPolicy()
+    start = clock()
+    while (got := lock_free(count, total, lock_dir)) is None:
+        waited = clock() - start
+        if policy.action != "wait" or waited >= policy.wait_s:
+            return None, (f"no {count} free GPU(s) of the node's {total}: the others are claimed by other llmbench "
+                          f"jobs ({lock_dir}; Snakemake's gpu_slots over the node's GPUs?)"
+                          + (f" (still, after waiting {waited:.0f} s of gpu_busy_wait_s={policy.wait_s:g})"
+                             if policy.action == "wait" else "") + " (nothing ran)")
+        sleep(min(policy.poll_s, max(0.0, policy.wait_s - waited)))
+    ids, fds = got
+    _HELD.update(count=count, ids=ids, fds=fds, CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES"),
+                 CUDA_DEVICE_ORDER=env.get("CUDA_DEVICE_ORDER"))
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    return ids, None
 
 
 def cell_gpu_ids(count: int, accelerator: str, env: Mapping[str, str] | None = None) -> list[str] | None:
@@ -255,10 +365,18 @@ def check_cell(spec: dict, count: int, policy: BusyPolicy | None, log: Path) -> 
     """check() for a cell about to start (its spec's platform, ``count`` GPUs); its log says
     what was found."""
     platform = spec["platform"]
+    claimed, refused = claim_gpus(count, platform["accelerator"], policy)
+    if refused:
+        with open(log, "a") as fh:
+            fh.write(f"=== GPU claim: {refused}\n")
+        return Check(refused=refused, state={"error": refused})
     found = check(platform["accelerator"], count, policy, gpu_name=platform.get("gpu_name"),
                   platform=platform.get("name", ""))
     if found.state is not None:
         with open(log, "a") as fh:
+            if claimed:
+                fh.write(f"=== GPU claim: GPU(s) {','.join(claimed)} of the node's, for this job "
+                         f"(CUDA_VISIBLE_DEVICES={','.join(claimed)})\n")
             fh.write(f"=== GPU state at start: {found.refused or 'free'} {json.dumps(found.state)}\n")
     return found
 

@@ -112,8 +112,8 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
         fh.write(f"serving cell {cell.record_path()}\nengine command: {argv}\nserver log: {server_log}\n")
 
     status, reason, result, serving, observed, exit_code = "ok", "", None, {}, {}, None
+    check = gpus.check_cell(spec, cell.gpus, gpu_busy, log)  # first: it may claim the job's GPUs
     gpu_ids = gpus.cell_gpu_ids(cell.gpus, platform["accelerator"])
-    check = gpus.check_cell(spec, cell.gpus, gpu_busy, log)
     with stop_groups_on_signal():
         try:
             if check.refused:

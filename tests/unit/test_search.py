@@ -735,6 +735,14 @@ def test_a_plan_times_a_search_at_the_hint_from_the_largest_batch_an_earlier_fol
     out = capsys.readouterr().out.splitlines()
     assert out[0] == (f"{want:>6}  {folder}  (a search: {PLAN_PROBES} probes and 2 repeat(s) at batch {hint}, "
                       f"{step:.1f} s a step from {other})")
+    # a call too short for the cell at that batch (its probe's estimate x 1.25 + 20 s) is named
+    need = math.ceil(10 + 13 * step) * 5 // 4 + 20
+    assert search.main(["plan", str(listing), str(config), "--earlier", str(ref), "--call-s", str(need - 1)]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(
+        f"; its cell at that batch never starts in a call of {need - 1} s: offline-batch will want {need} s left "
+        "to start it)")
+    assert search.main(["plan", str(listing), str(config), "--earlier", str(ref), "--call-s", str(need)]) == 0
+    assert "never" not in capsys.readouterr().out
     # searched in the earlier folder: the cell at its largest batch, timed by the probe there
     done = ref / folder.removeprefix("results/")
     done.mkdir(parents=True)

@@ -414,9 +414,10 @@ def _technique_distance(a: str, b: str) -> int:
 
 
 def search_estimate_s(folder: Path | str, configfile: Path | str, earlier: Sequence[Path | str] = ()) \
-        -> tuple[float, str] | None:
-    """(seconds, why) a search folder's search and the cell it measures should take, for a
-    plan: PLAN_PROBES probes and the cell's repeats, all at the memory model's hint (the
+        -> tuple[float, str, Estimate] | None:
+    """(seconds, why, the cell's Estimate) a search folder's search and the cell it measures
+    should take, for a plan: PLAN_PROBES probes and the cell's repeats, all at the memory
+    model's hint (the
     search's start where the model does not apply), each its set-up plus its steps. The
     seconds a token and the set-up come from the ok record or probe of the same cell (any
     platform, any batch) in ``earlier`` with the largest batch (the same platform's first
@@ -468,8 +469,11 @@ def search_estimate_s(folder: Path | str, configfile: Path | str, earlier: Seque
     cell = found.cell.protocol
     total = (PLAN_PROBES * (setup + probe_steps * step_s)
              + cell.repeats * (setup + (cell.warmup_steps + cell.measured_steps) * step_s))
+    # the cell as offline-batch will weigh it once a probe at its batch has run
+    measured = Estimate(repeat_s=setup + (cell.warmup_steps + cell.measured_steps) * step_s, repeats=cell.repeats,
+                        source="probe")
     return total, (f"{PLAN_PROBES} probes and {cell.repeats} repeat(s) at batch {batch}, {step_s:.1f} s a step "
-                   f"from {source}{far}")
+                   f"from {source}{far}"), measured
 
 
 def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path | str] = (),
@@ -481,7 +485,8 @@ def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path 
     probes are not known before it runs: a rougher figure), or None where nothing times
     the target. With ``call_s`` (offline-batch's deadline: a lent machine's call, a Slurm
     allocation), a cell whose Estimate.start_s exceeds it says so in its why
-    (NEVER_STARTS): no call of that length starts it."""
+    (NEVER_STARTS): no call of that length starts it; so does a search whose cell, at the
+    batch the search is timed at, would not start (the search still finds its batch)."""
     out: list[tuple[str, float | None, str]] = []
     for target in targets:
         found = recorded_in(target, skip_recorded)
@@ -492,8 +497,14 @@ def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path 
             target = found[1]  # searched there: its cell alone
         if not target.endswith(".json"):
             est = search_estimate_s(target, configfile, earlier)
-            out.append((target, None, "a search: no earlier record of its cell times it") if est is None
-                       else (target, math.ceil(est[0]), f"a search: {est[1]}"))
+            if est is None:
+                out.append((target, None, "a search: no earlier record of its cell times it"))
+                continue
+            why = f"a search: {est[1]}"
+            if call_s is not None and est[2].start_s > call_s:
+                why += (f"; its cell at that batch {NEVER_STARTS} of {call_s} s: offline-batch will want "
+                        f"{est[2].start_s} s left to start it")
+            out.append((target, math.ceil(est[0]), why))
             continue
         est = estimate_s(target, configfile, earlier)
         if est is None:

@@ -130,9 +130,12 @@ def test_killing_the_launcher_kills_every_worker(tmp_path, how, ranks, group):
     assert not list(tmp_path.glob(".record.json.*"))
 
 
-def test_a_cell_killed_mid_repeat_resumes_with_the_repeats_it_finished(tmp_path):
-    """Snakemake's job group killed by SIGKILL during the second of three repeats (a call's
-    deadline): no record, the first repeat kept; the rerun runs only the other two."""
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["KILL", "TERM"])
+def test_a_cell_stopped_mid_repeat_resumes_with_the_repeats_it_finished(tmp_path, sig):
+    """Snakemake's job group stopped during the second of three repeats (a call's deadline:
+    `timeout` sends TERM, then KILL): no record, the first repeat kept; the rerun runs only
+    the other two. Under TERM the launcher stops the ranks and also notes how long the
+    stopped repeat ran (launch.STOPPED), which the record, once written, replaces."""
     pidfile = tmp_path / "pid"
     proc = start_launcher(tmp_path, "train", "--repeats", "3", via_shell=True,
                           FAKE_MODE="okfirst", FAKE_PIDFILE=str(pidfile))
@@ -140,47 +143,27 @@ def test_a_cell_killed_mid_repeat_resumes_with_the_repeats_it_finished(tmp_path)
         wait_until(lambda: Path(f"{pidfile}.rank0").exists(), 120, "the second repeat running")
         launcher_pid = int((tmp_path / "launcher.pid").read_text())
         sids, pids = cell_processes(launcher_pid, [int(Path(f"{pidfile}.rank0").read_text())])
-        kill_launcher(proc, tmp_path, group=True)
-        wait_until(lambda: not in_sessions(sids), KILL_BOUND_S, f"no process left of sessions {sids}")
-    finally:
-        for p in in_sessions(sids if "sids" in locals() else set()):
-            p.kill()
-    assert not (tmp_path / "record.json").exists()
-    assert [p.name for p in tmp_path.glob(".repeat-*.json")] == [".repeat-0.json"]
-    again = start_launcher(tmp_path, "train", "--repeats", "3", FAKE_MODE="ok", FAKE_TPS="200")
-    assert again.wait(timeout=120) == 0
-    rec = record.read(tmp_path / "record.json")
-    assert rec.status == "ok" and rec.metrics.tokens_per_s_runs == (100.0, 200.0, 200.0)
-    assert [r["index"] for r in rec.provenance["resumed_repeats"]] == [0]
-    assert not list(tmp_path.glob(".repeat-*.json"))
-
-
-def test_a_repeat_stopped_by_term_leaves_how_long_it_ran(tmp_path):
-    """The TERM a deadline's `timeout` sends the job's group during the second of three
-    repeats: the launcher stops the ranks and notes that repeat's index and seconds beside
-    the record (launch.STOPPED), the first repeat kept; the record, once a rerun writes it,
-    takes both notes' place."""
-    pidfile = tmp_path / "pid"
-    proc = start_launcher(tmp_path, "train", "--repeats", "3", via_shell=True,
-                          FAKE_MODE="okfirst", FAKE_PIDFILE=str(pidfile))
-    try:
-        wait_until(lambda: Path(f"{pidfile}.rank0").exists(), 120, "the second repeat running")
-        launcher_pid = int((tmp_path / "launcher.pid").read_text())
-        sids, _ = cell_processes(launcher_pid, [int(Path(f"{pidfile}.rank0").read_text())])
         time.sleep(1.0)
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=KILL_BOUND_S)  # the shell above it; the launcher stops the ranks first
+        os.killpg(proc.pid, sig)  # the launcher, and the shell above it
+        proc.wait(timeout=KILL_BOUND_S)
         wait_until(lambda: not live(launcher_pid) and not in_sessions(sids), KILL_BOUND_S,
                    f"the launcher and every process of sessions {sids} gone")
     finally:
         for p in in_sessions(sids if "sids" in locals() else set()):
             p.kill()
-    note = json.loads((tmp_path / launch.STOPPED).read_text())
-    assert note["index"] == 1 and note["ran_s"] >= 1.0 and not (tmp_path / "record.json").exists()
+    assert not (tmp_path / "record.json").exists()
     assert [p.name for p in tmp_path.glob(".repeat-*.json")] == [".repeat-0.json"]
-    again = start_launcher(tmp_path, "train", "--repeats", "3", FAKE_MODE="ok")
-    assert again.wait(timeout=120) == 0 and record.read(tmp_path / "record.json").status == "ok"
-    assert not (tmp_path / launch.STOPPED).exists() and not list(tmp_path.glob(".repeat-*.json"))
+    if sig == signal.SIGTERM:
+        note = json.loads((tmp_path / launch.STOPPED).read_text())
+        assert note["index"] == 1 and note["ran_s"] >= 1.0
+    else:  # no handler runs under KILL
+        assert not (tmp_path / launch.STOPPED).exists()
+    again = start_launcher(tmp_path, "train", "--repeats", "3", FAKE_MODE="ok", FAKE_TPS="200")
+    assert again.wait(timeout=120) == 0
+    rec = record.read(tmp_path / "record.json")
+    assert rec.status == "ok" and rec.metrics.tokens_per_s_runs == (100.0, 200.0, 200.0)
+    assert [r["index"] for r in rec.provenance["resumed_repeats"]] == [0]
+    assert not list(tmp_path.glob(".repeat-*.json")) and not (tmp_path / launch.STOPPED).exists()
 
 
 @pytest.mark.parametrize("group", [False, True], ids=["launcher", "group"])

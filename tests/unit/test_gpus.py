@@ -163,7 +163,8 @@ def test_a_job_outside_a_scheduler_claims_free_gpus_of_a_larger_node(tmp_path, n
     assert gpus.claim_gpus(1, "cuda", env=env, total=2, lock_dir=tmp_path) == (["0"], None)  # kept: a search's probes
     # another job's process gets the other GPU, and none is left for a third
     other = ("import json, sys; from pathlib import Path; from llmbench import gpus; env = {}; "
-             f"print(json.dumps([gpus.claim_gpus(1, 'cuda', env=env, total=2, lock_dir=Path({str(tmp_path)!r})), env]))")
+             f"got = gpus.claim_gpus(1, 'cuda', env=env, total=2, lock_dir=Path({str(tmp_path)!r})); "
+             "print(json.dumps([got, env]))")
     import json
     import subprocess
 

@@ -85,6 +85,15 @@ if [[ -n ${SEED_FRONTIER:-} ]]; then
         PYTHONPATH=$site_path python3 -m llmbench.search seed-frontier "$d" | sed 's/^/offline-batch: seed: /'
     done
 fi
+# DeepSpeed's JIT ops are built here, on a GPU machine, before the first target (BUILD_OPS=0:
+# not): a fresh machine otherwise compiles them inside its first cells, whose repeats then
+# run past their estimates (llmbench.train.jit_ops). Its seconds count against the deadline;
+# where it fails, the batch goes on and the first cells build them as before.
+if [[ ${BUILD_OPS:-1} != 0 ]] && nvidia-smi -L > /dev/null 2>&1; then
+    bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" --install-only
+    PYTHONPATH=$site_path python3 -m llmbench.train.jit_ops build --accelerator cuda 2>&1 | grep '^llmbench' \
+        | sed 's/^/offline-batch: /' || echo "offline-batch: DeepSpeed's ops not built ahead; the first cells build them"
+fi
 # a target a deadline stopped (here or in an earlier call on the same machine) can leave
 # Snakemake's lock on its outputs, and every later run of it would stop at LockException:
 # the batch runs one Snakemake at a time, so it removes stale locks before it starts

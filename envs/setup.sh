@@ -45,14 +45,7 @@ fi
 # under the cells' own flock (llmbench.train.jit_ops), so a set-up rerun beside running
 # cells neither races them nor trips on a lock a killed cell left.
 DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR=$root/.venv/torch_extensions PYTHONPATH=$root/workflow/scripts \
-  .venv/bin/python - <<'PY'
-from llmbench.train import jit_ops
-jit_ops.guard_jit_loads()
-from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, ShareMemCommBuilder
-for builder in (CPUAdamBuilder(), ShareMemCommBuilder()):
-    builder.load(verbose=False)
-print("DeepSpeed CPU ops built:", CPUAdamBuilder.NAME, ShareMemCommBuilder.NAME)
-PY
+  .venv/bin/python -m llmbench.train.jit_ops build --accelerator cpu
 
 # the site profiles, where `snakemake --profile <name>` looks for bare names
 bash envs/link-profiles.sh

@@ -109,3 +109,20 @@ def test_without_flock_the_load_goes_on_and_leaves_the_baton(tmp_path, monkeypat
     with jit_ops.op_load_lock(tmp_path / "op") as stale:
         assert not stale and (tmp_path / "op" / "lock").exists()
     assert "loading op op unguarded" in capsys.readouterr().out
+
+
+def test_the_ops_a_cell_may_load_are_built_ahead_and_named():
+    """`python -m llmbench.train.jit_ops build --accelerator cpu` (envs/setup.sh's step, and
+    offline-batch's on a GPU machine with cuda): each op of OPS loaded under the guard, in
+    the folder the workers use, with its seconds; an unknown builder is refused by name."""
+    env = {**os.environ, "PYTHONPATH": str(SCRIPTS), "DS_ACCELERATOR": "cpu",
+           "TORCH_EXTENSIONS_DIR": str(jit_ops.extensions_dir())}
+    done = subprocess.run([sys.executable, "-m", "llmbench.train.jit_ops", "build", "--accelerator", "cpu"],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    names = [line.split()[3] for line in done.stdout.splitlines() if line.startswith("llmbench: DeepSpeed op ")]
+    assert names == ["cpu_adam", "deepspeed_shm_comm"]
+    assert f"({jit_ops.extensions_dir()})" in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "llmbench.train.jit_ops", "build", "--accelerator", "cpu",
+                          "--ops", "FastAdamBuilder"], capture_output=True, text=True, timeout=60, env=env)
+    assert bad.returncode == 2 and "unknown builder(s) ['FastAdamBuilder']" in bad.stderr

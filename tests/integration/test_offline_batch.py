@@ -363,3 +363,29 @@ def test_a_searched_cell_starts_only_where_its_estimate_fits_the_time_left(tmp_p
     done = run(deadline_s=120, first_s=1, ESTIMATE_FROM=str(sweep))
     assert done.returncode == 3 and "a repeat of it was stopped unfinished after 90s (x 1.2 + 20 s: 128s): " \
         "not starting" in done.stdout and "no call of 120s starts it" in done.stdout, done.stdout + done.stderr
+
+
+def test_on_a_gpu_machine_deepspeeds_ops_are_built_before_the_first_target(batch, tmp_path):
+    """Where nvidia-smi lists a GPU, the wheels are installed and DeepSpeed's JIT ops built
+    (llmbench.train.jit_ops) before the first target, so no cell compiles them inside its
+    repeat; a failed build (here: no CUDA) is said and the batch goes on. BUILD_OPS=0, or no
+    GPU, builds nothing."""
+    run, targets = batch
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: a stand-in'\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    gpu_path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    done = run(deadline_s=60, fake_s=0, first_s=1, PATH=gpu_path)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "offline-batch: DeepSpeed's ops not built ahead; the first cells build them" == lines[0]
+    assert lines[1].startswith(f"offline-batch: {targets[0]}  ok")
+    assert (tmp_path / "installs").read_text() == "WHL\n"
+    for t in targets:
+        t.unlink()
+    for env in ({"PATH": gpu_path, "BUILD_OPS": "0"}, {}):
+        done = run(deadline_s=60, fake_s=0, first_s=1, **env)
+        assert done.returncode == 0 and "DeepSpeed's ops" not in done.stdout and "DeepSpeed op" not in done.stdout
+        for t in targets:
+            t.unlink()

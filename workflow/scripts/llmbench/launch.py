@@ -65,6 +65,7 @@ from .cells import Cell
 from .procs import (RssWatchdog, free_port, kill_group, last_error, oom_kills, says_oom, start_group, stop_group,
                     stop_groups_on_signal, tail, track)
 from .record import Record, write, write_json_atomic
+from .train import jit_ops
 
 #: Thread-count variables of the BLAS/OpenMP runtimes (Snakemake sets them to a job's threads)
 THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
@@ -84,7 +85,7 @@ def worker_env(platform_env: dict[str, str], threads: int, ranks: int) -> dict[s
     for var in THREAD_VARS:
         if var not in platform_env:
             env[var] = str(max(1, threads // ranks))
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(jit_ops.extensions_dir()))  # where jit_ops.build builds
     env["PYTHONUNBUFFERED"] = "1"
     # workers run in a scratch folder: the config's relative paths (engine_python) are
     # relative to the directory the launcher ran in

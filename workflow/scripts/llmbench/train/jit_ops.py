@@ -17,20 +17,56 @@ side by side:
 a file beside the build folder. The kernel drops a flock when its holder dies, and every
 loader in llmbench's workers holds it, so a ``lock`` file found while holding the flock
 belongs to a dead process and is removed: no timing guess. On a file system without flock
-(Lustre mounted without ``-o flock``) loads go on unguarded, as DeepSpeed's own. Set-up
-(envs/setup.sh) builds the CPU ops before any cell runs, under the same guard; on GPU
-machines the first cell that needs an op builds it while the others wait.
+(Lustre mounted without ``-o flock``) loads go on unguarded, as DeepSpeed's own.
+
+:func:`build` loads (building where needed) the ops a cell on an accelerator may load (OPS),
+under the same guard, in the folder the launcher gives its workers (extensions_dir), so that
+no cell spends its repeat compiling them: set-up (envs/setup.sh) for the CPU, and
+envs/offline-batch.sh on a GPU machine before its first target (a fresh lent machine
+compiles fused_adam and cpu_adam in its first cells otherwise: a repeat 40 % longer than the
+next, or one killed at a deadline its estimate did not see coming).
+``python -m llmbench.train.jit_ops build --accelerator {cuda,cpu}`` runs it.
 """
 from __future__ import annotations
 
 import fcntl
 import functools
+import os
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 #: torch.utils.file_baton's lock file, inside the op's build folder
 BATON_NAME = "lock"
+#: DeepSpeed's JIT ops (builder class names) a cell may load, by accelerator: the optimizer's
+#: (FusedAdam on a GPU; CPU Adam for offload, and on the CPU) and the CPU's collectives
+OPS = {"cuda": ("FusedAdamBuilder", "CPUAdamBuilder"), "cpu": ("CPUAdamBuilder", "ShareMemCommBuilder")}
+
+
+def extensions_dir() -> Path:
+    """The folder the launcher's workers JIT-build ops in unless TORCH_EXTENSIONS_DIR says
+    otherwise (llmbench.launch.worker_env): beside this Python, so a cache fits its torch."""
+    return Path(sys.prefix) / "torch_extensions"
+
+
+def build(accelerator: str, ops: tuple[str, ...] | None = None) -> list[tuple[str, float]]:
+    """Load ``ops`` (default OPS[accelerator]) as a cell on ``accelerator`` would, under the
+    guard, building the ones not yet built: (op name, seconds) each. DS_ACCELERATOR and
+    TORCH_EXTENSIONS_DIR are set here where unset, as the workers have them."""
+    os.environ.setdefault("DS_ACCELERATOR", accelerator)
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
+    guard_jit_loads()
+    from deepspeed.accelerator import get_accelerator
+
+    done = []
+    for name in ops or OPS[accelerator]:
+        builder = get_accelerator().create_op_builder(name)
+        t0 = time.monotonic()
+        builder.load(verbose=False)
+        done.append((builder.NAME, time.monotonic() - t0))
+    return done
 
 
 def build_dir(name: str) -> Path:
@@ -77,3 +113,25 @@ def guard_jit_loads() -> None:
 
     jit_load._llmbench_guarded = True
     OpBuilder.jit_load = jit_load
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m llmbench.train.jit_ops build --accelerator A [--ops NAME,...]``: build."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m llmbench.train.jit_ops", description=main.__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    one = sub.add_parser("build", help=build.__doc__.split("\n")[0])
+    one.add_argument("--accelerator", choices=sorted(OPS), required=True)
+    one.add_argument("--ops", default=None, help="builder class names, comma-separated (default: OPS)")
+    args = parser.parse_args(argv)
+    ops = tuple(args.ops.split(",")) if args.ops else None
+    if ops and (unknown := [o for o in ops if o not in {n for names in OPS.values() for n in names}]):
+        parser.error(f"--ops: unknown builder(s) {unknown}; known: {sorted({n for v in OPS.values() for n in v})}")
+    for name, seconds in build(args.accelerator, ops):
+        print(f"llmbench: DeepSpeed op {name} ready in {seconds:.1f} s ({os.environ['TORCH_EXTENSIONS_DIR']})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

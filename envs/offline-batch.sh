@@ -92,7 +92,8 @@ fi
 if [[ ${BUILD_OPS:-1} != 0 ]] && nvidia-smi -L > /dev/null 2>&1; then
     bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" --install-only
     PYTHONPATH=$site_path python3 -m llmbench.train.jit_ops build --accelerator cuda 2>&1 | grep '^llmbench' \
-        | sed 's/^/offline-batch: /' || echo "offline-batch: DeepSpeed's ops not built ahead; the first cells build them"
+        | sed 's/^/offline-batch: /' \
+        || echo "offline-batch: DeepSpeed's ops not built ahead; the first cells build them"
 fi
 # a target a deadline stopped (here or in an earlier call on the same machine) can leave
 # Snakemake's lock on its outputs, and every later run of it would stop at LockException:

@@ -78,8 +78,14 @@ start=$SECONDS
 first=${FIRST_S:-60}
 longest=$first
 site_path=workflow/scripts:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-# llmbench.search (seed-frontier, recorded-in) reads yaml and jsonschema: the wheels first
-[[ -n ${SEED_FRONTIER:-}${SKIP_RECORDED:-} ]] && bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" --install-only
+# DeepSpeed's ops are built ahead (below) on a GPU machine unless BUILD_OPS=0
+build_ops=""
+[[ ${BUILD_OPS:-1} != 0 ]] && nvidia-smi -L > /dev/null 2>&1 && build_ops=1
+# llmbench.search (seed-frontier, recorded-in) reads yaml and jsonschema, the op build
+# DeepSpeed: the wheels first
+if [[ -n ${SEED_FRONTIER:-}${SKIP_RECORDED:-}$build_ops ]]; then
+    bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" --install-only
+fi
 if [[ -n ${SEED_FRONTIER:-} ]]; then
     for d in $SEED_FRONTIER; do
         PYTHONPATH=$site_path python3 -m llmbench.search seed-frontier "$d" | sed 's/^/offline-batch: seed: /'
@@ -89,8 +95,7 @@ fi
 # not): a fresh machine otherwise compiles them inside its first cells, whose repeats then
 # run past their estimates (llmbench.train.jit_ops). Its seconds count against the deadline;
 # where it fails, the batch goes on and the first cells build them as before.
-if [[ ${BUILD_OPS:-1} != 0 ]] && nvidia-smi -L > /dev/null 2>&1; then
-    bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" --install-only
+if [[ -n $build_ops ]]; then
     PYTHONPATH=$site_path python3 -m llmbench.train.jit_ops build --accelerator cuda 2>&1 | grep '^llmbench' \
         | sed 's/^/offline-batch: /' \
         || echo "offline-batch: DeepSpeed's ops not built ahead; the first cells build them"

@@ -19,7 +19,7 @@ variables: cell_gpu_ids); outside a scheduler, on a node with more GPUs than the
 needs (Snakemake running several one-GPU jobs at once, ``--resources gpu_slots=8`` on an
 8-GPU server), the job claims free ones for the rest of its process (claim_gpus: a lock
 file a GPU under LLMBENCH_GPU_LOCK_DIR, held by flock, so a killed job frees its GPUs) and
-sets CUDA_VISIBLE_DEVICES for its workers; before, every such job ran on GPUs 0..n-1.
+sets CUDA_VISIBLE_DEVICES for its workers (unclaimed, every such job would take GPUs 0..n-1).
 Concurrent cells share the node's CPUs, host memory and PCIe: a host-bound cell (batch 1,
 offload) is timed alone (gpu_slots=1).
 """
@@ -138,7 +138,8 @@ SCHEDULER_VARS = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
 #: Where local jobs claim GPUs (one lock file a GPU; module docstring), else LOCK_DIR
 LOCK_DIR_VAR = "LLMBENCH_GPU_LOCK_DIR"
 LOCK_DIR = Path(tempfile.gettempdir()) / "llmbench-gpus"
-#: This process's claim (claim_gpus): the GPU ids and the open lock files that hold them
+#: This process's claim (claim_gpus): the GPU ids, the open lock files that hold them and the
+#: CUDA_DEVICE_ORDER it replaced
 _HELD: dict[str, Any] = {}
 
 
@@ -202,11 +203,11 @@ def claim_gpus(count: int, accelerator: str, policy: "BusyPolicy | None" = None,
     if _HELD:  # another count: give those back first
         for fd in _HELD["fds"]:
             os.close(fd)
-        for var in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
-            if _HELD.get(var) is None:
-                env.pop(var, None)
-            else:
-                env[var] = _HELD[var]
+        env.pop("CUDA_VISIBLE_DEVICES", None)  # a claim is made only where no scheduler set it
+        if _HELD["order"] is None:
+            env.pop("CUDA_DEVICE_ORDER", None)
+        else:
+            env["CUDA_DEVICE_ORDER"] = _HELD["order"]
         _HELD.clear()
     if any(env.get(var, "").strip() for var in SCHEDULER_VARS):
         return None, None
@@ -225,8 +226,7 @@ def claim_gpus(count: int, accelerator: str, policy: "BusyPolicy | None" = None,
                              if policy.action == "wait" else "") + " (nothing ran)")
         sleep(min(policy.poll_s, max(0.0, policy.wait_s - waited)))
     ids, fds = got
-    _HELD.update(count=count, ids=ids, fds=fds, CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES"),
-                 CUDA_DEVICE_ORDER=env.get("CUDA_DEVICE_ORDER"))
+    _HELD.update(count=count, ids=ids, fds=fds, order=env.get("CUDA_DEVICE_ORDER"))
     env["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return ids, None

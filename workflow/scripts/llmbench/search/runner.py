@@ -267,13 +267,13 @@ class Estimate:
         repeat = math.ceil(self.repeat_s)
         if self.source == "probe":
             repeat = repeat * 5 // 4
-        elif self.source == STOPPED:
+        elif self.source == STOPPED_SOURCE:
             repeat = math.ceil(repeat * REPEAT_MARGIN)
         return repeat + 20
 
 
 #: Estimate.source where a stopped repeat's time is the estimate
-STOPPED = "stopped"
+STOPPED_SOURCE = "stopped"
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -356,7 +356,7 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
     stopped = stopped_repeat(Path(target).parent)
     if stopped is not None and stopped.get("steps") == steps and \
             (estimate is None or float(stopped["ran_s"]) > estimate.repeat_s):
-        return Estimate(repeat_s=float(stopped["ran_s"]), repeats=cell.protocol.repeats, source=STOPPED)
+        return Estimate(repeat_s=float(stopped["ran_s"]), repeats=cell.protocol.repeats, source=STOPPED_SOURCE)
     return estimate
 
 
@@ -417,8 +417,8 @@ def search_estimate_s(folder: Path | str, configfile: Path | str, earlier: Seque
         -> tuple[float, str, Estimate] | None:
     """(seconds, why, the cell's Estimate) a search folder's search and the cell it measures
     should take, for a plan: PLAN_PROBES probes and the cell's repeats, all at the memory
-    model's hint (the
-    search's start where the model does not apply), each its set-up plus its steps. The
+    model's hint (the search's start where the model does not apply), each its set-up plus
+    its steps. The
     seconds a token and the set-up come from the ok record or probe of the same cell (any
     platform, any batch) in ``earlier`` with the largest batch (the same platform's first
     where batches tie): a large batch's seconds a token is what the searched batch runs at,
@@ -476,6 +476,14 @@ def search_estimate_s(folder: Path | str, configfile: Path | str, earlier: Seque
                    f"from {source}{far}"), measured
 
 
+def _never_starts(est: Estimate, call_s: int | None, what: str, wants: str) -> str:
+    """The plan's NEVER_STARTS clause where a call of ``call_s`` s is too short for ``est``'s
+    Estimate.start_s, else nothing."""
+    if call_s is None or est.start_s <= call_s:
+        return ""
+    return f"; {what}{NEVER_STARTS} of {call_s} s: offline-batch {wants} {est.start_s} s left to start it"
+
+
 def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path | str] = (),
          skip_recorded: Sequence[Path | str] = (), call_s: int | None = None) -> list[tuple[str, float | None, str]]:
     """(target, seconds, why) for each target of a list such as envs/offline-batch.sh runs,
@@ -500,21 +508,16 @@ def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path 
             if est is None:
                 out.append((target, None, "a search: no earlier record of its cell times it"))
                 continue
-            why = f"a search: {est[1]}"
-            if call_s is not None and est[2].start_s > call_s:
-                why += (f"; its cell at that batch {NEVER_STARTS} of {call_s} s: offline-batch will want "
-                        f"{est[2].start_s} s left to start it")
-            out.append((target, math.ceil(est[0]), why))
+            out.append((target, math.ceil(est[0]), f"a search: {est[1]}"
+                        + _never_starts(est[2], call_s, "its cell at that batch ", "will want")))
             continue
         est = estimate_s(target, configfile, earlier)
         if est is None:
             out.append((target, None, "no probe at its batch nor an earlier record of the cell"))
         else:
             repeat = math.ceil(est.repeat_s)  # whole seconds, as estimate prints it
-            why = f"{est.repeats} x {repeat} s from {est.source}"
-            if call_s is not None and est.start_s > call_s:
-                why += f"; {NEVER_STARTS} of {call_s} s: offline-batch wants {est.start_s} s left to start it"
-            out.append((target, repeat * est.repeats, why))
+            out.append((target, repeat * est.repeats,
+                        f"{est.repeats} x {repeat} s from {est.source}" + _never_starts(est, call_s, "", "wants")))
     return out
 
 

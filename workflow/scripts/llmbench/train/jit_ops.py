@@ -22,9 +22,9 @@ belongs to a dead process and is removed: no timing guess. On a file system with
 :func:`build` loads (building where needed) the ops a cell on an accelerator may load (OPS),
 under the same guard, in the folder the launcher gives its workers (extensions_dir), so that
 no cell spends its repeat compiling them: set-up (envs/setup.sh) for the CPU, and
-envs/offline-batch.sh on a GPU machine before its first target (a fresh lent machine
-compiles fused_adam and cpu_adam in its first cells otherwise: a repeat 40 % longer than the
-next, or one killed at a deadline its estimate did not see coming).
+envs/offline-batch.sh on a GPU machine before its first target (a fresh machine otherwise
+compiles fused_adam and cpu_adam inside its first cells, whose repeats then run past their
+estimates, or past a deadline the estimates were to keep).
 ``python -m llmbench.train.jit_ops build --accelerator {cuda,cpu}`` runs it.
 """
 from __future__ import annotations
@@ -43,6 +43,8 @@ BATON_NAME = "lock"
 #: DeepSpeed's JIT ops (builder class names) a cell may load, by accelerator: the optimizer's
 #: (FusedAdam on a GPU; CPU Adam for offload, and on the CPU) and the CPU's collectives
 OPS = {"cuda": ("FusedAdamBuilder", "CPUAdamBuilder"), "cpu": ("CPUAdamBuilder", "ShareMemCommBuilder")}
+#: every builder OPS names (the CLI's --ops)
+KNOWN_OPS = sorted({name for names in OPS.values() for name in names})
 
 
 def extensions_dir() -> Path:
@@ -126,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     one.add_argument("--ops", default=None, help="builder class names, comma-separated (default: OPS)")
     args = parser.parse_args(argv)
     ops = tuple(args.ops.split(",")) if args.ops else None
-    if ops and (unknown := [o for o in ops if o not in {n for names in OPS.values() for n in names}]):
-        parser.error(f"--ops: unknown builder(s) {unknown}; known: {sorted({n for v in OPS.values() for n in v})}")
+    if ops and (unknown := [o for o in ops if o not in KNOWN_OPS]):
+        parser.error(f"--ops: unknown builder(s) {unknown}; known: {KNOWN_OPS}")
     for name, seconds in build(args.accelerator, ops):
         print(f"llmbench: DeepSpeed op {name} ready in {seconds:.1f} s ({os.environ['TORCH_EXTENSIONS_DIR']})")
     return 0

@@ -92,13 +92,20 @@ if [[ -n ${SEED_FRONTIER:-} ]]; then
     done
 fi
 # DeepSpeed's JIT ops are built here, on a GPU machine, before the first target (BUILD_OPS=0:
-# not): a fresh machine otherwise compiles them inside its first cells, whose repeats then
-# run past their estimates (llmbench.train.jit_ops). Its seconds count against the deadline;
-# where it fails, the batch goes on and the first cells build them as before.
+# not), for each platform the list's targets name and in that platform's environment: a fresh
+# machine otherwise compiles them inside its first cells, whose repeats then run past their
+# estimates (llmbench.train.jit_ops). Its seconds count against the deadline; its output is
+# kept in OPS_LOG (default results/logs/offline-batch/jit-ops-<list>.log), and where it fails
+# its last line is said and the batch goes on: the first cells build them as before.
 if [[ -n $build_ops ]]; then
-    PYTHONPATH=$site_path python3 -m llmbench.train.jit_ops build --accelerator cuda 2>&1 | grep '^llmbench' \
-        | sed 's/^/offline-batch: /' \
-        || echo "offline-batch: DeepSpeed's ops not built ahead; the first cells build them"
+    ops_log=${OPS_LOG:-results/logs/offline-batch/jit-ops-$(basename "$list" .txt).log}
+    mkdir -p "$(dirname "$ops_log")"
+    if PYTHONPATH=$site_path python3 -m llmbench.train.jit_ops build --targets "$list" > "$ops_log" 2>&1; then
+        grep '^llmbench: DeepSpeed op' "$ops_log" | sed 's/^llmbench: /offline-batch: /'
+    else
+        why=$(grep -v '^[[:space:]]*$' "$ops_log" | tail -1 | cut -c1-200)
+        echo "offline-batch: DeepSpeed's ops not built ahead ($why; $ops_log); the first cells build them"
+    fi
 fi
 # a target a deadline stopped (here or in an earlier call on the same machine) can leave
 # Snakemake's lock on its outputs, and every later run of it would stop at LockException:

@@ -44,8 +44,8 @@ fi
 # (TORCH_EXTENSIONS_DIR=<venv>/torch_extensions), so no cell spends minutes compiling them;
 # under the cells' own flock (llmbench.train.jit_ops), so a set-up rerun beside running
 # cells neither races them nor trips on a lock a killed cell left.
-DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR=$root/.venv/torch_extensions PYTHONPATH=$root/workflow/scripts \
-  .venv/bin/python -m llmbench.train.jit_ops build --accelerator cpu
+TORCH_EXTENSIONS_DIR=$root/.venv/torch_extensions PYTHONPATH=$root/workflow/scripts \
+  .venv/bin/python -m llmbench.train.jit_ops build --platform cpu
 
 # the site profiles, where `snakemake --profile <name>` looks for bare names
 bash envs/link-profiles.sh

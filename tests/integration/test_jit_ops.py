@@ -111,18 +111,69 @@ def test_without_flock_the_load_goes_on_and_leaves_the_baton(tmp_path, monkeypat
     assert "loading op op unguarded" in capsys.readouterr().out
 
 
-def test_the_ops_a_cell_may_load_are_built_ahead_and_named():
-    """`python -m llmbench.train.jit_ops build --accelerator cpu` (envs/setup.sh's step, and
-    offline-batch's on a GPU machine with cuda): each op of OPS loaded under the guard, in
-    the folder the workers use, with its seconds; an unknown builder is refused by name."""
-    env = {**os.environ, "PYTHONPATH": str(SCRIPTS), "DS_ACCELERATOR": "cpu",
-           "TORCH_EXTENSIONS_DIR": str(jit_ops.extensions_dir())}
-    done = subprocess.run([sys.executable, "-m", "llmbench.train.jit_ops", "build", "--accelerator", "cpu"],
-                          capture_output=True, text=True, timeout=600, env=env)
+def test_the_ops_a_cell_may_load_are_built_ahead_and_named(tmp_path):
+    """`python -m llmbench.train.jit_ops build --platform cpu` (envs/setup.sh's step): each op
+    of OPS loaded under the guard, in the folder the workers use, with its seconds;
+    `--targets FILE` builds once for each platform its targets name; an unknown builder or
+    platform is refused by name."""
+    env = {**os.environ, "PYTHONPATH": str(SCRIPTS), "TORCH_EXTENSIONS_DIR": str(jit_ops.extensions_dir())}
+
+    def cli(*args, timeout=600):
+        return subprocess.run([sys.executable, "-m", "llmbench.train.jit_ops", "build", *args],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+
+    done = cli("--platform", "cpu")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     names = [line.split()[3] for line in done.stdout.splitlines() if line.startswith("llmbench: DeepSpeed op ")]
     assert names == ["cpu_adam", "deepspeed_shm_comm"]
-    assert f"({jit_ops.extensions_dir()})" in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "llmbench.train.jit_ops", "build", "--accelerator", "cpu",
-                          "--ops", "FastAdamBuilder"], capture_output=True, text=True, timeout=60, env=env)
+    assert f"for platform cpu ({jit_ops.extensions_dir()})" in done.stdout
+    listing = tmp_path / "todo.txt"
+    listing.write_text("# two cells of one platform, and a line that names none\n"
+                       "results/runs/finetune/cpu/tiny/deepspeed/L/bs1-g1/record.json\n"
+                       "results/runs/search/finetune/cpu/tiny/deepspeed/QL-g1\nnot a target\n")
+    done = cli("--targets", str(listing))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.count("for platform cpu") == 2, done.stdout
+    bad = cli("--platform", "cpu", "--ops", "FastAdamBuilder", timeout=60)
     assert bad.returncode == 2 and "unknown builder(s) ['FastAdamBuilder']" in bad.stderr
+    bad = cli("--platform", "a800x9", timeout=60)
+    assert bad.returncode == 2 and "unknown platform(s) ['a800x9']" in bad.stderr
+
+
+def test_the_build_has_the_environment_of_the_platforms_workers(monkeypatch, tmp_path):
+    """build(platform) loads its accelerator's OPS in the environment the platform's workers
+    have: its env over this process's, so the GPU image's TORCH_CUDA_ARCH_LIST=9.0a (which
+    DeepSpeed's builder cannot read, and which would key another build than the cells')
+    gives way to h100's 9.0; DS_ACCELERATOR its accelerator, whatever was set before."""
+    pytest.importorskip("deepspeed")
+    import deepspeed.accelerator
+
+    from llmbench.platforms import Platform
+
+    seen = []
+
+    class Builder:
+        def __init__(self, name):
+            self.NAME = name
+
+        def load(self, verbose):
+            seen.append((self.NAME, os.environ["TORCH_CUDA_ARCH_LIST"], os.environ["DS_ACCELERATOR"]))
+
+    class Accelerator:
+        def create_op_builder(self, name):
+            return Builder(name)
+
+    for key in Platform.load("h100").env:  # restored after the test
+        monkeypatch.setenv(key, "as the image has it")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(deepspeed.accelerator, "get_accelerator", lambda: Accelerator())
+    done = jit_ops.build("h100")
+    assert seen == [("FusedAdamBuilder", "9.0", "cuda"), ("CPUAdamBuilder", "9.0", "cuda")]
+    assert [name for name, _ in done] == ["FusedAdamBuilder", "CPUAdamBuilder"]
+    assert jit_ops.target_platforms(["results/runs/search/finetune/h200/llama2-13b/deepspeed/QL+R-g1",
+                                     "results/runs/finetune/h100/llama2-7b/deepspeed/L/bs1-g1/record.json",
+                                     "results/runs/finetune/h200/llama2-7b/deepspeed/L/bs2-g1/record.json",
+                                     "# results/runs/finetune/a800/llama2-7b/deepspeed/L/bs2-g1/record.json",
+                                     ""]) == ["h200", "h100"]

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -367,25 +368,49 @@ def test_a_searched_cell_starts_only_where_its_estimate_fits_the_time_left(tmp_p
 
 def test_on_a_gpu_machine_deepspeeds_ops_are_built_before_the_first_target(batch, tmp_path):
     """Where nvidia-smi lists a GPU, the wheels are installed and DeepSpeed's JIT ops built
-    (llmbench.train.jit_ops) before the first target, so no cell compiles them inside its
-    repeat; a failed build (here: no CUDA) is said and the batch goes on. BUILD_OPS=0, or no
-    GPU, builds nothing."""
-    run, targets = batch
+    (llmbench.train.jit_ops) for each platform the list's targets name, in its environment,
+    before the first target, so no cell compiles them inside its repeat. A failed build (here:
+    h100's on a machine with no CUDA) says its last line and where its log is, and the batch
+    goes on. BUILD_OPS=0, or no GPU, builds nothing."""
+    pytest.importorskip("deepspeed")
+    run, _ = batch
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: a stand-in'\n")
     (bin_dir / "nvidia-smi").chmod(0o755)
+    # python3 is this interpreter (the one with DeepSpeed), as on the device after the wheels;
+    # not its whole bin folder: a ninja of another version there would build every op again
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (bin_dir / "python3").chmod(0o755)
     gpu_path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
-    done = run(deadline_s=60, fake_s=0, first_s=1, PATH=gpu_path)
+    ops_log = tmp_path / "jit-ops.log"
+    listing = tmp_path / "todo.txt"
+
+    def targets(platform):
+        found = [tmp_path / f"results/runs/finetune/{platform}/tiny/deepspeed/{t}/bs1-g1/record.json"
+                 for t in ("L", "QL")]
+        listing.write_text("".join(f"{t}\n" for t in found))
+        return found
+
+    cpu = targets("cpu")
+    done = run(deadline_s=120, fake_s=0, first_s=1, PATH=gpu_path, OPS_LOG=str(ops_log))
     lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "offline-batch: DeepSpeed's ops not built ahead; the first cells build them" == lines[0]
-    assert lines[1].startswith(f"offline-batch: {targets[0]}  ok")
-    assert (tmp_path / "installs").read_text() == "WHL\n"
-    for t in targets:
-        t.unlink()
+    assert [x.split()[3] for x in lines[:2]] == ["cpu_adam", "deepspeed_shm_comm"], done.stdout
+    assert all(x.startswith("offline-batch: DeepSpeed op ") and " for platform cpu (" in x for x in lines[:2])
+    assert lines[2].startswith(f"offline-batch: {cpu[0]}  ok") and (tmp_path / "installs").read_text() == "WHL\n"
+    h100 = targets("h100")
+    done = run(deadline_s=120, fake_s=0, first_s=1, PATH=gpu_path, OPS_LOG=str(ops_log))
+    lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert lines[0].startswith("offline-batch: DeepSpeed's ops not built ahead (") and lines[0].endswith(
+        f"; {ops_log}); the first cells build them"), lines[0]
+    last = [x for x in ops_log.read_text().splitlines() if x.strip()][-1]
+    assert "Traceback" in ops_log.read_text() and f"({last[:200]};" in lines[0]
+    assert lines[1].startswith(f"offline-batch: {h100[0]}  ok")
     for env in ({"PATH": gpu_path, "BUILD_OPS": "0"}, {}):
-        done = run(deadline_s=60, fake_s=0, first_s=1, **env)
-        assert done.returncode == 0 and "DeepSpeed's ops" not in done.stdout and "DeepSpeed op" not in done.stdout
-        for t in targets:
+        for t in h100:
             t.unlink()
+        ops_log.unlink(missing_ok=True)
+        done = run(deadline_s=60, fake_s=0, first_s=1, OPS_LOG=str(ops_log), **env)
+        assert done.returncode == 0 and "DeepSpeed" not in done.stdout and not ops_log.exists()

@@ -19,13 +19,19 @@ loader in llmbench's workers holds it, so a ``lock`` file found while holding th
 belongs to a dead process and is removed: no timing guess. On a file system without flock
 (Lustre mounted without ``-o flock``) loads go on unguarded, as DeepSpeed's own.
 
-:func:`build` loads (building where needed) the ops a cell on an accelerator may load (OPS),
-under the same guard, in the folder the launcher gives its workers (extensions_dir), so that
-no cell spends its repeat compiling them: set-up (envs/setup.sh) for the CPU, and
-envs/offline-batch.sh on a GPU machine before its first target (a fresh machine otherwise
-compiles fused_adam and cpu_adam inside its first cells, whose repeats then run past their
-estimates, or past a deadline the estimates were to keep).
-``python -m llmbench.train.jit_ops build --accelerator {cuda,cpu}`` runs it.
+:func:`build` loads (building where needed) the ops a cell of a platform may load (OPS, by
+the platform's accelerator), under the same guard, in the environment that cell's workers
+have: the platform file's ``env`` over this process's (as llmbench.launch.worker_env), in
+the folder the launcher gives them (extensions_dir). torch keys a JIT build by its compiler
+flags, and DeepSpeed takes its CUDA flags from TORCH_CUDA_ARCH_LIST, which the Hopper
+platform files set: an op built under another value is built again by the first cell, and
+the GPU image's own value (9.0a) is one DeepSpeed's builder cannot read, so a build without
+the platform's environment fails there. Set-up (envs/setup.sh) builds the CPU platform's,
+and envs/offline-batch.sh those of each platform its targets name, on a GPU machine before
+its first target (a fresh machine otherwise compiles fused_adam and cpu_adam inside its
+first cells, whose repeats then run past their estimates, or past a deadline the estimates
+were to keep). ``python -m llmbench.train.jit_ops build --platform NAME`` runs it;
+``--targets FILE`` builds for each platform the targets of a list name, one process each.
 """
 from __future__ import annotations
 
@@ -53,22 +59,39 @@ def extensions_dir() -> Path:
     return Path(sys.prefix) / "torch_extensions"
 
 
-def build(accelerator: str, ops: tuple[str, ...] | None = None) -> list[tuple[str, float]]:
-    """Load ``ops`` (default OPS[accelerator]) as a cell on ``accelerator`` would, under the
-    guard, building the ones not yet built: (op name, seconds) each. DS_ACCELERATOR and
-    TORCH_EXTENSIONS_DIR are set here where unset, as the workers have them."""
-    os.environ.setdefault("DS_ACCELERATOR", accelerator)
+def build(platform: str, ops: tuple[str, ...] | None = None) -> list[tuple[str, float]]:
+    """Load ``ops`` (default OPS of the platform's accelerator) as a cell of config/platforms/
+    ``platform`` would, under the guard, building the ones not yet built: (op name, seconds)
+    each. The platform's env is set over this process's, DS_ACCELERATOR to its accelerator,
+    and TORCH_EXTENSIONS_DIR where unset, as the workers have them. One platform a process:
+    DeepSpeed keeps an op once loaded, whatever the environment after."""
+    from llmbench.platforms import Platform
+
+    found = Platform.load(platform)
+    os.environ.update({key: str(value) for key, value in found.env.items()})
+    os.environ["DS_ACCELERATOR"] = found.accelerator
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
     guard_jit_loads()
     from deepspeed.accelerator import get_accelerator
 
     done = []
-    for name in ops or OPS[accelerator]:
+    for name in ops or OPS[found.accelerator]:
         builder = get_accelerator().create_op_builder(name)
         t0 = time.monotonic()
         builder.load(verbose=False)
         done.append((builder.NAME, time.monotonic() - t0))
     return done
+
+
+def target_platforms(lines: list[str]) -> list[str]:
+    """The platforms, in first-seen order, that the targets of a target list name (records,
+    probes, search folders; llmbench.cells.parse); a line that follows no pattern, or a
+    comment, names none."""
+    from llmbench import cells
+
+    patterns = (*cells.RECORD_PATTERNS, cells.SEARCH_PATTERN)
+    found = (cells.parse(line.strip(), patterns) for line in lines if line.strip() and not line.startswith("#"))
+    return list(dict.fromkeys(p.wildcards["platform"] for p in found if p and "platform" in p.wildcards))
 
 
 def build_dir(name: str) -> Path:
@@ -118,20 +141,40 @@ def guard_jit_loads() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m llmbench.train.jit_ops build --accelerator A [--ops NAME,...]``: build."""
+    """``python -m llmbench.train.jit_ops build (--platform NAME | --targets FILE) [--ops ...]``."""
     import argparse
+    import subprocess
+
+    from llmbench.config import available
 
     parser = argparse.ArgumentParser(prog="python -m llmbench.train.jit_ops", description=main.__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     one = sub.add_parser("build", help=build.__doc__.split("\n")[0])
-    one.add_argument("--accelerator", choices=sorted(OPS), required=True)
+    which = one.add_mutually_exclusive_group(required=True)
+    which.add_argument("--platform", help="a config/platforms name")
+    which.add_argument("--targets", type=Path, help="a target list: build for each platform its targets name")
     one.add_argument("--ops", default=None, help="builder class names, comma-separated (default: OPS)")
     args = parser.parse_args(argv)
     ops = tuple(args.ops.split(",")) if args.ops else None
     if ops and (unknown := [o for o in ops if o not in KNOWN_OPS]):
         parser.error(f"--ops: unknown builder(s) {unknown}; known: {KNOWN_OPS}")
-    for name, seconds in build(args.accelerator, ops):
-        print(f"llmbench: DeepSpeed op {name} ready in {seconds:.1f} s ({os.environ['TORCH_EXTENSIONS_DIR']})")
+    if args.targets:
+        platforms = target_platforms(args.targets.read_text().splitlines())
+    else:
+        platforms = [args.platform]
+    if unknown := [p for p in platforms if p not in available("platform")]:
+        parser.error(f"unknown platform(s) {unknown}; known: {sorted(available('platform'))}")
+    if args.targets:  # a process each (build's docstring): the first failure ends it
+        for name in platforms:
+            more = ["--ops", args.ops] if args.ops else []
+            done = subprocess.run([sys.executable, "-m", "llmbench.train.jit_ops", "build", "--platform", name,
+                                   *more])
+            if done.returncode:
+                return done.returncode
+        return 0
+    for name, seconds in build(args.platform, ops):
+        print(f"llmbench: DeepSpeed op {name} ready in {seconds:.1f} s for platform {args.platform} "
+              f"({os.environ['TORCH_EXTENSIONS_DIR']})", flush=True)
     return 0
 
 

@@ -92,7 +92,7 @@ if [[ -n ${SEED_FRONTIER:-} ]]; then
     done
 fi
 # DeepSpeed's JIT ops are built here, on a GPU machine, before the first target (BUILD_OPS=0:
-# not), for each platform the list's targets name and in that platform's environment: a fresh
+# not), for each platform of the list's DeepSpeed targets, in its environment: a fresh
 # machine otherwise compiles them inside its first cells, whose repeats then run past their
 # estimates (llmbench.train.jit_ops). Its seconds count against the deadline; its output is
 # kept in OPS_LOG (default results/logs/offline-batch/jit-ops-<list>.log), and where it fails

@@ -176,4 +176,6 @@ def test_the_build_has_the_environment_of_the_platforms_workers(monkeypatch, tmp
                                      "results/runs/finetune/h100/llama2-7b/deepspeed/L/bs1-g1/record.json",
                                      "results/runs/finetune/h200/llama2-7b/deepspeed/L/bs2-g1/record.json",
                                      "# results/runs/finetune/a800/llama2-7b/deepspeed/L/bs2-g1/record.json",
+                                     "results/runs/serve/rtx4090/llama2-7b/vllm/burst-g1/record.json",
+                                     "results/runs/pretrain/a800/llama2-7b/megatron-tp1pp1/Naive/bs1-g1/record.json",
                                      ""]) == ["h200", "h100"]

@@ -31,7 +31,7 @@ and envs/offline-batch.sh those of each platform its targets name, on a GPU mach
 its first target (a fresh machine otherwise compiles fused_adam and cpu_adam inside its
 first cells, whose repeats then run past their estimates, or past a deadline the estimates
 were to keep). ``python -m llmbench.train.jit_ops build --platform NAME`` runs it;
-``--targets FILE`` builds for each platform the targets of a list name, one process each.
+``--targets FILE`` builds for each platform of the DeepSpeed targets a list names, one process each.
 """
 from __future__ import annotations
 
@@ -84,14 +84,15 @@ def build(platform: str, ops: tuple[str, ...] | None = None) -> list[tuple[str, 
 
 
 def target_platforms(lines: list[str]) -> list[str]:
-    """The platforms, in first-seen order, that the targets of a target list name (records,
-    probes, search folders; llmbench.cells.parse); a line that follows no pattern, or a
-    comment, names none."""
+    """The platforms, in first-seen order, of the DeepSpeed cells a target list names (records,
+    probes, search folders; llmbench.cells.parse). Serving, microbenchmark and Megatron-LM
+    targets load none of these ops; a line that follows no pattern, or a comment, names none."""
     from llmbench import cells
 
     patterns = (*cells.RECORD_PATTERNS, cells.SEARCH_PATTERN)
     found = (cells.parse(line.strip(), patterns) for line in lines if line.strip() and not line.startswith("#"))
-    return list(dict.fromkeys(p.wildcards["platform"] for p in found if p and "platform" in p.wildcards))
+    return list(dict.fromkeys(p.wildcards["platform"] for p in found
+                              if p and p.wildcards.get("backend", "").startswith("deepspeed")))
 
 
 def build_dir(name: str) -> Path:

@@ -163,15 +163,15 @@ def test_the_build_has_the_environment_of_the_platforms_workers(monkeypatch, tmp
         def create_op_builder(self, name):
             return Builder(name)
 
-    for key in Platform.load("h100").env:  # restored after the test
-        monkeypatch.setenv(key, "as the image has it")
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
-    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    # the build sets the platform's environment in its process: here a copy, put back after
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    os.environ.update({key: "as the image has it" for key in Platform.load("h100").env})
+    os.environ.update({"TORCH_CUDA_ARCH_LIST": "9.0a", "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(tmp_path)})
     monkeypatch.setattr(deepspeed.accelerator, "get_accelerator", lambda: Accelerator())
     done = jit_ops.build("h100")
     assert seen == [("FusedAdamBuilder", "9.0", "cuda"), ("CPUAdamBuilder", "9.0", "cuda")]
     assert [name for name, _ in done] == ["FusedAdamBuilder", "CPUAdamBuilder"]
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(tmp_path)  # a folder set before is kept, as the workers do
     assert jit_ops.target_platforms(["results/runs/search/finetune/h200/llama2-13b/deepspeed/QL+R-g1",
                                      "results/runs/finetune/h100/llama2-7b/deepspeed/L/bs1-g1/record.json",
                                      "results/runs/finetune/h200/llama2-7b/deepspeed/L/bs2-g1/record.json",

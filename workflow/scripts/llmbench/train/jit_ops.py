@@ -21,13 +21,13 @@ belongs to a dead process and is removed: no timing guess. On a file system with
 
 :func:`build` loads (building where needed) the ops a cell of a platform may load (OPS, by
 the platform's accelerator), under the same guard, in the environment that cell's workers
-have: the platform file's ``env`` over this process's (as llmbench.launch.worker_env), in
-the folder the launcher gives them (extensions_dir). torch keys a JIT build by its compiler
+have: the platform file's ``env`` over this process's, in the folder the launcher gives
+them (llmbench.launch.worker_env, extensions_dir). torch keys a JIT build by its compiler
 flags, and DeepSpeed takes its CUDA flags from TORCH_CUDA_ARCH_LIST, which the Hopper
 platform files set: an op built under another value is built again by the first cell, and
 the GPU image's own value (9.0a) is one DeepSpeed's builder cannot read, so a build without
 the platform's environment fails there. Set-up (envs/setup.sh) builds the CPU platform's,
-and envs/offline-batch.sh those of each platform its targets name, on a GPU machine before
+and envs/offline-batch.sh those of each platform of its DeepSpeed targets, on a GPU machine before
 its first target (a fresh machine otherwise compiles fused_adam and cpu_adam inside its
 first cells, whose repeats then run past their estimates, or past a deadline the estimates
 were to keep). ``python -m llmbench.train.jit_ops build --platform NAME`` runs it;
@@ -62,15 +62,16 @@ def extensions_dir() -> Path:
 def build(platform: str, ops: tuple[str, ...] | None = None) -> list[tuple[str, float]]:
     """Load ``ops`` (default OPS of the platform's accelerator) as a cell of config/platforms/
     ``platform`` would, under the guard, building the ones not yet built: (op name, seconds)
-    each. The platform's env is set over this process's, DS_ACCELERATOR to its accelerator,
-    and TORCH_EXTENSIONS_DIR where unset, as the workers have them. One platform a process:
-    DeepSpeed keeps an op once loaded, whatever the environment after."""
+    each. This process takes what of a worker's environment the build reads
+    (llmbench.launch.worker_env, which imports this module): the platform's env over this
+    process's, TORCH_EXTENSIONS_DIR where unset; and DS_ACCELERATOR its accelerator. One
+    platform a process: DeepSpeed keeps an op once loaded, whatever the environment after."""
     from llmbench.platforms import Platform
 
     found = Platform.load(platform)
     os.environ.update({key: str(value) for key, value in found.env.items()})
-    os.environ["DS_ACCELERATOR"] = found.accelerator
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
+    os.environ["DS_ACCELERATOR"] = found.accelerator
     guard_jit_loads()
     from deepspeed.accelerator import get_accelerator
 
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     one = sub.add_parser("build", help=build.__doc__.split("\n")[0])
     which = one.add_mutually_exclusive_group(required=True)
     which.add_argument("--platform", help="a config/platforms name")
-    which.add_argument("--targets", type=Path, help="a target list: build for each platform its targets name")
+    which.add_argument("--targets", type=Path, help="a target list: build for each platform of its DeepSpeed targets")
     one.add_argument("--ops", default=None, help="builder class names, comma-separated (default: OPS)")
     args = parser.parse_args(argv)
     ops = tuple(args.ops.split(",")) if args.ops else None

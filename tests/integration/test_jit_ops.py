@@ -179,3 +179,56 @@ def test_the_build_has_the_environment_of_the_platforms_workers(monkeypatch, tmp
                                      "results/runs/serve/rtx4090/llama2-7b/vllm/burst-g1/record.json",
                                      "results/runs/pretrain/a800/llama2-7b/megatron-tp1pp1/Naive/bs1-g1/record.json",
                                      ""]) == ["h200", "h100"]
+
+def test_every_build_of_an_op_runs_the_interpreters_own_ninja(monkeypatch, tmp_path):
+    """own_ninja_path puts a folder holding only a link to <sys.prefix>/bin/ninja first on
+    PATH (once; again where the link points elsewhere), and leaves PATH as it is where the
+    interpreter has no ninja or the link cannot be written; the workers' PATH has it."""
+    import shutil
+
+    from llmbench import launch
+
+    prefix = tmp_path / "venv"
+    (prefix / "bin").mkdir(parents=True)
+    own = prefix / "bin" / "ninja"
+    monkeypatch.setattr(jit_ops.sys, "prefix", str(prefix))
+    assert jit_ops.own_ninja_path("/usr/bin:/bin") == "/usr/bin:/bin"  # no ninja of its own
+    own.write_text("#!/bin/sh\necho 1.13.2\n")
+    own.chmod(0o755)
+    path = jit_ops.own_ninja_path("/usr/bin:/bin")
+    folder = prefix / "torch_extensions" / ".ninja"
+    assert path == f"{folder}{os.pathsep}/usr/bin:/bin" and os.listdir(folder) == ["ninja"]
+    assert Path(shutil.which("ninja", path=path)).resolve() == own
+    (folder / "ninja").unlink()
+    (folder / "ninja").symlink_to("/usr/bin/true")  # another interpreter's, say: replaced
+    assert jit_ops.own_ninja_path("") == str(folder) and os.readlink(folder / "ninja") == str(own)
+    assert launch.worker_env({}, 1, 1)["PATH"].startswith(f"{folder}{os.pathsep}")
+    shutil.rmtree(folder)
+    folder.write_text("")  # a file where the folder goes: the link cannot be written
+    assert jit_ops.own_ninja_path("/bin") == "/bin"
+
+
+def test_an_activated_venv_does_not_build_the_ops_again(tmp_path):
+    """Set-up builds the ops with `.venv/bin/python` and the system's PATH; a user who then
+    activates the venv (README: `source .venv/bin/activate`) puts the venv's ninja first. Both
+    run the interpreter's own ninja (own_ninja_path), so the op built by one is loaded, not
+    built again, by the other: its library file is the same file afterwards."""
+    pytest.importorskip("deepspeed")
+    env = {**os.environ, "PYTHONPATH": str(SCRIPTS)}
+    env.pop("TORCH_EXTENSIONS_DIR", None)
+    plain = env.get("PATH", "")
+    activated = f"{Path(sys.executable).parent}{os.pathsep}{plain}"
+
+    def build(path):
+        done = subprocess.run([sys.executable, "-m", "llmbench.train.jit_ops", "build", "--platform", "cpu",
+                               "--ops", "CPUAdamBuilder"], capture_output=True, text=True, timeout=900,
+                              env={**env, "PATH": path})
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+    build(plain)
+    library = jit_ops.extensions_dir() / "cpu_adam" / "cpu_adam.so"
+    before = library.stat()
+    build(activated)
+    build(plain)
+    after = library.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)

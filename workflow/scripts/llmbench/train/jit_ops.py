@@ -59,18 +59,47 @@ def extensions_dir() -> Path:
     return Path(sys.prefix) / "torch_extensions"
 
 
+def own_ninja_path(path: str) -> str:
+    """``path`` (a PATH) with this interpreter's own ninja first: ``<sys.prefix>/bin/ninja``,
+    which pip installs with DeepSpeed, through a folder in the op cache that holds only a link
+    to it. torch builds an op by running ``ninja`` from PATH, and a ninja of another version
+    takes the build folder's log for a foreign one and builds every op again. So without this
+    an activated venv (its ninja first) and a plain ``.venv/bin/python`` (the system's first,
+    where there is one) built the ops in turn: ~75 s for cpu_adam and the shm op on a 2-core
+    machine, each time the other had built them last. Set-up, the op build ahead and every
+    worker (llmbench.launch.worker_env) take their PATH from here. ``path`` is returned as it
+    is where the interpreter has no ninja of its own or the link cannot be written."""
+    own = Path(sys.prefix) / "bin" / "ninja"
+    if not own.is_file():
+        return path
+    folder = extensions_dir() / ".ninja"
+    link = folder / "ninja"
+    try:
+        if not (link.is_symlink() and os.readlink(link) == str(own)):
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = folder / f".ninja.{os.getpid()}"
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(own)
+            os.replace(tmp, link)  # atomic: a worker starting beside this one sees one link or the other
+    except OSError:
+        return path
+    return os.pathsep.join(p for p in (str(folder), path) if p)
+
+
 def build(platform: str, ops: tuple[str, ...] | None = None) -> list[tuple[str, float]]:
     """Load ``ops`` (default OPS of the platform's accelerator) as a cell of config/platforms/
     ``platform`` would, under the guard, building the ones not yet built: (op name, seconds)
     each. This process takes what of a worker's environment the build reads
     (llmbench.launch.worker_env, which imports this module): the platform's env over this
-    process's, TORCH_EXTENSIONS_DIR where unset; and DS_ACCELERATOR its accelerator. One
+    process's, TORCH_EXTENSIONS_DIR where unset, PATH with its own ninja first
+    (own_ninja_path); and DS_ACCELERATOR its accelerator. One
     platform a process: DeepSpeed keeps an op once loaded, whatever the environment after."""
     from llmbench.platforms import Platform
 
     found = Platform.load(platform)
     os.environ.update({key: str(value) for key, value in found.env.items()})
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
+    os.environ["PATH"] = own_ninja_path(os.environ.get("PATH", ""))
     os.environ["DS_ACCELERATOR"] = found.accelerator
     guard_jit_loads()
     from deepspeed.accelerator import get_accelerator

@@ -65,10 +65,10 @@ def own_ninja_path(path: str) -> str:
     to it. torch builds an op by running ``ninja`` from PATH, and a ninja of another version
     takes the build folder's log for a foreign one and builds every op again. So without this
     an activated venv (its ninja first) and a plain ``.venv/bin/python`` (the system's first,
-    where there is one) built the ops in turn: ~75 s for cpu_adam and the shm op on a 2-core
-    machine, each time the other had built them last. Set-up, the op build ahead and every
-    worker (llmbench.launch.worker_env) take their PATH from here. ``path`` is returned as it
-    is where the interpreter has no ninja of its own or the link cannot be written."""
+    where there is one) built the ops in turn, each time the other had built them last.
+    Set-up, the op build ahead and every worker (llmbench.launch.worker_env) take their PATH
+    from here. ``path`` is returned as it is where the interpreter has no ninja of its own or
+    the link cannot be written."""
     own = Path(sys.prefix) / "bin" / "ninja"
     if not own.is_file():
         return path

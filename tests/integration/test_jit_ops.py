@@ -199,6 +199,7 @@ def test_every_build_of_an_op_runs_the_interpreters_own_ninja(monkeypatch, tmp_p
     folder = prefix / "torch_extensions" / ".ninja"
     assert path == f"{folder}{os.pathsep}/usr/bin:/bin" and os.listdir(folder) == ["ninja"]
     assert Path(shutil.which("ninja", path=path)).resolve() == own
+    assert jit_ops.own_ninja_path(path) == path  # a PATH that has it already: unchanged
     (folder / "ninja").unlink()
     (folder / "ninja").symlink_to("/usr/bin/true")  # another interpreter's, say: replaced
     assert jit_ops.own_ninja_path("") == str(folder) and os.readlink(folder / "ninja") == str(own)

@@ -83,7 +83,8 @@ def own_ninja_path(path: str) -> str:
             os.replace(tmp, link)  # atomic: a worker starting beside this one sees one link or the other
     except OSError:
         return path
-    return os.pathsep.join(p for p in (str(folder), path) if p)
+    rest = [p for p in path.split(os.pathsep) if p and p != str(folder)]  # once, where a launcher nests
+    return os.pathsep.join([str(folder), *rest])
 
 
 def build(platform: str, ops: tuple[str, ...] | None = None) -> list[tuple[str, float]]:

@@ -4,7 +4,9 @@ tests/integration/test_gpus_cells.py."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -165,9 +167,6 @@ def test_a_job_outside_a_scheduler_claims_free_gpus_of_a_larger_node(tmp_path, n
     other = ("import json, sys; from pathlib import Path; from llmbench import gpus; env = {}; "
              f"got = gpus.claim_gpus(1, 'cuda', env=env, total=2, lock_dir=Path({str(tmp_path)!r})); "
              "print(json.dumps([got, env]))")
-    import json
-    import subprocess
-
     out = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}).stdout
     assert json.loads(out) == [[["1"], None], {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}]

@@ -417,18 +417,17 @@ def search_estimate_s(folder: Path | str, configfile: Path | str, earlier: Seque
         -> tuple[float, str, Estimate] | None:
     """(seconds, why, the cell's Estimate) a search folder's search and the cell it measures
     should take, for a plan: PLAN_PROBES probes and the cell's repeats, all at the memory
-    model's hint (the search's start where the model does not apply), each its set-up plus
-    its steps. The
-    seconds a token and the set-up come from the ok record or probe of the same cell (any
-    platform, any batch) in ``earlier`` with the largest batch (the same platform's first
-    where batches tie): a large batch's seconds a token is what the searched batch runs at,
-    where batch 1's is often host-bound. From another GPU the figure carries that GPU's
-    speed (from a slower one, an over-estimate). Where that batch is far below the hint
-    (under a quarter), the seconds a token come instead from the record, on the same
-    platform, model, stage and GPUs, of the technique closest to the cell's (fewest flags
-    apart, then the batch nearest the hint) that ran within a quarter of the hint; where
-    none did, the batch-1 figure stands, an upper bound. None where the config has no such
-    search or ``earlier`` no such record."""
+    model's hint (the search's start where the model does not apply), each its set-up plus its
+    steps. The seconds a token and the set-up come from the ok record or probe of the same
+    cell (any platform, any batch) in ``earlier`` with the largest batch (the same platform's
+    first where batches tie): a large batch's seconds a token is what the searched batch runs
+    at, where batch 1's is often host-bound. From another GPU the figure carries that GPU's
+    speed (from a slower one, an over-estimate). Where that batch is far below the hint (under
+    a quarter), the seconds a token come instead from the record, on the same platform, model,
+    stage and GPUs, of the technique closest to the cell's (fewest flags apart, then the batch
+    nearest the hint) that ran within a quarter of the hint; where none did, the batch-1
+    figure stands, an upper bound. None where the config has no such search or ``earlier`` no
+    such record."""
     from .. import memory
     from ..grid import load
 

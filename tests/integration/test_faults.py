@@ -227,6 +227,49 @@ def test_the_leash_passes_exit_status_through_and_forwards_sigterm(tmp_path):
     assert leashed.wait(timeout=30) == 0 and marker.read_text() == "graceful"
 
 
+@pytest.mark.parametrize("inherited", [signal.SIG_DFL, signal.SIG_IGN], ids=["default", "ignored"])
+def test_a_sigterm_that_comes_while_the_leash_is_still_starting_its_child_reaches_the_child(tmp_path, inherited):
+    """The leash's handlers are in place before its child starts. Here the leash is slow to
+    come back from starting it (a loaded node): a SIGTERM sent once the child is up must reach
+    the child, not end the leash alone (default) nor be lost where whoever started the leash
+    ignores SIGTERM (CI once hung 30 s on that). The leash runs in a fork of this process so
+    that its Popen can be slowed."""
+    marker = tmp_path / "term"
+    code = (f"import signal, sys, time, pathlib\n"
+            f"def bye(*_): pathlib.Path({str(marker)!r}).write_text('graceful'); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, bye)\nprint('up', flush=True)\ntime.sleep(60)")
+    read_end, write_end = os.pipe()
+    me = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the leash
+        try:
+            os.dup2(write_end, 1)
+            signal.signal(signal.SIGTERM, inherited)
+            real = procs.subprocess.Popen
+
+            def slow_popen(*args, **kwargs):
+                child = real(*args, **kwargs)
+                time.sleep(3)  # the child prints 'up' and is sent SIGTERM meanwhile
+                return child
+
+            procs.subprocess.Popen = slow_popen
+            procs.leash(me, [sys.executable, "-c", code])
+        finally:
+            os._exit(99)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as out:
+        assert out.readline().strip() == b"up"
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if done[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    assert done[0] == pid, "the leash did not end within 30 s of its SIGTERM"
+    assert os.waitstatus_to_exitcode(done[1]) == 0 and marker.read_text() == "graceful"
+
+
 def test_what_the_leashed_child_leaves_running_is_killed_when_it_ends(tmp_path):
     """A rank orphaned by its torchrun (or a node launcher's torchrun, llmbench.nodes) is
     re-parented to the leash, which kills it once its child has ended."""

@@ -15,7 +15,8 @@ GPU for the next cell. The leash:
 - passes its child's exit status through unchanged (a child killed by signal s kills the
   leash with s), so ``Popen.returncode`` means what it meant without it (launch reads -9
   as a SIGKILL, an OOM only when the kernel's OOM killer ran meanwhile: oom_kills);
-- forwards SIGTERM and SIGINT to its child: the graceful stop of stop_group still works;
+- forwards SIGTERM, SIGINT and SIGHUP to its child (its handlers are in place before the
+  child starts): the graceful stop of stop_group still works;
 - once its child has ended, kills what the child left behind (orphans re-parented to it).
 
 Each node of a cell over several nodes runs its torchrun behind a leash too, tied to the
@@ -303,22 +304,31 @@ def leash(launcher_pid: int, argv: list[str]) -> None:
     except ProcessLookupError:
         os._exit(128 + signal.SIGKILL)
     me = os.getpid()
+    child = status = None
+    held: list[int] = []  # what came before the child was there to take it
+
+    def forward(signum, _frame) -> None:
+        # os.kill, not Popen.send_signal: that may reap the child behind the loop's back
+        if child is None:
+            held.append(signum)
+        elif status is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signum)
+
+    # Handlers first, child second: a signal sent once the child is up (it may be up before
+    # Popen returns here) must reach it, never end the leash alone or, where whoever started
+    # us ignores it, be lost. The child starts with them at their defaults (exec resets caught
+    # signals), whatever this process inherited.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
     try:
         # the child dies with the leash too (a leash killed alone, say by the OOM killer)
         child = subprocess.Popen(argv, preexec_fn=lambda: die_with_parent(me))
     except OSError as exc:
         print(f"leash: cannot start {argv[0]}: {exc}", file=sys.stderr, flush=True)
         os._exit(127)
-    status = None
-
-    def forward(signum, _frame) -> None:
-        # os.kill, not Popen.send_signal: that may reap the child behind the loop's back
-        if status is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, forward)
+    for signum in held:
+        forward(signum, None)
     child_fd = _open_pidfd(child.pid) if launcher is not None else None
     while status is None:
         if launcher is not None and child_fd is not None:

@@ -119,11 +119,12 @@ p { max-width: 60em; color: #444; }
 LONG_CELL = 40
 
 
-def _styled(frame: pd.DataFrame) -> str:
+def _styled(frame: pd.DataFrame, uuid: str) -> str:
     """The display frame as an HTML table (pandas' Styler): text escaped, no index, columns
-    with long text allowed to wrap."""
+    with long text allowed to wrap. ``uuid`` names its ids (Styler's default is random, so
+    a rebuilt page differed from the last one in every id)."""
     long = [c for c in frame.columns if frame[c].str.len().max() > LONG_CELL]
-    styler = frame.style.hide(axis="index").format(escape="html")
+    styler = frame.style.hide(axis="index").format(escape="html").set_uuid(uuid)
     if long:
         styler = styler.set_td_classes(pd.DataFrame(
             [["long" if c in long else "" for c in frame.columns]] * len(frame), index=frame.index,
@@ -139,14 +140,14 @@ def page(table: Table) -> str:
     """The table as a standalone HTML page (inline style, no script): title, then per part
     its heading, lead, the table (pandas' Styler) and note; all text HTML-escaped."""
     body = [f"<h3>{html.escape(table.title, quote=False)}</h3>"]
-    for p in table.parts:
+    for i, p in enumerate(table.parts):
         if p.heading:
             body.append(f"<h4>{html.escape(p.heading, quote=False)}</h4>")
         if p.lead:
             body.append(_paragraphs(p.lead))
         frame = _display(p.frame)
         if len(frame.columns) and len(frame):
-            body.append(_styled(frame))
+            body.append(_styled(frame, f"part{i}"))
         else:
             body.append("<p>(no rows)</p>")
         if p.note:

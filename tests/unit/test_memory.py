@@ -361,6 +361,29 @@ def test_the_validation_table_has_a_row_for_every_training_record(combined):
     assert host["fit_reason"].str.contains("> 125.87 GiB").all()
 
 
+def test_near_the_limit_the_reserved_peaks_error_and_the_far_side_are_reported():
+    """The README's figures for where a fit is decided come from the pipeline's table: the
+    reserved peak's error over the ok GPU records at >= 85% of their GPU (a CPU record, an
+    oom and a record with less held are left out), and the ok records predicted not to fit."""
+    from llmbench.memory import validate
+    from llmbench.report import memory_model
+
+    def row(measured, predicted, fits=True, status="ok", accelerator="cuda", kind="probe"):
+        return {"accelerator": accelerator, "capacity_gib": 100.0, "status": status, "kind": kind,
+                "measured_reserved_gib": measured, "predicted_reserved_gib": predicted, "predicted_fits": fits}
+
+    df = pd.DataFrame([row(90, 99, fits=False), row(96, 96 * 0.9, kind="cell"), row(86, 86 * 1.02),
+                       row(50, 80), row(95, 50, accelerator="cpu"), row(97, 10, status="oom")])
+    near, far = validate.near_limit(df).itertuples()
+    assert near.rows == 3 and near.probes == 2 and near.above_tight == 1
+    assert near.median_abs_error_pct == pytest.approx(10) and near.median_signed_error_pct == pytest.approx(2)
+    assert (near.min_reserved_share, near.max_reserved_share) == (0.86, 0.96)
+    assert far.rows == 1 and far.min_reserved_share == far.max_reserved_share == 0.9 and far.above_tight == 0
+    part = memory_model._near_limit_part(df)
+    assert part.frame.iloc[0].tolist() == ["ok, >= 85% reserved", "3", "10.0%", "10.0%", "2.0%", "86%-96%", "1", "2"]
+    assert part.frame.iloc[1].tolist() == ["ok, predicted not to fit", "1", "", "", "", "90%-90%", "0", "1"]
+
+
 def test_deepspeeds_and_accelerates_estimators_are_called_where_they_apply():
     from llmbench.memory import validate
 

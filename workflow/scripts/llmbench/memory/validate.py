@@ -18,12 +18,14 @@ predicted not to fit; all at llmbench.memory.constants.MARGIN.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from functools import lru_cache
 from pathlib import Path
 
 import pandas as pd
 
 from .. import techniques
+from ..cells import Search
 from ..config import REPO_ROOT
 from .constants import MARGIN
 from .fit import platform_file, rows
@@ -171,6 +173,42 @@ def figures(df: pd.DataFrame, margin: float = MARGIN) -> pd.DataFrame:
             "ok_rows": len(ok), "ok_predicted_not_to_fit": int((ok[fit_col] == False).sum()),  # noqa: E712
         })
     return pd.DataFrame(out)
+
+
+#: a record "near the limit" has at least this share of its GPU reserved
+NEAR_LIMIT = 0.85
+#: a search's "tight" at its default headroom: a probe with more than this share reserved
+TIGHT = 1 - next(f.default for f in fields(Search) if f.name == "headroom")
+
+
+def near_limit(df: pd.DataFrame, share: float = NEAR_LIMIT) -> pd.DataFrame:
+    """Where a fit is decided: the ok GPU records that held at least ``share`` of their GPU
+    reserved, and how close the predicted reserved peak came to the measured one (median and
+    90th percentile of |error|, and the median signed error: its bias), then the ok records
+    predicted not to fit (those on the margin's far side) with the lowest and highest share of
+    their GPU reserved, how many held more than TIGHT, and how many were a search's probes.
+    One row per group; errors in percent of the measured reserved peak."""
+    gpu = df[(df["accelerator"] == "cuda") & df["capacity_gib"].notna() & (df["status"] == "ok")]
+    gpu = gpu[gpu["measured_reserved_gib"].notna() & gpu["predicted_reserved_gib"].notna()]
+    held = gpu["measured_reserved_gib"] / gpu["capacity_gib"]
+    near = gpu[held >= share]
+    err = (near["predicted_reserved_gib"] - near["measured_reserved_gib"]) / near["measured_reserved_gib"] * 100
+    far = gpu[gpu["predicted_fits"] == False]  # noqa: E712
+    far_held = far["measured_reserved_gib"] / far["capacity_gib"]
+
+    def q(x: pd.Series, how: str) -> float | None:
+        return None if x.empty else float(getattr(x, how)() if how != "p90" else x.quantile(0.9))
+
+    return pd.DataFrame([
+        {"group": f"ok, >= {share:.0%} reserved", "rows": len(near), "median_abs_error_pct": q(err.abs(), "median"),
+         "p90_abs_error_pct": q(err.abs(), "p90"), "median_signed_error_pct": q(err, "median"),
+         "min_reserved_share": q(held[held >= share], "min"), "max_reserved_share": q(held[held >= share], "max"),
+         "above_tight": int((held > TIGHT).sum()), "probes": int((near["kind"] == "probe").sum())},
+        {"group": "ok, predicted not to fit", "rows": len(far), "median_abs_error_pct": None,
+         "p90_abs_error_pct": None, "median_signed_error_pct": None, "min_reserved_share": q(far_held, "min"),
+         "max_reserved_share": q(far_held, "max"), "above_tight": int((far_held > TIGHT).sum()),
+         "probes": int((far["kind"] == "probe").sum())},
+    ])
 
 
 #: the paper's tables whose cells say ok or '-' (out of memory) per method and platform

@@ -190,25 +190,22 @@ def near_limit(df: pd.DataFrame, share: float = NEAR_LIMIT) -> pd.DataFrame:
     One row per group; errors in percent of the measured reserved peak."""
     gpu = df[(df["accelerator"] == "cuda") & df["capacity_gib"].notna() & (df["status"] == "ok")]
     gpu = gpu[gpu["measured_reserved_gib"].notna() & gpu["predicted_reserved_gib"].notna()]
-    held = gpu["measured_reserved_gib"] / gpu["capacity_gib"]
-    near = gpu[held >= share]
-    err = (near["predicted_reserved_gib"] - near["measured_reserved_gib"]) / near["measured_reserved_gib"] * 100
+    gpu = gpu.assign(held=gpu["measured_reserved_gib"] / gpu["capacity_gib"])
+    near = gpu[gpu["held"] >= share]
     far = gpu[gpu["predicted_fits"] == False]  # noqa: E712
-    far_held = far["measured_reserved_gib"] / far["capacity_gib"]
+    err = (near["predicted_reserved_gib"] - near["measured_reserved_gib"]) / near["measured_reserved_gib"] * 100
 
     def q(x: pd.Series, how: str) -> float | None:
-        return None if x.empty else float(getattr(x, how)() if how != "p90" else x.quantile(0.9))
+        return None if x.empty else float(x.quantile(0.9) if how == "p90" else getattr(x, how)())
 
-    return pd.DataFrame([
-        {"group": f"ok, >= {share:.0%} reserved", "rows": len(near), "median_abs_error_pct": q(err.abs(), "median"),
-         "p90_abs_error_pct": q(err.abs(), "p90"), "median_signed_error_pct": q(err, "median"),
-         "min_reserved_share": q(held[held >= share], "min"), "max_reserved_share": q(held[held >= share], "max"),
-         "above_tight": int((held > TIGHT).sum()), "probes": int((near["kind"] == "probe").sum())},
-        {"group": "ok, predicted not to fit", "rows": len(far), "median_abs_error_pct": None,
-         "p90_abs_error_pct": None, "median_signed_error_pct": None, "min_reserved_share": q(far_held, "min"),
-         "max_reserved_share": q(far_held, "max"), "above_tight": int((far_held > TIGHT).sum()),
-         "probes": int((far["kind"] == "probe").sum())},
-    ])
+    def group(name: str, rows: pd.DataFrame, err: pd.Series) -> dict:
+        return {"group": name, "rows": len(rows), "median_abs_error_pct": q(err.abs(), "median"),
+                "p90_abs_error_pct": q(err.abs(), "p90"), "median_signed_error_pct": q(err, "median"),
+                "min_reserved_share": q(rows["held"], "min"), "max_reserved_share": q(rows["held"], "max"),
+                "above_tight": int((rows["held"] > TIGHT).sum()), "probes": int((rows["kind"] == "probe").sum())}
+
+    return pd.DataFrame([group(f"ok, >= {share:.0%} reserved", near, err),
+                         group("ok, predicted not to fit", far, pd.Series(dtype=float))])
 
 
 #: the paper's tables whose cells say ok or '-' (out of memory) per method and platform

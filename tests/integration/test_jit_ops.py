@@ -180,6 +180,7 @@ def test_the_build_has_the_environment_of_the_platforms_workers(monkeypatch, tmp
                                      "results/runs/pretrain/a800/llama2-7b/megatron-tp1pp1/Naive/bs1-g1/record.json",
                                      ""]) == ["h200", "h100"]
 
+
 def test_every_build_of_an_op_runs_the_interpreters_own_ninja(monkeypatch, tmp_path):
     """own_ninja_path puts a folder holding only a link to <sys.prefix>/bin/ninja first on
     PATH (once; again where the link points elsewhere), and leaves PATH as it is where the

@@ -85,8 +85,7 @@ def worker_env(platform_env: dict[str, str], threads: int, ranks: int) -> dict[s
     for var in THREAD_VARS:
         if var not in platform_env:
             env[var] = str(max(1, threads // ranks))
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(jit_ops.extensions_dir()))  # where jit_ops.build builds
-    env["PATH"] = jit_ops.own_ninja_path(env.get("PATH", ""))  # the ninja jit_ops.build builds with
+    jit_ops.op_env(env)  # the op folder and the ninja jit_ops.build builds with
     env["PYTHONUNBUFFERED"] = "1"
     # workers run in a scratch folder: the config's relative paths (engine_python) are
     # relative to the directory the launcher ran in

@@ -40,7 +40,7 @@ import functools
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -87,20 +87,27 @@ def own_ninja_path(path: str) -> str:
     return os.pathsep.join([str(folder), *rest])
 
 
+def op_env(env: MutableMapping[str, str]) -> None:
+    """Set in ``env`` what an op's JIT build reads beyond the platform's variables: the op
+    folder (extensions_dir, where unset) and PATH with this interpreter's ninja first
+    (own_ninja_path). build and every worker (llmbench.launch.worker_env) take it from here,
+    so an op built ahead is the one a worker loads."""
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
+    env["PATH"] = own_ninja_path(env.get("PATH", ""))
+
+
 def build(platform: str, ops: tuple[str, ...] | None = None) -> list[tuple[str, float]]:
     """Load ``ops`` (default OPS of the platform's accelerator) as a cell of config/platforms/
     ``platform`` would, under the guard, building the ones not yet built: (op name, seconds)
-    each. This process takes what of a worker's environment the build reads
-    (llmbench.launch.worker_env, which imports this module): the platform's env over this
-    process's, TORCH_EXTENSIONS_DIR where unset, PATH with its own ninja first
-    (own_ninja_path); and DS_ACCELERATOR its accelerator. One
-    platform a process: DeepSpeed keeps an op once loaded, whatever the environment after."""
+    each. This process takes what of a worker's environment the build reads (not the whole of
+    llmbench.launch.worker_env, which imports this module): the platform's env over this
+    process's, then op_env; and DS_ACCELERATOR its accelerator. One platform a process:
+    DeepSpeed keeps an op once loaded, whatever the environment after."""
     from llmbench.platforms import Platform
 
     found = Platform.load(platform)
     os.environ.update({key: str(value) for key, value in found.env.items()})
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
-    os.environ["PATH"] = own_ninja_path(os.environ.get("PATH", ""))
+    op_env(os.environ)
     os.environ["DS_ACCELERATOR"] = found.accelerator
     guard_jit_loads()
     from deepspeed.accelerator import get_accelerator
@@ -197,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := [p for p in platforms if p not in available("platform")]:
         parser.error(f"unknown platform(s) {unknown}; known: {sorted(available('platform'))}")
     if args.targets:  # a process each (build's docstring): the first failure ends it
+        more = ["--ops", args.ops] if args.ops else []
         for name in platforms:
-            more = ["--ops", args.ops] if args.ops else []
             done = subprocess.run([sys.executable, "-m", "llmbench.train.jit_ops", "build", "--platform", name,
                                    *more])
             if done.returncode:

@@ -178,7 +178,8 @@ while (( i < ${#targets[@]} )); do
     else
         est="" need=$longest why="the longest cell took ${longest}s"
     fi
-    [[ $est =~ ^[0-9]+$ ]] && est=$((est * reps))  # the line after the cell gives the whole cell's
+    # the line after the cell gives the whole cell's: its repeats still to run (those kept count as run)
+    [[ $est =~ ^[0-9]+$ ]] && est=$((est * reps))
     if (( left < need )); then
         next="the next call runs it"
         # a repeat longer than a whole call: calls of this length never start it

@@ -891,6 +891,43 @@ def test_a_repeat_stopped_unfinished_beside_the_cell_is_its_estimate_where_it_ra
     assert note.exists()  # read, not consumed: the launcher deletes it with the record
 
 
+def test_repeats_kept_beside_a_cell_count_as_run_in_its_estimate_and_its_plan(tmp_path, capsys):
+    """A cell stopped between repeats (a call's deadline) resumes with the repeats it kept
+    (llmbench.launch.keep_repeat): its estimate and a plan count only the others, so a
+    protocol cell spread over calls is planned at what is left. A kept repeat of another
+    spec (a changed config) does not count, and the estimate leaves it where it is (the
+    launcher deletes it when the cell runs)."""
+    from llmbench import grid as grids
+    from llmbench.aggregate import Outcome
+
+    config = tmp_path / "config.yaml"
+    config.write_text(ESTIMATE_CONFIG)
+    target = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs203-g1/record.json"
+    probe = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1/bs203/record.json"
+    probe.parent.mkdir(parents=True)
+    probe.write_text(probe_record(wall_s=40, window_s=9.0))  # 70 s a repeat, 2 repeats
+    target.parent.mkdir(parents=True)
+    g = grids.load(config)
+    spec = g.spec(g.find(stage="finetune", platform="h100", model="llama2-7b", backend="deepspeed",
+                         technique="L+R", batch_size="203", gpus="1"))
+    listing = tmp_path / "todo.txt"
+    listing.write_text(f"{target}\n")
+    launch.keep_repeat(target.parent, 0, {**spec, "cell": {**spec["cell"], "batch_size": 204}}, Outcome(status="ok"))
+    assert search.estimate_s(target, config) == search.Estimate(repeat_s=70.0, repeats=2, source="probe")
+    assert (target.parent / launch.PARTIAL.format(index=0)).exists()  # read, not deleted
+    launch.keep_repeat(target.parent, 0, spec, Outcome(status="ok"), wall_s=71.0)
+    est = search.estimate_s(target, config)
+    assert (est.kept, est.left, est.start_s) == (1, 1, 107)  # a repeat still wants 1.25 x 70 + 20
+    assert search.main(["estimate", str(target), str(config)]) == 0 and capsys.readouterr().out == "70 1 107 probe\n"
+    assert search.main(["plan", str(listing), str(config)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"    70  {target}  (1 x 70 s from probe; 1 of 2 repeats kept beside it)"
+    launch.keep_repeat(target.parent, 1, spec, Outcome(status="ok"), wall_s=69.0)
+    est = search.estimate_s(target, config)
+    assert (est.kept, est.left, est.start_s) == (2, 0, 20)  # all kept: the cell writes its record
+    assert search.plan([str(target)], config)[0][1] == 0
+
+
 def test_a_search_stops_before_a_probe_its_deadline_cannot_hold_and_resumes_from_its_frontier(tmp_path, monkeypatch,
                                                                                                 repo):
     """LLMBENCH_DEADLINE (a call's end), probes of 100 s on a clock of the test's, a deadline

@@ -378,11 +378,12 @@ def keep_repeat(keep_dir: Path, index: int, spec: dict, outcome: Outcome, wall_s
         "boot_id": provenance.boot_id(), "git_sha": state.get("sha"), "wall_s": wall_s})
 
 
-def kept_repeats(keep_dir: Path, spec: dict, repeats: int, log: Path) -> dict[int, dict]:
-    """The ok repeats an earlier run of this very spec kept (index -> what keep_repeat
-    wrote, its ``outcome`` an Outcome again). A kept repeat of another spec (a changed
-    config or protocol) is deleted."""
-    digest, kept = spec_digest(spec), {}
+def read_kept(keep_dir: Path, spec: dict, repeats: int) -> tuple[dict[int, dict], list[Path]]:
+    """What keep_repeat kept in ``keep_dir``, read only: the ok repeats of this very spec
+    (index -> what keep_repeat wrote) and the files that do not count (another spec's, a
+    changed config or protocol; not ok). kept_repeats resumes from the first and deletes the
+    second; a plan (llmbench.search.estimate_s) counts the first."""
+    digest, kept, stale = spec_digest(spec), {}, []
     for index in range(repeats):
         path = keep_dir / PARTIAL.format(index=index)
         try:
@@ -390,10 +391,21 @@ def kept_repeats(keep_dir: Path, spec: dict, repeats: int, log: Path) -> dict[in
         except (OSError, ValueError):
             continue
         if data.get("spec_sha256") == digest and data.get("outcome", {}).get("status") == "ok":
-            outcome = data["outcome"]
-            kept[index] = {**data, "outcome": Outcome(**{**outcome, "nodes": tuple(outcome["nodes"])})}
+            kept[index] = data
         else:
-            path.unlink(missing_ok=True)
+            stale.append(path)
+    return kept, stale
+
+
+def kept_repeats(keep_dir: Path, spec: dict, repeats: int, log: Path) -> dict[int, dict]:
+    """The ok repeats an earlier run of this very spec kept (index -> what keep_repeat
+    wrote, its ``outcome`` an Outcome again). A kept repeat of another spec (a changed
+    config or protocol) is deleted."""
+    found, stale = read_kept(keep_dir, spec, repeats)
+    for path in stale:
+        path.unlink(missing_ok=True)
+    kept = {index: {**data, "outcome": Outcome(**{**data["outcome"], "nodes": tuple(data["outcome"]["nodes"])})}
+            for index, data in found.items()}
     if kept:
         here = provenance.boot_id()
         elsewhere = [i for i in sorted(kept) if kept[i].get("boot_id") != here]

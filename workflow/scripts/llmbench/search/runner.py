@@ -253,6 +253,14 @@ class Estimate:
     source: str
     """``probe`` (its search's probe at that batch), the path of the earlier record read, or
     ``stopped`` (a repeat of the cell ran this long and was stopped unfinished: llmbench.launch.STOPPED)."""
+    kept: int = 0
+    """Repeats an earlier run of this very spec kept beside the record (llmbench.launch.read_kept,
+    a cell stopped between repeats): the cell resumes with them and runs only the others."""
+
+    @property
+    def left(self) -> int:
+        """The repeats still to run."""
+        return max(self.repeats - self.kept, 0)
 
     @property
     def start_s(self) -> int:
@@ -261,10 +269,10 @@ class Estimate:
         committed cells' wall times compare with the estimate: README, the paragraph on
         offline-batch), a stopped repeat's time launch.REPEAT_MARGIN times (what the cell's
         own deadline check wants). A call shorter than this never starts the cell, as a cell
-        stops only between repeats."""
+        stops only between repeats. A cell whose repeats are all kept runs none: 20 s."""
         from ..launch import REPEAT_MARGIN
 
-        repeat = math.ceil(self.repeat_s)
+        repeat = math.ceil(self.repeat_s) if self.left else 0
         if self.source == "probe":
             repeat = repeat * 5 // 4
         elif self.source == STOPPED_SOURCE:
@@ -322,18 +330,22 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
     protocol rerun's 30 + 100). A repeat of the cell with those steps that a signal stopped
     unfinished beside ``target`` (llmbench.launch.STOPPED: a deadline the estimate missed) is
     the estimate where it ran longer (source ``stopped``). None where none of these is there
-    or the config has no such cell.
+    or the config has no such cell. The repeats of this very spec an earlier run kept beside
+    ``target`` count as run (Estimate.kept).
     envs/offline-batch.sh compares it with the time left before it starts the cell.
     Snakemake's own start is not in it."""
     parsed = cells.parse(str(target), (cells.RECORD_PATTERN,))
     if parsed is None:
         return None
     from ..grid import load
+    from ..launch import read_kept, stopped_repeat
 
     try:
-        cell = load(Path(configfile)).find(**parsed.wildcards)
+        grid = load(Path(configfile))
+        cell = grid.find(**parsed.wildcards)
     except (KeyError, LookupError, ValueError):
         return None
+    kept = len(read_kept(Path(target).parent, grid.spec(cell), cell.protocol.repeats)[0])
     steps = cell.protocol.warmup_steps + cell.protocol.measured_steps
     found, source = None, "probe"
     for root in (parsed.root, *earlier):  # the search beside it, or one an earlier folder holds
@@ -349,14 +361,14 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
     estimate = None
     if found is not None:
         setup, window, run_steps, _ = found
-        estimate = Estimate(repeat_s=setup + window / run_steps * steps, repeats=cell.protocol.repeats, source=source)
+        estimate = Estimate(repeat_s=setup + window / run_steps * steps, repeats=cell.protocol.repeats, source=source,
+                            kept=kept)
     # a repeat of the cell (its steps) stopped unfinished beside the target: at least that long
-    from ..launch import stopped_repeat
-
     stopped = stopped_repeat(Path(target).parent)
     if stopped is not None and stopped.get("steps") == steps and \
             (estimate is None or float(stopped["ran_s"]) > estimate.repeat_s):
-        return Estimate(repeat_s=float(stopped["ran_s"]), repeats=cell.protocol.repeats, source=STOPPED_SOURCE)
+        return Estimate(repeat_s=float(stopped["ran_s"]), repeats=cell.protocol.repeats, source=STOPPED_SOURCE,
+                        kept=kept)
     return estimate
 
 
@@ -488,7 +500,8 @@ def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path 
     """(target, seconds, why) for each target of a list such as envs/offline-batch.sh runs,
     with its SKIP_RECORDED folders ``skip_recorded`` (recorded_in): 0 for a target they
     hold; for a search they hold without its cell, that cell; a cell's estimate_s times its
-    repeats (why: where the estimate comes from), a search folder's search_estimate_s (its
+    repeats still to run (Estimate.left: those kept beside the target from a stopped run
+    count as run; why: where the estimate comes from), a search folder's search_estimate_s (its
     probes are not known before it runs: a rougher figure), or None where nothing times
     the target. With ``call_s`` (offline-batch's deadline: a lent machine's call, a Slurm
     allocation), a cell whose Estimate.start_s exceeds it says so in its why
@@ -515,8 +528,9 @@ def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path 
             out.append((target, None, "no probe at its batch nor an earlier record of the cell"))
         else:
             repeat = math.ceil(est.repeat_s)  # whole seconds, as estimate prints it
-            out.append((target, repeat * est.repeats,
-                        f"{est.repeats} x {repeat} s from {est.source}" + _never_starts(est, call_s, "", "wants")))
+            kept = f"; {est.kept} of {est.repeats} repeats kept beside it" if est.kept else ""
+            out.append((target, repeat * est.left, f"{est.left} x {repeat} s from {est.source}{kept}"
+                        + _never_starts(est, call_s, "", "wants")))
     return out
 
 
@@ -525,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     ``python -m llmbench.search measured-target FOLDER`` (measured_target: prints the
     record path, or nothing where no batch fit); ``python -m llmbench.search estimate
     TARGET CONFIG [--earlier DIR ...]`` (estimate_s: prints a repeat's whole seconds, the
-    repeats, the seconds left offline-batch wants to start it (Estimate.start_s) and the
+    repeats still to run (Estimate.left), the seconds left offline-batch wants to start it (Estimate.start_s) and the
     source, or nothing where there is no estimate); ``python -m llmbench.search plan LIST
     CONFIG [--earlier DIR ...] [--skip-recorded DIR ...] [--call-s S]`` (plan: the seconds of
     each target of a target list, then their sum and what it leaves out);
@@ -578,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "estimate":
         est = estimate_s(args.target, args.config, args.earlier)
         if est is not None:
-            print(math.ceil(est.repeat_s), est.repeats, est.start_s, est.source)
+            print(math.ceil(est.repeat_s), est.left, est.start_s, est.source)
         return 0
     if args.command == "measured-target":
         try:

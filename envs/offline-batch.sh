@@ -52,8 +52,10 @@
 # names such cells before any call). A cell whose repeat the deadline stopped inside (an
 # estimate that fell short) left how long that repeat ran (llmbench.launch.STOPPED); where
 # that is longer, it is the estimate, and the cell starts only with 1.2 times it plus 20 s
-# left (the cell's own deadline check wants the 1.2). The line after a cell gives the
-# estimate of all its repeats beside the seconds it took.
+# left (the cell's own deadline check wants the 1.2). A cell resumed with the repeats an
+# earlier run kept beside its record (stopped between repeats) is timed by the longest of
+# them, with the same 1.2 plus 20 s, and only its other repeats count. The line after a cell
+# gives the estimate of all the repeats it ran beside the seconds it took.
 # SKIP_RECORDED="DIR ..." (optional): results folders (a reference run's, holding runs/...)
 # whose records count as done: a target recorded in one of them is skipped (a search folder
 # once its search.json and the cell it measures are there), so the same list can go to a
@@ -171,6 +173,8 @@ while (( i < ${#targets[@]} )); do
         why="its search's probe puts a repeat at ${est}s (x 1.25 + 20 s: ${need}s)"
     elif [[ $est =~ ^[0-9]+$ && $src == stopped ]]; then
         why="a repeat of it was stopped unfinished after ${est}s (x 1.2 + 20 s: ${need}s)"
+    elif [[ $est =~ ^[0-9]+$ && $src == kept ]]; then
+        why="the longest repeat it kept took ${est}s (x 1.2 + 20 s: ${need}s)"
     elif [[ $est =~ ^[0-9]+$ ]]; then
         why="its record in ${src%%/runs/*} puts a repeat at ${est}s (+ 20 s: ${need}s)"
     elif [[ $t != *.json ]]; then  # a search stops between probes at its job's deadline

@@ -364,6 +364,20 @@ def test_a_searched_cell_starts_only_where_its_estimate_fits_the_time_left(tmp_p
     done = run(deadline_s=120, first_s=1, ESTIMATE_FROM=str(sweep))
     assert done.returncode == 3 and "a repeat of it was stopped unfinished after 90s (x 1.2 + 20 s: 128s): " \
         "not starting" in done.stdout and "no call of 120s starts it" in done.stdout, done.stdout + done.stderr
+    # one repeat of two kept (100 s): timed by it as the cell's own deadline check will (1.2 x 100 + 20 s),
+    # and only the other repeat is left to run
+    from llmbench import cells, grid as grids, launch
+    from llmbench.aggregate import Outcome
+
+    (target.parent / ".stopped-repeat.json").unlink()
+    g = grids.load(config)
+    launch.keep_repeat(target.parent, 0, g.spec(g.find(**cells.parse(str(target), (cells.RECORD_PATTERN,)).wildcards)),
+                       Outcome(status="ok"), wall_s=100.0)
+    done = run(deadline_s=139, first_s=1, ESTIMATE_FROM=str(sweep))
+    assert done.returncode == 3 and "the longest repeat it kept took 100s (x 1.2 + 20 s: 140s): not starting" \
+        in done.stdout, done.stdout + done.stderr
+    done = run(deadline_s=140, first_s=1000, ESTIMATE_FROM=str(sweep))
+    assert done.returncode == 0 and "s (estimated 100s)" in done.stdout, done.stdout + done.stderr
 
 
 def test_on_a_gpu_machine_deepspeeds_ops_are_built_before_the_first_target(batch, tmp_path):

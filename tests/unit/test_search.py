@@ -894,9 +894,11 @@ def test_a_repeat_stopped_unfinished_beside_the_cell_is_its_estimate_where_it_ra
 def test_repeats_kept_beside_a_cell_count_as_run_in_its_estimate_and_its_plan(tmp_path, capsys):
     """A cell stopped between repeats (a call's deadline) resumes with the repeats it kept
     (llmbench.launch.keep_repeat): its estimate and a plan count only the others, so a
-    protocol cell spread over calls is planned at what is left. A kept repeat of another
-    spec (a changed config) does not count, and the estimate leaves it where it is (the
-    launcher deletes it when the cell runs)."""
+    protocol cell spread over calls is planned at what is left, and the longest kept repeat
+    is the estimate, wanting what the cell's own deadline check wants of it (1.2 x it + 20 s),
+    so offline-batch starts no cell that stops at once. A kept repeat of another spec (a
+    changed config) does not count, and the estimate leaves it where it is (the launcher
+    deletes it when the cell runs); nor does one that kept no time, for the estimate."""
     from llmbench import grid as grids
     from llmbench.aggregate import Outcome
 
@@ -915,13 +917,16 @@ def test_repeats_kept_beside_a_cell_count_as_run_in_its_estimate_and_its_plan(tm
     launch.keep_repeat(target.parent, 0, {**spec, "cell": {**spec["cell"], "batch_size": 204}}, Outcome(status="ok"))
     assert search.estimate_s(target, config) == search.Estimate(repeat_s=70.0, repeats=2, source="probe")
     assert (target.parent / launch.PARTIAL.format(index=0)).exists()  # read, not deleted
-    launch.keep_repeat(target.parent, 0, spec, Outcome(status="ok"), wall_s=71.0)
+    launch.keep_repeat(target.parent, 0, spec, Outcome(status="ok"))  # no time kept: the probe's estimate
     est = search.estimate_s(target, config)
-    assert (est.kept, est.left, est.start_s) == (1, 1, 107)  # a repeat still wants 1.25 x 70 + 20
-    assert search.main(["estimate", str(target), str(config)]) == 0 and capsys.readouterr().out == "70 1 107 probe\n"
+    assert (est.kept, est.left, est.source, est.start_s) == (1, 1, "probe", 107)  # 1.25 x 70 + 20
+    launch.keep_repeat(target.parent, 0, spec, Outcome(status="ok"), wall_s=80.0)
+    est = search.estimate_s(target, config)
+    assert (est.kept, est.left, est.repeat_s, est.source, est.start_s) == (1, 1, 80.0, "kept", 116)  # 1.2 x 80 + 20
+    assert search.main(["estimate", str(target), str(config)]) == 0 and capsys.readouterr().out == "80 1 116 kept\n"
     assert search.main(["plan", str(listing), str(config)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == f"    70  {target}  (1 x 70 s from probe; 1 of 2 repeats kept beside it)"
+    assert out[0] == f"    80  {target}  (1 x 80 s from kept; 1 of 2 repeats kept beside it)"
     launch.keep_repeat(target.parent, 1, spec, Outcome(status="ok"), wall_s=69.0)
     est = search.estimate_s(target, config)
     assert (est.kept, est.left, est.start_s) == (2, 0, 20)  # all kept: the cell writes its record

@@ -251,7 +251,8 @@ class Estimate:
     repeats: int
     """The cell's repeats (each a process of its own, and a cell stops between two at its deadline)."""
     source: str
-    """``probe`` (its search's probe at that batch), the path of the earlier record read, or
+    """``probe`` (its search's probe at that batch), the path of the earlier record read,
+    ``kept`` (the longest repeat an earlier run of this very spec kept: KEPT_SOURCE), or
     ``stopped`` (a repeat of the cell ran this long and was stopped unfinished: llmbench.launch.STOPPED)."""
     kept: int = 0
     """Repeats an earlier run of this very spec kept beside the record (llmbench.launch.read_kept,
@@ -267,21 +268,24 @@ class Estimate:
         """The seconds left that envs/offline-batch.sh wants before it starts the cell: a
         repeat plus 20 s, a probe's estimate of a repeat taken 1.25 times first (how the
         committed cells' wall times compare with the estimate: README, the paragraph on
-        offline-batch), a stopped repeat's time launch.REPEAT_MARGIN times (what the cell's
-        own deadline check wants). A call shorter than this never starts the cell, as a cell
-        stops only between repeats. A cell whose repeats are all kept runs none: 20 s."""
+        offline-batch), a kept or a stopped repeat's time launch.REPEAT_MARGIN times (what the
+        cell's own deadline check wants of them, so that offline-batch starts no cell that
+        stops at once and ends the batch). A call shorter than this never starts the cell, as
+        a cell stops only between repeats. A cell whose repeats are all kept runs none: 20 s."""
         from ..launch import REPEAT_MARGIN
 
         repeat = math.ceil(self.repeat_s) if self.left else 0
         if self.source == "probe":
             repeat = repeat * 5 // 4
-        elif self.source == STOPPED_SOURCE:
+        elif self.source in (KEPT_SOURCE, STOPPED_SOURCE):
             repeat = math.ceil(repeat * REPEAT_MARGIN)
         return repeat + 20
 
 
 #: Estimate.source where a stopped repeat's time is the estimate
 STOPPED_SOURCE = "stopped"
+#: Estimate.source where the longest kept repeat's time is the estimate
+KEPT_SOURCE = "kept"
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -331,7 +335,9 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
     unfinished beside ``target`` (llmbench.launch.STOPPED: a deadline the estimate missed) is
     the estimate where it ran longer (source ``stopped``). None where none of these is there
     or the config has no such cell. The repeats of this very spec an earlier run kept beside
-    ``target`` count as run (Estimate.kept).
+    ``target`` count as run (Estimate.kept), and the longest of them is the estimate (source
+    ``kept``; a stopped repeat where that ran longer): this cell's own repeats, by which its
+    deadline check (llmbench.launch) judges the next.
     envs/offline-batch.sh compares it with the time left before it starts the cell.
     Snakemake's own start is not in it."""
     parsed = cells.parse(str(target), (cells.RECORD_PATTERN,))
@@ -345,7 +351,8 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
         cell = grid.find(**parsed.wildcards)
     except (KeyError, LookupError, ValueError):
         return None
-    kept = len(read_kept(Path(target).parent, grid.spec(cell), cell.protocol.repeats)[0])
+    kept = read_kept(Path(target).parent, grid.spec(cell), cell.protocol.repeats)[0]
+    walls = [float(k["wall_s"]) for k in kept.values() if k.get("wall_s")]
     steps = cell.protocol.warmup_steps + cell.protocol.measured_steps
     found, source = None, "probe"
     for root in (parsed.root, *earlier):  # the search beside it, or one an earlier folder holds
@@ -362,13 +369,15 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
     if found is not None:
         setup, window, run_steps, _ = found
         estimate = Estimate(repeat_s=setup + window / run_steps * steps, repeats=cell.protocol.repeats, source=source,
-                            kept=kept)
+                            kept=len(kept))
+    if walls:  # repeats of this very cell: they, not a probe's or another run's figure
+        estimate = Estimate(repeat_s=max(walls), repeats=cell.protocol.repeats, source=KEPT_SOURCE, kept=len(kept))
     # a repeat of the cell (its steps) stopped unfinished beside the target: at least that long
     stopped = stopped_repeat(Path(target).parent)
     if stopped is not None and stopped.get("steps") == steps and \
             (estimate is None or float(stopped["ran_s"]) > estimate.repeat_s):
         return Estimate(repeat_s=float(stopped["ran_s"]), repeats=cell.protocol.repeats, source=STOPPED_SOURCE,
-                        kept=kept)
+                        kept=len(kept))
     return estimate
 
 

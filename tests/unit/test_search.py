@@ -653,6 +653,19 @@ def test_a_measured_cell_that_ran_out_of_memory_sends_the_next_to_the_batch_belo
     assert search.measured_target(folder) is None
 
 
+def probed_cell(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """ESTIMATE_CONFIG's L+R cell at batch 203 and its search's probe there (40 s in all, 9 s
+    of window over 1 + 2 steps: 70 s a repeat of the cell's 3 + 10, 2 repeats): (config,
+    the cell's record path, the probe's record path)."""
+    config = tmp_path / "config.yaml"
+    config.write_text(ESTIMATE_CONFIG)
+    target = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs203-g1/record.json"
+    probe = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1/bs203/record.json"
+    probe.parent.mkdir(parents=True)
+    probe.write_text(probe_record(wall_s=40, window_s=9.0))
+    return config, target, probe
+
+
 def test_a_searched_cell_is_estimated_from_its_probe_and_its_own_protocol(tmp_path, capsys):
     """What offline-batch weighs against the time left: per repeat, the probe's set-up (its
     wall time less its timed window) plus its seconds a step times the cell's steps."""
@@ -678,12 +691,7 @@ def test_a_searched_cell_is_estimated_from_its_probe_and_its_own_protocol(tmp_pa
 def test_a_plan_sums_the_estimates_of_a_target_list_and_names_what_it_cannot_time(tmp_path, capsys):
     """Before a call or an allocation: each cell of the list timed as offline-batch would
     time it (all its repeats), a search folder and a cell nothing times named as untimed."""
-    config = tmp_path / "config.yaml"
-    config.write_text(ESTIMATE_CONFIG)
-    cell = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs203-g1/record.json"
-    probe = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1/bs203/record.json"
-    probe.parent.mkdir(parents=True)
-    probe.write_text(probe_record(wall_s=40, window_s=9.0))  # 70 s a repeat, 2 repeats
+    config, cell, _ = probed_cell(tmp_path)  # 70 s a repeat, 2 repeats
     untimed = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs100-g1/record.json"
     folder = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1"
     listing = tmp_path / "todo.txt"
@@ -865,12 +873,7 @@ def test_a_repeat_stopped_unfinished_beside_the_cell_is_its_estimate_where_it_ra
     is the estimate, and offline-batch wants 1.2 times it (the cell's own deadline check)
     plus 20 s left. Only a repeat of the cell's own steps counts; with no other estimate,
     it is the estimate."""
-    config = tmp_path / "config.yaml"
-    config.write_text(ESTIMATE_CONFIG)
-    target = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs203-g1/record.json"
-    probe = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1/bs203/record.json"
-    probe.parent.mkdir(parents=True)
-    probe.write_text(probe_record(wall_s=40, window_s=9.0))  # 70 s a repeat
+    config, target, probe = probed_cell(tmp_path)  # 70 s a repeat
     target.parent.mkdir(parents=True)
     note = target.parent / launch.STOPPED
 
@@ -902,12 +905,7 @@ def test_repeats_kept_beside_a_cell_count_as_run_in_its_estimate_and_its_plan(tm
     from llmbench import grid as grids
     from llmbench.aggregate import Outcome
 
-    config = tmp_path / "config.yaml"
-    config.write_text(ESTIMATE_CONFIG)
-    target = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs203-g1/record.json"
-    probe = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1/bs203/record.json"
-    probe.parent.mkdir(parents=True)
-    probe.write_text(probe_record(wall_s=40, window_s=9.0))  # 70 s a repeat, 2 repeats
+    config, target, _ = probed_cell(tmp_path)  # 70 s a repeat, 2 repeats
     target.parent.mkdir(parents=True)
     g = grids.load(config)
     spec = g.spec(g.find(stage="finetune", platform="h100", model="llama2-7b", backend="deepspeed",

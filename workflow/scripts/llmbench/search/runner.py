@@ -354,31 +354,34 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
     kept = read_kept(Path(target).parent, grid.spec(cell), cell.protocol.repeats)[0]
     walls = [float(k["wall_s"]) for k in kept.values() if k.get("wall_s")]
     steps = cell.protocol.warmup_steps + cell.protocol.measured_steps
-    found, source = None, "probe"
-    for root in (parsed.root, *earlier):  # the search beside it, or one an earlier folder holds
-        probe = _read_json(Path(root) / cells.PROBE_RECORD_PATTERN.format(**parsed.wildcards))
-        if probe is not None and (found := _timing(probe)) is not None:
-            break
-    if found is None:
-        paths = [Path(d) / cells.RECORD_PATTERN.format(**parsed.wildcards) for d in earlier]
-        runs = [(path, _read_json(path)) for path in paths]
-        timed = [(timing, str(path)) for path, rec in runs if rec is not None and (timing := _timing(rec)) is not None]
-        if timed:
-            found, source = max(timed, key=lambda t: t[0][3])
-    estimate = None
-    if found is not None:
-        setup, window, run_steps, _ = found
-        estimate = Estimate(repeat_s=setup + window / run_steps * steps, repeats=cell.protocol.repeats, source=source,
-                            kept=len(kept))
+
+    def estimate(repeat_s: float, source: str) -> Estimate:
+        return Estimate(repeat_s=repeat_s, repeats=cell.protocol.repeats, source=source, kept=len(kept))
+
+    found = None
     if walls:  # repeats of this very cell: they, not a probe's or another run's figure
-        estimate = Estimate(repeat_s=max(walls), repeats=cell.protocol.repeats, source=KEPT_SOURCE, kept=len(kept))
+        found = estimate(max(walls), KEPT_SOURCE)
+    else:
+        timing, source = None, "probe"
+        for root in (parsed.root, *earlier):  # the search beside it, or one an earlier folder holds
+            probe = _read_json(Path(root) / cells.PROBE_RECORD_PATTERN.format(**parsed.wildcards))
+            if probe is not None and (timing := _timing(probe)) is not None:
+                break
+        if timing is None:
+            paths = [Path(d) / cells.RECORD_PATTERN.format(**parsed.wildcards) for d in earlier]
+            runs = [(path, _read_json(path)) for path in paths]
+            timed = [(tm, str(path)) for path, rec in runs if rec is not None and (tm := _timing(rec)) is not None]
+            if timed:
+                timing, source = max(timed, key=lambda found: found[0][3])  # the most measured steps
+        if timing is not None:
+            setup, window, run_steps, _ = timing
+            found = estimate(setup + window / run_steps * steps, source)
     # a repeat of the cell (its steps) stopped unfinished beside the target: at least that long
     stopped = stopped_repeat(Path(target).parent)
     if stopped is not None and stopped.get("steps") == steps and \
-            (estimate is None or float(stopped["ran_s"]) > estimate.repeat_s):
-        return Estimate(repeat_s=float(stopped["ran_s"]), repeats=cell.protocol.repeats, source=STOPPED_SOURCE,
-                        kept=len(kept))
-    return estimate
+            (found is None or float(stopped["ran_s"]) > found.repeat_s):
+        return estimate(float(stopped["ran_s"]), STOPPED_SOURCE)
+    return found
 
 
 def recorded_in(target: str, folders: Sequence[Path | str]) -> tuple[str, str] | None:

@@ -419,7 +419,7 @@ def test_replay_reproduces_the_committed_searches_and_the_hint_finds_the_same_ba
     # error in the harness) nor 7B L+F (stopped where cuBLAS's failed allocation was still
     # recorded as an error)
     h100 = df[df["platform"] == "h100"]
-    assert len(df) == 89 and len(h100) == 42  # 47 on one H200 (two a pair's; QL+F+R began on it)
+    assert len(df) == 90 and len(h100) == 42  # 48 on one H200 (two a pair's; QL+F+R began on it)
     assert "L+F" not in set(h100.loc[h100["model"] == "llama2-7b", "technique"])
     small_ql = (h100["technique"] == "QL") & (h100["model"] != "llama2-70b")
     assert (h100.loc[small_ql, "run"] == "2026-11-25-h100-one-gpu-search-b").all()

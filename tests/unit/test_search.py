@@ -719,7 +719,7 @@ def test_a_plan_sums_the_estimates_of_a_target_list_and_names_what_it_cannot_tim
     listing.write_text(f"# a comment\n{cell}\n{folder}\n\n{untimed}\n")
     assert search.main(["plan", str(listing), str(config)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == f"   140  {cell}  (2 x 70 s from probe)"
+    assert out[0] == f"   140  {cell}  (2 x 70 s from probe; starts with 107 s left)"  # 1.25 x 70 + 20
     assert out[1].startswith(f"     ?  {folder}  (a search") and out[2].startswith(f"     ?  {untimed}  (no probe")
     assert out[3] == "total: 140 s for 1 of 3 targets; 2 not timed (above)"
     # a call of 106 s never starts the cell (offline-batch wants 1.25 x 70 + 20 = 107 s left); one of 107 does
@@ -729,7 +729,8 @@ def test_a_plan_sums_the_estimates_of_a_target_list_and_names_what_it_cannot_tim
                       "wants 107 s left to start it)")
     assert out[3] == "total: 140 s for 1 of 3 targets; 2 not timed (above); 1 never starts in a call of 106 s (above)"
     assert search.main(["plan", str(listing), str(config), "--call-s", "107"]) == 0
-    assert "never" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "never" not in out and f"{cell}  (2 x 70 s from probe; starts with 107 s left)" in out
     with pytest.raises(SystemExit):
         search.main(["plan", str(tmp_path / "missing.txt"), str(config)])
 
@@ -760,12 +761,12 @@ def test_a_plan_times_a_search_at_the_hint_from_the_largest_batch_an_earlier_fol
     hint = memory.start_hint(g.spec(g.searches[0]))
     step = 10.0 / 100 * hint
     want = math.ceil(PLAN_PROBES * (10 + 3 * step) + 2 * (10 + 13 * step))
+    need = math.ceil(10 + 13 * step) * 5 // 4 + 20  # its cell there: its probe's estimate x 1.25 + 20 s
     assert search.main(["plan", str(listing), str(config), "--earlier", str(ref)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == (f"{want:>6}  {folder}  (a search: {PLAN_PROBES} probes and 2 repeat(s) at batch {hint}, "
-                      f"{step:.1f} s a step from {other})")
-    # a call too short for the cell at that batch (its probe's estimate x 1.25 + 20 s) is named
-    need = math.ceil(10 + 13 * step) * 5 // 4 + 20
+                      f"{step:.1f} s a step from {other}; its cell at that batch starts with {need} s left)")
+    # a call too short for the cell at that batch is named
     assert search.main(["plan", str(listing), str(config), "--earlier", str(ref), "--call-s", str(need - 1)]) == 0
     assert capsys.readouterr().out.splitlines()[0].endswith(
         f"; its cell at that batch never starts in a call of {need - 1} s: offline-batch will want {need} s left "
@@ -783,7 +784,7 @@ def test_a_plan_times_a_search_at_the_hint_from_the_largest_batch_an_earlier_fol
     both = ["--earlier", str(ref), "--skip-recorded", str(ref)]
     assert search.main(["plan", str(listing), str(config), *both]) == 0
     cell = "results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs100-g1/record.json"
-    assert capsys.readouterr().out.splitlines()[0] == f"   280  {cell}  (2 x 140 s from probe)"
+    assert capsys.readouterr().out.splitlines()[0] == f"   280  {cell}  (2 x 140 s from probe; starts with 195 s left)"
     measured = ref / cell.removeprefix("results/")
     measured.parent.mkdir(parents=True)
     measured.write_text(probe_record(wall_s=40, window_s=30.0))  # measured there too: nothing to do
@@ -816,7 +817,7 @@ def test_a_plan_times_a_search_whose_only_record_is_far_below_from_the_closest_t
     listing = tmp_path / "todo.txt"
     listing.write_text(f"{folder}\n")
     assert search.main(["plan", str(listing), str(config), "--earlier", str(ref)]) == 0
-    assert capsys.readouterr().out.splitlines()[0].endswith("its batch 1 is far below, so an upper bound)")
+    assert "its batch 1 is far below, so an upper bound; its cell at that batch starts with" in capsys.readouterr().out
     near = record("h100", "L", hint, wall_s=40, window_s=30.0)  # 10 s a step at the hint
     record("h100", "QL+F", hint, wall_s=10, window_s=3.0)  # five flags away
     record("h200", "L", hint, wall_s=100, window_s=90.0)  # another GPU
@@ -826,7 +827,8 @@ def test_a_plan_times_a_search_whose_only_record_is_far_below_from_the_closest_t
     assert capsys.readouterr().out.splitlines()[0] == (
         f"{want:>6}  {folder}  (a search: {PLAN_PROBES} probes and 2 repeat(s) at batch {hint}, 10.0 s a step from "
         f"{ref}/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs1-g1/record.json (its batch 1 is far below: a step's "
-        f"seconds a token from L at batch {hint}, {near}))")
+        f"seconds a token from L at batch {hint}, {near}); its cell at that batch starts with "
+        f"{135 * 5 // 4 + 20} s left)")  # 5 s of set-up and 13 steps of 10 s, x 1.25 + 20 s
 
 
 def test_recorded_in_reads_skip_recorded_folders_as_offline_batch_does(tmp_path, capsys):
@@ -945,7 +947,7 @@ def test_repeats_kept_beside_a_cell_count_as_run_in_its_estimate_and_its_plan(tm
     assert search.main(["estimate", str(target), str(config)]) == 0 and capsys.readouterr().out == "80 1 116 kept\n"
     assert search.main(["plan", str(listing), str(config)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == f"    80  {target}  (1 x 80 s from kept; 1 of 2 repeats kept beside it)"
+    assert out[0] == f"    80  {target}  (1 x 80 s from kept; 1 of 2 repeats kept beside it; starts with 116 s left)"
     launch.keep_repeat(target.parent, 1, spec, Outcome(status="ok"), wall_s=69.0)
     est = search.estimate_s(target, config)
     assert (est.kept, est.left, est.start_s) == (2, 0, 20)  # all kept: the cell writes its record

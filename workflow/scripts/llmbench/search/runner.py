@@ -499,11 +499,12 @@ def search_estimate_s(folder: Path | str, configfile: Path | str, earlier: Seque
                    f"from {source}{far}"), measured
 
 
-def _never_starts(est: Estimate, call_s: int | None, what: str, wants: str) -> str:
-    """The plan's NEVER_STARTS clause where a call of ``call_s`` s is too short for ``est``'s
-    Estimate.start_s, else nothing."""
+def _start_clause(est: Estimate, call_s: int | None, what: str, wants: str) -> str:
+    """The seconds left offline-batch wants before it starts ``est``'s cell (Estimate.start_s:
+    a call's deadline less what the call spends before the cell, its install and op build,
+    must hold them), or the plan's NEVER_STARTS clause where a call of ``call_s`` s is too short."""
     if call_s is None or est.start_s <= call_s:
-        return ""
+        return f"; {what}starts with {est.start_s} s left"
     return f"; {what}{NEVER_STARTS} of {call_s} s: offline-batch {wants} {est.start_s} s left to start it"
 
 
@@ -515,10 +516,11 @@ def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path 
     repeats still to run (Estimate.left: those kept beside the target from a stopped run
     count as run; why: where the estimate comes from), a search folder's search_estimate_s (its
     probes are not known before it runs: a rougher figure), or None where nothing times
-    the target. With ``call_s`` (offline-batch's deadline: a lent machine's call, a Slurm
-    allocation), a cell whose Estimate.start_s exceeds it says so in its why
-    (NEVER_STARTS): no call of that length starts it; so does a search whose cell, at the
-    batch the search is timed at, would not start (the search still finds its batch)."""
+    the target. Each timed why ends with the seconds left offline-batch wants to start the
+    cell (Estimate.start_s; a search: its cell at the batch it is timed at). With ``call_s``
+    (offline-batch's deadline: a lent machine's call, a Slurm allocation), a cell whose
+    Estimate.start_s exceeds it says so instead (NEVER_STARTS): no call of that length starts
+    it; so does a search whose cell would not start (the search still finds its batch)."""
     out: list[tuple[str, float | None, str]] = []
     for target in targets:
         found = recorded_in(target, skip_recorded)
@@ -533,7 +535,7 @@ def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path 
                 out.append((target, None, "a search: no earlier record of its cell times it"))
                 continue
             out.append((target, math.ceil(est[0]), f"a search: {est[1]}"
-                        + _never_starts(est[2], call_s, "its cell at that batch ", "will want")))
+                        + _start_clause(est[2], call_s, "its cell at that batch ", "will want")))
             continue
         est = estimate_s(target, configfile, earlier)
         if est is None:
@@ -542,7 +544,7 @@ def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path 
             repeat = math.ceil(est.repeat_s)  # whole seconds, as estimate prints it
             kept = f"; {est.kept} of {est.repeats} repeats kept beside it" if est.kept else ""
             out.append((target, repeat * est.left, f"{est.left} x {repeat} s from {est.source}{kept}"
-                        + _never_starts(est, call_s, "", "wants")))
+                        + _start_clause(est, call_s, "", "wants")))
     return out
 
 

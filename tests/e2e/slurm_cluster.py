@@ -44,12 +44,12 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow" / "scripts"))  # run as a script (main)
-from llmbench import procs  # noqa: E402
+from llmbench.procs import alive  # noqa: E402
 
 __all__ = ["SlurmCluster", "SlurmClusterError", "slurm_available", "slurm_cluster"]
 
@@ -525,7 +525,7 @@ def _teardown(procs: dict[str, subprocess.Popen], client_env: dict[str, str], ma
         # alive is ours by construction: kill it by pid.
         deadline = time.monotonic() + 10
         while True:
-            left = [p for p in _marked_pids(marker) if procs.alive(p)]
+            left = [p for p in _marked_pids(marker) if alive(p)]
             if not left:
                 break
             for pid in left:

@@ -88,7 +88,7 @@ def test_the_test_grid_runs_end_to_end(workspace):
     # Megatron-LM cells: megatron-core really ran, with the layout asked for
     meg = {p: r for p, r in records.items() if r["cell"]["backend"] == "megatron"}
     assert sorted(meg) == [f"{R}/runs/pretrain/cpu/tiny/megatron-tp1pp1/Naive/bs{b}-g1/record.json" for b in (1, 2)]
-    for path, rec in meg.items():
+    for rec in meg.values():
         mc = rec["provenance"]["megatron_config"]
         assert rec["status"] == "ok" and rec["provenance"]["versions"]["megatron-core"] == "0.16.1"
         assert mc["cpu_compat"] and not mc["distributed_optimizer"]

@@ -472,7 +472,6 @@ def test_an_h100_row_meets_the_a800_column_through_per_gpu_mfu_and_relatives(tmp
     """Nobody has the paper's A800s: an H100 cell compares with them through tokens/s per
     GPU, MFU against each platform's peak and the method's throughput relative to Z3 (Table
     III's baseline), ours beside the paper's; the raw ratio stays empty (other hardware)."""
-    from llmbench.report import paper_frame
 
     paths = write_records(tmp_path, [("h100", "llama2-7b", "Q", 1, "ok", 1800.0, 9.0),
                                      ("h100", "llama2-7b", "Z3", 1, "ok", 600.0, 20.0)])

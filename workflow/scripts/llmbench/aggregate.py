@@ -9,7 +9,7 @@ so neither imports the other.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from . import provenance, techniques
@@ -57,7 +57,7 @@ def provenance_of(spec: dict, outcomes: list[Outcome], started: str, command: li
         # a cell over several nodes: the hostnames of its last repeat
         **({"nodes": list(o.nodes)} if (o := next((o for o in reversed(outcomes) if o.nodes), None)) else {}),
         "started": started,
-        "finished": datetime.now(timezone.utc).isoformat(),
+        "finished": datetime.now(UTC).isoformat(),
     }
 
 

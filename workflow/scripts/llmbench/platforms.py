@@ -50,7 +50,7 @@ class Platform:
     """Slurm defaults: partition, gres, cpus_per_task, mem_mb."""
 
     @classmethod
-    def load(cls, name: str, root: Path = REPO_ROOT) -> "Platform":
+    def load(cls, name: str, root: Path = REPO_ROOT) -> Platform:
         """Load and validate config/platforms/<name>.yaml."""
         return cls(**load_named("platform", name, root))
 

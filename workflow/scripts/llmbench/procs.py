@@ -42,8 +42,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 #: What an out-of-memory error looks like in a worker's or an engine's log: PyTorch's
 #: device and host allocators, NCCL's device allocations (its "unhandled cuda error" then

@@ -12,8 +12,8 @@ import gc
 import math
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
 
 from .config import check_schema, schema_defaults
 from .provenance import cpu_times
@@ -84,7 +84,7 @@ class GcClock:
             self.full += info.get("generation") == 2
             self._start = None
 
-    def __enter__(self) -> "GcClock":
+    def __enter__(self) -> GcClock:
         gc.callbacks.append(self._callback)
         return self
 

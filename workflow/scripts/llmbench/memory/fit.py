@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,7 @@ TRAIN_STAGES = ("pretrain", "finetune")
 CACHED_FIT_LOAD = 0.6
 
 
-@lru_cache(maxsize=None)
+@cache
 def platform_file(name: str, root: str) -> dict[str, Any] | None:
     """A platform's file as a dict (None where there is none), read once per run."""
     try:

@@ -121,7 +121,7 @@ class Workload:
             raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {self.backend!r}")
 
     @classmethod
-    def from_spec(cls, spec: dict[str, Any], batch_size: int | None = None) -> "Workload":
+    def from_spec(cls, spec: dict[str, Any], batch_size: int | None = None) -> Workload:
         """The workload of a run spec ({cell, model, platform}: llmbench.grid.Grid.spec)."""
         cell = spec["cell"]
         return cls(model=ModelSpec(**spec["model"]), technique=cell["technique"],
@@ -129,7 +129,7 @@ class Workload:
                    gpus=cell["gpus"], backend=cell["backend"], parallel=cell.get("parallel"),
                    adapter=cell.get("adapter"))
 
-    def with_batch(self, batch_size: int) -> "Workload":
+    def with_batch(self, batch_size: int) -> Workload:
         """The same workload at another batch size."""
         return Workload(model=self.model, technique=self.technique, batch_size=batch_size, seq_len=self.seq_len,
                         gpus=self.gpus, backend=self.backend, parallel=self.parallel, adapter=self.adapter)

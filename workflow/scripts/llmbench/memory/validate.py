@@ -19,7 +19,7 @@ predicted not to fit; all at llmbench.memory.constants.MARGIN.
 from __future__ import annotations
 
 from dataclasses import fields
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pandas as pd
@@ -61,7 +61,7 @@ def deepspeed_estimate_gib(w: Workload) -> tuple[float, float] | None:
     return gpu / GIB, cpu / GIB
 
 
-@lru_cache(maxsize=None)
+@cache
 def _accelerate_total_bytes(model_json: str) -> int:
     """accelerate's total size of the model built on the meta device (fp32, as the command)."""
     import json

@@ -11,7 +11,7 @@ import json
 import shutil
 import sys
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .. import forkserver, gpus
@@ -55,7 +55,7 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
              gpu_busy: gpus.BusyPolicy | None = None) -> Record:
     """Run one microbenchmark cell and write its Record (nothing runs on busy GPUs,
     llmbench.gpus)."""
-    started = datetime.now(timezone.utc).isoformat()
+    started = datetime.now(UTC).isoformat()
     cell = MicroCell.from_dict(spec["cell"])
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)

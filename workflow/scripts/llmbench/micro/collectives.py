@@ -21,9 +21,9 @@ import json
 import os
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -93,7 +93,7 @@ class Spec:
             raise ValueError(f"spec.dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Spec":
+    def from_dict(cls, data: dict) -> Spec:
         """Build from the JSON form; unknown keys are an error."""
         unknown = set(data) - set(cls.__slots__)
         if unknown:

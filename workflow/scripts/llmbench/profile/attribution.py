@@ -111,9 +111,10 @@ from __future__ import annotations
 import bisect
 import re
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from statistics import fmean
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 PHASES = ("forward", "backward", "optimizer")
 #: Phases of serving forward passes (profile backend inference): the prompts' prefill, then

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "Reduce", "Broadcast", "SendRecv", "AllToAll")
 _NCCL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")

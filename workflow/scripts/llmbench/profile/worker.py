@@ -34,8 +34,9 @@ import os
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from .. import backends, techniques
 from ..train import contract  # one contract (OOM marker, exit code) for every worker

@@ -8,8 +8,8 @@ per-request table. Each figure answers one question; its title says which.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import altair as alt
 import pandas as pd

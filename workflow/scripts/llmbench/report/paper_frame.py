@@ -19,7 +19,7 @@ Assumptions, stated where they are used:
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import pandas as pd
@@ -47,13 +47,13 @@ MEMORY_BASIS = (
 TABLES = {"table2": "pretrain", "table3": "pretrain", "table4": "pretrain", "table9": "finetune"}
 
 
-@lru_cache(maxsize=None)
+@cache
 def platform_spec(name: str, root: Path = REPO_ROOT) -> dict:
     """config/platforms/<name>.yaml, validated, loaded once."""
     return load_named("platform", name, root)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _model(name: str, root: Path = REPO_ROOT) -> ModelSpec:
     return ModelSpec.load(name, root)
 

@@ -25,7 +25,6 @@ stronger protocol, then the later run); the note names the runs it superseded.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pandas as pd
 

@@ -10,8 +10,8 @@ one, are far slower than its later ones)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import pandas as pd
 

@@ -8,7 +8,6 @@ published column here; the figures (llmbench.report.figures) show the same cells
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pandas as pd
 
@@ -94,7 +93,7 @@ def table(df: pd.DataFrame) -> render.Table:
             "goodput", "server mem GiB", "settings"]
     rows = []
     for r in df.itertuples():
-        def pct(m: str, spec: str = ".3f") -> str:
+        def pct(m: str, spec: str = ".3f", r=r) -> str:
             vals = [getattr(r, f"{s}_{m}") for s in ("p50", "p90", "p99")]
             return "" if all(v is None or pd.isna(v) for v in vals) else " / ".join(fmt(v, spec) for v in vals)
         mem = r.server_peak_gpu_mem_gib if not pd.isna(r.server_peak_gpu_mem_gib) else r.server_peak_rss_gib

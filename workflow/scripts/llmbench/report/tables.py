@@ -8,8 +8,9 @@ loads each the first time it is read, so a table reads only what the catalog say
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import pandas as pd
 

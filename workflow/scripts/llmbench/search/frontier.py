@@ -21,7 +21,7 @@ import hashlib
 import json
 import shutil
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +109,7 @@ class Frontier:
     the path its record was written to (a copy is kept: ``keep_run``)}."""
 
     @classmethod
-    def load(cls, path: Path | str, fp: str) -> "Frontier":
+    def load(cls, path: Path | str, fp: str) -> Frontier:
         """The file's outcomes if its fingerprint matches, else an empty frontier."""
         path = Path(path)
         try:
@@ -161,7 +161,7 @@ class Frontier:
         """Keep what a probe that ran showed (a tight probe ran ok: its peak decides later)."""
         if probe.status in BOUNDING and probe.source == "run":
             self.keep(probe.batch_size, "ok" if probe.status == "tight" else probe.status, probe.peak_gib,
-                      datetime.now(timezone.utc).isoformat(), probe.reason)
+                      datetime.now(UTC).isoformat(), probe.reason)
 
     def keep(self, batch_size: int, status: str, peak_gib: float | None, at: str, reason: str) -> None:
         """Keep one batch's outcome (ok with its peak, or oom)."""

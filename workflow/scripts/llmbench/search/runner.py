@@ -28,10 +28,11 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from .. import cells, techniques
 from ..record import FRONTIER_COMMAND, wall_s
@@ -110,7 +111,7 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
             resumed = frontier.restore(bs, probe_dir)
             if not resumed:
                 record = build_record(probe_spec, [Outcome(status="skipped", reason=answer.reason)],
-                                      datetime.now(timezone.utc).isoformat(), FRONTIER_COMMAND)
+                                      datetime.now(UTC).isoformat(), FRONTIER_COMMAND)
                 write(replace(record, provenance={**record.provenance,
                                                   "frontier": {**answer.to_dict(), "metric": metric}}), record_path)
             status, peak, reason = answer.status, answer.peak_gib, answer.reason

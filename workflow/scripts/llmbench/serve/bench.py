@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .. import gpus, provenance
@@ -91,7 +91,7 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
              gpu_busy: gpus.BusyPolicy | None = None) -> Record:
     """Run one serving cell end to end and write its Record (never raises for a bad engine).
     No engine starts on busy GPUs (``gpu_busy``: what to do then, llmbench.gpus)."""
-    started = datetime.now(timezone.utc).isoformat()
+    started = datetime.now(UTC).isoformat()
     cell = ServeCell.from_dict(spec["cell"])
     engine = ENGINES[cell.engine]
     model = ModelSpec(**spec["model"])
@@ -129,7 +129,7 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
                                 deadline_s=cell.timeout_s)
                 try:
                     result = asyncio.run(asyncio.wait_for(coro, timeout=cell.timeout_s + BACKSTOP_S))
-                except (TimeoutError, asyncio.TimeoutError):
+                except TimeoutError:
                     status, reason = "timeout", f"the warm-up and load ran past timeout_s={cell.timeout_s} + {BACKSTOP_S} s"
                 if result is not None and result.cut_at_s is not None:
                     done = sum(s.ok for s in result.samples)

@@ -20,9 +20,10 @@ from __future__ import annotations
 import argparse
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 #: The serving settings every record carries (llmbench.serve.bench), one meaning each; None
 #: where the engine has no such setting or does not say.

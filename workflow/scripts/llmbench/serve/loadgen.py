@@ -18,7 +18,7 @@ import logging
 import resource
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import aiohttp
@@ -371,7 +371,7 @@ async def run_load(base_url: str, dialect: Dialect, spec: LoadSpec, model: str, 
         if warmup_failed:
             log.warning("%d of %d warm-up requests failed: %s", warmup_failed, len(warmup),
                         next(s.error for s, _ in done if not s.ok))
-        started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        started_at = datetime.now(UTC).isoformat(timespec="seconds")
         # Thread CPU time: the event loop runs in this thread; other threads of the process
         # (an in-process test server, a DNS resolver) are not the load generator's cost.
         cpu0, t0 = time.thread_time(), time.perf_counter()

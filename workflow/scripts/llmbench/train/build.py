@@ -8,7 +8,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 # Imported here, not inside build_llama: deepspeed.zero.Init patches tensor constructors,

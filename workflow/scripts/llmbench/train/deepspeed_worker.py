@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import contract, scenario
 
@@ -160,7 +161,7 @@ class DeepSpeedBackend:
         self.total_params = int(model_spec.param_counts()["total"])
         self.trainable_params = 0
 
-    def build(self) -> "scenario.Layout":
+    def build(self) -> scenario.Layout:
         """Build the model and initialise DeepSpeed; note the frozen weights' checksum."""
         import deepspeed
         import torch.distributed as dist

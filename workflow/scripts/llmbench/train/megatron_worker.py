@@ -48,7 +48,6 @@ What runs (paper Section IV-A, Table II; megatron-core 0.16.1 on Python 3.11):
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +175,7 @@ class MegatronBackend:
         self.model = self.optimizer = self.schedule = self.positions = None
         self.local_params = 0
 
-    def build(self) -> "scenario.Layout":
+    def build(self) -> scenario.Layout:
         """Model parallel groups, the model (seeded by Megatron's CUDA RNG tracker too), its
         DDP wrapper and Megatron's optimizer."""
         import torch

@@ -13,9 +13,10 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol as Interface
+from typing import Any, Protocol as Interface
 
 from ..nodes import NODE_T0_VAR
 from ..protocol import Protocol, Window, run_window

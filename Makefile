@@ -7,12 +7,13 @@
 #   make test-integration  tests/integration: real workers on the CPU, the fork server, torch.compile, Megatron-LM
 #   make test-e2e          tests/e2e: the workflow on .test/config.yaml (+ Slurm, where installed)
 #   make test-smoke        tests/smoke: the embedded default (config/config.yaml), statuses only
-#   make test              all of them (CI: .ci/run), after installing Slurm
+#   make test              lint, then all of them (CI: .ci/run), after installing Slurm
+#   make lint              ruff (pyproject.toml's [tool.ruff]) and `snakemake --lint`
 SHELL := /bin/bash
 CORES ?= 2
 PYTEST := .venv/bin/python -m pytest
 
-.PHONY: setup run report test test-fast test-integration test-e2e test-smoke dry-run-paper
+.PHONY: setup run report lint test test-fast test-integration test-e2e test-smoke dry-run-paper
 setup:
 	bash envs/setup.sh
 
@@ -23,7 +24,15 @@ run: setup
 report: setup
 	.venv/bin/snakemake --report results/report.html
 
-# no set-up step: it needs only .venv (made once by `make setup`), and never runs pip
+# no set-up step: these need only .venv (made once by `make setup`), and never run pip.
+# snakemake --lint rather than snakefmt: it checks what the house rules ask of rules (log:,
+# no absolute paths, params over shell strings, ...) with the Snakemake already pinned, and
+# exits non-zero on any finding; snakefmt only formats, and would be one more pinned tool.
+lint:
+	@[[ -x .venv/bin/ruff ]] || { echo "no ruff in .venv: run 'make setup'" >&2; exit 1; }
+	.venv/bin/ruff check workflow tests
+	.venv/bin/snakemake --lint
+
 test-fast:
 	@[[ -x .venv/bin/python ]] || { echo "no .venv: run 'make setup' once" >&2; exit 1; }
 	$(PYTEST) tests/unit -q
@@ -38,6 +47,7 @@ test-smoke: setup
 	$(PYTEST) tests/smoke --durations=5
 
 test: setup
+	$(MAKE) --no-print-directory lint
 	bash envs/install-slurm.sh
 	$(PYTEST) --durations=15
 

@@ -41,8 +41,8 @@
 # A cell that a max-batch search probed at its batch starts only if the time left holds 1.25
 # times the probe's estimate of a repeat plus 20 s (python -m llmbench.search estimate: the
 # probe's set-up plus its seconds a step times the cell's steps, the protocol read from the
-# last --configfile; how the committed cells' wall times compare with it: README, the
-# paragraph on offline-batch); one repeat, as a cell stops between repeats at its job's
+# last --configfile; how the committed cells' wall times compare with it:
+# docs/offline-gpu-nodes.md); one repeat, as a cell stops between repeats at its job's
 # deadline (below). Without a probe, ESTIMATE_FROM="DIR ..." (optional: results folders, e.g. the reference runs)
 # gives the same estimate from the cell's own record there with the most measured steps
 # (a sweep's 3 + 10 steps time a protocol rerun's 30 + 100): the cell starts only if the

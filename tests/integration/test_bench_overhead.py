@@ -1,4 +1,4 @@
-"""tests/bench_overhead.py runs on the CPU (issue 18): the pipeline's L cell through the
+"""tests/bench_overhead.py runs on the CPU: the pipeline's L cell through the
 launcher and the plain loop's variants in a child of their own, on the tiny model. Its
 numbers are a benchmark's and are not asserted; what is checked is that every side ran
 the same model and that each ratio is computed from windows that were timed."""

@@ -299,7 +299,7 @@ def test_targets_are_the_cells_still_to_do(cov, tmp_path, capsys):
 
 
 def test_a_row_beyond_the_papers_that_ran_at_batch_1_is_covered_after_them(tmp_path):
-    """llama2-70b QL (issue 18 asks for it; Table IX has no 70B QL row) ran ok at batch 1:
+    """llama2-70b QL (beyond the paper: Table IX has no 70B QL row) ran ok at batch 1:
     it gets a row, "beyond IX", after the paper's, with its search to do, and the search
     targets name its folder. The tiny model's cell on the same GPU is no paper model's."""
     paths = [write(tmp_path, "finetune", "h100", "llama2-70b", "QL", 1, "ok", 290.0),

@@ -81,7 +81,7 @@ def test_gemm_rows_on_cpu():
 
 
 def test_gemm_shape_sets_are_checked_against_plain_matmul(repo):
-    # issue 5's bar: the harness's best point within 3% of plain back-to-back torch.matmul,
+    # the harness's bar: its best point within 3% of plain back-to-back torch.matmul,
     # measured in the same process right after: shape sets carry it, curves do not (cost)
     rows = gemm.run([(64, 48, 32)], accelerator="cpu", warmup=1, iters=3, peak_tflops=None, plain_check=True)
     assert _finite_positive(rows[0]["plain_tflops"])

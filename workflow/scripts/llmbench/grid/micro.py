@@ -41,7 +41,7 @@ def _cells(block: dict[str, Any], where: str, plat_name: str, platform: Platform
             if name in gemm["curves"]:
                 raise ConfigError(f"{where}.gemm.shapes.{name}: also a curve name; names share one path")
             # a shape set is also timed as plain back-to-back torch.matmul: the bar the
-            # harness is held to (issue 5), in the same process and clock state
+            # harness is held to (within 3%), in the same process and clock state
             cells.append(MicroCell(bench="gemm", case=name, gpus=1, params={
                 "dtype": gemm["dtype"], "shapes": shapes, "plain_check": True}, **common))
     memcpy = block.get("memcpy")

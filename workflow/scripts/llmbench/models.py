@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import REPO_ROOT, load_named
+from .config import REPO_ROOT, ConfigError, check_schema, load_named
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -40,10 +40,30 @@ class ModelSpec:
     tie_word_embeddings: bool = False
     """Share embedding and lm_head weights."""
 
+    def __post_init__(self) -> None:
+        # types and bounds as the model schema says (a spec made without the workflow's
+        # validation, e.g. from a record, accepts what a model file may say), then what one
+        # key asks of another, which a schema cannot say and a worker would fail on
+        check_schema(self.to_dict(), "", "", schema="model")
+        d, heads, kv = self.hidden_size, self.num_attention_heads, self.num_key_value_heads
+        if d % heads:
+            raise ValueError(f"num_attention_heads: {heads} does not divide hidden_size {d} "
+                             "(each head is hidden_size / num_attention_heads wide)")
+        if (d // heads) % 2:
+            raise ValueError(f"num_attention_heads: {heads} gives heads {d // heads} wide (hidden_size {d}); "
+                             "RoPE rotates pairs of dimensions, so the width must be even")
+        if heads % kv:
+            raise ValueError(f"num_key_value_heads: {kv} does not divide num_attention_heads {heads} "
+                             "(grouped-query attention shares each key/value head among a whole group)")
+
     @classmethod
     def load(cls, name: str, root: Path = REPO_ROOT) -> "ModelSpec":
-        """Load and validate config/models/<name>.yaml."""
-        return cls(**load_named("model", name, root))
+        """Load and validate config/models/<name>.yaml (ConfigError naming the file and key)."""
+        data = load_named("model", name, root)
+        try:
+            return cls(**data)
+        except ValueError as exc:
+            raise ConfigError(f"{root / 'config' / 'models' / f'{name}.yaml'}: {exc}") from None
 
     def to_dict(self) -> dict:
         """Plain-data form."""

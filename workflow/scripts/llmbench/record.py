@@ -167,7 +167,55 @@ def write(record: Record, path: Path | str) -> None:
     write_json_atomic(path, record.to_dict())
 
 
+class RecordError(ValueError):
+    """A record file that cannot be read (cut short, hand-edited, of another llmbench): one
+    line naming the file, what is wrong with it and how to rerun its cell."""
+
+    def __init__(self, path: Path | str, problem: str, remedy: str | None = None):
+        self.path, self.problem = str(path), problem
+        self.remedy = rerun_hint(path) if remedy is None else remedy
+        super().__init__(f"{self.path}: {problem}; {self.remedy}")
+
+    def with_remedy(self, remedy: str) -> "RecordError":
+        """The same error with another way to redo the record (e.g. for another results
+        folder's record, which this run's grid does not rerun)."""
+        return RecordError(self.path, self.problem, remedy)
+
+
+def rerun_hint(path: Path | str) -> str:
+    """How to rerun the cell whose record ``path`` is (its target is its path; a max-batch
+    probe is redone by its search, whose folder is the target)."""
+    from .cells import parse
+
+    parsed = parse(path)
+    if parsed is None:
+        return "delete it and rerun the cell that wrote it"
+    if parsed.is_probe:
+        folder = Path(path).parent.parent
+        return f"to rerun its max-batch search, delete {folder} and run snakemake {folder} (with the run's config)"
+    return f"to rerun its cell, delete it and run snakemake {path} (with the run's config)"
+
+
 def read(path: Path | str) -> Record:
-    """Read a Record."""
-    with open(path) as fh:
-        return Record.from_dict(json.load(fh))
+    """Read a Record; a file that holds none (cut short, not JSON, not a record this
+    llmbench reads) raises RecordError naming it."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except UnicodeDecodeError as exc:
+        raise RecordError(path, f"not UTF-8 text (byte offset {exc.start})") from None
+    if not text.strip():
+        raise RecordError(path, "empty file (a copy or a write cut short)")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        # write_json_atomic ends every record with its closing brace: without it, the file
+        # was cut short (an interrupted copy); with it, edited into something else
+        what = "not valid JSON" if text.rstrip().endswith("}") else "cut short (not valid JSON)"
+        raise RecordError(path, f"{what} at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise RecordError(path, f"not a record: a JSON {type(data).__name__}, not an object")
+    try:
+        return Record.from_dict(data)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a field missing, unknown or of a wrong type
+        raise RecordError(path, f"not a record this llmbench reads: {exc}") from None

@@ -4,14 +4,15 @@ hold a cell, the record llmbench.report.runs chooses), flat columns with units i
 from __future__ import annotations
 
 import statistics
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import pandas as pd
 
 from .. import cells
 from ..profile import kernels
-from ..record import Record, read
+from ..record import Record, RecordError, read
 from ..search import measured_batch, read_summary
 from . import render, runs
 
@@ -241,6 +242,37 @@ def search_answer(path: str | Path) -> tuple[int | None, bool]:
     return batch, batch is not None and summary.get("smallest_oom") is None and batch == summary.get("max_batch")
 
 
+@contextmanager
+def _fields_of(path: str | Path) -> Iterator[None]:
+    """A record that reads as JSON but lacks a field the table needs (a hand edit, another
+    llmbench's record): RecordError naming the file and the field, not a bare KeyError."""
+    try:
+        yield
+    except KeyError as exc:
+        raise RecordError(path, f"no field {exc} where this llmbench reads one") from None
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise RecordError(path, f"a field of an unexpected type or value: {exc}") from None
+
+
+def evidence_remedy(path: str | Path) -> str:
+    """How to redo a record of another results folder (evidence_dirs), which this run's grid
+    does not rerun, so deleting it would only drop its row."""
+    parsed = cells.parse(path)
+    folder = parsed.root if parsed is not None and parsed.root else "its results folder"
+    return (f"it is a record of evidence_dirs' {folder}, which this run does not rerun: restore it "
+            f"(git checkout -- {path}) or rerun its cell with the config that made {folder}")
+
+
+def record_error(exc: RecordError, results_dir: str | Path) -> str:
+    """The one line that says which record could not be read, what is wrong with it and how
+    to redo it: rerun its cell where it is this run's (under ``results_dir``), restore it
+    where it is another results folder's. A bad record stops the build rather than being
+    skipped: a table silently short of a cell would read as if the cell were never run."""
+    parsed = cells.parse(exc.path)
+    own = parsed is None or Path(parsed.root or ".").resolve() == Path(results_dir).resolve()
+    return str(exc if own else exc.with_remedy(evidence_remedy(exc.path)))
+
+
 def build_all(paths: Iterable[str | Path]) -> pd.DataFrame:
     """Every given record's row (sorted by their path fields), with which record of its cell
     the report uses where several runs hold one (llmbench.report.runs: ``runs``,
@@ -248,10 +280,12 @@ def build_all(paths: Iterable[str | Path]) -> pd.DataFrame:
     rows, candidates = [], []
     for p in paths:
         rec = read(p)
-        r = ROWS.get(rec.cell.get("stage"), row)(rec, str(p))
-        r["run"], r["kind"] = origin(p)
+        with _fields_of(p):
+            r = ROWS.get(rec.cell.get("stage"), row)(rec, str(p))
+            r["run"], r["kind"] = origin(p)
         rows.append(r)
-        candidates.append(runs.candidate(rec, str(p), r["run"]))
+        with _fields_of(p):
+            candidates.append(runs.candidate(rec, str(p), r["run"]))
     chosen = runs.choose(candidates)
     for r in rows:
         r.update(chosen[r["record_path"]])
@@ -299,14 +333,19 @@ def build_samples(paths: Iterable[str | Path], stage: str) -> pd.DataFrame:
     key = SAMPLE_KEYS[stage]
     recs = [(str(p), read(p)) for p in paths]
     recs = [(p, rec) for p, rec in recs if rec.cell.get("stage") == stage]
-    choice = runs.choose(runs.candidate(rec, p, origin(p)[0]) for p, rec in recs)
+    candidates = []
+    for p, rec in recs:
+        with _fields_of(p):
+            candidates.append(runs.candidate(rec, p, origin(p)[0]))
+    choice = runs.choose(candidates)
     frames = []
     for p, rec in recs:
         if not rec.samples or choice[p]["superseded_by"] is not None:
             continue
-        df = pd.DataFrame(rec.samples)
-        for k in key:
-            df[k] = rec.cell[k]
+        with _fields_of(p):
+            df = pd.DataFrame(rec.samples)
+            for k in key:
+                df[k] = rec.cell[k]
         frames.append(df[key + [c for c in df.columns if c not in key]])
     if not frames:
         cols = REQUEST_COLUMNS if stage == "serve" else key

@@ -46,6 +46,11 @@ class Backend:
     engine: str | None = None
     """The serving engine (llmbench.serve.engines) it starts and profiles, if any; its cells'
     specs carry the config's engine_python for it."""
+    paper_methods: bool = False
+    """Its cells are the paper's methods (the technique axis: ZeRO stages, offload, 4-bit,
+    recomputation, FlashAttention): the tables of methods (III, IV, IX), the coverage table
+    and the advisor's measured rows read these backends' cells only, so that a method's rows
+    compare one scenario (a framework comparison such as Table II reads its own)."""
     description: str = ""
     """What a cell of it measures."""
 
@@ -61,7 +66,7 @@ class Backend:
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend(name="deepspeed", stages=("pretrain", "finetune", "profile"), default_for=("pretrain", "finetune"),
-            worker="llmbench.train.deepspeed_worker", profile="communication",
+            worker="llmbench.train.deepspeed_worker", profile="communication", paper_methods=True,
             description="DeepSpeed (pretrain, finetune; in a profile block: a DeepSpeed step's communication "
                         "and memory copies by kernel class, Tables XIV-XVI)"),
     Backend(name="megatron", stages=("pretrain",), flags=("F", "R"),
@@ -105,6 +110,11 @@ def for_stage(stage: str) -> tuple[str, ...]:
 def default(stage: str) -> str:
     """The backend of a ``stage`` block that names none."""
     return next(b.name for b in BACKENDS.values() if stage in b.default_for)
+
+
+def method_backends() -> tuple[str, ...]:
+    """Names of the backends whose cells are the paper's methods (Backend.paper_methods)."""
+    return tuple(b.name for b in BACKENDS.values() if b.paper_methods)
 
 
 #: Kind of profile -> the backend that runs it (a profile block's ``profile`` key).

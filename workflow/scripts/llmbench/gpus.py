@@ -270,23 +270,28 @@ def board(pynvml: Any, handle: Any) -> dict[str, Any]:
     return out
 
 
+def handle(pynvml: Any, gid: str) -> Any:
+    """NVML's handle of a GPU as a cell names it. An index is NVML's (PCI bus order, which
+    CUDA follows with CUDA_DEVICE_ORDER=PCI_BUS_ID, as Slurm's indices do); a UUID names one
+    GPU in any order."""
+    return pynvml.nvmlDeviceGetHandleByIndex(int(gid)) if gid.isdigit() else pynvml.nvmlDeviceGetHandleByUUID(gid)
+
+
 def read_nvml(ids: list[str]) -> list[GpuInfo]:
-    """Read these GPUs through NVML. An index is NVML's (PCI bus order, which CUDA follows
-    with CUDA_DEVICE_ORDER=PCI_BUS_ID, as Slurm's indices do); a UUID names one GPU in any order."""
+    """Read these GPUs through NVML (ids: as handle() takes them)."""
     import pynvml
 
     pynvml.nvmlInit()
     try:
         out = []
         for gid in ids:
-            handle = (pynvml.nvmlDeviceGetHandleByIndex(int(gid)) if gid.isdigit()
-                      else pynvml.nvmlDeviceGetHandleByUUID(gid))
-            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            name = pynvml.nvmlDeviceGetName(handle)
+            dev = handle(pynvml, gid)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(dev)
+            name = pynvml.nvmlDeviceGetName(dev)
             procs: dict[int, GpuProcess] = {}
             for get in (pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses):
                 try:
-                    listed = get(handle)
+                    listed = get(dev)
                 except pynvml.NVMLError:
                     continue
                 for p in listed:
@@ -294,10 +299,56 @@ def read_nvml(ids: list[str]) -> list[GpuInfo]:
                     procs[p.pid] = GpuProcess(pid=p.pid, used_gib=used / GIB if isinstance(used, int) else None)
             out.append(GpuInfo(id=gid, name=name.decode() if isinstance(name, bytes) else str(name),
                                total_gib=mem.total / GIB, used_gib=mem.used / GIB, free_gib=mem.free / GIB,
-                               processes=tuple(procs.values()), board=board(pynvml, handle)))
+                               processes=tuple(procs.values()), board=board(pynvml, dev)))
         return out
     finally:
         pynvml.nvmlShutdown()
+
+
+class UsedMemory:
+    """Memory in use on some GPUs, summed, read through NVML as often as a sampler asks
+    (llmbench.serve.server, every half second while a load is measured): one NVML session
+    and one handle per GPU for as long as it is open, so a read is one driver call a GPU, not
+    a process forked (nvidia-smi) beside the load. Use it as a context manager.
+
+    ``reader`` stands in for NVML in tests (a Reader, as check() takes); read() is None
+    where there are no GPUs or NVML cannot be read."""
+
+    def __init__(self, ids: list[str] | None, reader: Reader | None = None):
+        self.ids, self.reader = list(ids or []), reader
+        self._pynvml: Any = None
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> "UsedMemory":
+        if self.ids and self.reader is None:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+            except Exception:  # noqa: BLE001 - no NVML library, no driver: read() says None
+                return self
+            self._pynvml = pynvml
+            try:
+                self._handles = [handle(pynvml, gid) for gid in self.ids]
+            except pynvml.NVMLError:
+                self._handles = []
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pynvml is not None:
+            self._pynvml.nvmlShutdown()
+            self._pynvml, self._handles = None, []
+
+    def read(self) -> float | None:
+        """GiB in use on the GPUs now (by any process, driver reservations included)."""
+        if self.reader is not None:
+            return sum(g.used_gib for g in self.reader(self.ids)) if self.ids else None
+        if not self._handles:
+            return None
+        try:
+            return sum(self._pynvml.nvmlDeviceGetMemoryInfo(h).used for h in self._handles) / GIB
+        except self._pynvml.NVMLError:
+            return None
 
 
 def busy_reason(gpus: list[GpuInfo], policy: BusyPolicy, own_pids: frozenset[int] = frozenset()) -> str | None:

@@ -34,7 +34,7 @@ from typing import Any
 
 import pandas as pd
 
-from .. import techniques
+from .. import backends, techniques
 from ..config import REPO_ROOT, ConfigError
 from ..memory import MARGIN, Workload, fits, host_memory_gib, machine_host_gib, predict, predicted_max_batch
 from ..models import ModelSpec
@@ -101,13 +101,15 @@ def _paper_methods(root: str) -> dict[str, tuple[str, ...]]:
     grid = load(Path(root) / "config" / "paper.yaml", Path(root))
     out: dict[str, list[str]] = {s: [] for s in STAGES}
     for c in grid.cells:
-        if isinstance(c, Cell) and c.stage in out and c.backend == "deepspeed" and c.technique not in out[c.stage]:
+        if isinstance(c, Cell) and c.stage in out and backends.get(c.backend).paper_methods \
+                and c.technique not in out[c.stage]:
             out[c.stage].append(c.technique)
     return {s: tuple(v) for s, v in out.items()}
 
 
 def paper_methods(stage: str, root: Path = REPO_ROOT) -> list[str]:
-    """The DeepSpeed methods of config/paper.yaml for a stage (its Tables III, IV and IX)."""
+    """The methods of config/paper.yaml for a stage (its Tables III, IV and IX: the cells of
+    the backends that run the paper's methods, llmbench.backends.method_backends)."""
     return list(_paper_methods(str(root))[stage])
 
 
@@ -118,11 +120,13 @@ def expected_cost(technique: str) -> float:
 
 
 def _cells(tidy: pd.DataFrame, platform: str, model: str, stage: str, gpus: int, technique: str) -> pd.DataFrame:
-    """The DeepSpeed records of a cell (every batch, search probes left out)."""
+    """The records of a method's cell (its backends: llmbench.backends.method_backends; every
+    batch, search probes left out)."""
     if tidy.empty or "technique" not in tidy:
         return tidy.iloc[0:0]
     rows = tidy[(tidy["platform"] == platform) & (tidy["model"] == model) & (tidy["stage"] == stage)
-                & (tidy["gpus"] == gpus) & (tidy["technique"] == technique) & (tidy["backend"] == "deepspeed")]
+                & (tidy["gpus"] == gpus) & (tidy["technique"] == technique)
+                & tidy["backend"].isin(backends.method_backends())]
     return rows[rows["kind"] != "probe"] if "kind" in rows else rows
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import backends
 from ..config import REPO_ROOT, ConfigError
 from ..models import ModelSpec
 from ..platforms import Platform
@@ -87,10 +88,11 @@ def extra_rows(records: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _training(tidy: pd.DataFrame) -> pd.DataFrame:
-    """The measured DeepSpeed training cells of the tidy table (not a search's probes)."""
+    """The measured training cells of the paper's methods in the tidy table (their backends:
+    llmbench.backends.method_backends, DeepSpeed), not a search's probes."""
     if tidy.empty or "stage" not in tidy:
         return tidy.iloc[0:0]
-    df = tidy[tidy["stage"].isin(list(STAGES)) & (tidy["backend"] == "deepspeed")]
+    df = tidy[tidy["stage"].isin(list(STAGES)) & tidy["backend"].isin(backends.method_backends())]
     if "kind" in df:
         df = df[df["kind"].fillna("cell") == "cell"]
     return df

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from .. import backends
 from . import catalog, paper_frame, reference, render
 from . import tidy as tidy_table
 from .render import fmt
@@ -63,7 +64,7 @@ def _cells(tidy: pd.DataFrame) -> pd.DataFrame:
 
 def _ours(tidy: pd.DataFrame, table: str) -> pd.DataFrame:
     pre = _cells(tidy)
-    pre = pre[(pre["stage"] == STAGE[table]) & (pre["backend"] == "deepspeed")]
+    pre = pre[(pre["stage"] == STAGE[table]) & pre["backend"].isin(backends.method_backends())]
     if table in ("table3", "table9"):
         pre = pre[pre["batch_size"] == 1]
     most = pre.groupby(KEY)["gpus"].transform("max")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import backends
 from . import reference
 from . import render
 from .render import fmt
@@ -34,9 +35,11 @@ ATTENTION_PARTS = ("attn_scores", "softmax", "attn_values")
 ATTENTION_FUSED = "attention_fused"
 
 
-def _ok(tidy: pd.DataFrame, backend: str) -> pd.DataFrame:
-    """The ok profile cells of one backend (torch: module-wise; deepspeed: kernel classes)."""
-    return tidy[(tidy["stage"] == "profile") & (tidy["backend"] == backend) & (tidy["status"] == "ok")]
+def _ok(tidy: pd.DataFrame, profile: str) -> pd.DataFrame:
+    """The ok profile cells of one kind of profile (training: module-wise; communication:
+    kernel classes), by the backend that runs it (llmbench.backends.for_profile)."""
+    return tidy[(tidy["stage"] == "profile") & (tidy["backend"] == backends.for_profile(profile))
+                & (tidy["status"] == "ok")]
 
 
 def _paper(table: str, root: Path | None) -> pd.DataFrame:
@@ -60,7 +63,7 @@ def overcounted(kernel_ms: float | None, wall_ms: float | None, device_ms: float
 
 def phases(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | None = None) -> render.Table:
     """One row per (profile cell, phase), the paper's Table V/VII/XIII values beside."""
-    cells = _ok(tidy, "torch")
+    cells = _ok(tidy, "training")
     out = []
     for c in cells.itertuples():
         step = sum(getattr(c, f"{p}_wall_s") or 0.0 for p in PHASES)
@@ -102,7 +105,7 @@ def phases(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | 
 
 def modules(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) -> render.Table:
     """One row per (profile cell, phase, module), the paper's Table VI beside."""
-    ok = _ok(tidy, "torch")[CELL]
+    ok = _ok(tidy, "training")[CELL]
     df = points.merge(ok, on=CELL) if len(points) else pd.DataFrame(columns=CELL + ["phase", "module", "time_s", "share"])
     df = df.assign(time_ms=df["time_s"] * 1e3, share_pct=df["share"] * 100)
     paper = _paper("profile_modules", root).rename(columns={
@@ -125,7 +128,7 @@ def modules(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) 
 
 def attention(tidy: pd.DataFrame, points: pd.DataFrame, root: Path | None = None) -> render.Table:
     """Attention time of cells without F beside their F twins (same platform, model, BS, R)."""
-    ok = _ok(tidy, "torch")[CELL]
+    ok = _ok(tidy, "training")[CELL]
     df = points.merge(ok, on=CELL) if len(points) else pd.DataFrame(columns=CELL + ["phase", "module", "time_s"])
     key = ["platform", "model", "backend", "base", "batch_size", "gpus", "phase"]
     att = df[df["module"].isin(ATTENTION_PARTS + (ATTENTION_FUSED,))]
@@ -244,7 +247,7 @@ def comm(tidy: pd.DataFrame, points: pd.DataFrame | None = None, root: Path | No
     XVI (communication, by ZeRO stage) and XV (AllReduce, data parallel by method) beside."""
     from .. import techniques
 
-    cells = _ok(tidy, "deepspeed")
+    cells = _ok(tidy, "communication")
     paper = _paper("profile_comm", root)
     by = {(r.kind, r.model, r.method if r.kind != "allreduce" else r.technique): r for r in paper.itertuples()}
     out = []

@@ -35,7 +35,7 @@ NOTES = (
     "time the request waits in the server's queue. TPOT: (end-to-end - TTFT) / (output tokens - 1) "
     "per request. ITL: gaps between streamed events that carry tokens (as `vllm bench serve`). "
     "Throughput: completed requests' tokens over the load's wall time (first send to last token). "
-    "Memory: GPU memory in use on the engine's GPUs minus before start (nvidia-smi), or the "
+    "Memory: GPU memory in use on the engine's GPUs minus before start (NVML), or the "
     "engine's process-tree RSS on a CPU platform. Failed > 0 makes a cell status error; "
     "a load cut at the cell's timeout_s is status timeout, its failed requests those unfinished then, its "
     "numbers from the requests that completed before the cut. Goodput: the share of requests whose TTFT and "

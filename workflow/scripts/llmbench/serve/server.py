@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -19,10 +18,11 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import psutil
 
+from ..gpus import UsedMemory
 from ..launch import THREAD_VARS
 from ..procs import last_error, log_says_oom, port_in_use, start_group, stop_group
 
@@ -41,32 +41,20 @@ class ServerError(RuntimeError):
         self.oom = oom
 
 
-def gpu_used_mib(gpu_ids: list[str] | None) -> float | None:
-    """Memory in use on these GPUs in MiB, summed (nvidia-smi); None without GPUs."""
-    if not gpu_ids or not shutil.which("nvidia-smi"):
-        return None
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                              "-i", ",".join(map(str, gpu_ids))],
-                             capture_output=True, text=True, timeout=10, check=True).stdout
-        return sum(float(v) for v in out.split())
-    except (subprocess.SubprocessError, ValueError):
-        return None
-
-
 class MemorySampler(threading.Thread):
     """Peak memory of a server while it runs: RSS of its process tree, and GPU memory in
-    use on the cell's GPUs (nvidia-smi, minus what was in use before the server started)."""
+    use on the cell's GPUs (``gpu_used``: GiB, e.g. llmbench.gpus.UsedMemory.read, through
+    NVML; minus ``baseline_gib``, what was in use before the server started)."""
 
-    def __init__(self, pid: int, gpu_ids: list[str] | None, baseline_mib: float | None,
+    def __init__(self, pid: int, gpu_used: Callable[[], float | None] | None, baseline_gib: float | None,
                  interval_s: float = 0.5, skip_root: bool = False):
         super().__init__(daemon=True)
-        self.pid, self.gpu_ids, self.interval = pid, gpu_ids, interval_s
+        self.pid, self.gpu_used, self.interval = pid, gpu_used, interval_s
         self.skip_root = skip_root  # ``pid`` is a leash (llmbench.procs), not the engine
         self.peak_rss_bytes = 0
-        self.peak_gpu_used_mib: float | None = None
-        self.gpu_baseline_mib = baseline_mib
-        self._stop = threading.Event()
+        self.peak_gpu_used_gib: float | None = None
+        self.gpu_baseline_gib = baseline_gib
+        self._stopping = threading.Event()
 
     def sample(self) -> None:
         """Take one sample now."""
@@ -80,21 +68,23 @@ class MemorySampler(threading.Thread):
             with contextlib.suppress(psutil.Error):
                 rss += p.memory_info().rss
         self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
-        used = gpu_used_mib(self.gpu_ids)
+        used = self.gpu_used() if self.gpu_used is not None else None
         if used is not None:
-            self.peak_gpu_used_mib = max(self.peak_gpu_used_mib or 0.0, used)
+            self.peak_gpu_used_gib = max(self.peak_gpu_used_gib or 0.0, used)
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             self.sample()
-            self._stop.wait(self.interval)
+            self._stopping.wait(self.interval)
 
     def stop(self) -> dict[str, float | None]:
-        """Stop sampling; the peaks in GiB."""
-        self._stop.set()
+        """Stop sampling (its last sample done); the peaks in GiB."""
+        self._stopping.set()
+        if self.is_alive() and self is not threading.current_thread():
+            self.join(timeout=10)  # a sample takes milliseconds; past this NVML says None
         gpu = None
-        if self.peak_gpu_used_mib is not None:
-            gpu = (self.peak_gpu_used_mib - (self.gpu_baseline_mib or 0.0)) / 1024
+        if self.peak_gpu_used_gib is not None:
+            gpu = self.peak_gpu_used_gib - (self.gpu_baseline_gib or 0.0)
         return {"server_peak_rss_gib": self.peak_rss_bytes / 2**30, "server_peak_gpu_mem_gib": gpu}
 
 
@@ -136,25 +126,27 @@ def serve(argv: list[str], *, env: dict[str, str], host: str, port: int, health_
     if port_in_use(host, port):
         raise ServerError(f"port {port} on {host} is already in use")
     log.parent.mkdir(parents=True, exist_ok=True)
-    baseline = gpu_used_mib(gpu_ids)
-    start = time.monotonic()
-    inherited = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
-    proc = start_group(argv, env={**inherited, **env}, log=log)
-    # from the start: loading weights can be the peak on the host; proc is the leash
-    # (procs.start_group), not the engine, so its own memory is left out
-    sampler = MemorySampler(proc.pid, gpu_ids, baseline, skip_root=True)
-    sampler.start()
-    try:
-        url = f"http://{host}:{port}{health_path}"
-        while not _probe(url):
-            if proc.poll() is not None:
-                raise ServerError(f"server exited with code {proc.returncode} before it was ready: "
-                                  f"{last_error(log)}", oom=log_says_oom(log))
-            if time.monotonic() - start > ready_timeout_s:
-                raise ServerError(f"server not ready after ready_timeout_s={ready_timeout_s:g}: {last_error(log)}")
-            time.sleep(0.5)
-        yield Running(proc=proc, base_url=f"http://{host}:{port}", ready_s=time.monotonic() - start,
-                      memory=sampler)
-    finally:
-        sampler.stop()
-        stop_group(proc)
+    with UsedMemory(gpu_ids) as gpu_used:
+        baseline = gpu_used.read()
+        start = time.monotonic()
+        inherited = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
+        proc = start_group(argv, env={**inherited, **env}, log=log)
+        # from the start: loading weights can be the peak on the host; proc is the leash
+        # (procs.start_group), not the engine, so its own memory is left out
+        sampler = MemorySampler(proc.pid, gpu_used.read, baseline, skip_root=True)
+        sampler.start()
+        try:
+            url = f"http://{host}:{port}{health_path}"
+            while not _probe(url):
+                if proc.poll() is not None:
+                    raise ServerError(f"server exited with code {proc.returncode} before it was ready: "
+                                      f"{last_error(log)}", oom=log_says_oom(log))
+                if time.monotonic() - start > ready_timeout_s:
+                    raise ServerError(f"server not ready after ready_timeout_s={ready_timeout_s:g}: "
+                                      f"{last_error(log)}")
+                time.sleep(0.5)
+            yield Running(proc=proc, base_url=f"http://{host}:{port}", ready_s=time.monotonic() - start,
+                          memory=sampler)
+        finally:
+            sampler.stop()  # before NVML's session closes under it
+            stop_group(proc)

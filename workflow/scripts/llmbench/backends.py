@@ -18,8 +18,9 @@ and common.smk read it at parse time) and imports nothing of llmbench.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

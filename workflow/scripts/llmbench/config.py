@@ -45,13 +45,13 @@ def load_yaml(path: Path) -> Any:
         raise ConfigError(f"{path}: malformed YAML: {exc}") from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _schema(name: str) -> dict[str, Any]:
     """workflow/schemas/<name>.schema.yaml, parsed once per process (do not modify it)."""
     return load_yaml(SCHEMA_DIR / f"{name}.schema.yaml")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _validator(name: str):
     """The validator of workflow/schemas/<name>.schema.yaml, parsed once per process (the
     paper grid validates ~600 platform and model files against two schemas)."""
@@ -75,7 +75,7 @@ def schema_defaults(pointer: str, schema: str = "config") -> dict[str, Any]:
     return {k: copy.deepcopy(v["default"]) for k, v in schema_properties(pointer, schema).items() if "default" in v}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _bounds_validator(pointer: str, keys: tuple[str, ...], schema: str):
     props = schema_properties(pointer, schema)
     return jsonschema.Draft202012Validator({"$defs": _schema(schema).get("$defs", {}), "type": "object",

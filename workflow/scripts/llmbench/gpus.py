@@ -32,9 +32,10 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from .config import check_schema, schema_defaults
 
@@ -107,7 +108,7 @@ class BusyPolicy:
         check_schema({key: getattr(self, f) for f, key in _KEYS.items()}, "", "")
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any] | None) -> "BusyPolicy":
+    def from_config(cls, config: Mapping[str, Any] | None) -> BusyPolicy:
         """The policy a workflow config sets (the schema's defaults where it sets none)."""
         config = config or {}
         return cls(**{f: config[key] for f, key in _KEYS.items() if key in config})
@@ -184,7 +185,7 @@ def lock_free(count: int, total: int, lock_dir: Path) -> tuple[list[str], list[i
     return None
 
 
-def claim_gpus(count: int, accelerator: str, policy: "BusyPolicy | None" = None, *,
+def claim_gpus(count: int, accelerator: str, policy: BusyPolicy | None = None, *,
                env: dict[str, str] | None = None, total: int | None = None, lock_dir: Path | None = None,
                sleep: Callable[[float], None] = time.sleep,
                clock: Callable[[], float] = time.monotonic) -> tuple[list[str] | None, str | None]:
@@ -319,7 +320,7 @@ class UsedMemory:
         self._pynvml: Any = None
         self._handles: list[Any] = []
 
-    def __enter__(self) -> "UsedMemory":
+    def __enter__(self) -> UsedMemory:
         if self.ids and self.reader is None:
             try:
                 import pynvml
@@ -432,7 +433,7 @@ def check_cell(spec: dict, count: int, policy: BusyPolicy | None, log: Path) -> 
     return found
 
 
-def with_state(record: "Record", found: Check) -> "Record":
+def with_state(record: Record, found: Check) -> Record:
     """``record`` with the GPU state read at its start in its provenance (GPU cells)."""
     extra = found.provenance()
     return dataclasses.replace(record, provenance={**record.provenance, **extra}) if extra else record

@@ -57,7 +57,7 @@ class ModelSpec:
                              "(grouped-query attention shares each key/value head among a whole group)")
 
     @classmethod
-    def load(cls, name: str, root: Path = REPO_ROOT) -> "ModelSpec":
+    def load(cls, name: str, root: Path = REPO_ROOT) -> ModelSpec:
         """Load and validate config/models/<name>.yaml (ConfigError naming the file and key)."""
         data = load_named("model", name, root)
         try:

@@ -109,7 +109,7 @@ class Record:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Record":
+    def from_dict(cls, data: dict[str, Any]) -> Record:
         """Inverse of to_dict; rejects records of another schema version."""
         version = data.get("schema_version")
         if version not in READABLE_VERSIONS:
@@ -176,7 +176,7 @@ class RecordError(ValueError):
         self.remedy = rerun_hint(path) if remedy is None else remedy
         super().__init__(f"{self.path}: {problem}; {self.remedy}")
 
-    def with_remedy(self, remedy: str) -> "RecordError":
+    def with_remedy(self, remedy: str) -> RecordError:
         """The same error with another way to redo the record (e.g. for another results
         folder's record, which this run's grid does not rerun)."""
         return RecordError(self.path, self.problem, remedy)

@@ -28,7 +28,7 @@ Methods predicted not to fit are listed last, unranked, with why.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +93,7 @@ def request(advice: dict[str, Any] | None, config_cells: list[tuple[str, str]], 
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def _paper_methods(root: str) -> dict[str, tuple[str, ...]]:
     from ..cells import Cell
     from ..grid import load

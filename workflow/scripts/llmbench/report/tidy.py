@@ -4,9 +4,9 @@ hold a cell, the record llmbench.report.runs chooses), flat columns with units i
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import pandas as pd
 

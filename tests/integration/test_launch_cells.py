@@ -43,6 +43,11 @@ def test_ok_aggregates_repeats(spec_for, tmp_path):
     assert rec.metrics.mfu is None and "no peak" in rec.metrics.mfu_formula  # cpu platform
     assert rec.provenance["spec"]["cell"]["technique"] == "Z3"
     assert (tmp_path / "record.json").exists()
+    # a cell alone is no paired set, but says where and when each repeat ran as a set's do
+    assert "paired_set" not in rec.provenance and len(rec.provenance["repeat_started"]) == 3
+    assert rec.provenance["repeat_started"] == sorted(rec.provenance["repeat_started"])
+    machine = rec.provenance["machine"]
+    assert machine["boot_id"] == launch.provenance.boot_id() and machine["gpu_uuids"] == []
 
 
 def test_crash_is_error_with_root_cause(spec_for, tmp_path):
@@ -148,6 +153,7 @@ def test_a_cell_stopped_between_repeats_resumes_with_the_repeats_it_has(spec_for
     rec = run(spec, tmp_path)
     assert ran == [0, 1, 2] and rec.status == "ok"
     assert rec.metrics.tokens_per_s_runs == (100.0, 100.0, 200.0)
+    assert len(rec.provenance["repeat_started"]) == 3 and all(rec.provenance["repeat_started"])  # the kept ones' too
     assert [r["index"] for r in rec.provenance["resumed_repeats"]] == [0, 1]
     assert all(r["finished"] and r["hostname"] for r in rec.provenance["resumed_repeats"])
     assert {r["boot_id"] for r in rec.provenance["resumed_repeats"]} == {launch.provenance.host()["boot_id"]}

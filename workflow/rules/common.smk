@@ -9,6 +9,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "scripts"))
 
 from llmbench import cells as lbcells  # noqa: E402
 from llmbench import grid as lbgrid  # noqa: E402
+from llmbench.grid import paired as lbpaired  # noqa: E402
 from llmbench import search as lbsearch  # noqa: E402
 from llmbench.serve import engines as lbengines  # noqa: E402
 from llmbench.config import ConfigError  # noqa: E402
@@ -26,6 +27,12 @@ except ConfigError as exc:
     raise WorkflowError(f"invalid configuration (nothing was run):\n{exc}") from None
 
 R = GRID.results_dir
+# A paired set is one job whose outputs are its records (training.smk), and Snakemake deletes
+# a job's present outputs before it runs it: a set with some records and not others would
+# lose what was measured. Stop here instead, saying how to measure it again. Checked where
+# the workflow is planned, not again inside each job (a set writes its records one by one).
+if workflow.is_main_process and (incomplete := lbpaired.incomplete(GRID.sets, R)):
+    raise WorkflowError("\n\n".join(i.message(R) for i in incomplete))
 # Outputs: a cell's record (or a search's folder) at its pattern under R; its log and
 # benchmark files named by the pattern's fields (CELL_DIR ...: "{platform}/{bench}/{case}-g{gpus}")
 RECORD = f"{R}/{lbcells.RECORD_PATTERN}"
@@ -202,23 +209,55 @@ def platform_of(wildcards):
     return GRID.platforms[wildcards.platform]
 
 
-def cell_threads(wildcards):
+def threads_of(platform, gpus=1, nodes=1):
     """CPUs a training cell holds on each of its nodes. A GPU platform's cpus_per_task is
     the job's share of the node, split among its ranks; on a CPU platform each rank *is* a
     process that computes, so a cell of n ranks on a node holds n x cpus_per_task there
     (else two cells share cores and a 2-rank cell measures contention, not scaling).
     Snakemake caps it at --cores."""
-    platform = platform_of(wildcards)
+    platform = GRID.platforms[platform]
     per_task = platform.slurm.get("cpus_per_task", 1)
     if platform.accelerator == "cpu":
-        return per_task * int(getattr(wildcards, "gpus", 1)) // int(getattr(wildcards, "nodes", 1))
+        return per_task * int(gpus) // int(nodes)
     return per_task
 
 
-def cell_runtime_min(wildcards):
-    """Slurm time limit: every repeat may use its full timeout, plus start-up slack."""
-    p = cell_of(wildcards).protocol
+def cell_threads(wildcards):
+    """CPUs a training cell holds on each of its nodes (threads_of)."""
+    return threads_of(wildcards.platform, getattr(wildcards, "gpus", 1), getattr(wildcards, "nodes", 1))
+
+
+def runtime_min(cell):
+    """Slurm time limit of a training cell: every repeat may use its full timeout, plus start-up slack."""
+    p = cell.protocol
     return p.repeats * (p.timeout_s // 60 + 1) + 10
+
+
+def cell_runtime_min(wildcards):
+    """Slurm time limit of a training cell's job (runtime_min)."""
+    return runtime_min(cell_of(wildcards))
+
+
+def set_specs(pset):
+    """The resolved configs of a paired set's cells, in the set's order (also its job's
+    params rerun trigger)."""
+    return [GRID.spec(c) for c in pset.cells]
+
+
+def set_threads(pset):
+    """The CPUs each cell of a paired set holds, as it would alone (threads_of); its job
+    holds the largest."""
+    return [threads_of(c.platform, c.gpus) for c in pset.cells]
+
+
+def set_runtime_min(pset):
+    """Slurm time limit of a paired set's job: its cells' one after the other."""
+    return sum(runtime_min(c) for c in pset.cells)
+
+
+def set_slurm(pset, key, default=None):
+    """A Slurm resource of a paired set's platform (profiles may override it)."""
+    return GRID.platforms[pset.platform].slurm.get(key) or default
 
 
 def model_spec(wildcards):

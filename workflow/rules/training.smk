@@ -53,3 +53,43 @@ use rule run_training_cell as run_multinode_training_cell with:
         tasks_per_gpu=0,
         mpi="srun",
         gpu_slots=lambda wildcards: int(wildcards.gpus) // int(wildcards.nodes),
+
+
+# A paired set (a training block's `paired` key; llmbench.grid.paired): the cells of one
+# comparison measured together, in one job on one machine, their repeats interleaved round
+# by round (llmbench.launch.run_set). One rule per set, its outputs the set's records (each
+# cell's own path, as run_training_cell would write it), which it takes over from
+# run_training_cell (ruleorder): asking for any record of a set runs the whole set. Its log
+# and benchmark are named by the set's id: logs/paired/<id>.log, benchmarks/paired/<id>.tsv.
+# It holds the GPUs of its largest cell and the time of all its cells one after the other.
+# A set with some records present and some missing stops the workflow at parse time
+# (common.smk): Snakemake would delete the present ones to run it.
+for pset in GRID.sets:
+
+    rule:
+        name:
+            pset.rule_name
+        output:
+            pset.record_paths(R),
+        log:
+            f"{R}/logs/paired/{pset.id}.log",
+        benchmark:
+            f"{R}/benchmarks/paired/{pset.id}.tsv"
+        params:
+            specs=set_specs(pset),
+            plan=pset.plan(),
+            threads=set_threads(pset),
+        threads: max(set_threads(pset))
+        conda:
+            "../../envs/pretrain.yaml"
+        resources:
+            slurm_partition=set_slurm(pset, "partition"),
+            gres=set_slurm(pset, "gres"),
+            cpus_per_task=max(set_threads(pset)),
+            mem_mb=set_slurm(pset, "mem_mb", 4000),
+            runtime=set_runtime_min(pset),
+            gpu_slots=pset.gpus,
+        script:
+            "../scripts/run_paired_set.py"
+
+    workflow.ruleorder(pset.rule_name, "run_training_cell")

@@ -19,13 +19,18 @@ new session too, with the same classification (start_ranks). Status is data:
   skipped  with ``skip_predicted_oom``, a cell the memory model (llmbench.memory) predicts
            not to fit: nothing runs; the record keeps the prediction and the margin
 
-A cell of several repeats keeps each ok repeat beside its record (``.repeat-<i>.json``,
-with its spec's digest, time, host and commit) until the record is written. A cell stopped
-between repeats (a call's or allocation's deadline, a killed job) leaves no record, so the
-next run runs it again, and that run keeps the repeats of the very same spec and runs only
-the rest; the record's ``provenance.resumed_repeats`` names the kept ones, where and when
-they ran. The paper's protocol (three repeats of 30 + 100 steps) of a slow cell can so span
-several calls that are each shorter than the cell.
+The cells of a paired set (llmbench.grid.paired) run in one job, their repeats interleaved
+round by round, and their records are written together at its end (run_set; run_cell is a
+set of one cell). Every record says when each repeat started and on which machine it was
+made (llmbench.provenance.machine); a set's records also name the set and the order it ran in.
+
+A cell of several repeats (or of a set) keeps each ok repeat beside its record
+(``.repeat-<i>.json``, with its spec's digest, time, host and commit) until the record is
+written. A cell (a set) stopped between repeats (a call's or allocation's deadline, a
+killed job) leaves no record, so the next run runs it again, and that run keeps the repeats
+of the very same spec and runs only the rest; the record's ``provenance.resumed_repeats``
+names the kept ones, where and when they ran. The paper's protocol (three repeats of 30 + 100
+steps) of a slow cell can so span several calls that are each shorter than the cell.
 
 A job may carry a deadline, ``LLMBENCH_DEADLINE`` (Unix seconds; envs/offline-batch.sh sets
 it to its call's end), and a Slurm job without it has its time limit's end (scontrol's
@@ -54,8 +59,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timezone
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -286,11 +292,13 @@ def searched_fit(spec: dict, record_path: Path) -> dict[str, Any] | None:
     return Frontier.load(path, fingerprint(spec)).known_fit(cell.batch_size)
 
 
-def skip_if_predicted_oom(spec: dict, record_path: Path, log: Path, started: str, command: list[str]) -> Record | None:
-    """Where the memory model predicts the cell not to fit: its ``skipped`` Record, written,
-    with the prediction and the margin in its summary (nothing runs); else None. A batch a
-    max-batch search's probe ran without running out of memory is not skipped: the record
-    wins over the prediction (a search's largest batch sits at the margin's edge)."""
+def predicted_oom_record(spec: dict, record_path: Path, log: Path, started: str,
+                         command: list[str]) -> Record | None:
+    """Where the memory model predicts the cell not to fit: its ``skipped`` Record (for the
+    caller to write), with the prediction and the margin in its summary (nothing runs);
+    else None. A batch a max-batch search's probe ran without running out of memory is not
+    skipped: the record wins over the prediction (a search's largest batch sits at the
+    margin's edge)."""
     from . import memory
 
     verdict = memory.check(spec)
@@ -309,11 +317,10 @@ def skip_if_predicted_oom(spec: dict, record_path: Path, log: Path, started: str
     record = replace(record, summary=verdict.summary())
     with open(log, "a") as fh:
         fh.write(f"skipped: {reason}\n")
-    write(record, record_path)
     return record
 
 
-#: A finished repeat kept beside its record until the record is written (``run_cell``).
+#: A finished repeat kept beside its record until the record is written (``run_set``).
 PARTIAL = ".repeat-{index}.json"
 #: A repeat stopped unfinished by a signal: how long it ran (keep_stopped; module docstring)
 STOPPED = ".stopped-repeat.json"
@@ -366,15 +373,17 @@ def spec_digest(spec: dict) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
-def keep_repeat(keep_dir: Path, index: int, spec: dict, outcome: Outcome, wall_s: float | None = None) -> None:
-    """Keep an ok repeat beside the cell's record, with when, where, at which commit and in
-    how many seconds (``wall_s``) it ran, so that a cell stopped between repeats (a call's
-    deadline, a killed job) resumes with the repeats it has, not from the first. The
-    machine's boot id goes with it: lent machines and cluster nodes share hostnames."""
+def keep_repeat(keep_dir: Path, index: int, spec: dict, outcome: Outcome, wall_s: float | None = None,
+                started: str | None = None) -> None:
+    """Keep an ok repeat beside the cell's record, with when it started (``started``, ISO)
+    and finished, where, at which commit and in how many seconds (``wall_s``) it ran, so that
+    a cell stopped between repeats (a call's deadline, a killed job) resumes with the repeats
+    it has, not from the first. The machine's boot id goes with it: lent machines and
+    cluster nodes share hostnames."""
     state = provenance.git_state()
     write_json_atomic(keep_dir / PARTIAL.format(index=index), {
-        "spec_sha256": spec_digest(spec), "index": index, "outcome": asdict(outcome),
-        "finished": datetime.now(timezone.utc).isoformat(), "hostname": socket.gethostname(),
+        "spec_sha256": spec_digest(spec), "index": index, "outcome": asdict(outcome), "started": started,
+        "finished": datetime.now(UTC).isoformat(), "hostname": socket.gethostname(),
         "boot_id": provenance.boot_id(), "git_sha": state.get("sha"), "wall_s": wall_s})
 
 
@@ -428,7 +437,7 @@ def keep_stopped(keep_dir: Path, index: int, spec: dict, ran_s: float) -> None:
     write_json_atomic(keep_dir / STOPPED, {
         "spec_sha256": spec_digest(spec), "index": index, "ran_s": round(ran_s, 1),
         "steps": int(protocol["warmup_steps"]) + int(protocol["measured_steps"]),
-        "stopped": datetime.now(timezone.utc).isoformat(), "hostname": socket.gethostname(),
+        "stopped": datetime.now(UTC).isoformat(), "hostname": socket.gethostname(),
         "boot_id": provenance.boot_id(), "git_sha": provenance.git_state().get("sha")})
 
 
@@ -448,73 +457,195 @@ def stopped_repeat(keep_dir: Path, spec: dict | None = None) -> dict | None:
     return data
 
 
+@dataclass(kw_only=True, slots=True)
+class _Run:
+    """One cell of a set while the set runs (run_set): where it goes, and what it has so far."""
+
+    spec: dict
+    cell: Cell
+    record_path: Path
+    label: str
+    """How the log names it: its record path relative to the results folder in a set; "" alone."""
+    threads: int
+    keep_dir: Path = field(init=False)
+    """Its record's folder: its kept repeats wait there (PARTIAL, STOPPED)."""
+    alloc: nodes.Allocation | None = None
+    workdir: Path | None = None
+    record: Record | None = None
+    """Its record where it is settled before any repeat runs (predicted not to fit)."""
+    check: gpus.Check | None = None
+    kept: dict[int, dict] = field(default_factory=dict)
+    walls: list[float] = field(default_factory=list)
+    """Seconds the repeats of this spec took so far (run here, kept, or a lower bound: a
+    repeat stopped unfinished)."""
+    outcomes: list[Outcome] = field(default_factory=list)
+    started: list[str | None] = field(default_factory=list)
+    """When each of its repeats started (ISO; a kept one's as its earlier run wrote it)."""
+
+    def __post_init__(self) -> None:
+        self.keep_dir = self.record_path.parent.absolute()  # workers run in a temporary cwd
+
+    @property
+    def done(self) -> bool:
+        """It needs no further repeat: settled, every repeat run, or one not ok (a refused check's too)."""
+        return (self.record is not None or len(self.outcomes) >= self.cell.protocol.repeats
+                or any(o.status != "ok" for o in self.outcomes))
+
+
 def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
              gpu_busy: gpus.BusyPolicy | None = None, skip_predicted_oom: bool = False) -> Record:
-    """Run every repeat of a cell (stopping at the first that is not ok) and write its Record.
-    Nothing runs on busy GPUs (``gpu_busy``: what to do then, llmbench.gpus), nor, with
-    ``skip_predicted_oom``, where the memory model predicts the cell not to fit. Raises
-    DeadlineStop, writing no record, where the next repeat would not finish by the job's
-    deadline (``LLMBENCH_DEADLINE``, module docstring)."""
+    """Run every repeat of a cell (stopping at the first that is not ok) and write its Record:
+    run_set of one cell, without a set."""
+    return run_set([spec], [record_path], log, threads, gpu_busy, skip_predicted_oom)[0]
+
+
+def run_set(specs: Sequence[dict], record_paths: Sequence[Path], log: Path, threads: int | Sequence[int] = 1,
+            gpu_busy: gpus.BusyPolicy | None = None, skip_predicted_oom: bool = False,
+            plan: dict[str, Any] | None = None) -> list[Record]:
+    """Run the cells of a paired set together and write their Records, all at the end, so
+    that a set's records are either all there or none is (``plan``: llmbench.grid.paired's
+    PairedSet.plan; without one, the cells are no set: run_cell).
+
+    Round r runs repeat r of every cell that still needs one, in the round's order
+    (``plan["rounds"][r]``, the cells' indices), each repeat a process of its own
+    (run_repeat); a cell whose repeat is not ok runs no more, the others go on. ``threads``:
+    the threads of every cell, or each cell's (what it holds when it runs alone). Nothing runs
+    on busy GPUs (``gpu_busy``: what to do then, llmbench.gpus), nor, with
+    ``skip_predicted_oom``, a cell the memory model predicts not to fit. Raises DeadlineStop,
+    writing no record, where a cell's next repeat would not finish by the job's deadline
+    (``LLMBENCH_DEADLINE``, module docstring; a cell not timed yet is judged by the set's
+    repeats so far): the finished repeats are kept, and the next run of the same cells
+    resumes at the same place of the same order.
+
+    Every record's provenance gets ``repeat_started`` (when each repeat started) and
+    ``machine`` (llmbench.provenance.machine); a set's records ``paired_set`` too: its
+    ``id``, its ``cells`` (record paths relative to the results folder, in the set's order),
+    the ``order`` its rounds ran in (the cells' indices per round, a kept repeat in its
+    place), the ``ordering`` rule and its ``seed``."""
+    if not specs or len(specs) != len(record_paths):
+        raise ValueError(f"run_set: {len(specs)} spec(s) for {len(record_paths)} record path(s)")
     deadline = deadline_from_env()  # a bad value fails here, before anything runs
-    started = datetime.now(timezone.utc).isoformat()
+    started = datetime.now(UTC).isoformat()
     command = [sys.executable, *sys.argv]
-    cell = Cell.from_dict(spec["cell"])
+    labels = list(plan["cells"]) if plan else [""]
+    runs = [_Run(spec=spec, cell=Cell.from_dict(spec["cell"]), record_path=Path(path), label=label, threads=n)
+            for spec, path, label, n in zip(specs, record_paths, labels,
+                                            [threads] * len(specs) if isinstance(threads, int) else threads)]
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(f"cell {cell.record_path()}\n")
-    if skip_predicted_oom and (skipped := skip_if_predicted_oom(spec, Path(record_path), log, started, command)):
-        return skipped
-    keep_dir = Path(record_path).parent.absolute()  # workers run in a temporary cwd
-    keep_dir.mkdir(parents=True, exist_ok=True)
-    # a cell over several nodes: its Slurm allocation (no allocation: the job fails, no
-    # record), and a work folder every node sees (the results folder is on a shared one)
-    alloc = nodes.allocation(cell.nodes) if cell.nodes > 1 else None
-    workdir = Path(tempfile.mkdtemp(prefix=".llmbench-cell-", dir=keep_dir if alloc else None))
+    log.write_text(f"paired set {plan['id']}: " + "; ".join(f"cell {i} {r.label}" for i, r in enumerate(runs)) + "\n"
+                   if plan else f"cell {runs[0].cell.record_path()}\n")
+    if skip_predicted_oom:
+        for run in runs:
+            run.record = predicted_oom_record(run.spec, run.record_path, log, started, command)
+    rounds = plan["rounds"] if plan else [[0]] * runs[0].cell.protocol.repeats
     try:
         with stop_groups_on_signal():
-            # over several nodes: the launcher's node's GPUs (the others' are not read)
-            check = gpus.check_cell(spec, cell.ranks_per_node, gpu_busy, log)
-            outcomes = [Outcome(status="error", reason=check.refused)] if check.refused else []
-            kept = kept_repeats(keep_dir, spec, cell.protocol.repeats, log) if not check.refused else {}
-            walls = [k["wall_s"] for k in kept.values() if k.get("wall_s")]  # the repeats timed so far
-            if not check.refused and (stopped := stopped_repeat(keep_dir, spec)):  # a lower bound on a repeat
-                walls.append(float(stopped["ran_s"]))
-                with open(log, "a") as fh:
-                    fh.write(f"=== repeat {stopped['index']} of an earlier run was stopped unfinished after "
-                             f"{float(stopped['ran_s']):.0f} s ({stopped['stopped']}): counted as a repeat's "
-                             "time at the deadline\n")
-            for i in range(cell.protocol.repeats if not check.refused else 0):
-                if i in kept:
-                    outcome = kept[i]["outcome"]
-                else:
-                    if why := deadline_stop(deadline, walls, f"repeat {i} (of 0-{cell.protocol.repeats - 1})"):
-                        stop_at_deadline(f"{why}; repeat(s) {sorted({*range(i), *kept})} kept: the next run of "
-                                         "this cell resumes there", log, mark="=== ")
-                    t0 = time.monotonic()
-                    try:
-                        outcome = run_repeat(spec, workdir, i, log, threads, keep_dir, alloc)
-                    except (SystemExit, KeyboardInterrupt):  # a signal inside it: a deadline's TERM, a cancel
-                        keep_stopped(keep_dir, i, spec, time.monotonic() - t0)
-                        raise
-                    walls.append(time.monotonic() - t0)
-                    if outcome.status == "ok" and cell.protocol.repeats > 1:
-                        keep_repeat(keep_dir, i, spec, outcome, wall_s=walls[-1])
-                outcomes.append(outcome)
-                with open(log, "a") as fh:
-                    fh.write(f"=== repeat {i}: {outcome.status} {outcome.reason}{' (kept)' if i in kept else ''}\n")
-                if outcome.status != "ok":
-                    break
-            build_record = backends.get(cell.backend).build_record()  # module-wise rows for profile kinds
-            record = build_record(spec, outcomes, started, command)
-            record = gpus.with_state(record, check)
-            if kept:  # the record says which repeats an earlier run made, where and when
-                record = replace(record, provenance={**record.provenance, "resumed_repeats": [
-                    {k: kept[i].get(k) for k in ("index", "finished", "hostname", "boot_id", "git_sha")}
-                    for i in sorted(kept)]})
-            write(record, record_path)
-            for i in range(cell.protocol.repeats):  # the record holds them now
-                (keep_dir / PARTIAL.format(index=i)).unlink(missing_ok=True)
-            (keep_dir / STOPPED).unlink(missing_ok=True)
-            return record
+            # the smaller cells' GPUs are checked first: a claim (llmbench.gpus.claim_gpus)
+            # lasts until one of another count, so the job ends holding the set's largest
+            for run in sorted((r for r in runs if r.record is None), key=lambda r: r.cell.ranks_per_node):
+                _prepare(run, gpu_busy, log)
+            order: list[list[int]] = []
+            for r, planned in enumerate(rounds):
+                order.append([i for i in planned if not runs[i].done])
+                for i in order[-1]:
+                    _repeat(runs[i], r, deadline, [w for x in runs for w in x.walls], log, keep=len(runs) > 1)
+            records = [_record(run, started, command, plan, order) for run in runs]
+            for run, record in zip(runs, records):
+                write(record, run.record_path)
+            for run in runs:  # the records hold them now
+                for i in range(run.cell.protocol.repeats):
+                    (run.keep_dir / PARTIAL.format(index=i)).unlink(missing_ok=True)
+                (run.keep_dir / STOPPED).unlink(missing_ok=True)
+            return records
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        for run in runs:
+            if run.workdir is not None:
+                shutil.rmtree(run.workdir, ignore_errors=True)
+
+
+def _prepare(run: _Run, gpu_busy: gpus.BusyPolicy | None, log: Path) -> None:
+    """Before a cell's first repeat: its folders, its allocation over several nodes, its GPUs'
+    check, and the repeats an earlier run of it kept (and how long a stopped one ran)."""
+    run.keep_dir.mkdir(parents=True, exist_ok=True)
+    # a cell over several nodes: its Slurm allocation (no allocation: the job fails, no
+    # record), and a work folder every node sees (the results folder is on a shared one)
+    run.alloc = nodes.allocation(run.cell.nodes) if run.cell.nodes > 1 else None
+    run.workdir = Path(tempfile.mkdtemp(prefix=".llmbench-cell-", dir=run.keep_dir if run.alloc else None))
+    # over several nodes: the launcher's node's GPUs (the others' are not read)
+    run.check = gpus.check_cell(run.spec, run.cell.ranks_per_node, gpu_busy, log)
+    if run.check.refused:
+        run.outcomes.append(Outcome(status="error", reason=run.check.refused))
+        return
+    run.kept = kept_repeats(run.keep_dir, run.spec, run.cell.protocol.repeats, log)
+    run.walls = [k["wall_s"] for k in run.kept.values() if k.get("wall_s")]  # the repeats timed so far
+    if stopped := stopped_repeat(run.keep_dir, run.spec):  # a lower bound on a repeat
+        run.walls.append(float(stopped["ran_s"]))
+        with open(log, "a") as fh:
+            fh.write(f"=== {run.label + ': ' if run.label else ''}repeat {stopped['index']} of an earlier run was "
+                     f"stopped unfinished after {float(stopped['ran_s']):.0f} s ({stopped['stopped']}): counted as "
+                     "a repeat's time at the deadline\n")
+
+
+def _repeat(run: _Run, i: int, deadline: float | None, set_walls: list[float], log: Path, keep: bool) -> None:
+    """Repeat ``i`` of a cell: the one an earlier run kept, or run now, unless the deadline
+    comes first (DeadlineStop). ``keep``: keep it even where the cell has one repeat (a set's
+    records are written at its end). ``set_walls``: the set's repeats so far, for a cell
+    not timed yet."""
+    name = f"{run.label}: " if run.label else ""
+    if i in run.kept:
+        outcome, started = run.kept[i]["outcome"], _started_of(run.kept[i])
+    else:
+        repeats = run.cell.protocol.repeats
+        if why := deadline_stop(deadline, run.walls or set_walls, f"{name}repeat {i} (of 0-{repeats - 1})"):
+            stop_at_deadline(f"{why}; " + (
+                "the set's finished repeats are kept: the next run of the set resumes there" if run.label else
+                f"repeat(s) {sorted({*range(i), *run.kept})} kept: the next run of this cell resumes there"),
+                log, mark="=== ")
+        if run.label:
+            with open(log, "a") as fh:
+                fh.write(f"\n=== {run.label}\n")
+        started = datetime.now(UTC).isoformat()
+        t0 = time.monotonic()
+        try:
+            outcome = run_repeat(run.spec, run.workdir, i, log, run.threads, run.keep_dir, run.alloc)
+        except (SystemExit, KeyboardInterrupt):  # a signal inside it: a deadline's TERM, a cancel
+            keep_stopped(run.keep_dir, i, run.spec, time.monotonic() - t0)
+            raise
+        run.walls.append(time.monotonic() - t0)
+        if outcome.status == "ok" and (repeats > 1 or keep):
+            keep_repeat(run.keep_dir, i, run.spec, outcome, wall_s=run.walls[-1], started=started)
+    run.outcomes.append(outcome)
+    run.started.append(started)
+    with open(log, "a") as fh:
+        fh.write(f"=== {name}repeat {i}: {outcome.status} {outcome.reason}{' (kept)' if i in run.kept else ''}\n")
+
+
+def _started_of(kept: dict) -> str | None:
+    """When a kept repeat started: as keep_repeat wrote it, else its end less its wall time."""
+    if kept.get("started"):
+        return kept["started"]
+    try:
+        return (datetime.fromisoformat(kept["finished"]) - timedelta(seconds=float(kept["wall_s"]))).isoformat()
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _record(run: _Run, started: str, command: list[str], plan: dict[str, Any] | None,
+            order: list[list[int]]) -> Record:
+    """A cell's Record once its set has run: from its outcomes (or as settled before), with
+    the GPU state read at its start, the repeats an earlier run kept, when each repeat
+    started, the machine, and its set."""
+    record = run.record
+    if record is None:
+        build = backends.get(run.cell.backend).build_record()  # module-wise rows for profile kinds
+        record = gpus.with_state(build(run.spec, run.outcomes, started, command), run.check)
+    prov = {**record.provenance, "repeat_started": list(run.started)}
+    if run.kept:  # the record says which repeats an earlier run made, where and when
+        prov["resumed_repeats"] = [{k: run.kept[i].get(k) for k in ("index", "finished", "hostname", "boot_id",
+                                                                      "git_sha")} for i in sorted(run.kept)]
+    prov["machine"] = provenance.machine(prov)
+    if plan:
+        prov["paired_set"] = {"id": plan["id"], "cells": list(plan["cells"]), "order": order,
+                              "ordering": plan["ordering"], "seed": plan["seed"]}
+    return replace(record, provenance=prov)

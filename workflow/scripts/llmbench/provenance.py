@@ -10,6 +10,7 @@ import socket
 import subprocess
 from pathlib import Path
 from typing import Any
+from collections.abc import Mapping
 
 from .config import REPO_ROOT
 
@@ -96,6 +97,24 @@ def host() -> dict[str, Any]:
     return {"hostname": socket.gethostname(), "cpu": cpu, "cpus": os.cpu_count(),
             "mem_total_gib": mem_gib, "os": pyplatform.platform(), "boot_id": boot_id(),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+
+
+def machine(prov: Mapping[str, Any]) -> dict[str, Any]:
+    """Which machine a record was made on, from what its provenance already carries (so an
+    older record's can be read the same way): the boot id, the UUIDs of its GPUs as NVML read
+    them before the cell started (``gpu_state``, llmbench.gpus; [] on a CPU or where NVML
+    could not be read), the CPU model, the driver the workers reported (``devices``; None on a
+    CPU or where no repeat finished) and the hostname. Lent machines and a cluster's nodes
+    share hostnames and CPU strings; the boot id and the GPUs' UUIDs tell them apart."""
+    host = prov.get("host") or {}
+    state = prov.get("gpu_state")
+    listed = state.get("gpus") if isinstance(state, Mapping) else None
+    uuids = [g["board"]["uuid"] for g in listed or () if isinstance(g, Mapping)
+             and isinstance(g.get("board"), Mapping) and g["board"].get("uuid")]
+    devices = prov.get("devices")
+    return {"boot_id": host.get("boot_id"), "gpu_uuids": uuids, "cpu": host.get("cpu"),
+            "driver": devices.get("driver") if isinstance(devices, Mapping) else None,
+            "hostname": host.get("hostname")}
 
 
 def devices() -> dict[str, Any]:

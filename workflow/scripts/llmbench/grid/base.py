@@ -6,13 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterator, Mapping
+from typing import Any
+from collections.abc import Iterator, Mapping
 
 from .. import backends
 from ..cells import SEARCH_KEY, WILDCARD_CONSTRAINTS, Cell, MicroCell, Search, ServeCell
 from ..config import ConfigError, available
 from ..models import ModelSpec
 from ..platforms import Platform
+from .paired import Membership, PairedSet
 
 AnyCell = Cell | ServeCell | MicroCell
 
@@ -34,6 +36,8 @@ class Grid:
     """Interpreter of each serving engine's environment (absent: the workflow's own)."""
     searches: tuple[Search, ...] = ()
     """Max-batch searches; the cells they measure are known only once they ran."""
+    sets: tuple[PairedSet, ...] = ()
+    """Paired sets (llmbench.grid.paired): cells measured together in one job."""
     _index: tuple[dict[frozenset, AnyCell], dict[frozenset, AnyCell]] = field(
         init=False, repr=False, compare=False)
     """Cells by their path fields (as strings), and by those less ``stage``: Snakemake
@@ -43,6 +47,7 @@ class Grid:
         set_ = object.__setattr__  # frozen: the one place the fields are normalised
         set_(self, "cells", tuple(self.cells))
         set_(self, "searches", tuple(self.searches))
+        set_(self, "sets", tuple(self.sets))
         for name in ("platforms", "models", "engine_python"):
             set_(self, name, MappingProxyType(dict(getattr(self, name))))
         full: dict[frozenset, AnyCell] = {}
@@ -112,6 +117,7 @@ class Builder:
         self.searches: list[Search] = []
         self.platforms: dict[str, Platform] = {}
         self.models: dict[str, ModelSpec] = {}
+        self.paired = Membership(config["paired_order"])
 
     def platform(self, name: str) -> Platform:
         """config/platforms/<name>.yaml, loaded and validated once per grid."""
@@ -158,4 +164,5 @@ class Builder:
     def grid(self) -> Grid:
         """The finished Grid."""
         return Grid(results_dir=self.results_dir, cells=tuple(self.cells.values()), platforms=self.platforms,
-                    models=self.models, engine_python=self.config["engine_python"], searches=tuple(self.searches))
+                    models=self.models, engine_python=self.config["engine_python"], searches=tuple(self.searches),
+                    sets=self.paired.sets())

@@ -4,6 +4,7 @@ models x techniques x GPU counts x batch sizes, each checked against its backend
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import replace
 from typing import Any
@@ -15,6 +16,7 @@ from ..models import ModelSpec
 from ..platforms import Platform
 from ..protocol import Protocol
 from .base import Builder
+from .paired import check_block
 
 #: Linear layers of a Llama decoder layer (LoRA targets must be among them).
 LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -46,6 +48,7 @@ def _block(b: Builder, stage: str, block: dict[str, Any], where: str, protocol: 
                           f"not {stage} cells")
     canon = _sizes_by_technique(sizes, names, where) if isinstance(sizes, dict) else None
     nodes = _nodes(block, stage, where)
+    check_block(block, where)
     for plat_name, platform in b.block_platforms(block):
         gpu_counts = _gpu_counts(block["gpus"], platform, f"{where}.gpus", nodes)
         for model_name, tech, gpus in itertools.product(block["models"], names, gpu_counts):
@@ -60,15 +63,15 @@ def _block(b: Builder, stage: str, block: dict[str, Any], where: str, protocol: 
             gpus_key = f"{where}.gpus" + (f"[{block['gpus'].index(gpus)}]" if isinstance(block["gpus"], list) else "")
             parallel = _parallel(block, where, backend, model, gpus, gpus_key)
 
-            def cell(bs: int) -> Cell:
-                return Cell(stage=stage, platform=plat_name, model=model_name, backend=backend, technique=tech,
-                            batch_size=bs, gpus=gpus, nodes=nodes, protocol=protocol, mem_cap_gib=block["mem_cap_gib"],
-                            adapter=_adapter(block, where, tech), parallel=parallel)
-
+            cell = functools.partial(Cell, stage=stage, platform=plat_name, model=model_name, backend=backend,
+                                     technique=tech, gpus=gpus, nodes=nodes, protocol=protocol,
+                                     mem_cap_gib=block["mem_cap_gib"], adapter=_adapter(block, where, tech),
+                                     parallel=parallel)
             if search is not None:
-                b.add_search(_search(where, search, cell(search["start"])), where)
+                b.add_search(_search(where, search, cell(batch_size=search["start"])), where)
             for bs in (canon[tech] if canon is not None else sizes or []):
-                b.add(cell(bs), where)
+                b.add(cell(batch_size=bs), where)
+                b.paired.add(block, where, cell(batch_size=bs), b.results_dir)
 
 
 def _backend(block: dict[str, Any], stage: str, where: str) -> str:

@@ -11,10 +11,11 @@ import json
 import shutil
 import sys
 import tempfile
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .. import forkserver, gpus
+from .. import forkserver, gpus, provenance
 from ..cells import MicroCell
 from ..aggregate import Outcome, provenance_of
 from ..launch import run_worker, worker_args, worker_env
@@ -88,5 +89,6 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
                     log_tail=outcome.log_tail if status != "ok" else "",
                     summary=summarize(cell.bench, rows), samples=columns(rows), provenance=prov)
     record = gpus.with_state(record, check)
+    record = replace(record, provenance={**record.provenance, "machine": provenance.machine(record.provenance)})
     write(record, record_path)
     return record

@@ -172,6 +172,7 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
         "engine_command": argv,
         **check.provenance(),
     }
+    prov["machine"] = provenance.machine(prov)
     record = Record(cell=cell.to_dict(), status=status, reason=reason,
                     log_tail=tail(server_log) if status != "ok" else "",
                     summary=serving, samples=requests, provenance=prov)

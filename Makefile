@@ -4,6 +4,7 @@
 #
 # Test tiers (README, Tests; each a folder of tests/):
 #   make test-fast         tests/unit: pure, no worker processes, no root; the developer's loop
+#   make test-calibration  tests/calibration: pure, pins the committed evidence (results/reference)
 #   make test-integration  tests/integration: real workers on the CPU, the fork server, torch.compile, Megatron-LM
 #   make test-e2e          tests/e2e: the workflow on .test/config.yaml (+ Slurm, where installed)
 #   make test-smoke        tests/smoke: the embedded default (config/config.yaml), statuses only
@@ -13,7 +14,7 @@ SHELL := /bin/bash
 CORES ?= 2
 PYTEST := .venv/bin/python -m pytest
 
-.PHONY: setup run report lint test test-fast test-integration test-e2e test-smoke dry-run-paper
+.PHONY: setup run report lint test test-fast test-calibration test-integration test-e2e test-smoke dry-run-paper
 setup:
 	bash envs/setup.sh
 
@@ -33,9 +34,15 @@ lint:
 	.venv/bin/ruff check workflow tests
 	.venv/bin/snakemake --lint
 
+# the unit tests are independent of each other (each writes under its own tmp_path; the
+# dry runs in the repository take no lock): pytest-xdist spreads them over CORES processes
 test-fast:
+	@.venv/bin/python -c "import xdist" 2>/dev/null || { echo "no .venv, or one without pytest-xdist: run 'make setup'" >&2; exit 1; }
+	$(PYTEST) tests/unit -q -n $(CORES)
+
+test-calibration:
 	@[[ -x .venv/bin/python ]] || { echo "no .venv: run 'make setup' once" >&2; exit 1; }
-	$(PYTEST) tests/unit -q
+	$(PYTEST) tests/calibration -q
 
 test-integration: setup
 	$(PYTEST) tests/integration --durations=10

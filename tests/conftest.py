@@ -1,10 +1,11 @@
 """Shared test helpers: repository paths, the venv's executables, and the tiers.
 
-The tiers are folders (README, Tests): tests/unit (pure: `make test-fast`), tests/integration
-(real processes on the CPU: workers, the fork server, engines' test doubles, torch.compile,
-Megatron-LM), tests/e2e (the workflow on .test/config.yaml, and Slurm) and tests/smoke (the
-embedded default, config/config.yaml, statuses only). Each test gets its folder's marker, so
-`-m "not e2e"` and the like select tiers as the folders do."""
+The tiers are folders (README, Tests): tests/unit (pure: `make test-fast`), tests/calibration
+(pure too, but pinning the committed evidence under results/reference: counts, values, replays;
+`make test-calibration`), tests/integration (real processes on the CPU: workers, the fork server,
+engines' test doubles, torch.compile, Megatron-LM), tests/e2e (the workflow on .test/config.yaml,
+and Slurm) and tests/smoke (the embedded default, config/config.yaml, statuses only). Each test
+gets its folder's marker, so `-m "not e2e"` and the like select tiers as the folders do."""
 
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ TESTS = REPO / "tests"
 sys.path.insert(0, str(REPO / "workflow" / "scripts"))
 BIN = Path(sys.executable).parent
 #: folder -> marker (pyproject.toml registers them)
-TIERS = {"integration": "integration", "e2e": "e2e", "smoke": "smoke"}
+TIERS = {"calibration": "calibration", "integration": "integration", "e2e": "e2e", "smoke": "smoke"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -36,9 +37,9 @@ def repo() -> Path:
 
 @pytest.fixture(autouse=True)
 def _unit_tests_start_no_worker(request, monkeypatch):
-    """tests/unit is the fast tier: a test there that would start a cell's ranks or a fork
-    server fails, naming the tier it belongs in."""
-    if Path(request.node.path).resolve().parent != TESTS / "unit":
+    """tests/unit and tests/calibration are pure: a test there that would start a cell's ranks
+    or a fork server fails, naming the tier it belongs in."""
+    if Path(request.node.path).resolve().parent not in (TESTS / "unit", TESTS / "calibration"):
         return
 
     def refuse(*_, **__):

@@ -530,20 +530,6 @@ def test_origin_names_the_results_folder_and_tells_probes_apart():
     assert tidy.origin("res/runs/search/pretrain/h100/x/deepspeed/Q-g1/bs8/record.json") == ("res", "probe")
 
 
-def test_probes_the_frontier_answered_are_skipped_rows_without_a_measurement(repo):
-    """The committed H100 search answered 11 probes from its frontier (schema 2 wrote them
-    ok, with peaks another run measured): in the tidy table they are skipped probe rows with
-    no memory, so nothing counts those peaks twice; the probe that ran keeps its own."""
-    folder = repo / "results/reference/2026-11-23-h100-search/runs/search/pretrain/h100/llama2-7b/deepspeed"
-    df = tidy.build(sorted(folder.rglob("bs*/record.json")))
-    answered = df[df["status"] == "skipped"]
-    assert len(answered) == 11 and (answered["kind"] == "probe").all() and answered["peak_mem_gib"].isna().all()
-    assert answered["reason"].str.startswith("known to run").all()
-    ran = df[df["status"] != "skipped"]
-    assert len(ran) == 6 and ran["peak_mem_gib"].notna().all()  # Q: 26; R+Q: 114, 121, 125, 127, 128
-    assert paper_tables.build(df, "table4").empty or not (paper_tables.build(df, "table4")["status"] == "skipped").any()
-
-
 def planned(target: str) -> dict[str, int]:
     """Jobs per rule that Snakemake's dry run of the tests' grid (.test/config.yaml) plans to
     make ``target`` (under its results_dir) from nothing (--forceall): everything the target

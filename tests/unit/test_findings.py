@@ -99,7 +99,8 @@ def test_holds_and_the_papers_own_value_beside_it(tmp_path):
     frame = rows(("h100", "llama2-7b", "Z2", 1, 1, "ok", 100.0, 30.0), ("h100", "llama2-7b", "Naive", 1, 1, "ok", 110.0, 60.0))
     t = judge(tmp_path, frame, finding(where={"batch_size": 1, "backend": "deepspeed", "model": "llama2-7b"}))
     r = t.iloc[0]
-    assert (r.platform, r.model, r.verdict, r.ours_value) == ("h100", "llama2-7b", "holds", "0.5")
+    assert (r.platform, r.model, r.verdict) == ("h100", "llama2-7b", "holds")
+    assert r.ours_value == "peak_mem_gb Z2 / Naive: 0.5" and r.pairing == "exact"  # memory is deterministic
     # the same comparison on the paper's numbers: A800 Z2 37.8 GB over Naive's 66.7 GB (Table III)
     # and 66.76 GB (Table II prints the same cell), 0.566
     assert "a800 0.566" in r.paper_value and "a800 holds" in r.paper_check
@@ -109,7 +110,7 @@ def test_holds_and_the_papers_own_value_beside_it(tmp_path):
 def test_contradicts(tmp_path):
     frame = rows(("h100", "llama2-7b", "Z2", 1, 1, "ok", 100.0, 55.0), ("h100", "llama2-7b", "Naive", 1, 1, "ok", 110.0, 60.0))
     r = judge(tmp_path, frame, finding()).iloc[0]
-    assert r.verdict == "contradicts" and r.ours_value == "0.917"
+    assert r.verdict == "contradicts" and r.ours_value == "peak_mem_gb Z2 / Naive: 0.917"
 
 
 def test_a_row_names_the_protocols_of_the_cells_it_compared(tmp_path):
@@ -124,7 +125,7 @@ def test_a_row_names_the_protocols_of_the_cells_it_compared(tmp_path):
     assert r.verdict == "untestable" and r.protocols == ""
 
 
-def test_partly_when_some_checks_hold_and_others_cannot_be_decided(tmp_path):
+def test_inconclusive_when_some_checks_hold_and_others_cannot_be_decided(tmp_path):
     entry = finding(checks=[
         {"metric": "tokens_per_s_per_gpu", "relation": "ratio", "a": {"technique": "F+Z2"}, "b": {"technique": "Z2"},
          "expect": {"min": 1.0}},
@@ -133,7 +134,8 @@ def test_partly_when_some_checks_hold_and_others_cannot_be_decided(tmp_path):
     frame = rows(("h200", "llama2-7b", "F+Z2", 1, 2, "ok", 3000.0, 75.0), ("h200", "llama2-7b", "Z2", 1, 2, "ok", 2400.0, 75.0),
                  ("h200", "llama2-7b", "Naive", 1, 2, "oom", None, None))
     r = judge(tmp_path, frame, entry).iloc[0]
-    assert r.verdict == "partly" and r.ours_value == "1.25, n/a"
+    assert r.verdict == "inconclusive" and r.checks == "holds, missing"
+    assert r.ours_value == "tokens_per_s_per_gpu F+Z2 / Z2: 1.25; tokens_per_s_per_gpu F / Naive: n/a"
     # F was not run and Naive ran out of memory: both named, with why
     assert "pretrain h200 llama2-7b deepspeed F bs1 g2: not run" in r.missing
     assert "pretrain h200 llama2-7b deepspeed Naive bs1 g2: out of memory" in r.missing
@@ -142,11 +144,12 @@ def test_partly_when_some_checks_hold_and_others_cannot_be_decided(tmp_path):
 def test_untestable_names_the_cells_that_would_decide_it(tmp_path):
     frame = rows(("h100", "llama2-7b", "Q", 1, 1, "ok", 1700.0, 9.0), ("h100", "llama2-7b", "Naive", 1, 1, "oom", None, None))
     r = judge(tmp_path, frame, finding()).iloc[0]
-    assert r.verdict == "untestable" and r.ours_value == "n/a"
+    assert r.verdict == "untestable" and r.ours_value == "peak_mem_gb Z2 / Naive: n/a"
     # Z2 was not run, and its model states alone exceed one H100: the reader is told so
     assert r.missing == ("pretrain h100 llama2-7b deepspeed Z2 bs1 g1: not run "
-                         "(cannot fit: model states 138 GiB > 80 GiB); "
-                         "pretrain h100 llama2-7b deepspeed Naive bs1 g1: out of memory")
+                         "(cannot fit: model states on 1 GPU(s) 138 GiB > 80 GiB); "
+                         "pretrain h100 llama2-7b deepspeed Naive bs1 g1: out of memory (host, or no bound on its "
+                         "GPU peak)")
 
 
 def test_a_cell_not_run_whose_states_fit_but_the_memory_model_does_not_says_so(tmp_path):
@@ -187,26 +190,33 @@ def test_a_platform_filter_and_a_cross_platform_check(tmp_path):
 
 def test_the_larger_of_two_rows_a_selection_picks_does_not_hide_the_other(tmp_path):
     """Two rows match one selection (the tidy table holds one record per cell, so rows of
-    cells the selection does not tell apart): the verdict uses both (their mean) and names
-    both runs."""
+    cells the selection does not tell apart): the verdict uses both (their geometric mean) and
+    names both runs."""
     frame = pd.concat([rows(("h100", "llama2-7b", "Z2", 1, 1, "ok", 1.0, 30.0), run="a"),
                        rows(("h100", "llama2-7b", "Z2", 1, 1, "ok", 1.0, 34.0), run="b"),
                        rows(("h100", "llama2-7b", "Naive", 1, 1, "ok", 1.0, 64.0), run="a")])
     r = judge(tmp_path, frame, finding()).iloc[0]
-    assert r.ours_value == "0.5" and r.runs == "a, b"
+    assert r.ours_value == "peak_mem_gb Z2 / Naive: 0.499" and r.runs == "a, b"
 
 
-def test_missing_cells_rank_what_would_decide_the_most_on_the_lent_gpus(tmp_path):
+def test_to_run_plans_the_smallest_paired_set_per_undecided_finding_on_given_machines(tmp_path):
     fs = load_entries(tmp_path, finding(id="one"), finding(id="two", checks=[
         {"metric": "tokens_per_s_per_gpu", "relation": "ratio", "a": {"technique": "Z2"}, "b": {"technique": "Z3"},
-         "expect": {"min": 1.0}}]))
-    ranked = findings.missing_cells(fs, findings.facts(rows(("h100", "llama2-7b", "Naive", 1, 1, "ok", 1.0, 60.0))))
-    top = ranked.set_index("cell").loc["pretrain h100 llama2-7b deepspeed Z2 bs1 g1"]
-    assert top.findings == 2 and top.finding_ids == "one, two" and top.why == "not run"
-    fits = ranked[ranked["predicted"] == ""]
-    assert fits["findings"].is_monotonic_decreasing and (ranked["predicted"] != "").sum() > 0
-    assert ranked.iloc[len(fits):]["predicted"].str.startswith("cannot fit: model states").all()  # 70B: last
-    assert set(ranked["cell"].str.split().str[1]) == {"h100", "h200"}
+         "expect": {"min": 1.0}}]), finding(id="sharding", needs={"min_gpus": 2, "why": "ranks"}))
+    ours = findings.facts(rows(("h100", "llama2-7b", "Naive", 1, 1, "ok", 1.0, 60.0)))
+    kinds = findings.MachineKind.parse([{"platform": "h200", "gpus": [1, 2]}], ours)
+    plan = findings.to_run(fs, ours, kinds)
+    assert set(plan["platform"]) == {"h200"} and set(plan["gpus"]) == {1, 2}  # only the kinds given
+    one = plan[(plan["finding"] == "one") & (plan["model"] == "llama2-7b") & (plan["gpus"] == 2)].iloc[0]
+    assert one.cells == "pretrain h200 llama2-7b deepspeed Naive bs1 g2; pretrain h200 llama2-7b deepspeed Z2 bs1 g2"
+    assert one.n_cells == 2
+    # a claim about several ranks is never planned on one GPU
+    assert set(plan[plan["finding"] == "sharding"]["gpus"]) == {2}
+    # cells that cannot fit (70B's model states) come last, saying why
+    fits = plan[plan["note"] == ""]
+    assert len(fits) and (plan.iloc[len(fits):]["note"].str.contains("cannot fit|predicted")).all()
+    with pytest.raises(ConfigError, match="findings_machines\\[0\\].platform: unknown platform 'h900'"):
+        findings.MachineKind.parse([{"platform": "h900", "gpus": 1}], ours)
 
 
 def test_the_committed_findings_on_the_papers_own_numbers():

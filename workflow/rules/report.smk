@@ -63,6 +63,7 @@ rule build_findings_table:
         missing=f"{R}/tables/findings-missing.csv",
     params:
         models=config.get("findings_models"),
+        machines=config.get("findings_machines"),
     log:
         f"{R}/logs/report/build_findings_table.log",
     conda:

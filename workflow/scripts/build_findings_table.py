@@ -8,7 +8,8 @@ from llmbench.report import findings, render, tables
 
 def main(smk) -> None:
     logging.basicConfig(filename=smk.log[0], level=logging.INFO)
-    inputs = tables.Inputs(dict(smk.input.items()), findings_models=smk.params.models)
+    inputs = tables.Inputs(dict(smk.input.items()), findings_models=smk.params.models,
+                           findings_machines=smk.params.machines)
     table, missing = tables.findings_and_missing(inputs)
     render.write(table, smk.output.csv, smk.output.md, smk.output.html)
     missing.to_csv(smk.output.missing, index=False)

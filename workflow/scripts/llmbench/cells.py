@@ -235,7 +235,7 @@ class Cell(_Addressed):
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Cell":
+    def from_dict(cls, data: dict[str, Any]) -> Cell:
         """Inverse of to_dict."""
         return cls(**{**data, "protocol": Protocol(**data["protocol"])})
 
@@ -290,7 +290,7 @@ class ServeCell(_Addressed):
         return {**asdict(self), "engine_args": list(self.engine_args)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ServeCell":
+    def from_dict(cls, data: dict[str, Any]) -> ServeCell:
         """Inverse of to_dict."""
         return cls(**{**data, "engine_args": tuple(data.get("engine_args") or ())})
 
@@ -330,7 +330,7 @@ class MicroCell(_Addressed):
             raise ConfigError(f"bench must be one of {MICRO_BENCHES}, got {self.bench!r}")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "MicroCell":
+    def from_dict(cls, data: dict[str, Any]) -> MicroCell:
         """Inverse of to_dict."""
         return cls(**data)
 
@@ -374,7 +374,7 @@ class Search(_Addressed):
                 "probe_protocol": asdict(self.probe_protocol)}
 
 
-def cell_from_dict(data: dict[str, Any]) -> "Cell | ServeCell | MicroCell":
+def cell_from_dict(data: dict[str, Any]) -> Cell | ServeCell | MicroCell:
     """A training, serving or microbenchmark cell from its plain-data form."""
     kind = {"serve": ServeCell, "micro": MicroCell}.get(data.get("stage"), Cell)
     return kind.from_dict(data)

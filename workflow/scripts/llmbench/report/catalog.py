@@ -8,6 +8,8 @@ tests all read this list; adding a table or figure is adding an entry here and i
 
 What an entry reads (``reads``) is named in one vocabulary, turned into paths by ``inputs``:
   tidy                             the tidy table of every record (tables/records.csv)
+  superseded                       the records other runs of the same cells superseded
+                                   (tables/records-superseded.csv; the findings pair from them)
   tidy:<stage>                     the tidy table's rows of one stage (tables/records-<stage>.csv,
                                    rebuilt only when a record of that stage changes)
   requests, micro, profile         the per-row tables of one stage each (tables/<name>.parquet:
@@ -36,7 +38,7 @@ MEMORY = "Memory model and advice (beyond the paper)"
 SECTIONS = (VERDICT, PRETRAIN, FINETUNE, SERVING, MICRO, PROFILES, MEMORY)
 
 #: The tidy table and the per-row tables (name -> path under the results folder).
-SOURCES = {"tidy": "tables/records.csv", "requests": "tables/requests.parquet",
+SOURCES = {"tidy": "tables/records.csv", "superseded": "tables/records-superseded.csv", "requests": "tables/requests.parquet",
            "micro": "tables/micro.parquet", "profile": "tables/profile.parquet"}
 #: The stages whose rows of the tidy table a table may read alone (tables/records-<stage>.csv),
 #: so a record of one stage rebuilds only the tables (and figures) of that stage.
@@ -102,7 +104,7 @@ def _f(name, section, title, *reads) -> Entry:
 #: Every table, in report order within its section.
 TABLES: tuple[Entry, ...] = (
     _t("findings", VERDICT, "The verdict: the paper's findings on this hardware",
-       "tidy", "profile", "micro", "findings", *_REF),
+       "tidy", "superseded", "profile", "micro", "findings", *_REF),
     _t("table2", PRETRAIN, "Table II: Megatron-LM vs DeepSpeed pre-training at batch size 1 and the largest batch "
        "(ours beside the paper's)", "tidy:pretrain", *_REF),
     _t("table3", PRETRAIN, "Table III: pre-training at batch size 1 (ours beside the paper's)", "tidy:pretrain", *_REF),

@@ -23,20 +23,20 @@ paper platforms (RTX4090 against RTX3090, say) is decided only where those platf
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from .. import techniques
 from ..config import REPO_ROOT, ConfigError, available, load_yaml, validate
-from . import paper_frame, scaling
+from . import evidence, paper_frame, scaling
 from . import runs as runs_rule
 from . import tidy as tidy_table
 
-VERDICTS = ("holds", "contradicts", "partly", "untestable")
+VERDICTS = ("holds", "contradicts", "partly", "inconclusive", "untestable")
 RELATIONS = {
     "ratio": "metric(a) / metric(b)",
     "value": "metric(a)",
@@ -103,6 +103,18 @@ class Check:
     """Smallest value that holds (None: unbounded)."""
     hi: float | None = None
     """Largest value that holds (None: unbounded)."""
+    needs: dict = field(default_factory=dict)
+    """What a group must have to test this check (``min_gpus``, ``why``), over the finding's."""
+
+    def strict(self) -> tuple[bool, bool]:
+        """Whether (lo, hi) exclude themselves: a bound of 1 on a ratio is strict, since a
+        ratio of 1 is no change, which bears out neither "more" nor "less"."""
+        rel = self.relation in ("ratio", "best")
+        return rel and self.lo == 1.0, rel and self.hi == 1.0
+
+    def label(self) -> str:
+        """What the check compares, without its interval, e.g. 'peak_mem_gb Z2 / Naive'."""
+        return self.describe().rsplit(" in [", 1)[0].rsplit(" >= ", 1)[0].rsplit(" <= ", 1)[0]
 
     def describe(self) -> str:
         """The check in words, e.g. 'peak_mem_gb Z2 / Naive in [0.43, 0.71]'."""
@@ -148,6 +160,9 @@ class Finding:
     """Published values the paper's tables do not hold (text only): platform -> value."""
     tolerance: float = DEFAULT_TOLERANCE
     """Relative tolerance of ``about`` intervals."""
+    needs: dict = field(default_factory=dict)
+    """What a group must have to test the claim: ``min_gpus`` (ZeRO sharding, communication and
+    data-parallel claims need several ranks) and ``why``, in words."""
 
     def compares(self) -> str:
         """Every check in words."""
@@ -223,7 +238,7 @@ def _check(raw: dict, where: str, tolerance: float) -> Check:
     return Check(metric=metric or "status", relation=relation, a=_canonical_selection(raw["a"], f"{where}.a"),
                  b=_canonical_selection(raw["b"], f"{where}.b") if raw.get("b") else None,
                  among=_canonical_selection(raw["among"], f"{where}.among") if raw.get("among") else None,
-                 lo=lo, hi=hi)
+                 lo=lo, hi=hi, needs=raw.get("needs") or {})
 
 
 def load(path: Path | str = REPO_ROOT / "config" / "reference" / "findings.yaml") -> list[Finding]:
@@ -244,13 +259,13 @@ def load(path: Path | str = REPO_ROOT / "config" / "reference" / "findings.yaml"
                            how=entry["how"], stage=entry["stage"], checks=checks,
                            where=_canonical_selection(entry.get("where") or {}, f"{where}.where"),
                            group_by=tuple(group_by), platforms=entry.get("platforms") or {},
-                           paper=entry.get("paper") or {}, tolerance=tol))
+                           paper=entry.get("paper") or {}, tolerance=tol, needs=entry.get("needs") or {}))
     return out
 
 
 # --- the facts: tidy rows with the derived metrics --------------------------------------
 
-@lru_cache(maxsize=None)
+@cache
 def _platform_facts(name: str) -> dict:
     try:
         p = paper_frame.platform_spec(name)
@@ -326,11 +341,22 @@ def _from_micro_rows(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def facts(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None,
-          micro_rows: pd.DataFrame | None = None) -> pd.DataFrame:
+          micro_rows: pd.DataFrame | None = None, superseded: pd.DataFrame | None = None) -> pd.DataFrame:
     """Our records as the engine reads them: the tidy table, cells only (not search
     probes), with per-GPU throughput, memory in GB, scaling efficiency and the metrics
-    read from the per-row profile and microbenchmark tables."""
+    read from the per-row profile and microbenchmark tables; plus the training and serving
+    records other runs of the same cells superseded (``superseded_by`` set), which pairing
+    may take a side from (one set, one machine), and each row's cell (``cell_id``)."""
     df = tidy.copy()
+    if superseded is not None and len(superseded):
+        extra = superseded[superseded["stage"].isin(["pretrain", "finetune", "serve"])]
+        df = pd.concat([df, extra], ignore_index=True)
+    df = df.copy()  # one block (the tidy table's many columns arrive fragmented)
+    if "record_path" in df:
+        df["cell_id"] = df["record_path"].map(lambda p: runs_rule.identity(str(p)) if isinstance(p, str) else None)
+    for col in ("machine", "paired_set"):
+        if col not in df:
+            df[col] = None
     if "kind" in df:
         df = df[df["kind"].fillna("cell") == "cell"]
     if "run" not in df:
@@ -367,15 +393,35 @@ def facts(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None,
 # --- evaluation --------------------------------------------------------------------------
 
 @dataclass(slots=True)
+class Context:
+    """What every check of one evaluation shares: whether values are exact (the paper's
+    printed numbers) or measured (ours, llmbench.report.evidence), and the spreads."""
+
+    exact: bool = False
+    pooled: evidence.Spread = evidence.NO_SPREAD
+    """Repeat-to-repeat spread a side measured once is taken to have."""
+    spread: evidence.Spread = evidence.NO_SPREAD
+    """Machine-to-machine spread a cross-machine comparison carries."""
+
+
+PAPER = Context(exact=True)
+
+
+@dataclass(slots=True)
 class Outcome:
     """One check on one group."""
 
-    value: float | None = None
+    estimate: evidence.Estimate | None = None
     verdict: str = "missing"
+    """holds | contradicts | inconclusive | missing | out of scope"""
     missing: list = field(default_factory=list)
     runs: set = field(default_factory=set)
     protocols: set = field(default_factory=set)
     """Warm-up/measured steps/repeats of the training cells the value came from."""
+
+    @property
+    def value(self) -> float | None:
+        return None if self.estimate is None else self.estimate.value
 
 
 def _match(df: pd.DataFrame, sel: dict) -> pd.DataFrame:
@@ -394,10 +440,13 @@ def _match(df: pd.DataFrame, sel: dict) -> pd.DataFrame:
 
 def _cell_text(stage: str, group: dict, sel: dict) -> str:
     s = {**group, **sel}
-    parts = [stage, s.get("platform", "any platform"), s.get("model", "")]
+    def word(v) -> str:
+        return "/".join(map(str, v)) if isinstance(v, list) else str(v)
+
+    parts = [stage, word(s.get("platform", "any platform")), word(s.get("model", ""))]
     for k in ("backend", "layout", "engine", "load", "mode", "bench", "case"):
         if k in s:
-            parts.append(str(s[k]))
+            parts.append(word(s[k]))
     if "technique" in s:
         parts.append("/".join(s["technique"]) if isinstance(s["technique"], list) else s["technique"])
     for key, prefix in (("batch_size", "bs"), ("gpus", "g")):
@@ -415,85 +464,241 @@ def _protocols(rows: pd.DataFrame) -> set:
     return {runs_rule.steps_label(*r) for r in rows[cols].dropna().itertuples(index=False)}
 
 
-def _measure(grp: pd.DataFrame, sel: dict, metric: str, stage: str,
-             group: dict) -> tuple[float | None, list, set, set]:
-    """The metric of the cells ``sel`` picks in ``grp`` (mean over the ok ones; the tidy table
-    holds one record per cell, llmbench.report.runs), or why not; with the runs and the
-    protocols it came from."""
-    rows = _match(grp, sel)
-    cell = _cell_text(stage, group, sel)
-    spec = {"stage": stage, **group, **sel}
+def _used(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows the report uses (one record per cell, llmbench.report.runs)."""
+    return rows[rows["superseded_by"].isna()] if "superseded_by" in rows else rows
+
+
+_OOM_TRIED = re.compile(r"Tried to allocate ([\d.]+) (GiB|MiB)")
+_OOM_HELD = re.compile(r"([\d.]+) GiB is allocated by PyTorch")
+
+
+def oom_bound_gb(row) -> float | None:
+    """The least allocated peak (GB) an out-of-memory cell needed: what PyTorch held plus the
+    request that failed, where its CUDA error says so; else evidence.OOM_SHARE of its GPU's
+    memory for another GPU OOM; None for a host OOM (a SIGKILL, a host-RSS cap): no GPU bound."""
+    reason = str(row.get("reason") or "")
+    if "CUDA out of memory" in reason or "OutOfMemoryError" in reason:
+        tried, held = _OOM_TRIED.search(reason), _OOM_HELD.search(reason)
+        if tried and held:
+            req = float(tried.group(1)) / (1024 if tried.group(2) == "MiB" else 1)
+            return (float(held.group(1)) + req) * evidence.GIB_TO_GB
+    if "out of memory" in reason.lower() and "SIGKILL" not in reason and "host" not in reason.lower():
+        cap = _platform_facts(str(row.get("platform") or "")).get("gpu_memory_gib")
+        return cap * evidence.OOM_SHARE * evidence.GIB_TO_GB if cap else None
+    return None
+
+
+def _side(rows: pd.DataFrame, metric: str, ctx: Context) -> evidence.Side | None:
+    """One side from the records of one context (a set, a machine, or the used ones): the
+    metric per repeat of each (several cells, such as a serving load's bursts, pool their
+    values); an out-of-memory memory side is a lower bound."""
+    ok = rows[(rows["status"] == "ok") & rows[metric].notna()] if metric in rows else rows.iloc[0:0]
+    if ok.empty:
+        if metric in evidence.EXACT:
+            bounds = [b for b in (oom_bound_gb(r) for _, r in rows[rows["status"] == "oom"].iterrows()) if b]
+            if bounds:
+                r = rows.iloc[0]
+                return evidence.Side([math.log(min(bounds))], machine=str(r.get("machine") or ""),
+                                     run=str(r.get("run") or ""), exact=True, lower_bound=True)
+        return None
+    logs, rounds = [], []
+    for _, r in ok.iterrows():
+        vals = [v for v in evidence.repeat_values(r, metric) if v > 0] if not ctx.exact else [float(r[metric])]
+        if ctx.exact or metric in evidence.EXACT:
+            vals = [float(r[metric])]
+        logs += [math.log(v) for v in vals if v > 0]
+        rounds += list(range(len(vals)))
+    if not logs:
+        return None
+    r = ok.iloc[0]
+    machines = {str(m) for m in ok["machine"].dropna()} if "machine" in ok else set()
+    return evidence.Side(logs, machine="+".join(sorted(machines)), paired_set=r.get("paired_set"),
+                         run=str(r.get("run") or ""), exact=ctx.exact or metric in evidence.EXACT,
+                         rounds=rounds if len(ok) == 1 else [])
+
+
+def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> list[tuple[str, pd.DataFrame, pd.DataFrame]]:
+    """Where both sides can come from, strongest pairing first: one paired set, one machine,
+    then the records the report uses (two machines, or one by chance)."""
+    out = []
+    for key, pairing in (("paired_set", "set"), ("machine", "machine")):
+        if key not in a or key not in b:
+            continue
+        common = {str(x) for x in a[key].dropna()} & {str(x) for x in b[key].dropna()}
+        common = {c for c in common if c and "+" not in c}
+        # the strongest protocol of the two sides first, then the later run
+        for c in sorted(common, key=lambda c: (-_strength(a[a[key].astype(object) == c])
+                                                - _strength(b[b[key].astype(object) == c]), c)):
+            out.append((pairing, _best_per_cell(a[a[key].astype(object) == c]),
+                        _best_per_cell(b[b[key].astype(object) == c])))
+    ua, ub = _used(a), _used(b)
+    same = ("machine" in ua and "machine" in ub and len(ua) and len(ub)
+            and ua["machine"].notna().all() and ub["machine"].notna().all()
+            and set(ua["machine"]) == set(ub["machine"])
+            and ua["machine"].nunique() == 1 and "+" not in str(ua["machine"].iloc[0]))
+    out.append(("machine" if same else "machines", ua, ub))
+    return out
+
+
+def _strength(rows: pd.DataFrame) -> int:
+    if rows.empty or "measured_steps" not in rows:
+        return 0
+    s = (rows["measured_steps"].fillna(0) * rows["repeats"].fillna(0)).max()
+    return int(s) if s == s else 0
+
+
+def _best_per_cell(rows: pd.DataFrame) -> pd.DataFrame:
+    """Of several records of one cell in one context, the one with a result and the strongest protocol."""
+    if "cell_id" not in rows or rows["cell_id"].is_unique:
+        return rows
+    key = rows.assign(_ok=rows["status"].isin(runs_rule.RESULTS),
+                      _s=rows.get("measured_steps", 0).fillna(0) * rows.get("repeats", 0).fillna(0))
+    key = key.sort_values(["_ok", "_s"], ascending=False)
+    return rows.loc[key.drop_duplicates("cell_id").index]
+
+
+def _pair(a: pd.DataFrame, b: pd.DataFrame, metric: str, ctx: Context
+          ) -> tuple[evidence.Estimate | None, pd.DataFrame, pd.DataFrame]:
+    """a / b from the strongest pairing that has both sides (module docstring of evidence)."""
+    for pairing, ra, rb in _contexts(a, b):
+        sa, sb = _side(ra, metric, ctx), _side(rb, metric, ctx)
+        if sa is None or sb is None:
+            continue
+        if pairing == "set" and sa.paired_set != sb.paired_set:
+            pairing = "machine"
+        est = evidence.ratio(sa, sb, "exact" if ctx.exact else pairing, ctx.pooled, ctx.spread)
+        return est, ra, rb
+    return None, _used(a), _used(b)
+
+
+def _why_missing(rows: pd.DataFrame, metric: str, cell: str, spec: dict, group: dict) -> tuple:
     if rows.empty:
-        need = sel.get("gpus")
+        need = spec.get("gpus")
         have = _platform_facts(group.get("platform", "")).get("gpus_per_node") if "platform" in group else None
         why = f"needs {need} GPUs, the platform has {have}" if need and have and need > have else "not run"
-        return None, [(cell, why, spec)], set(), set()
-    ok = rows[rows["status"] == "ok"]
+        return (cell, why, spec)
+    used = _used(rows)
+    ok = used[used["status"] == "ok"]
     if ok.empty:
-        st = sorted(set(rows["status"].astype(str)))
-        return (None, [(cell, "out of memory" if st == ["oom"] else "status " + "/".join(st), spec)],
-                set(rows["run"]), set())
-    vals = ok[metric].dropna() if metric in ok else pd.Series(dtype=float)
-    if vals.empty:
-        return None, [(cell, f"{metric} not measured", spec)], set(ok["run"]), set()
-    return float(vals.mean()), [], set(ok["run"]), _protocols(ok.loc[vals.index])
+        st = sorted(set(used["status"].astype(str)))
+        if st == ["oom"] and metric in evidence.EXACT:
+            return (cell, "out of memory (host, or no bound on its GPU peak)", spec)
+        return (cell, "out of memory" if st == ["oom"] else "status " + "/".join(st), spec)
+    return (cell, f"{metric} not measured", spec)
 
 
-def _judge(check: Check, value: float | None) -> str:
-    if value is None:
-        return "missing"
-    inside = (check.lo is None or value >= check.lo) and (check.hi is None or value <= check.hi)
-    return "holds" if inside else "contradicts"
+def _scope(check: Check, f: Finding, group: dict) -> str | None:
+    """Why the group cannot test the check (the claim's ``needs``), or None."""
+    needs = {**f.needs, **check.needs}
+    least = needs.get("min_gpus")
+    gpus = group.get("gpus")
+    if least and gpus is not None and gpus == gpus and int(gpus) < int(least):
+        return f"needs >= {least} GPUs ({needs.get('why', 'the claim is about several ranks')})"
+    return None
 
 
-def evaluate_check(check: Check, finding: Finding, grp: pd.DataFrame, group: dict) -> Outcome:
+def evaluate_check(check: Check, finding: Finding, grp: pd.DataFrame, group: dict,
+                   ctx: Context = PAPER) -> Outcome:
     """One check on one group of cells."""
     sel_a = {**finding.where, **check.a}
+    spec_a = {"stage": finding.stage, **group, **sel_a}
+    cell_a = _cell_text(finding.stage, group, sel_a)
+    if (why := _scope(check, finding, group)) is not None:
+        return Outcome(None, "out of scope", [(cell_a, why, spec_a)])
+    rows_a = _match(grp, sel_a)
     if check.relation == "runs":
-        rows = _match(grp, sel_a)
-        cell = _cell_text(finding.stage, group, sel_a)
-        if (rows["status"] == "ok").any():
-            return Outcome(1.0, _judge(check, 1.0), [], set(rows["run"]))
-        if (rows["status"] == "oom").any():
-            return Outcome(0.0, _judge(check, 0.0), [], set(rows["run"]))
-        why = "not run" if rows.empty else "status " + "/".join(sorted(set(rows["status"].astype(str))))
-        return Outcome(None, "missing", [(cell, why, {"stage": finding.stage, **group, **sel_a})],
-                       set(rows["run"]) if len(rows) else set())
-    a, miss, runs, protos = _measure(grp, sel_a, check.metric, finding.stage, group)
+        used = _used(rows_a)
+        if (used["status"] == "ok").any():
+            v = 1.0
+        elif (used["status"] == "oom").any():
+            v = 0.0
+        else:
+            why = "not run" if used.empty else "status " + "/".join(sorted(set(used["status"].astype(str))))
+            return Outcome(None, "missing", [(cell_a, why, spec_a)], set(used["run"]) if len(used) else set())
+        est = evidence.Estimate(v, v, v, "1", "exact", "ran" if v else "out of memory")
+        return Outcome(est, evidence.judge(est, check.lo, check.hi), [], set(used["run"]))
+    metric = check.metric
     if check.relation == "value":
-        return Outcome(a, _judge(check, a), miss, runs, protos)
+        side = _side(_best_per_cell(_used(rows_a)), metric, ctx)
+        if side is None:
+            return Outcome(None, "missing", [_why_missing(rows_a, metric, cell_a, spec_a, group)],
+                           set(_used(rows_a)["run"]) if len(rows_a) else set())
+        est = evidence.value(side, ctx.pooled)
+        used = _used(rows_a)
+        return Outcome(est, evidence.judge(est, check.lo, check.hi, *check.strict()), [], set(used["run"]),
+                       _protocols(used[used["status"] == "ok"]))
     if check.relation == "ratio":
-        b, miss_b, runs_b, protos_b = _measure(grp, {**finding.where, **check.b}, check.metric, finding.stage, group)
-        value = a / b if a is not None and b else None
-        return Outcome(value, _judge(check, value), miss + miss_b, runs | runs_b,
-                       protos | protos_b if value is not None else set())
-    # best: a against the best other cell of the group
-    among = _match(grp, {**finding.where, **(check.among or {})})
-    mine = _match(among, sel_a).index
-    others = among.drop(index=mine)
-    others = others[(others["status"] == "ok") & others[check.metric].notna()]
-    if others.empty:
-        among_sel = {**finding.where, **(check.among or {})}
-        miss = miss + [(_cell_text(finding.stage, group, among_sel), "no other cell to compare with",
-                        {"stage": finding.stage, **group, **among_sel})]
+        sel_b = {**finding.where, **check.b}
+        spec_b = {"stage": finding.stage, **group, **sel_b}
+        rows_b = _match(grp, sel_b)
+        est, ra, rb = _pair(rows_a, rows_b, metric, ctx)
+        if est is None:
+            miss = []
+            if _side(_used(rows_a), metric, ctx) is None:
+                miss.append(_why_missing(rows_a, metric, cell_a, spec_a, group))
+            if _side(_used(rows_b), metric, ctx) is None:
+                miss.append(_why_missing(rows_b, metric, _cell_text(finding.stage, group, sel_b), spec_b, group))
+            return Outcome(None, "missing", miss, set(_used(rows_a)["run"]) | set(_used(rows_b)["run"]))
+        both = pd.concat([ra, rb])
+        return Outcome(est, evidence.judge(est, check.lo, check.hi, *check.strict()), [], set(both["run"]),
+                       _protocols(both[both["status"] == "ok"]))
+    # best: a against every other cell of the group; the claim holds where a beats each
+    among_sel = {**finding.where, **(check.among or {})}
+    among = _match(grp, among_sel)
+    others = among.drop(index=_match(among, sel_a).index)
+    by = [k for k in ("technique", "backend", "engine", "case", "batch_size") if k in others]
+    worst, verdicts, runs, protos = None, [], set(), set()
+    if _side(_used(rows_a), metric, ctx) is not None:
+        for _, x in others.groupby(by, dropna=False):
+            if _side(_used(x), metric, ctx) is None:
+                continue
+            est, ra, rb = _pair(rows_a, x, metric, ctx)
+            if est is None:
+                continue
+            verdicts.append(evidence.judge(est, check.lo, check.hi, *check.strict()))
+            both = pd.concat([ra, rb])
+            runs |= set(both["run"])
+            protos |= _protocols(both[both["status"] == "ok"])
+            if worst is None or (est.value or 0) < (worst.value or 0):
+                worst = est
+    if worst is None:
+        miss = []
+        if _side(_used(rows_a), metric, ctx) is None:
+            miss.append(_why_missing(rows_a, metric, cell_a, spec_a, group))
+        else:
+            miss.append((_cell_text(finding.stage, group, among_sel), "no other cell to compare with",
+                         {"stage": finding.stage, **group, **among_sel}))
         return Outcome(None, "missing", miss, runs)
-    by = ["technique", "backend", "engine", "case", "batch_size"]
-    best = others.groupby([k for k in by if k in others], dropna=False)[check.metric].mean().max()
-    value = a / best if a is not None and best else None
-    return Outcome(value, _judge(check, value), miss, runs | set(others["run"]),
-                   protos | _protocols(others) if value is not None else set())
+    verdict = ("contradicts" if "contradicts" in verdicts else
+               "holds" if set(verdicts) == {"holds"} else "inconclusive")
+    return Outcome(worst, verdict, [], runs, protos)
+
+
+#: how a group's checks combine into its verdict (README, Definitions; tested)
+COMBINE = {
+    "holds": "every check holds (its whole interval inside the claim's)",
+    "contradicts": "every check contradicts (its whole interval outside the claim's)",
+    "partly": "checks decided both ways: some hold, some contradict",
+    "inconclusive": "some check has a value, but not every check is decided (an interval across the claim's "
+                    "bound, or a check without data beside decided ones)",
+    "untestable": "no check has a value here (not run, out of memory, or outside the claim's scope)",
+}
 
 
 def combine(verdicts: list[str]) -> str:
-    """One verdict from the checks' (holds / contradicts / missing)."""
+    """One verdict from the checks' (holds / contradicts / inconclusive / missing / out of
+    scope), as COMBINE says."""
     s = set(verdicts)
-    if s == {"missing"}:
+    if not s & {"holds", "contradicts", "inconclusive"}:
         return "untestable"
+    if {"holds", "contradicts"} <= s:
+        return "partly"
     if s == {"holds"}:
         return "holds"
-    if "holds" in s:
-        return "partly"
-    return "contradicts"
+    if s == {"contradicts"}:
+        return "contradicts"
+    return "inconclusive"
 
 
 def platform_ok(f: Finding, platform: str) -> bool:
@@ -539,12 +744,12 @@ def _relevant(f: Finding, grp: pd.DataFrame) -> bool:
     return False
 
 
-def evaluate_finding(f: Finding, frame: pd.DataFrame) -> list[dict]:
+def evaluate_finding(f: Finding, frame: pd.DataFrame, ctx: Context = PAPER) -> list[dict]:
     """Per group: the checks' values, verdicts and missing cells, and whether the group
     has any cell the finding names."""
     out = []
     for group, grp in _groups(_candidates(frame, f), f):
-        outcomes = [evaluate_check(c, f, grp, group) for c in f.checks]
+        outcomes = [evaluate_check(c, f, grp, group, ctx) for c in f.checks]
         out.append({"group": group, "outcomes": outcomes, "verdict": combine([o.verdict for o in outcomes]),
                     "relevant": _relevant(f, grp)})
     return out
@@ -556,8 +761,34 @@ def _empty_result(f: Finding, frame_columns: list[str], group: dict) -> dict:
     return {"group": group, "outcomes": outcomes, "verdict": "untestable", "relevant": False}
 
 
+def _word(v) -> str:
+    """A selection's value as one word ('llama2-7b/llama2-13b' for a list)."""
+    return "/".join(map(str, v)) if isinstance(v, list) else v
+
+
 def _values_text(outcomes: list[Outcome]) -> str:
-    return ", ".join("n/a" if o.value is None else _num(o.value) for o in outcomes)
+    """The paper's values: one number per check ('n/a' where it printed none)."""
+    return ", ".join("n/a" if o.estimate is None else o.estimate.text() for o in outcomes)
+
+
+def _ours_text(f: Finding, outcomes: list[Outcome]) -> str:
+    """Each check in words with its value and 95 % interval: 'peak_mem_gb Z2 / Naive: 0.553 (exact)'."""
+    parts = []
+    for c, o in zip(f.checks, outcomes):
+        if o.estimate is None:
+            parts.append(f"{c.label()}: {'out of scope' if o.verdict == 'out of scope' else 'n/a'}")
+        else:
+            parts.append(f"{c.label()}: {o.estimate.text()}")
+    return "; ".join(parts)
+
+
+def _pairing(outcomes: list[Outcome]) -> str:
+    """The weakest pairing of the row's decided values (evidence.PAIRINGS order; exact last)."""
+    have = [o.estimate.pairing for o in outcomes if o.estimate is not None]
+    noisy = [p for p in have if p != "exact"]
+    if not have:
+        return ""
+    return max(noisy, key=evidence.PAIRINGS.index) if noisy else "exact"
 
 
 def _paper_text(f: Finding, paper_results: list[dict], model) -> tuple[str, str]:
@@ -580,12 +811,27 @@ def _paper_text(f: Finding, paper_results: list[dict], model) -> tuple[str, str]
     return "; ".join(vals), "; ".join(checks)
 
 
-def evaluate(findings: list[Finding], ours: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
+def context(ours: pd.DataFrame) -> Context:
+    """Our records' spreads: repeat-to-repeat (pooled) and machine-to-machine."""
+    return Context(exact=False, pooled=evidence.pooled_cv(ours), spread=evidence.machine_spread(ours)[0])
+
+
+def _engines(rows: pd.DataFrame) -> str:
+    if "engine_version" not in rows or rows.empty:
+        return ""
+    got = rows[["engine", "engine_version"]].dropna(subset=["engine"]).drop_duplicates()
+    return ", ".join(f"{e} {v}" if isinstance(v, str) and v else f"{e} (version not recorded)"
+                     for e, v in sorted(got.itertuples(index=False), key=lambda t: str(t[0])))
+
+
+def evaluate(findings: list[Finding], ours: pd.DataFrame, paper: pd.DataFrame,
+             ctx: Context | None = None) -> pd.DataFrame:
     """The findings table: one row per finding and group of our cells (one untestable row
     when none of our cells can speak to it), with the paper's values beside ours."""
+    ctx = ctx or context(ours)
     rows = []
     for f in findings:
-        mine, theirs = evaluate_finding(f, ours), evaluate_finding(f, paper)
+        mine, theirs = evaluate_finding(f, ours, ctx), evaluate_finding(f, paper, PAPER)
         # one verdict per (platform, model): a GPU count that cannot decide the finding is
         # dropped where another count of the same platform and model can
         by_pm: dict[tuple, list[dict]] = {}
@@ -599,32 +845,39 @@ def evaluate(findings: list[Finding], ours: pd.DataFrame, paper: pd.DataFrame) -
             kept = [_empty_result(f, list(ours.columns), {})]
         for r in kept:
             g = r["group"]
+            outcomes = r["outcomes"]
             paper_value, paper_check = _paper_text(f, theirs, g.get("model", f.where.get("model")))
-            missing = [_missing_text(cell, why, spec) for o in r["outcomes"] for cell, why, spec in o.missing]
+            missing = [_missing_text(cell, why, spec) for o in outcomes for cell, why, spec in o.missing]
+            ests = [o.estimate for o in outcomes if o.estimate is not None]
+            grp_rows = _match(_candidates(ours, f), g) if f.stage == "serve" else ours.iloc[0:0]
             rows.append({
                 "finding": f.id, "section": f.section, "claim": f.claim, "compares": f.compares(),
-                "platform": g.get("platform", "-"), "model": g.get("model", f.where.get("model", "-")),
-                "gpus": g.get("gpus"), "batch_size": g.get("batch_size"), "paper_value": paper_value, "ours_value": _values_text(r["outcomes"]),
-                "verdict": r["verdict"], "tolerance": "; ".join(
+                "platform": g.get("platform", "-"), "model": _word(g.get("model", f.where.get("model", "-"))),
+                "gpus": g.get("gpus"), "batch_size": g.get("batch_size"),
+                "verdict": r["verdict"], "checks": ", ".join(o.verdict for o in outcomes),
+                "ours_value": _ours_text(f, outcomes),
+                "n": "; ".join(e.n for e in ests), "pairing": _pairing(outcomes),
+                "machines": ", ".join(sorted({m for e in ests for m in e.machines})),
+                "method": "; ".join(dict.fromkeys(e.method for e in ests)),
+                "paper_value": paper_value, "paper_check": paper_check,
+                "tolerance": "; ".join(
                     interval_text(c.lo, c.hi) if c.relation != "runs" else "runs" if c.lo == 1.0 else "out of memory"
                     for c in f.checks),
                 "missing": "; ".join(dict.fromkeys(missing)) if r["verdict"] != "holds" else "",
-                "runs": ", ".join(sorted(set().union(*(o.runs for o in r["outcomes"])) - {"paper"})),
-                "protocols": ", ".join(sorted(set().union(*(o.protocols for o in r["outcomes"])),
+                "runs": ", ".join(sorted(set().union(*(o.runs for o in outcomes)) - {"paper"})),
+                "protocols": ", ".join(sorted(set().union(*(o.protocols for o in outcomes)),
                                               key=lambda p: (-runs_rule.label_strength(p), p))),
-                "paper_check": paper_check, "how": f.how,
+                "engines": _engines(grp_rows),
+                "how": f.how,
             })
-    df = pd.DataFrame(rows)
-    return df
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
-COLUMNS = ["finding", "section", "claim", "compares", "platform", "model", "gpus", "batch_size", "paper_value",
-           "ours_value",
-           "verdict", "tolerance", "missing", "runs", "protocols", "paper_check", "how"]
+COLUMNS = ["finding", "section", "claim", "compares", "platform", "model", "gpus", "batch_size", "verdict", "checks",
+           "ours_value", "n", "pairing", "machines", "method", "paper_value", "paper_check", "tolerance", "missing",
+           "runs", "protocols", "engines", "how"]
 
 
-#: The GPUs this project is lent for its runs (one H100, one H200): where missing cells are ranked.
-LENT = (("h100", 1), ("h200", 1))
 #: Engines no longer maintained upstream (TGI: archived in March 2026): kept runnable and
 #: judged where they ran, never ranked as a cell worth GPU time.
 LEGACY_ENGINES = ("tgi",)
@@ -646,7 +899,9 @@ def _fit_note(spec: dict) -> str:
         if spec.get("stage") == "serve":  # bf16 weights alone
             need, what = spec_model.param_counts()["total"] * memory.WEIGHTS_BF16 / memory.GIB, "bf16 weights"
         elif spec.get("stage") in ("pretrain", "finetune") and isinstance(tech, str):
-            need, what = memory.model_states_gib(spec_model, tech, int(spec.get("gpus") or 1)), "model states"
+            # a cell without a GPU count (a paper platform's) ran on its platform's node
+            gpus = spec.get("gpus") or _platform_facts(plat).get("gpus_per_node") or 1
+            need, what = memory.model_states_gib(spec_model, tech, int(gpus)), f"model states on {int(gpus)} GPU(s)"
         else:
             return ""
     except (ConfigError, techniques.TechniqueError):
@@ -679,58 +934,101 @@ def _missing_text(cell: str, why: str, spec: dict) -> str:
     return f"{cell}: {why} ({note})" if note else f"{cell}: {why}"
 
 
-def missing_cells(findings: list[Finding], ours: pd.DataFrame, lent=LENT) -> pd.DataFrame:
-    """The cells that would decide the most undecided findings on the lent GPUs, ranked.
+@dataclass(frozen=True, slots=True)
+class MachineKind:
+    """A machine the next runs may use: a platform (config/platforms) and a GPU count."""
 
-    A finding some group of ours already decided (holds or contradicts) counts no more;
-    one only partly decided counts the cells its partly groups miss; one no group decided
-    counts, for every lent (platform, GPUs) and model, the cells its checks name that did
-    not run (or not ok) there. A cell whose model states alone exceed the GPU
-    (llmbench.memory) is ranked after those that may fit: it would only confirm an OOM."""
-    count: dict[tuple[str, str], set] = {}
-    spec_of: dict[tuple[str, str], dict] = {}
+    platform: str
+    gpus: int
 
-    lent_gpus = dict(lent)
+    @classmethod
+    def parse(cls, raw: list[dict] | None, ours: pd.DataFrame) -> list[MachineKind]:
+        """From a config's ``findings_machines`` ([{platform, gpus: int or list}]); without
+        one, every (platform, GPUs) our training records ran on."""
+        if raw:
+            out = []
+            for i, m in enumerate(raw):
+                if m.get("platform") not in available("platform"):
+                    raise ConfigError(f"findings_machines[{i}].platform: unknown platform {m.get('platform')!r}; "
+                                      f"allowed: {', '.join(available('platform'))}")
+                for g in m.get("gpus") if isinstance(m.get("gpus"), list) else [m.get("gpus") or 1]:
+                    out.append(cls(m["platform"], int(g)))
+            return out
+        rows = ours[ours["stage"].isin(["pretrain", "finetune"])] if "stage" in ours else ours.iloc[0:0]
+        return [cls(p, int(g)) for p, g in sorted(set(zip(rows["platform"], rows["gpus"].fillna(1))))]
 
-    def add(f: Finding, outcomes: list[Outcome]) -> None:
-        for o in outcomes:
-            for cell, why, spec in o.missing:
-                # only cells a lent GPU can run; an out-of-memory cell already ran (rerunning
-                # it cannot decide anything)
-                plat = spec.get("platform")
-                if plat not in lent_gpus or (spec.get("gpus") or lent_gpus[plat]) > lent_gpus[plat] \
-                        or why == "out of memory" or "any platform" in cell or spec.get("engine") in LEGACY_ENGINES:
-                    continue
-                count.setdefault((cell, why), set()).add(f.id)
-                spec_of[(cell, why)] = spec
 
+TO_RUN_COLUMNS = ["finding", "verdict", "platform", "gpus", "model", "cells", "n_cells", "note"]
+
+
+def _check_cells(f: Finding, c: Check, group: dict) -> list[dict]:
+    """The cells a check reads in a group, as specs (a technique list: one cell each)."""
+    out = []
+    for sel in (c.a, c.b):
+        if sel is None:
+            continue
+        spec = {"stage": f.stage, **group, **f.where, **sel}
+        techs = spec.get("technique")
+        for t in techs if isinstance(techs, list) else [techs]:
+            out.append({**spec, "technique": t} if t is not None else spec)
+    return out
+
+
+def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind],
+           ctx: Context | None = None) -> pd.DataFrame:
+    """For each finding no group of ours decided (every row inconclusive or untestable), the
+    smallest paired set that would decide it on each given machine kind: the cells its
+    undecided checks read there (those not run, not ok, or whose interval straddled the
+    bound, measured again together), with whether they can fit (model states on the
+    kind's GPU count, then the memory model at batch 1). A kind the claim's scope excludes
+    (too few GPUs) or whose platform the claim is not about is left out."""
+    ctx = ctx or context(ours)
+    out = []
     for f in findings:
-        real = [r for r in evaluate_finding(f, ours) if r["relevant"]]
-        if any(r["verdict"] in ("holds", "contradicts") for r in real):
+        real = [r for r in evaluate_finding(f, ours, ctx) if r["relevant"]]
+        if any(r["verdict"] in ("holds", "contradicts", "partly") for r in real):
             continue
-        partly = [r for r in real if r["verdict"] == "partly"]
-        if partly:
-            for r in partly:
-                add(f, r["outcomes"])
-            continue
+        verdict = "inconclusive" if any(r["verdict"] == "inconclusive" for r in real) else "untestable"
         models = [f.where["model"]] if isinstance(f.where.get("model"), str) else list(PAPER_MODELS)
         if "model" not in f.group_by:
             models = [None]
-        for plat, gpus in lent:
-            if not platform_ok(f, plat):
+        for kind in kinds:
+            if not platform_ok(f, kind.platform):
                 continue
             for model in models:
-                group = {k: v for k, v in (("platform", plat), ("model", model), ("gpus", gpus)) if k in f.group_by}
-                rows = ours[ours["stage"] == f.stage] if "stage" in ours else ours.iloc[0:0]
+                group = {k: v for k, v in (("platform", kind.platform), ("model", model), ("gpus", kind.gpus))
+                         if k in f.group_by and v is not None}
+                if any(_scope(c, f, {"gpus": kind.gpus}) for c in f.checks):
+                    continue
+                rows = _candidates(ours, f)
                 for k, v in group.items():
                     rows = rows[rows[k] == v] if k in rows else rows.iloc[0:0]
-                add(f, [evaluate_check(c, f, rows, group) for c in f.checks])
-    out = [{"cell": c, "why": w, "findings": len(ids), "finding_ids": ", ".join(sorted(ids)),
-            "predicted": _fit_note(spec_of[(c, w)])} for (c, w), ids in count.items()]
-    df = pd.DataFrame(out, columns=["cell", "why", "findings", "finding_ids", "predicted"])
-    df["_cannot"] = df["predicted"] != ""
-    df = df.sort_values(["_cannot", "findings", "cell"], ascending=[True, False, True], ignore_index=True)
+                cells, notes = {}, []
+                for c in f.checks:
+                    o = evaluate_check(c, f, rows, group, ctx)
+                    if o.verdict in ("holds", "contradicts"):
+                        continue
+                    for spec in _check_cells(f, c, {**group, "gpus": kind.gpus}):
+                        if spec.get("platform") != kind.platform or spec.get("engine") in LEGACY_ENGINES:
+                            continue
+                        text = _cell_text(f.stage, {}, spec)
+                        cells[text] = spec
+                        if note := (_fit_note(spec) or _predicted_note(spec)):
+                            notes.append(f"{text}: {note}")
+                if cells:
+                    out.append({"finding": f.id, "verdict": verdict, "platform": kind.platform, "gpus": kind.gpus,
+                                "model": model or "", "cells": "; ".join(sorted(cells)), "n_cells": len(cells),
+                                "note": "; ".join(notes)})
+    df = pd.DataFrame(out, columns=TO_RUN_COLUMNS)
+    df["_cannot"] = df["note"] != ""
+    df = df.sort_values(["_cannot", "n_cells", "finding", "platform", "gpus"], ignore_index=True)
     return df.drop(columns="_cannot")
+
+
+def missing_cells(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind] | None = None,
+                  ctx: Context | None = None) -> pd.DataFrame:
+    """What to run next (``to_run``) on the given machine kinds (None: those our records ran on)."""
+    return to_run(findings, ours, kinds if kinds is not None else MachineKind.parse(None, ours), ctx)
 
 
 def counts(table: pd.DataFrame) -> dict[str, int]:
@@ -739,31 +1037,56 @@ def counts(table: pd.DataFrame) -> dict[str, int]:
     return {v: int(vc.get(v, 0)) for v in VERDICTS}
 
 
+def finding_verdicts(table: pd.DataFrame) -> pd.Series:
+    """One word per finding over its rows: the rows' verdict where they agree; 'mixed' where
+    decided rows disagree (it holds on one group and not on another); else the strongest of
+    inconclusive and untestable."""
+    def one(vs: pd.Series) -> str:
+        s = set(vs)
+        decided = s & {"holds", "contradicts", "partly"}
+        if len(decided) > 1:
+            return "mixed"
+        if decided:
+            return decided.pop()
+        return "inconclusive" if "inconclusive" in s else "untestable"
+    return table.groupby("finding", sort=False)["verdict"].agg(one) if len(table) else pd.Series(dtype=str)
+
+
+FINDING_VERDICTS = ("holds", "contradicts", "partly", "mixed", "inconclusive", "untestable")
+
+
 def summary_line(table: pd.DataFrame) -> str:
-    """'N findings x groups: a holds, b contradicts, c partly, d untestable'."""
+    """'N findings: a holds, ... ; M rows (finding x platform, model, GPUs): b holds, ...'."""
     c = counts(table)
+    fv = finding_verdicts(table).value_counts()
     n = table["finding"].nunique() if len(table) else 0
-    return (f"{n} findings over {len(table)} (platform, model) groups: " +
-            ", ".join(f"{c[v]} {v}" for v in VERDICTS))
+    return (f"{n} findings: " + ", ".join(f"{int(fv.get(v, 0))} {v}" for v in FINDING_VERDICTS if fv.get(v, 0))
+            + f"; {len(table)} rows (a finding on one platform, model and GPU count): "
+            + ", ".join(f"{c[v]} {v}" for v in VERDICTS))
 
 
 #: the findings table's columns shown in Markdown and HTML (the CSV has them all)
-SHOWN = ["finding", "section", "claim", "platform", "model", "gpus", "batch_size", "verdict", "ours_value",
-         "paper_value", "tolerance", "missing", "runs", "protocols"]
+SHOWN = ["finding", "section", "claim", "platform", "model", "gpus", "verdict", "ours_value", "tolerance", "n",
+         "pairing", "paper_value", "paper_check", "missing", "engines", "protocols"]
 NOTE = (
     "How to read it: each row judges one claim of the paper on one group of our cells (platform, model, GPUs). "
-    "`ours_value` and `paper_value` are the same comparison (listed in `compares` in the CSV) computed on our records "
-    "and on the paper's printed numbers (per paper platform); `tolerance` is the interval the claim implies. "
-    "Comparisons across hardware use per-GPU throughput, MFU and ratios of cells of one platform, so a GPU the paper "
-    "never ran is judged on the same terms. `missing` names the cells a check could not use (not run, out of "
-    "memory, ...): those that would decide an untestable or partly decided claim, or the rest of a contradicted "
-    "one. `protocols`: warm-up/measured steps/repeats of the training cells behind our value (the paper's is "
-    "30/100/3); a row with several compares cells measured under different protocols, which the reader should "
-    "weigh. The CSV adds `compares`, `paper_check` (does the paper's own table bear the claim out?) and `how`.")
-MISSING_HEADING = "Cells that would decide the most undecided findings on the lent GPUs (one H100, one H200)"
-MISSING_LEAD = ("Ranked by how many findings no run has decided yet each is named by. A cell that runs out of "
-                "memory decides only the checks that ask whether it runs; a cell whose model states alone exceed the "
-                "GPU (`predicted`, llmbench.memory, a lower bound) is ranked last: it could only confirm the OOM.")
+    "`ours_value` gives each check in words with its value and 95 % interval (llmbench.report.evidence: from the "
+    "repeats; memory is exact; a cell measured once takes the pooled repeat-to-repeat spread); `tolerance` is the "
+    "interval the claim implies. A check holds where its whole interval lies inside, contradicts where it lies "
+    "wholly outside, and is inconclusive where it straddles a bound; a bound of 1 on a ratio is strict ('more' is "
+    "not 'equal'). The row's verdict: holds (every check holds), contradicts (every check contradicts), partly "
+    "(some of each), inconclusive (not every check decided), untestable (no value: not run, out of memory, or "
+    "outside the claim's scope, e.g. sharding claims on one GPU). `pairing`: set (both sides measured in one paired "
+    "set, repeats interleaved), machine (one boot), machines (two: the interval carries the machine-to-machine "
+    "spread), exact (deterministic). `n`: repeats behind each side. An out-of-memory cell bounds its peak memory "
+    "from below. `paper_value`/`paper_check`: the same comparison on the paper's printed numbers and whether they "
+    "bear its own text out. `engines`: the serving engines and versions compared. The CSV adds `compares`, "
+    "`machines`, `method` and `how`.")
+MISSING_HEADING = "What to run next: the smallest paired set that would decide each undecided finding"
+MISSING_LEAD = ("Per undecided finding and machine kind (config `findings_machines`; default: the platforms and GPU "
+                "counts our records ran on), the cells its undecided checks read there, to be measured together in "
+                "one paired set; `note` names a cell that cannot fit (model states alone, or the memory model at "
+                "batch 1), listed last.")
 MISSING_SHOWN = 15
 
 
@@ -772,21 +1095,32 @@ def report_table(table: pd.DataFrame, missing: pd.DataFrame):
     verdict first, every row, then the cells that would decide the most."""
     from . import catalog, render
 
-    parts = [render.Part(frame=table.reindex(columns=SHOWN), lead=summary_line(table) + ".", note=NOTE)]
+    spread = ""
+    if "machine_spread" in table.attrs:
+        spread = f" Machine-to-machine spread of a cell's throughput: {table.attrs['machine_spread']}."
+    parts = [render.Part(frame=table.reindex(columns=SHOWN), lead=summary_line(table) + "." + spread, note=NOTE)]
     if len(missing):
         parts.append(render.Part(frame=missing.head(MISSING_SHOWN), heading=MISSING_HEADING, lead=MISSING_LEAD))
     return render.Table(title=catalog.get("table", "findings").title, long=table[COLUMNS], parts=tuple(parts))
 
 
 def build(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None, micro_rows: pd.DataFrame | None = None,
-          path: Path | str | None = None, root: Path = REPO_ROOT,
-          models: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The findings table and the ranked missing cells, from the tidy table of our records
-    (``models``: judge only cells of these models; None: every model, a tiny one too)."""
+          path: Path | str | None = None, root: Path = REPO_ROOT, models: list[str] | None = None,
+          superseded: pd.DataFrame | None = None,
+          machines: list[dict] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The findings table and what to run next, from the tidy table of our records and the
+    records other runs of the same cells superseded (pairing reads them: a comparison takes
+    both sides from one set, then one machine). ``models``: judge only cells of these models
+    (None: every model, a tiny one too); ``machines``: the machine kinds to plan for
+    (MachineKind.parse)."""
     fs = load(path or root / "config" / "reference" / "findings.yaml")
-    ours = facts(tidy, profile_rows, micro_rows)
+    ours = facts(tidy, profile_rows, micro_rows, superseded)
     if models is not None:
         ours = ours[ours["model"].isin(models) | ours["model"].isna()]
     paper = derive(paper_frame.frame(root))
-    table = evaluate(fs, ours, paper)
-    return table, missing_cells(fs, ours)
+    ctx = context(ours)
+    table = evaluate(fs, ours, paper, ctx)
+    spread, cells = evidence.machine_spread(ours)
+    table.attrs["machine_spread"] = (f"{spread.pct()} (log-scale sd from {spread.cells} cells measured on several "
+                                     f"machines, {spread.df:.0f} df)" if spread.df else "none measured")
+    return table, missing_cells(fs, ours, MachineKind.parse(machines, ours), ctx)

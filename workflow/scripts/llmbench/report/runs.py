@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path, PurePosixPath
-from typing import Iterable
+from collections.abc import Iterable
 
 from .. import cells
 from ..record import Record
@@ -112,7 +112,7 @@ def started(provenance: dict) -> str:
         t = datetime.fromisoformat(str(provenance["started"]))
     except (KeyError, TypeError, ValueError):
         return ""
-    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).astimezone(timezone.utc).isoformat()
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).astimezone(UTC).isoformat()
 
 
 def candidate(record: Record, path: str, run: str) -> Candidate:

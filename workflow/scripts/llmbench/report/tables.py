@@ -25,10 +25,11 @@ class Inputs:
     loaded (tests). ``root``: the repository whose config/reference is read (None: this one)."""
 
     def __init__(self, sources: Mapping[str, Any], root: Path | None = None,
-                 findings_models: list[str] | None = None):
+                 findings_models: list[str] | None = None, findings_machines: list[dict] | None = None):
         self._sources = dict(sources)
         self.root = root
         self.findings_models = findings_models
+        self.findings_machines = findings_machines
 
     def _frame(self, key: str, reader) -> pd.DataFrame:
         value = self._sources[key]
@@ -46,6 +47,11 @@ class Inputs:
             raise KeyError("this table reads no tidy table (catalog: tidy or tidy:<stage>)")
         frames = [self._frame(k, pd.read_csv) for k in slices]
         return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+    @property
+    def superseded(self) -> pd.DataFrame | None:
+        """The records other runs of the same cells superseded (None where not given)."""
+        return self._frame("superseded", pd.read_csv) if "superseded" in self._sources else None
 
     @property
     def profile(self) -> pd.DataFrame:
@@ -85,7 +91,8 @@ def verdict(table: pd.DataFrame, missing: pd.DataFrame) -> render.Table:
 def findings_and_missing(inputs: Inputs) -> tuple[render.Table, pd.DataFrame]:
     """The findings table and the ranked missing cells (findings-missing.csv)."""
     table, missing = verdicts.build(inputs.tidy, inputs.profile, inputs.micro, path=inputs.path("findings"),
-                                    models=inputs.findings_models, **inputs.kw)
+                                    models=inputs.findings_models, superseded=inputs.superseded,
+                                    machines=inputs.findings_machines, **inputs.kw)
     return verdict(table, missing), missing
 
 

@@ -34,6 +34,10 @@ COLUMNS = [
     # cell or a max-batch search's probe ("kind"); several folders feed the combined view,
     # and where several hold one cell, which record is used and why (llmbench.report.runs)
     "run", "kind", *runs.COLUMNS,
+    # the machine a record ran on (its boot id; a record whose repeats ran on several boots names
+    # them all; without a boot id, its results folder) and the paired set it was measured in
+    # (llmbench.launch.run_set), which the findings pair comparisons by
+    "machine", "paired_set",
     # training cells: the largest batch a max-batch search of the same method found (empty
     # where none ran: Table IV then says "not maximised"), and whether that search stopped at
     # its max_batch with every batch fitting (so the batch is a lower bound: coverage asks for
@@ -215,6 +219,18 @@ def per_gpu(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def machine_of(record: Record, run: str) -> str:
+    """Which machine a record ran on: its boot id (lent machines and cluster nodes share
+    hostnames), every boot's where kept repeats of an earlier run came from another (joined by
+    '+', so it equals no single machine), or ``run:<results folder>`` for a record without one."""
+    prov = record.provenance
+    boot = (prov.get("machine") or {}).get("boot_id") or (prov.get("host") or {}).get("boot_id")
+    if not boot:
+        return f"run:{run}"
+    boots = {boot, *(r.get("boot_id") for r in prov.get("resumed_repeats") or () if r.get("boot_id"))}
+    return "+".join(sorted(boots))
+
+
 def origin(path: str | Path) -> tuple[str, str]:
     """(run, kind) of a record path: the name of the results folder that holds its runs/,
     and 'probe' for a max-batch search's probe (runs/search/...), else 'cell'."""
@@ -283,6 +299,7 @@ def build_all(paths: Iterable[str | Path]) -> pd.DataFrame:
         with _fields_of(p):
             r = ROWS.get(rec.cell.get("stage"), row)(rec, str(p))
             r["run"], r["kind"] = origin(p)
+        r["machine"], r["paired_set"] = machine_of(rec, r["run"]), (rec.provenance.get("paired_set") or {}).get("id")
         rows.append(r)
         with _fields_of(p):
             candidates.append(runs.candidate(rec, str(p), r["run"]))

@@ -1,0 +1,162 @@
+"""Verdicts with intervals (llmbench.report.findings over llmbench.report.evidence): how
+checks combine, how a comparison is paired (one set, one machine, two machines), the claim's
+scope, strict bounds, and an out-of-memory cell as a bound, on fixture rows."""
+
+import math
+
+import pandas as pd
+import pytest
+import yaml
+
+from llmbench.report import evidence, findings, paper_frame
+
+
+def row(tech, tps_runs=(), mem=30.0, *, machine="m1", paired_set=None, run="r1", status="ok", gpus=1,
+        reason="", superseded_by=None, stage="pretrain", platform="h200", model="llama2-7b"):
+    """One tidy-like row; ``tps_runs``: tokens/s of each repeat."""
+    runs = list(tps_runs)
+    mean = sum(runs) / len(runs) if runs else None
+    return {"stage": stage, "platform": platform, "model": model, "backend": "deepspeed", "technique": tech,
+            "batch_size": 1, "gpus": gpus, "status": status, "reason": reason, "tokens_per_s_mean": mean,
+            "tokens_per_s_runs": ";".join(str(v) for v in runs), "repeats": len(runs) or 1,
+            "peak_mem_allocated_gib": mem if status == "ok" else None, "peak_rss_gib": None, "run": run,
+            "kind": "cell", "layout": None, "machine": machine, "paired_set": paired_set,
+            "superseded_by": superseded_by,
+            "record_path": f"results/reference/{run}/runs/{stage}/{platform}/{model}/deepspeed/{tech}/bs1-g{gpus}/record.json"}
+
+
+def entry(checks, **over):
+    e = {"id": "t", "section": "IV", "claim": "c", "quote": "a quote of ten", "how": "h", "stage": "pretrain",
+         "where": {"batch_size": 1, "backend": "deepspeed"}, "checks": checks}
+    e.update(over)
+    return e
+
+
+def ratio(a, b, metric="tokens_per_s_per_gpu", **expect):
+    return {"metric": metric, "relation": "ratio", "a": {"technique": a}, "b": {"technique": b}, "expect": expect}
+
+
+def judge(tmp_path, rows, *entries):
+    path = tmp_path / "findings.yaml"
+    path.write_text(yaml.safe_dump({"findings": list(entries)}))
+    frame = pd.DataFrame(rows)
+    return findings.evaluate(findings.load(path), findings.facts(frame), findings.derive(paper_frame.frame()))
+
+
+@pytest.mark.parametrize("checks, verdict", [
+    (["holds", "holds"], "holds"),
+    (["contradicts", "contradicts"], "contradicts"),
+    (["holds", "contradicts", "missing"], "partly"),
+    (["holds", "inconclusive"], "inconclusive"),
+    (["contradicts", "missing"], "inconclusive"),
+    (["holds", "missing"], "inconclusive"),
+    (["inconclusive"], "inconclusive"),
+    (["missing", "out of scope"], "untestable"),
+])
+def test_how_checks_combine(checks, verdict):
+    assert findings.combine(checks) == verdict
+    assert verdict in findings.COMBINE
+
+
+def test_a_paired_set_decides_from_its_rounds(tmp_path):
+    """Both sides measured in one set: the per-round ratios, however the machine drifted
+    between rounds, give a tight interval; the row says 'set'."""
+    rows = [row("F", [1100, 1330, 985], paired_set="s1"), row("Naive", [1000, 1200, 900], paired_set="s1")]
+    r = judge(tmp_path, rows, entry([ratio("F", "Naive", min=1.0)])).iloc[0]
+    assert r.pairing == "set" and r.verdict == "holds" and r.n == "3/3"
+    assert "paired rounds (3)" in r.method and r.ours_value.startswith("tokens_per_s_per_gpu F / Naive: 1.1 [")
+
+
+def test_the_same_values_unpaired_are_inconclusive(tmp_path):
+    """The same numbers from two records of one machine that were not paired by round:
+    Welch's interval carries each side's spread and straddles 1."""
+    rows = [row("F", [1100, 1330, 985]), row("Naive", [1000, 1200, 900])]
+    r = judge(tmp_path, rows, entry([ratio("F", "Naive", min=1.0)])).iloc[0]
+    assert r.pairing == "machine" and r.verdict == "inconclusive" and "Welch" in r.method
+
+
+def test_a_set_is_preferred_to_the_records_the_report_uses(tmp_path):
+    """Later unpaired records of the same cells (the ones the report uses) lose to a paired set."""
+    rows = [row("F", [1500, 1510, 1490], machine="m2", run="late"),
+            row("Naive", [1000, 1010, 990], machine="m3", run="late"),
+            row("F", [1100, 1320, 990], paired_set="s1", run="set", superseded_by="late"),
+            row("Naive", [1000, 1200, 900], paired_set="s1", run="set", superseded_by="late")]
+    r = judge(tmp_path, rows, entry([ratio("F", "Naive", min=1.0)])).iloc[0]
+    assert r.pairing == "set" and r.runs == "set"
+
+
+def test_a_cross_machine_pair_carries_the_machine_spread_and_leaves_a_small_effect_undecided(tmp_path):
+    # one cell measured on two machines, 20 % apart: the spread every cross-machine ratio carries
+    spread = [row("R", [800, 805, 795], machine="m1", run="a"),
+              row("R", [1000, 1005, 995], machine="m2", run="b", superseded_by="a")]
+    small = [row("F", [1100, 1105, 1095], machine="m1"), row("Naive", [1000, 1004, 996], machine="m2")]
+    r = judge(tmp_path, spread + small, entry([ratio("F", "Naive", min=1.0)])).iloc[0]
+    assert r.pairing == "machines" and r.verdict == "inconclusive" and "machine spread" in r.method
+    s, cells = evidence.machine_spread(findings.facts(pd.DataFrame(spread + small)))
+    assert s.cells == 1 and len(cells) == 2 and s.sd == pytest.approx(math.log(1000 / 800) / math.sqrt(2), rel=0.05)
+    # the same 10 % effect on one machine is decided
+    one = [row("F", [1100, 1105, 1095], machine="m2"), row("Naive", [1000, 1004, 996], machine="m2")]
+    r = judge(tmp_path, spread + one, entry([ratio("F", "Naive", min=1.0)])).iloc[0]
+    assert r.pairing == "machine" and r.verdict == "holds"
+
+
+def test_a_sharding_claim_on_one_gpu_is_untestable_saying_why(tmp_path):
+    rows = [row("Z2", mem=80.0), row("Naive", mem=100.0)]
+    e = entry([ratio("Z2", "Naive", metric="peak_mem_gb", max=0.7)],
+              needs={"min_gpus": 2, "why": "one rank has nothing to shard"})
+    r = judge(tmp_path, rows, e).iloc[0]
+    assert r.verdict == "untestable" and r.checks == "out of scope"
+    assert "needs >= 2 GPUs (one rank has nothing to shard)" in r.missing
+    two = [row("Z2", mem=50.0, gpus=2), row("Naive", mem=100.0, gpus=2)]
+    assert judge(tmp_path, two, e).iloc[0].verdict == "holds"
+
+
+def test_equality_does_not_pass_slightly_higher(tmp_path):
+    """Memory is exact: a ratio of exactly 1 is no change, not 'slightly higher' (>= 1 strict)."""
+    rows = [row("F+Z2", mem=75.0), row("Z2", mem=75.0)]
+    e = entry([ratio("F+Z2", "Z2", metric="peak_mem_gb", min=1.0, max=1.1)])
+    r = judge(tmp_path, rows, e).iloc[0]
+    assert r.verdict == "contradicts" and r.ours_value == "peak_mem_gb F+Z2 / Z2: 1"
+    rows = [row("F+Z2", mem=76.0), row("Z2", mem=75.0)]
+    assert judge(tmp_path, rows, e).iloc[0].verdict == "holds"
+
+
+OOM = ("OutOfMemoryError: CUDA out of memory. Tried to allocate 25.10 GiB. GPU 0 has a total capacity of 139.80 "
+       "GiB of which 20.1 GiB is free. Of the allocated memory 110.50 GiB is allocated by PyTorch, and 1.2 GiB is "
+       "reserved by PyTorch but unallocated.")
+
+
+def test_an_out_of_memory_cell_bounds_its_peak_from_below(tmp_path):
+    """Naive ran out of memory asking for 25.1 GiB while PyTorch held 110.5: its peak is at
+    least 135.6 GiB, so Z2 at 60 GiB is at most 0.41 of it, which decides '<= 0.7'."""
+    rows = [row("Z2", mem=60.0), row("Naive", status="oom", reason=OOM)]
+    r = judge(tmp_path, rows, entry([ratio("Z2", "Naive", metric="peak_mem_gb", max=0.7)])).iloc[0]
+    assert r.verdict == "holds" and r.ours_value == f"peak_mem_gb Z2 / Naive: <= {60 / 135.6:.3g}"
+    # a host OOM (SIGKILL) bounds no GPU peak: undecided
+    rows = [row("Z2", mem=60.0), row("Naive", status="oom", reason="a rank was killed by SIGKILL")]
+    r = judge(tmp_path, rows, entry([ratio("Z2", "Naive", metric="peak_mem_gb", max=0.7)])).iloc[0]
+    assert r.verdict == "untestable"
+
+
+def test_a_cell_measured_once_takes_the_pooled_spread(tmp_path):
+    """A side of one repeat has no spread of its own: it takes the pooled repeat CV of the
+    cells that have several, and says so."""
+    many = [row("R", [1000, 1100, 900], run="x", machine="m9")]
+    rows = many + [row("F", [1040]), row("Naive", [1000])]
+    r = judge(tmp_path, rows, entry([ratio("F", "Naive", min=1.0)])).iloc[0]
+    assert r.verdict == "inconclusive" and "pooled CV" in r.method and r.n == "1/1"
+
+
+def test_t_quantiles():
+    assert evidence.t975(2) == pytest.approx(4.303)
+    assert evidence.t975(2.7) == pytest.approx(4.303)  # rounds down: errs wide
+    assert evidence.t975(1000) == pytest.approx(1.962, abs=1e-3)
+    assert math.isinf(evidence.t975(0))
+
+
+def test_judge_bounds():
+    e = evidence.Estimate(1.1, 1.02, 1.2)
+    assert evidence.judge(e, 1.0, None, True) == "holds"
+    assert evidence.judge(e, 1.05, None) == "inconclusive"
+    assert evidence.judge(e, None, 1.0, False, True) == "contradicts"
+    assert evidence.judge(None, 1.0, None) == "missing"

@@ -1,0 +1,300 @@
+"""The uncertainty of a compared value: how the findings engine (llmbench.report.findings)
+turns the records behind one comparison into a value with a 95 % interval.
+
+Throughput (tokens/s, MFU, output tokens/s) is a noisy measurement: each record holds one
+value per repeat (a fresh process each, llmbench.protocol), and the same cell moves between
+machines (a host-bound batch-1 cell by 10-20 % between two lent machines of one kind). So:
+
+- Every interval is on the log scale (a ratio of two positive means is symmetric there)
+  and 95 %, with Student's t on its degrees of freedom.
+- **One set** (both sides measured in one paired set, llmbench.launch.run_set: repeats
+  interleaved round by round on one machine): the per-round log ratios, their mean and
+  t-interval (n - 1 degrees of freedom). Slow drifts of the machine cancel round by round.
+- **One machine** (both sides on one boot, not in one set): Welch's interval of the
+  difference of the two sides' mean log values (Welch-Satterthwaite degrees of freedom).
+- **Two machines**: as one machine, and each side carries the machine-to-machine spread
+  as well (``machine_spread``: the variance of a cell's mean between the machines that
+  measured it, less what its repeats explain, pooled over every cell measured on more than
+  one machine); a cross-machine ratio then decides only effects larger than that spread.
+- A side measured once (one repeat) has no spread of its own: it takes the pooled
+  repeat-to-repeat CV of every cell with several repeats (``pooled_cv``), said so in the
+  method.
+- Memory (allocated peak) is deterministic for a given stack: exact, no interval; a bound
+  of 1 on a ratio is then strict (``findings``: "more" is not "equal").
+- An out-of-memory cell bounds its peak from below (``OOM_SHARE`` of its GPU's memory), so
+  a memory comparison with it is a one-sided interval.
+- The paper's printed numbers are taken as exact (``exact=True``): its tables print one
+  number a cell.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+#: two-sided 95 % quantiles of Student's t, degrees of freedom 1..30
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+Z975 = 1.959964
+#: metrics measured once per repeat (their per-repeat values are in the record)
+NOISY = ("tokens_per_s_per_gpu", "mfu", "output_tokens_per_s")
+#: metrics that do not change between runs of the same stack (allocator peaks)
+EXACT = ("peak_mem_gb",)
+#: an out-of-memory cell needed at least this share of its GPU's memory (the CUDA context and
+#: the allocator's fragmentation take the rest before the failed request)
+OOM_SHARE = 0.9
+GIB_TO_GB = 2**30 / 1e9
+#: pairings, strongest first (a comparison says which it had)
+PAIRINGS = ("set", "machine", "machines", "exact")
+
+
+def t975(df: float) -> float:
+    """The two-sided 95 % quantile of Student's t with ``df`` degrees of freedom (fractional
+    df rounds down, so the interval errs wide; above 30, Cornish-Fisher's expansion)."""
+    if df is None or df != df or df < 1:
+        return float("inf")
+    if df <= 30:
+        return _T975[int(math.floor(df)) - 1]
+    z = Z975
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """A pooled log-scale standard deviation, with its degrees of freedom and where it came from."""
+
+    sd: float
+    """Standard deviation of log values (about the relative spread)."""
+    df: float
+    """Degrees of freedom of the pooled estimate (0: none measured)."""
+    cells: int = 0
+    """How many cells it was pooled from."""
+
+    def pct(self) -> str:
+        return f"{100 * (math.exp(self.sd) - 1):.1f} %"
+
+
+NO_SPREAD = Spread(0.0, 0.0, 0)
+
+
+@dataclass(slots=True)
+class Side:
+    """One side of a comparison: the records of one cell behind it, as log values."""
+
+    logs: list[float]
+    """Log of the metric per repeat (one value where the record holds one)."""
+    machine: str = ""
+    paired_set: str | None = None
+    run: str = ""
+    exact: bool = False
+    """Deterministic (memory), or the paper's printed number."""
+    lower_bound: bool = False
+    """An out-of-memory cell: the value is a lower bound (memory only)."""
+    rounds: list[int] = field(default_factory=list)
+    """The repeat index of each value (to pair rounds of one set)."""
+
+    @property
+    def n(self) -> int:
+        return len(self.logs)
+
+    @property
+    def point(self) -> float:
+        return math.exp(statistics.fmean(self.logs))
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """A compared value with its 95 % interval."""
+
+    value: float | None
+    """Point estimate (None: only a bound is known)."""
+    lo: float
+    hi: float
+    n: str = ""
+    """Repeats behind each side, e.g. '3/3'."""
+    pairing: str = "exact"
+    """One of PAIRINGS."""
+    method: str = ""
+    """How the interval was made, in words."""
+    machines: tuple[str, ...] = ()
+
+    def text(self) -> str:
+        """'0.553 [0.521, 0.587]' (or '>= 1.21' for a bound)."""
+        if self.value is None:
+            return f">= {_g(self.lo)}" if math.isinf(self.hi) else f"<= {_g(self.hi)}"
+        if self.lo == self.hi:
+            return _g(self.value)
+        return f"{_g(self.value)} [{_g(self.lo)}, {_g(self.hi)}]"
+
+
+def _g(v: float) -> str:
+    return "inf" if math.isinf(v) else f"{v:.3g}"
+
+
+def repeat_values(row: pd.Series, metric: str) -> list[float]:
+    """The metric per repeat of one tidy row: the record's tokens/s of each repeat scaled to
+    the metric (per GPU, MFU: both proportional to tokens/s), else the row's one value."""
+    value = row.get(metric)
+    if value is None or value != value:
+        return []
+    runs = row.get("tokens_per_s_runs")
+    mean = row.get("tokens_per_s_mean")
+    if metric in ("tokens_per_s_per_gpu", "mfu") and isinstance(runs, str) and runs and mean:
+        vals = [float(x) for x in runs.split(";") if x]
+        return [float(value) * v / float(mean) for v in vals if v > 0]
+    return [float(value)]
+
+
+def _sd(logs: list[float]) -> float:
+    return statistics.stdev(logs) if len(logs) > 1 else 0.0
+
+
+def pooled_cv(frame: pd.DataFrame) -> Spread:
+    """The pooled repeat-to-repeat spread (log scale) of every ok training row with several
+    repeats: what a side measured once is taken to have."""
+    ss, df, cells = 0.0, 0, 0
+    for _, row in _training_ok(frame).iterrows():
+        logs = [math.log(v) for v in repeat_values(row, "tokens_per_s_per_gpu") if v > 0]
+        if len(logs) > 1:
+            ss += _sd(logs) ** 2 * (len(logs) - 1)
+            df += len(logs) - 1
+            cells += 1
+    return Spread(math.sqrt(ss / df), df, cells) if df else NO_SPREAD
+
+
+def _training_ok(frame: pd.DataFrame) -> pd.DataFrame:
+    if frame.empty or "stage" not in frame:
+        return frame.iloc[0:0]
+    keep = frame["stage"].isin(["pretrain", "finetune"]) & (frame["status"] == "ok")
+    if "kind" in frame:
+        keep &= frame["kind"].fillna("cell") == "cell"
+    return frame[keep & frame["tokens_per_s_mean"].notna()]
+
+
+def machine_spread(frame: pd.DataFrame) -> tuple[Spread, pd.DataFrame]:
+    """The machine-to-machine spread of a cell's mean throughput (log scale), pooled over every
+    training cell measured on more than one machine, and those cells (one row per cell and
+    machine: its mean, repeats, machine, run). The variance between machines' means less
+    the part their own repeats explain (s^2 / n), floored at 0."""
+    rows = _training_ok(frame)
+    if rows.empty or "record_path" not in rows:
+        return NO_SPREAD, pd.DataFrame()
+    from .runs import identity
+
+    rows = rows.assign(cell_id=rows["record_path"].map(lambda p: identity(str(p))))
+    between, within, df, cells, listed = 0.0, 0.0, 0, 0, []
+    for cell, g in rows.groupby("cell_id"):
+        by_machine = {}
+        for _, r in g.iterrows():
+            if "+" in str(r["machine"]):
+                continue  # its repeats ran on several machines: neither one's
+            logs = [math.log(v) for v in repeat_values(r, "tokens_per_s_per_gpu") if v > 0]
+            if logs and r["machine"] not in by_machine:
+                by_machine[r["machine"]] = (logs, r)
+        if len(by_machine) < 2:
+            continue
+        means = [statistics.fmean(logs) for logs, _ in by_machine.values()]
+        k = len(means)
+        between += statistics.variance(means) * (k - 1)
+        within += statistics.fmean(_sd(logs) ** 2 / len(logs) for logs, _ in by_machine.values()) * (k - 1)
+        df += k - 1
+        cells += 1
+        for m, (logs, r) in by_machine.items():
+            listed.append({"cell": cell, "machine": m, "run": r["run"], "repeats": len(logs),
+                           "tokens_per_s_per_gpu": math.exp(statistics.fmean(logs))})
+    if not df:
+        return NO_SPREAD, pd.DataFrame(listed)
+    return Spread(math.sqrt(max(0.0, (between - within) / df)), df, cells), pd.DataFrame(listed)
+
+
+def _side_var(side: Side, pooled: Spread) -> tuple[float, float, str]:
+    """(variance of the side's mean log value, its degrees of freedom, a note)."""
+    if side.n > 1:
+        return _sd(side.logs) ** 2 / side.n, side.n - 1, ""
+    return pooled.sd ** 2, pooled.df, "one repeat: pooled CV"
+
+
+def ratio(a: Side, b: Side, pairing: str, pooled: Spread = NO_SPREAD, spread: Spread = NO_SPREAD) -> Estimate:
+    """a / b with its 95 % interval (module docstring), ``pairing`` as the caller found it."""
+    machines = tuple(sorted({a.machine, b.machine} - {""}))
+    n = f"{a.n}/{b.n}"
+    if a.exact and b.exact:
+        if a.lower_bound or b.lower_bound:
+            lo = a.point / b.point if a.lower_bound and not b.lower_bound else 0.0
+            hi = math.inf if a.lower_bound else a.point / b.point
+            if a.lower_bound and b.lower_bound:
+                return Estimate(None, 0.0, math.inf, n, pairing, "both out of memory: no bound", machines)
+            return Estimate(None, lo, hi, n, pairing, "out of memory: a bound", machines)
+        v = a.point / b.point
+        return Estimate(v, v, v, n, "exact" if pairing != "set" else pairing, "exact (deterministic)", machines)
+    if pairing == "set":
+        by_a = dict(zip(a.rounds, a.logs))
+        by_b = dict(zip(b.rounds, b.logs))
+        common = sorted(set(by_a) & set(by_b))
+        if len(common) >= 2:
+            d = [by_a[r] - by_b[r] for r in common]
+            m, se = statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d))
+            t = t975(len(d) - 1)
+            return Estimate(math.exp(m), math.exp(m - t * se), math.exp(m + t * se), n, "set",
+                            f"paired rounds ({len(d)}), t({len(d) - 1})", machines)
+        pairing = "machine"  # fewer than two common rounds: as two sides of one machine
+    va, dfa, na = _side_var(a, pooled)
+    vb, dfb, nb = _side_var(b, pooled)
+    parts = [(va, dfa), (vb, dfb)]
+    notes = [x for x in (na, nb) if x]
+    if pairing == "machines":
+        parts += [(spread.sd ** 2, spread.df)] * 2
+        notes.append(f"+ machine spread {spread.pct()}" + ("" if spread.df else " (none measured)"))
+    var = sum(v for v, _ in parts)
+    m = statistics.fmean(a.logs) - statistics.fmean(b.logs)
+    if var <= 0:
+        return Estimate(math.exp(m), math.exp(m), math.exp(m), n, pairing, "no spread measured", machines)
+    denom = sum(v * v / d for v, d in parts if v > 0 and d > 0)
+    df = var * var / denom if denom else float("inf")
+    t = t975(df) if math.isfinite(df) else Z975
+    se = math.sqrt(var)
+    method = f"Welch, t({df:.0f})" + (f"; {'; '.join(notes)}" if notes else "")
+    return Estimate(math.exp(m), math.exp(m - t * se), math.exp(m + t * se), n, pairing, method, machines)
+
+
+def value(a: Side, pooled: Spread = NO_SPREAD) -> Estimate:
+    """One side's value with its 95 % interval (its repeats; one repeat: the pooled CV)."""
+    machines = (a.machine,) if a.machine else ()
+    if a.exact:
+        if a.lower_bound:
+            return Estimate(None, a.point, math.inf, str(a.n), "exact", "out of memory: a bound", machines)
+        return Estimate(a.point, a.point, a.point, str(a.n), "exact", "exact", machines)
+    var, df, note = _side_var(a, pooled)
+    m = statistics.fmean(a.logs)
+    if var <= 0:
+        return Estimate(math.exp(m), math.exp(m), math.exp(m), str(a.n), "machine", "no spread measured", machines)
+    t = t975(df)
+    se = math.sqrt(var)
+    return Estimate(math.exp(m), math.exp(m - t * se), math.exp(m + t * se), str(a.n), "machine",
+                    f"t({df:.0f})" + (f"; {note}" if note else ""), machines)
+
+
+def judge(est: Estimate | None, lo: float | None, hi: float | None, strict_lo: bool = False,
+          strict_hi: bool = False) -> str:
+    """'holds' where the whole interval lies inside [lo, hi] (a strict bound excludes itself),
+    'contradicts' where it lies wholly outside, 'inconclusive' where it straddles a bound,
+    'missing' without an estimate."""
+    if est is None:
+        return "missing"
+
+    def inside(x: float) -> bool:
+        ok_lo = lo is None or (x > lo if strict_lo else x >= lo)
+        ok_hi = hi is None or (x < hi if strict_hi else x <= hi)
+        return ok_lo and ok_hi
+
+    below = lo is not None and (est.hi <= lo if strict_lo else est.hi < lo)
+    above = hi is not None and (est.lo >= hi if strict_hi else est.lo > hi)
+    if below or above:
+        return "contradicts"
+    if inside(est.lo) and inside(est.hi):
+        return "holds"
+    return "inconclusive"

@@ -1,6 +1,6 @@
 """A job's deadline through Snakemake for real: envs/offline-batch.sh gives each job its
 deadline (LLMBENCH_DEADLINE), the launcher does not start a repeat, nor the search a probe,
-that cannot finish by it, the job's adapter exits with llmbench.launch.DEADLINE_EXIT's line
+that cannot finish by it, the job's adapter exits with llmbench.ledger.DEADLINE_EXIT's line
 through Snakemake's output, and the batch repeats it and ends with status 3. Here the
 deadline has passed before the jobs start (DEADLINE_SLACK_S beyond the batch's own), so
 the stop is certain on any machine; the stop between repeats by their timing is

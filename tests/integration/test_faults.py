@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from llmbench import launch, procs, record
+from llmbench import launch, ledger, procs, record
 
 pytestmark = pytest.mark.integration
 
@@ -135,7 +135,7 @@ def test_a_cell_stopped_mid_repeat_resumes_with_the_repeats_it_finished(tmp_path
     """Snakemake's job group stopped during the second of three repeats (a call's deadline:
     `timeout` sends TERM, then KILL): no record, the first repeat kept; the rerun runs only
     the other two. Under TERM the launcher stops the ranks and also notes how long the
-    stopped repeat ran (launch.STOPPED), which the record, once written, replaces."""
+    stopped repeat ran (ledger.STOPPED), which the record, once written, replaces."""
     pidfile = tmp_path / "pid"
     proc = start_launcher(tmp_path, "train", "--repeats", "3", via_shell=True,
                           FAKE_MODE="okfirst", FAKE_PIDFILE=str(pidfile))
@@ -154,16 +154,16 @@ def test_a_cell_stopped_mid_repeat_resumes_with_the_repeats_it_finished(tmp_path
     assert not (tmp_path / "record.json").exists()
     assert [p.name for p in tmp_path.glob(".repeat-*.json")] == [".repeat-0.json"]
     if sig == signal.SIGTERM:
-        note = json.loads((tmp_path / launch.STOPPED).read_text())
+        note = json.loads((tmp_path / ledger.STOPPED).read_text())
         assert note["index"] == 1 and note["ran_s"] >= 1.0
     else:  # no handler runs under KILL
-        assert not (tmp_path / launch.STOPPED).exists()
+        assert not (tmp_path / ledger.STOPPED).exists()
     again = start_launcher(tmp_path, "train", "--repeats", "3", FAKE_MODE="ok", FAKE_TPS="200")
     assert again.wait(timeout=120) == 0
     rec = record.read(tmp_path / "record.json")
     assert rec.status == "ok" and rec.metrics.tokens_per_s_runs == (100.0, 200.0, 200.0)
     assert [r["index"] for r in rec.provenance["resumed_repeats"]] == [0]
-    assert not list(tmp_path.glob(".repeat-*.json")) and not (tmp_path / launch.STOPPED).exists()
+    assert not list(tmp_path.glob(".repeat-*.json")) and not (tmp_path / ledger.STOPPED).exists()
 
 
 @pytest.mark.parametrize("group", [False, True], ids=["launcher", "group"])

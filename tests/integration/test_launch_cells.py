@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from llmbench import backends, grid, launch
+from llmbench import backends, grid, launch, ledger
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 
@@ -184,7 +184,7 @@ def test_a_repeat_kept_on_another_machine_counts_and_the_log_says_so(spec_for, t
 
 def test_kept_repeats_of_another_spec_do_not_count(spec_for, tmp_path, monkeypatch):
     first = spec_for("ok", repeats=3)
-    launch.keep_repeat(tmp_path, 0, first, launch.Outcome(status="ok", result={"tokens_per_s": 1.0}))
+    ledger.keep_repeat(tmp_path, 0, first, launch.Outcome(status="ok", result={"tokens_per_s": 1.0}))
     changed = spec_for("ok", repeats=3, timeout_s=61)  # another protocol: another cell run
     rec = run(changed, tmp_path)
     assert rec.metrics.tokens_per_s_runs == (100.0, 100.0, 100.0) and "resumed_repeats" not in rec.provenance
@@ -201,7 +201,9 @@ def test_a_cell_stops_before_a_repeat_its_deadline_cannot_hold_and_resumes_there
 
     spec = spec_for("ok", repeats=3)
     clock = [1000.0]
-    monkeypatch.setattr(launch, "time", SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0]))
+    fake_time = SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0])
+    monkeypatch.setattr(launch, "time", fake_time)  # a repeat's seconds
+    monkeypatch.setattr(ledger, "time", fake_time)  # the deadline's clock
     real, ran = launch.run_repeat, []
 
     def taking_100_s(spec, workdir, index, *args):
@@ -212,7 +214,7 @@ def test_a_cell_stops_before_a_repeat_its_deadline_cannot_hold_and_resumes_there
 
     monkeypatch.setattr(launch, "run_repeat", taking_100_s)
     monkeypatch.setenv("LLMBENCH_DEADLINE", "1250")
-    with pytest.raises(launch.DeadlineStop, match=r"stopped before repeat 2 \(of 0-2\) at the deadline: 50 s left, "
+    with pytest.raises(ledger.DeadlineStop, match=r"stopped before repeat 2 \(of 0-2\) at the deadline: 50 s left, "
                                                    r"the longest so far took 100 s .*repeat\(s\) \[0, 1\] kept"):
         run(spec, tmp_path)
     assert ran == [0, 1] and not (tmp_path / "record.json").exists()
@@ -221,7 +223,7 @@ def test_a_cell_stops_before_a_repeat_its_deadline_cannot_hold_and_resumes_there
 
     ran.clear()  # a fresh run with 110 s left: the kept repeats say a repeat takes 100 s
     monkeypatch.setenv("LLMBENCH_DEADLINE", str(clock[0] + 110))
-    with pytest.raises(launch.DeadlineStop, match="stopped before repeat 2"):
+    with pytest.raises(ledger.DeadlineStop, match="stopped before repeat 2"):
         run(spec, tmp_path)
     assert ran == []
     monkeypatch.setenv("LLMBENCH_DEADLINE", str(clock[0] + 121))
@@ -241,7 +243,9 @@ def test_a_repeat_stopped_inside_counts_as_a_repeats_time_at_the_next_deadline(s
 
     spec = spec_for("ok", repeats=1)
     clock = [1000.0]
-    monkeypatch.setattr(launch, "time", SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0]))
+    fake_time = SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0])
+    monkeypatch.setattr(launch, "time", fake_time)  # a repeat's seconds
+    monkeypatch.setattr(ledger, "time", fake_time)  # the deadline's clock
     real, ran = launch.run_repeat, []
 
     def stopped_after_100_s(spec, workdir, index, *args):
@@ -251,7 +255,7 @@ def test_a_repeat_stopped_inside_counts_as_a_repeats_time_at_the_next_deadline(s
     monkeypatch.setattr(launch, "run_repeat", stopped_after_100_s)
     with pytest.raises(SystemExit):
         run(spec, tmp_path)
-    note = json.loads((tmp_path / launch.STOPPED).read_text())
+    note = json.loads((tmp_path / ledger.STOPPED).read_text())
     assert (note["index"], note["ran_s"], note["steps"]) == (0, 100.0, 1) and not (tmp_path / "record.json").exists()
 
     def counted(spec, workdir, index, *args):
@@ -260,16 +264,16 @@ def test_a_repeat_stopped_inside_counts_as_a_repeats_time_at_the_next_deadline(s
 
     monkeypatch.setattr(launch, "run_repeat", counted)
     monkeypatch.setenv("LLMBENCH_DEADLINE", str(clock[0] + 110))
-    with pytest.raises(launch.DeadlineStop, match=r"stopped before repeat 0 \(of 0-0\) at the deadline: 110 s left, "
+    with pytest.raises(ledger.DeadlineStop, match=r"stopped before repeat 0 \(of 0-0\) at the deadline: 110 s left, "
                                                    r"the longest so far took 100 s"):
         run(spec, tmp_path)
     assert ran == [] and "repeat 0 of an earlier run was stopped unfinished after 100 s" in \
         (tmp_path / "run.log").read_text()
     monkeypatch.setenv("LLMBENCH_DEADLINE", str(clock[0] + 121))
     assert run(spec, tmp_path).status == "ok" and ran == [0]
-    assert not (tmp_path / launch.STOPPED).exists()
+    assert not (tmp_path / ledger.STOPPED).exists()
 
-    launch.keep_stopped(tmp_path, 0, spec_for("ok", repeats=1, timeout_s=61), 500.0)  # another spec's
+    ledger.keep_stopped(tmp_path, 0, spec_for("ok", repeats=1, timeout_s=61), 500.0)  # another spec's
     monkeypatch.setenv("LLMBENCH_DEADLINE", str(clock[0] + 121))
     (tmp_path / "record.json").unlink()
     assert run(spec, tmp_path).status == "ok" and ran == [0, 0]

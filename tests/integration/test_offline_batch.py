@@ -26,7 +26,7 @@ if [[ $target == --install-only ]]; then echo "$whl" >> "$(dirname "$0")/install
 if [[ $target == --unlock ]]; then echo "$*" >> "$(dirname "$0")/unlocks"; exit 0; fi
 [[ -f $target ]] && exit 0
 # the job's deadline, as Snakemake's job would see it; FAKE_STOP_LINE: the line a job that
-# stopped at it exits with (llmbench.launch.DEADLINE_EXIT), where it names this target
+# stopped at it exits with (llmbench.ledger.DEADLINE_EXIT), where it names this target
 mkdir -p "$(dirname "$target")"
 echo "${LLMBENCH_DEADLINE:-none}" > "$target.deadline"
 if [[ -n ${FAKE_STOP_LINE:-} && $FAKE_STOP_LINE == *"$target:"* ]]; then echo "$FAKE_STOP_LINE" >&2; exit 1; fi
@@ -95,12 +95,12 @@ def test_a_target_still_running_at_the_deadline_is_stopped_there(batch, tmp_path
 
 def test_each_job_is_given_the_deadline_and_one_that_stopped_at_it_ends_the_batch(batch, tmp_path):
     """Each target's job gets the batch's deadline, less DEADLINE_SLACK_S, as
-    LLMBENCH_DEADLINE (llmbench.launch stops a cell between repeats by it); a job that
+    LLMBENCH_DEADLINE (llmbench.launch stops a cell between repeats by it: llmbench.ledger); a job that
     stopped there exits with DEADLINE_EXIT's line, which the batch repeats, and it ends
     with status 3, the next target not started."""
     import time
 
-    from llmbench.launch import DEADLINE_EXIT
+    from llmbench.ledger import DEADLINE_EXIT
 
     run, targets = batch
     why = "stopped before repeat 1 (of 0-2) at the deadline: 80 s left, the longest so far took 100 s (x 1.2)"
@@ -366,12 +366,12 @@ def test_a_searched_cell_starts_only_where_its_estimate_fits_the_time_left(tmp_p
         "not starting" in done.stdout and "no call of 120s starts it" in done.stdout, done.stdout + done.stderr
     # one repeat of two kept (100 s): timed by it as the cell's own deadline check will (1.2 x 100 + 20 s),
     # and only the other repeat is left to run
-    from llmbench import cells, grid as grids, launch
+    from llmbench import cells, grid as grids, ledger
     from llmbench.aggregate import Outcome
 
     (target.parent / ".stopped-repeat.json").unlink()
     g = grids.load(config)
-    launch.keep_repeat(target.parent, 0, g.spec(g.find(**cells.parse(str(target), (cells.RECORD_PATTERN,)).wildcards)),
+    ledger.keep_repeat(target.parent, 0, g.spec(g.find(**cells.parse(str(target), (cells.RECORD_PATTERN,)).wildcards)),
                        Outcome(status="ok"), wall_s=100.0)
     done = run(deadline_s=139, first_s=1, ESTIMATE_FROM=str(sweep))
     assert done.returncode == 3 and "the longest repeat it kept took 100s (x 1.2 + 20 s: 140s): not starting" \

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import BIN, REPO
 
-from llmbench import backends, grid, launch, provenance
+from llmbench import backends, grid, launch, ledger, provenance
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 
@@ -104,7 +104,9 @@ def test_a_set_stopped_at_its_deadline_resumes_with_what_it_kept_in_the_same_ord
     the planned order and writes the three records."""
     specs, paths, plan = paired_set("rotate")
     clock = [1000.0]
-    monkeypatch.setattr(launch, "time", SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0]))
+    fake_time = SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0])
+    monkeypatch.setattr(launch, "time", fake_time)  # a repeat's seconds
+    monkeypatch.setattr(ledger, "time", fake_time)  # the deadline's clock
     real, ran = launch.run_repeat, []
 
     def taking_100_s(spec, workdir, index, *args):
@@ -115,7 +117,7 @@ def test_a_set_stopped_at_its_deadline_resumes_with_what_it_kept_in_the_same_ord
 
     monkeypatch.setattr(launch, "run_repeat", taking_100_s)
     monkeypatch.setenv("LLMBENCH_DEADLINE", "1250")
-    with pytest.raises(launch.DeadlineStop, match=r"stopped before runs/pretrain/cpu/tiny/deepspeed/Z3/bs1-g1/record"
+    with pytest.raises(ledger.DeadlineStop, match=r"stopped before runs/pretrain/cpu/tiny/deepspeed/Z3/bs1-g1/record"
                                                    r"\.json: repeat 0 \(of 0-1\) at the deadline: 50 s left"):
         run(specs, paths, plan, tmp_path / "set.log")
     assert ran == [("Naive", 0), ("Z2", 0)] and not any(p.exists() for p in paths)

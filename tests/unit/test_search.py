@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from search_fixtures import ESTIMATE_CONFIG, probe_record
-from llmbench import launch, search
+from llmbench import ledger, search
 from llmbench.record import read
 from llmbench.search import Frontier, Probe, State, bound, next_probe, predict
 
@@ -837,14 +837,14 @@ def test_without_a_probe_a_cell_is_estimated_from_its_own_earlier_record(tmp_pat
 
 
 def test_a_repeat_stopped_unfinished_beside_the_cell_is_its_estimate_where_it_ran_longer(tmp_path, capsys):
-    """A repeat the deadline stopped inside (llmbench.launch.STOPPED beside the record: the
+    """A repeat the deadline stopped inside (llmbench.ledger.STOPPED beside the record: the
     estimate fell short) ran at least that long: where that is longer than the estimate it
     is the estimate, and offline-batch wants 1.2 times it (the cell's own deadline check)
     plus 20 s left. Only a repeat of the cell's own steps counts; with no other estimate,
     it is the estimate."""
     config, target, probe = probed_cell(tmp_path)  # 70 s a repeat
     target.parent.mkdir(parents=True)
-    note = target.parent / launch.STOPPED
+    note = target.parent / ledger.STOPPED
 
     def stopped(ran_s, steps=13):
         note.write_text(json.dumps({"spec_sha256": "any", "index": 0, "ran_s": ran_s, "steps": steps}))
@@ -865,7 +865,7 @@ def test_a_repeat_stopped_unfinished_beside_the_cell_is_its_estimate_where_it_ra
 
 def test_repeats_kept_beside_a_cell_count_as_run_in_its_estimate_and_its_plan(tmp_path, capsys):
     """A cell stopped between repeats (a call's deadline) resumes with the repeats it kept
-    (llmbench.launch.keep_repeat): its estimate and a plan count only the others, so a
+    (llmbench.ledger.keep_repeat): its estimate and a plan count only the others, so a
     protocol cell spread over calls is planned at what is left, and the longest kept repeat
     is the estimate, wanting what the cell's own deadline check wants of it (1.2 x it + 20 s),
     so offline-batch starts no cell that stops at once. A kept repeat of another spec (a
@@ -881,20 +881,20 @@ def test_repeats_kept_beside_a_cell_count_as_run_in_its_estimate_and_its_plan(tm
                          technique="L+R", batch_size="203", gpus="1"))
     listing = tmp_path / "todo.txt"
     listing.write_text(f"{target}\n")
-    launch.keep_repeat(target.parent, 0, {**spec, "cell": {**spec["cell"], "batch_size": 204}}, Outcome(status="ok"))
+    ledger.keep_repeat(target.parent, 0, {**spec, "cell": {**spec["cell"], "batch_size": 204}}, Outcome(status="ok"))
     assert search.estimate_s(target, config) == search.Estimate(repeat_s=70.0, repeats=2, source="probe")
-    assert (target.parent / launch.PARTIAL.format(index=0)).exists()  # read, not deleted
-    launch.keep_repeat(target.parent, 0, spec, Outcome(status="ok"))  # no time kept: the probe's estimate
+    assert (target.parent / ledger.PARTIAL.format(index=0)).exists()  # read, not deleted
+    ledger.keep_repeat(target.parent, 0, spec, Outcome(status="ok"))  # no time kept: the probe's estimate
     est = search.estimate_s(target, config)
     assert (est.kept, est.left, est.source, est.start_s) == (1, 1, "probe", 107)  # 1.25 x 70 + 20
-    launch.keep_repeat(target.parent, 0, spec, Outcome(status="ok"), wall_s=80.0)
+    ledger.keep_repeat(target.parent, 0, spec, Outcome(status="ok"), wall_s=80.0)
     est = search.estimate_s(target, config)
     assert (est.kept, est.left, est.repeat_s, est.source, est.start_s) == (1, 1, 80.0, "kept", 116)  # 1.2 x 80 + 20
     assert search.main(["estimate", str(target), str(config)]) == 0 and capsys.readouterr().out == "80 1 116 kept\n"
     assert search.main(["plan", str(listing), str(config)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"    80  {target}  (1 x 80 s from kept; 1 of 2 repeats kept beside it; starts with 116 s left)"
-    launch.keep_repeat(target.parent, 1, spec, Outcome(status="ok"), wall_s=69.0)
+    ledger.keep_repeat(target.parent, 1, spec, Outcome(status="ok"), wall_s=69.0)
     est = search.estimate_s(target, config)
     assert (est.kept, est.left, est.start_s) == (2, 0, 20)  # all kept: the cell writes its record
     assert search.plan([str(target)], config)[0][1] == 0
@@ -913,8 +913,8 @@ def test_a_search_stops_before_a_probe_its_deadline_cannot_hold_and_resumes_from
 
     clock, ran = [1000.0], []
     fake_time = SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0])
-    monkeypatch.setattr(launch, "time", fake_time)
-    monkeypatch.setattr(runner, "time", fake_time)
+    monkeypatch.setattr(ledger, "time", fake_time)  # the deadline's clock
+    monkeypatch.setattr(runner, "time", fake_time)  # a probe's seconds
 
     def taking_100_s(spec, record_path, log, threads=1, gpu_busy=None):
         bs = spec["cell"]["batch_size"]
@@ -932,7 +932,7 @@ def test_a_search_stops_before_a_probe_its_deadline_cannot_hold_and_resumes_from
     s = g.searches[0]
     frontier = tmp_path / s.frontier_path()
     monkeypatch.setenv("LLMBENCH_DEADLINE", "1250")
-    with pytest.raises(launch.DeadlineStop, match=r"stopped before the probe at batch \d+ at the deadline: 50 s left, "
+    with pytest.raises(ledger.DeadlineStop, match=r"stopped before the probe at batch \d+ at the deadline: 50 s left, "
                                                    r"the longest so far took 100 s .*2 probe\(s\) so far"):
         search.run(g.spec(s), tmp_path / "a", frontier, tmp_path / "a.log")
     assert len(ran) == 2 and not (tmp_path / "a" / "search.json").exists()

@@ -5,7 +5,8 @@ import sys
 from pathlib import Path
 
 from llmbench.gpus import BusyPolicy
-from llmbench.launch import DEADLINE_EXIT, DeadlineStop, run_cell
+from llmbench.launch import run_cell
+from llmbench.ledger import DEADLINE_EXIT, DeadlineStop
 from llmbench.nodes import NodesError
 
 

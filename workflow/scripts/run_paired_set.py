@@ -5,7 +5,8 @@ import sys
 from pathlib import Path
 
 from llmbench.gpus import BusyPolicy
-from llmbench.launch import DEADLINE_EXIT, DeadlineStop, run_set
+from llmbench.launch import run_set
+from llmbench.ledger import DEADLINE_EXIT, DeadlineStop
 
 
 def main(smk) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from llmbench.gpus import BusyPolicy
 from llmbench import memory, search
-from llmbench.launch import DEADLINE_EXIT, DeadlineStop
+from llmbench.ledger import DEADLINE_EXIT, DeadlineStop
 
 
 def main(smk) -> None:

@@ -24,53 +24,36 @@ round by round, and their records are written together at its end (run_set; run_
 set of one cell). Every record says when each repeat started and on which machine it was
 made (llmbench.provenance.machine); a set's records also name the set and the order it ran in.
 
-A cell of several repeats (or of a set) keeps each ok repeat beside its record
-(``.repeat-<i>.json``, with its spec's digest, time, host and commit) until the record is
-written. A cell (a set) stopped between repeats (a call's or allocation's deadline, a
-killed job) leaves no record, so the next run runs it again, and that run keeps the repeats
-of the very same spec and runs only the rest; the record's ``provenance.resumed_repeats``
-names the kept ones, where and when they ran. The paper's protocol (three repeats of 30 + 100
-steps) of a slow cell can so span several calls that are each shorter than the cell.
-
-A job may carry a deadline, ``LLMBENCH_DEADLINE`` (Unix seconds; envs/offline-batch.sh sets
-it to its call's end), and a Slurm job without it has its time limit's end (scontrol's
-EndTime, llmbench.nodes.job_end: a cell the Slurm profiles submit): a repeat is not
-started where the time left is shorter than REPEAT_MARGIN times the longest repeat of this
-cell so far (run here, or kept with its wall time by an earlier run), and a max-batch
-search's probe likewise (llmbench.search.runner). The job then stops between repeats with
-DeadlineStop (no record, its finished repeats kept; the Snakemake adapters exit with
-DEADLINE_EXIT's line, which envs/offline-batch.sh reads), instead of being killed inside a
-repeat that could not finish, which is GPU time spent on nothing. With no repeat timed yet,
-the first starts. A repeat stopped inside by a signal (the TERM of a deadline the estimate
-missed, a cancel) leaves how long it ran beside the record (STOPPED) until the record is
-written: a lower bound on a repeat of that spec, which the next run's deadline check
-counts as a repeat's time, so that it is not started again into the same deadline
-(envs/offline-batch.sh's estimate reads it too: llmbench.search.estimate_s).
+A cell of several repeats (or of a set) keeps each ok repeat beside its record until the
+record is written, and a job stops between repeats where the next would not finish by its
+deadline (``LLMBENCH_DEADLINE``, or a Slurm job's time limit): that resume ledger (kept
+repeats, the stopped-repeat marker, the deadline) is llmbench.ledger's; this module runs
+the repeats it says to run.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from . import backends, forkserver, gpus, nodes, provenance
 from .aggregate import Outcome
 from .cells import Cell
+from .ledger import (deadline_from_env, deadline_stop, forget, keep_repeat, keep_stopped, kept_repeats, kept_started,
+                     stop_at_deadline, stopped_repeat)
 from .procs import (RssWatchdog, free_port, kill_group, last_error, oom_kills, says_oom, start_group, stop_group,
                     stop_groups_on_signal, tail, track)
-from .record import Record, write, write_json_atomic
+from .record import Record, write
 from .train import jit_ops
 
 #: Thread-count variables of the BLAS/OpenMP runtimes (Snakemake sets them to a job's threads)
@@ -320,143 +303,6 @@ def predicted_oom_record(spec: dict, record_path: Path, log: Path, started: str,
     return record
 
 
-#: A finished repeat kept beside its record until the record is written (``run_set``).
-PARTIAL = ".repeat-{index}.json"
-#: A repeat stopped unfinished by a signal: how long it ran (keep_stopped; module docstring)
-STOPPED = ".stopped-repeat.json"
-#: The job's deadline, Unix seconds (module docstring)
-DEADLINE_VAR = "LLMBENCH_DEADLINE"
-#: A repeat starts only where the time left is at least this times the longest repeat so far
-REPEAT_MARGIN = 1.2
-#: The line a Snakemake adapter exits with after DeadlineStop (envs/offline-batch.sh reads it)
-DEADLINE_EXIT = "llmbench: stopped at the deadline: {target}: {why}"
-
-
-class DeadlineStop(RuntimeError):
-    """A job stopped between repeats (or probes): the next would not finish by the deadline."""
-
-
-def deadline_from_env(environ=os.environ) -> float | None:
-    """The job's deadline: ``LLMBENCH_DEADLINE`` (Unix seconds), else, inside a Slurm job,
-    the job's end (llmbench.nodes.job_end: its time limit), else None."""
-    value = environ.get(DEADLINE_VAR, "").strip()
-    if not value:
-        return nodes.job_end(environ)
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"{DEADLINE_VAR}={value!r}: not a time in Unix seconds") from None
-
-
-def deadline_stop(deadline: float | None, walls: list[float], what: str) -> str | None:
-    """Why ``what`` (a repeat, a search's probe) must not start before ``deadline`` (Unix
-    seconds): the time left is under REPEAT_MARGIN times the longest of ``walls`` (the same
-    kind of run timed so far), or none is left at all. None where it may start."""
-    if deadline is None:
-        return None
-    left = deadline - time.time()
-    if left > 0 and left > REPEAT_MARGIN * max(walls, default=0.0):
-        return None
-    took = f"the longest so far took {max(walls):.0f} s (x {REPEAT_MARGIN})" if walls else "no time is left"
-    return f"stopped before {what} at the deadline: {max(left, 0):.0f} s left, {took}"
-
-
-def stop_at_deadline(why: str, log: Path, mark: str = "") -> NoReturn:
-    """Say ``why`` in the job's ``log`` (after ``mark``), then raise DeadlineStop."""
-    with open(log, "a") as fh:
-        fh.write(f"{mark}{why}\n")
-    raise DeadlineStop(why)
-
-
-def spec_digest(spec: dict) -> str:
-    """What a kept repeat must match to count for a cell: its whole resolved spec."""
-    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
-
-
-def keep_repeat(keep_dir: Path, index: int, spec: dict, outcome: Outcome, wall_s: float | None = None,
-                started: str | None = None) -> None:
-    """Keep an ok repeat beside the cell's record, with when it started (``started``, ISO)
-    and finished, where, at which commit and in how many seconds (``wall_s``) it ran, so that
-    a cell stopped between repeats (a call's deadline, a killed job) resumes with the repeats
-    it has, not from the first. The machine's boot id goes with it: lent machines and
-    cluster nodes share hostnames."""
-    state = provenance.git_state()
-    write_json_atomic(keep_dir / PARTIAL.format(index=index), {
-        "spec_sha256": spec_digest(spec), "index": index, "outcome": asdict(outcome), "started": started,
-        "finished": datetime.now(UTC).isoformat(), "hostname": socket.gethostname(),
-        "boot_id": provenance.boot_id(), "git_sha": state.get("sha"), "wall_s": wall_s})
-
-
-def read_kept(keep_dir: Path, spec: dict, repeats: int) -> tuple[dict[int, dict], list[Path]]:
-    """What keep_repeat kept in ``keep_dir``, read only: the ok repeats of this very spec
-    (index -> what keep_repeat wrote) and the files that do not count (another spec's, a
-    changed config or protocol; not ok). kept_repeats resumes from the first and deletes the
-    second; a plan (llmbench.search.estimate_s) counts the first."""
-    digest, kept, stale = spec_digest(spec), {}, []
-    for index in range(repeats):
-        path = keep_dir / PARTIAL.format(index=index)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if data.get("spec_sha256") == digest and data.get("outcome", {}).get("status") == "ok":
-            kept[index] = data
-        else:
-            stale.append(path)
-    return kept, stale
-
-
-def kept_repeats(keep_dir: Path, spec: dict, repeats: int, log: Path) -> dict[int, dict]:
-    """The ok repeats an earlier run of this very spec kept (index -> what keep_repeat
-    wrote, its ``outcome`` an Outcome again). A kept repeat of another spec (a changed
-    config or protocol) is deleted."""
-    found, stale = read_kept(keep_dir, spec, repeats)
-    for path in stale:
-        path.unlink(missing_ok=True)
-    kept = {index: {**data, "outcome": Outcome(**{**data["outcome"], "nodes": tuple(data["outcome"]["nodes"])})}
-            for index, data in found.items()}
-    if kept:
-        here = provenance.boot_id()
-        elsewhere = [i for i in sorted(kept) if kept[i].get("boot_id") != here]
-        with open(log, "a") as fh:
-            fh.write(f"=== resuming: repeat(s) {sorted(kept)} kept from an earlier run of this cell "
-                     f"({', '.join(kept[i]['finished'] for i in sorted(kept))})"
-                     + (f"; repeat(s) {elsewhere} ran on another machine or boot (boot id), so the spread "
-                        "between repeats includes the machines'" if elsewhere else "") + "\n")
-    return kept
-
-
-def keep_stopped(keep_dir: Path, index: int, spec: dict, ran_s: float) -> None:
-    """Keep beside the cell's record that its repeat ``index`` ran ``ran_s`` seconds without
-    finishing (a signal stopped it), with the spec's digest and its steps a repeat, where,
-    when and at which commit; the longest such run of the spec is kept."""
-    earlier = stopped_repeat(keep_dir, spec)
-    if earlier is not None and earlier["ran_s"] >= ran_s:
-        return
-    protocol = spec["cell"]["protocol"]
-    write_json_atomic(keep_dir / STOPPED, {
-        "spec_sha256": spec_digest(spec), "index": index, "ran_s": round(ran_s, 1),
-        "steps": int(protocol["warmup_steps"]) + int(protocol["measured_steps"]),
-        "stopped": datetime.now(UTC).isoformat(), "hostname": socket.gethostname(),
-        "boot_id": provenance.boot_id(), "git_sha": provenance.git_state().get("sha")})
-
-
-def stopped_repeat(keep_dir: Path, spec: dict | None = None) -> dict | None:
-    """What keep_stopped kept in ``keep_dir``: for ``spec`` only (one of another spec is
-    deleted), or, with no spec, whatever is there (read-only: an estimate, which matches
-    the steps itself). None where there is none."""
-    path = keep_dir / STOPPED
-    try:
-        data = json.loads(path.read_text())
-        float(data["ran_s"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if spec is not None and data.get("spec_sha256") != spec_digest(spec):
-        path.unlink(missing_ok=True)
-        return None
-    return data
-
-
 @dataclass(kw_only=True, slots=True)
 class _Run:
     """One cell of a set while the set runs (run_set): where it goes, and what it has so far."""
@@ -468,7 +314,7 @@ class _Run:
     """How the log names it: its record path relative to the results folder in a set; "" alone."""
     threads: int
     keep_dir: Path = field(init=False)
-    """Its record's folder: its kept repeats wait there (PARTIAL, STOPPED)."""
+    """Its record's folder: its kept repeats and stopped-repeat marker wait there (llmbench.ledger)."""
     alloc: nodes.Allocation | None = None
     workdir: Path | None = None
     record: Record | None = None
@@ -513,7 +359,7 @@ def run_set(specs: Sequence[dict], record_paths: Sequence[Path], log: Path, thre
     on busy GPUs (``gpu_busy``: what to do then, llmbench.gpus), nor, with
     ``skip_predicted_oom``, a cell the memory model predicts not to fit. Raises DeadlineStop,
     writing no record, where a cell's next repeat would not finish by the job's deadline
-    (``LLMBENCH_DEADLINE``, module docstring; a cell not timed yet is judged by the set's
+    (``LLMBENCH_DEADLINE``, llmbench.ledger; a cell not timed yet is judged by the set's
     repeats so far): the finished repeats are kept, and the next run of the same cells
     resumes at the same place of the same order.
 
@@ -554,9 +400,7 @@ def run_set(specs: Sequence[dict], record_paths: Sequence[Path], log: Path, thre
             for run, record in zip(runs, records):
                 write(record, run.record_path)
             for run in runs:  # the records hold them now
-                for i in range(run.cell.protocol.repeats):
-                    (run.keep_dir / PARTIAL.format(index=i)).unlink(missing_ok=True)
-                (run.keep_dir / STOPPED).unlink(missing_ok=True)
+                forget(run.keep_dir, run.cell.protocol.repeats)
             return records
     finally:
         for run in runs:
@@ -594,7 +438,7 @@ def _repeat(run: _Run, i: int, deadline: float | None, set_walls: list[float], l
     not timed yet."""
     name = f"{run.label}: " if run.label else ""
     if i in run.kept:
-        outcome, started = run.kept[i]["outcome"], _started_of(run.kept[i])
+        outcome, started = run.kept[i]["outcome"], kept_started(run.kept[i])
     else:
         repeats = run.cell.protocol.repeats
         if why := deadline_stop(deadline, run.walls or set_walls, f"{name}repeat {i} (of 0-{repeats - 1})"):
@@ -619,16 +463,6 @@ def _repeat(run: _Run, i: int, deadline: float | None, set_walls: list[float], l
     run.started.append(started)
     with open(log, "a") as fh:
         fh.write(f"=== {name}repeat {i}: {outcome.status} {outcome.reason}{' (kept)' if i in run.kept else ''}\n")
-
-
-def _started_of(kept: dict) -> str | None:
-    """When a kept repeat started: as keep_repeat wrote it, else its end less its wall time."""
-    if kept.get("started"):
-        return kept["started"]
-    try:
-        return (datetime.fromisoformat(kept["finished"]) - timedelta(seconds=float(kept["wall_s"]))).isoformat()
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 def _record(run: _Run, started: str, command: list[str], plan: dict[str, Any] | None,

@@ -76,7 +76,8 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
     ``hint_slope_gib`` its predicted GiB per further batch element (State.hint_slope_gib)."""
     from ..aggregate import Outcome, build_record
     from ..cells import Cell
-    from ..launch import deadline_from_env, deadline_stop, run_cell, stop_at_deadline
+    from ..launch import run_cell
+    from ..ledger import deadline_from_env, deadline_stop, stop_at_deadline
     from ..record import write, write_json_atomic
 
     out_dir, log = Path(out_dir), Path(log)
@@ -117,7 +118,7 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
             status, peak, reason = answer.status, answer.peak_gib, answer.reason
             source = "resumed" if resumed else "frontier"
         else:
-            # the job's deadline (llmbench.launch): a probe that would not finish is not started;
+            # the job's deadline (llmbench.ledger): a probe that would not finish is not started;
             # the frontier file holds every probe so far, and the next run resumes from it
             # (not ``why``: that is why next_probe chose this batch, recorded with the probe and read
             # by next_probe again, e.g. whether the first probe was the hint)
@@ -254,9 +255,9 @@ class Estimate:
     source: str
     """``probe`` (its search's probe at that batch), the path of the earlier record read,
     ``kept`` (the longest repeat an earlier run of this very spec kept: KEPT_SOURCE), or
-    ``stopped`` (a repeat of the cell ran this long and was stopped unfinished: llmbench.launch.STOPPED)."""
+    ``stopped`` (a repeat of the cell ran this long and was stopped unfinished: llmbench.ledger.STOPPED)."""
     kept: int = 0
-    """Repeats an earlier run of this very spec kept beside the record (llmbench.launch.read_kept,
+    """Repeats an earlier run of this very spec kept beside the record (llmbench.ledger.read_kept,
     a cell stopped between repeats): the cell resumes with them and runs only the others."""
 
     @property
@@ -269,11 +270,11 @@ class Estimate:
         """The seconds left that envs/offline-batch.sh wants before it starts the cell: a
         repeat plus 20 s, a probe's estimate of a repeat taken 1.25 times first (how the
         committed cells' wall times compare with the estimate: README, the paragraph on
-        offline-batch), a kept or a stopped repeat's time launch.REPEAT_MARGIN times (what the
+        offline-batch), a kept or a stopped repeat's time ledger.REPEAT_MARGIN times (what the
         cell's own deadline check wants of them, so that offline-batch starts no cell that
         stops at once and ends the batch). A call shorter than this never starts the cell, as
         a cell stops only between repeats. A cell whose repeats are all kept runs none: 20 s."""
-        from ..launch import REPEAT_MARGIN
+        from ..ledger import REPEAT_MARGIN
 
         repeat = math.ceil(self.repeat_s) if self.left else 0
         if self.source == "probe":
@@ -333,19 +334,19 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
     frontier answered keeps no timing), else the record of the cell with the most measured
     steps in the results folders ``earlier`` (any protocol: a sweep's 3 + 10 steps tell a
     protocol rerun's 30 + 100). A repeat of the cell with those steps that a signal stopped
-    unfinished beside ``target`` (llmbench.launch.STOPPED: a deadline the estimate missed) is
+    unfinished beside ``target`` (llmbench.ledger.STOPPED: a deadline the estimate missed) is
     the estimate where it ran longer (source ``stopped``). None where none of these is there
     or the config has no such cell. The repeats of this very spec an earlier run kept beside
     ``target`` count as run (Estimate.kept), and the longest of them is the estimate (source
     ``kept``; a stopped repeat where that ran longer): this cell's own repeats, by which its
-    deadline check (llmbench.launch) judges the next.
+    deadline check (llmbench.ledger) judges the next.
     envs/offline-batch.sh compares it with the time left before it starts the cell.
     Snakemake's own start is not in it."""
     parsed = cells.parse(str(target), (cells.RECORD_PATTERN,))
     if parsed is None:
         return None
     from ..grid import load
-    from ..launch import read_kept, stopped_repeat
+    from ..ledger import read_kept, stopped_repeat
 
     try:
         grid = load(Path(configfile))

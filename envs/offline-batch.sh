@@ -18,20 +18,20 @@
 # Targets already recorded are skipped by Snakemake as usual, so the same list can be given
 # to the next call. A target may be a max-batch search's folder (results/runs/search/...,
 # from `coverage targets ... --to-do "search the largest batch"`): once the search has
-# found its batch, the cell it measures there runs next (python -m llmbench.search
+# found its batch, the cell it measures there runs next (python -m llmbench.offline
 # measured-target), under the same deadline. Exit status: 0 when every target ran
 # (whatever its record's status), 3 when the deadline left targets unstarted, 2 when
 # SKIP_RECORDED could not be read, else Snakemake's. OFFLINE_RUN names the script
 # that runs one target (default envs/offline-run.sh; tests/integration/test_offline_batch.py
 # gives a stand-in). A cell longer than a call: give the list again, call after call; its
-# finished repeats carry over (llmbench.launch). A target still running
+# finished repeats carry over (llmbench.ledger). A target still running
 # at the deadline is stopped there (exit status 3): a max-batch search's probes are not
 # bounded by the longest cell so far. Snakemake marks a stopped target incomplete, so each
 # target runs with --rerun-incomplete, after the batch has removed stale locks (snakemake
 # --unlock; a stopped Snakemake leaves its lock): the next call resumes it (a search from its frontier
 # file, which also puts back the records of the probes it ran; a cell from its repeats).
 # Each target's job is also given the deadline, less DEADLINE_SLACK_S (default 15 s), as
-# LLMBENCH_DEADLINE (llmbench.launch): a cell does not start a repeat, nor a search a probe,
+# LLMBENCH_DEADLINE (llmbench.ledger): a cell does not start a repeat, nor a search a probe,
 # that would not finish by it (1.2 times the longest so far), so a cell of several repeats
 # stops between two, its finished ones kept, instead of being killed inside one; the line
 # says so, and the batch ends there (exit status 3).
@@ -39,7 +39,7 @@
 # the allocator's fragmentation can grow past what the probe showed): its record says oom,
 # and the cell at the next batch down whose probe fit runs next (llmbench.search.measured_batch).
 # A cell that a max-batch search probed at its batch starts only if the time left holds 1.25
-# times the probe's estimate of a repeat plus 20 s (python -m llmbench.search estimate: the
+# times the probe's estimate of a repeat plus 20 s (python -m llmbench.offline estimate: the
 # probe's set-up plus its seconds a step times the cell's steps, the protocol read from the
 # last --configfile; how the committed cells' wall times compare with it:
 # docs/offline-gpu-nodes.md); one repeat, as a cell stops between repeats at its job's
@@ -48,9 +48,9 @@
 # (a sweep's 3 + 10 steps time a protocol rerun's 30 + 100): the cell starts only if the
 # time left holds that repeat plus 20 s (a cell of one repeat longer than a call is never
 # started, rather than killed at the deadline every call; its line says that no call of
-# DEADLINE_S starts it, and `python -m llmbench.search plan LIST CONFIG --call-s DEADLINE_S`
+# DEADLINE_S starts it, and `python -m llmbench.offline plan LIST CONFIG --call-s DEADLINE_S`
 # names such cells before any call). A cell whose repeat the deadline stopped inside (an
-# estimate that fell short) left how long that repeat ran (llmbench.launch.STOPPED); where
+# estimate that fell short) left how long that repeat ran (llmbench.ledger.STOPPED); where
 # that is longer, it is the estimate, and the cell starts only with 1.2 times it plus 20 s
 # left (the cell's own deadline check wants the 1.2). A cell resumed with the repeats an
 # earlier run kept beside its record (stopped between repeats) is timed by the longest of
@@ -61,7 +61,7 @@
 # once its search.json and the cell it measures are there), so the same list can go to a
 # fresh machine after its records were committed. A search folder one of them holds without
 # the cell it measures (never measured, or measured at a batch that then ran out of memory)
-# becomes that cell's target alone: the search is not run again (python -m llmbench.search
+# becomes that cell's target alone: the search is not run again (python -m llmbench.offline
 # recorded-in, with the wheels installed first; where it fails the batch stops, exit 2).
 # SEED_FRONTIER="DIR ..." (optional): before the first target, the frontier files are rebuilt
 # from the probe records under each DIR (python -m llmbench.search seed-frontier), so that a
@@ -69,7 +69,7 @@
 # spec) starts from those outcomes on a fresh machine; a DIR holding a stopped search's
 # frontier with its kept probes (<technique>-g<gpus>.probes/, saved before the machine went
 # back) gives the resumed search those probes' own records and logs. The wheels are
-# installed first (offline-run.sh --install-only), for llmbench.search's yaml and jsonschema.
+# installed first (offline-run.sh --install-only), for llmbench's yaml and jsonschema.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 whl=${1:?usage: offline-batch.sh WHEELHOUSE DEADLINE_S TARGETS_FILE [snakemake arguments]}
@@ -83,8 +83,8 @@ site_path=workflow/scripts:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 # DeepSpeed's ops are built ahead (below) on a GPU machine unless BUILD_OPS=0
 build_ops=""
 [[ ${BUILD_OPS:-1} != 0 ]] && nvidia-smi -L > /dev/null 2>&1 && build_ops=1
-# llmbench.search (seed-frontier, recorded-in) reads yaml and jsonschema, the op build
-# DeepSpeed: the wheels first
+# llmbench.search (seed-frontier) and llmbench.offline (recorded-in) read yaml and
+# jsonschema, the op build DeepSpeed: the wheels first
 if [[ -n ${SEED_FRONTIER:-}${SKIP_RECORDED:-}$build_ops ]]; then
     bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" --install-only
 fi
@@ -119,12 +119,12 @@ mapfile -t targets < <(grep -v '^\s*\(#\|$\)' "$list")
 # results/runs/... (a search folder once the cell it measures is there too); else "cell
 # TARGET" where one holds the search but not that cell (TARGET: the cell's path beside the
 # given one); status 1 where none holds it, 2 where it cannot tell (python -m
-# llmbench.search recorded-in failed: its error is on stderr)
+# llmbench.offline recorded-in failed: its error is on stderr)
 recorded_in() {
     [[ -n ${SKIP_RECORDED:-} ]] || return 1
     local found
     # shellcheck disable=SC2086  # SKIP_RECORDED is a list of folders
-    found=$(PYTHONPATH=$site_path python3 -m llmbench.search recorded-in "$1" $SKIP_RECORDED) || return 2
+    found=$(PYTHONPATH=$site_path python3 -m llmbench.offline recorded-in "$1" $SKIP_RECORDED) || return 2
     [[ $found == none ]] && return 1
     echo "$found"
 }
@@ -166,8 +166,8 @@ while (( i < ${#targets[@]} )); do
     fi
     left=$((deadline - (SECONDS - start)))
     est="" reps="" src=""
-    # est: a repeat's seconds; need: the seconds left it wants (llmbench.search's Estimate.start_s)
-    [[ $t == *.json ]] && read -r est reps need src < <(PYTHONPATH=$site_path python3 -m llmbench.search estimate \
+    # est: a repeat's seconds; need: the seconds left it wants (llmbench.offline's Estimate.start_s)
+    [[ $t == *.json ]] && read -r est reps need src < <(PYTHONPATH=$site_path python3 -m llmbench.offline estimate \
         "$t" "$configfile" ${ESTIMATE_FROM:+--earlier $ESTIMATE_FROM} 2>/dev/null)
     if [[ $est =~ ^[0-9]+$ && $src == probe ]]; then
         why="its search's probe puts a repeat at ${est}s (x 1.25 + 20 s: ${need}s)"
@@ -196,7 +196,7 @@ while (( i < ${#targets[@]} )); do
     # the deadline also bounds the target itself: a search's probes or a cell longer than
     # every cell before it are stopped (TERM to the whole process group, KILL 30 s later),
     # so the batch's own lines, and whatever copies its results off afterwards, still run
-    # and it is the job's own deadline (LLMBENCH_DEADLINE, llmbench.launch): a repeat or a
+    # and it is the job's own deadline (LLMBENCH_DEADLINE, llmbench.ledger): a repeat or a
     # probe that would not finish by it is not started, the job stops between them instead
     trc=0
     LLMBENCH_DEADLINE=$(( $(date +%s) + left - DEADLINE_SLACK_S )) \
@@ -230,8 +230,8 @@ except (OSError, ValueError) as e:
 print(f"offline-batch: {target}  search {s.get('status')}: largest batch {s.get('largest_ok')} in "
       f"{s.get('n_probes')} probes  {took}  {(s.get('reason') or '')[:120]}")
 EOF
-        # llmbench.search needs yaml and jsonschema: from the wheels offline-run.sh installed in /tmp/site
-        if measured=$(PYTHONPATH=$site_path python3 -m llmbench.search measured-target "$t" 2>&1); then
+        # llmbench.offline needs yaml and jsonschema: from the wheels offline-run.sh installed in /tmp/site
+        if measured=$(PYTHONPATH=$site_path python3 -m llmbench.offline measured-target "$t" 2>&1); then
             if [[ -n $measured ]]; then
                 targets=("${targets[@]:0:i}" "$measured" "${targets[@]:i}")
                 searched_by[$measured]=$t
@@ -260,7 +260,7 @@ EOF
     folder=${searched_by[$t]:-}
     if [[ -n $folder ]] && python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["status"] != "oom")' \
             "$t" 2>/dev/null && \
-            measured=$(PYTHONPATH=$site_path python3 -m llmbench.search measured-target "$folder" 2>&1) && \
+            measured=$(PYTHONPATH=$site_path python3 -m llmbench.offline measured-target "$folder" 2>&1) && \
             [[ -n $measured && $measured != "$t" ]]; then
         echo "offline-batch: $t  ran out of memory where its search's probe fit: $measured next"
         targets=("${targets[@]:0:i}" "$measured" "${targets[@]:i}")

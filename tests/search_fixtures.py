@@ -1,10 +1,10 @@
 """Fixtures that tests of more than one tier share: a config whose searched cell
-llmbench.search estimates, and a probe record with what the estimate reads (a module of its
+llmbench.offline estimates, and a probe record with what the estimate reads (a module of its
 own: ``conftest`` names a different file in each tier's folder)."""
 
 import json
 
-#: a config whose searched cell offline-batch and llmbench.search estimate (3 + 10 steps, 2 repeats)
+#: a config whose searched cell offline-batch and llmbench.offline estimate (3 + 10 steps, 2 repeats)
 ESTIMATE_CONFIG = """
 protocol: {warmup_steps: 3, measured_steps: 10, repeats: 2, seq_len: 350}
 finetune:

@@ -149,7 +149,7 @@ def test_a_search_folder_is_followed_by_the_cell_it_measures(batch, tmp_path):
     folder = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/L-g1"
     listing = tmp_path / "todo.txt"
     listing.write_text(f"{folder}\n{targets[0]}\n")
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # llmbench.search's yaml, jsonschema
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # llmbench.offline's yaml, jsonschema
     done = run(deadline_s=30, fake_s=0, first_s=1, FAKE_LARGEST="7", PATH=path)
     assert done.returncode == 0, done.stdout + done.stderr
     measured = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L/bs7-g1/record.json"
@@ -167,7 +167,7 @@ def test_a_search_folder_is_followed_by_the_cell_it_measures(batch, tmp_path):
 
 
 def test_a_skip_recorded_folder_it_cannot_read_stops_the_batch(batch, tmp_path):
-    """SKIP_RECORDED is read by python -m llmbench.search recorded-in, after the wheels are
+    """SKIP_RECORDED is read by python -m llmbench.offline recorded-in, after the wheels are
     installed; where that fails the batch does not run the target as if nothing held it:
     it stops, says why, and exits 2."""
     run, targets = batch

@@ -1,5 +1,5 @@
-"""``python -m llmbench.search``: the search's command line (llmbench.search.runner.main)."""
+"""``python -m llmbench.search``: the search's command line (llmbench.search.frontier.main)."""
 
-from .runner import main
+from .frontier import main
 
 raise SystemExit(main())

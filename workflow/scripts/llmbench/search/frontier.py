@@ -252,3 +252,22 @@ def seed_frontier(records_root: Path | str, results_dir: Path | str) -> dict[str
         if str(target) in added:
             frontier.save()
     return added
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m llmbench.search seed-frontier RECORDS [--results DIR]`` (seed_frontier:
+    prints the probe outcomes added per frontier file)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m llmbench.search", description=main.__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    seed = sub.add_parser("seed-frontier", help=seed_frontier.__doc__.split("\n")[0])
+    seed.add_argument("records", type=Path, help="folder holding probe records (bs<N>/record.json) at any depth")
+    seed.add_argument("--results", type=Path, default=Path("results"), help="results folder of the frontier files")
+    args = parser.parse_args(argv)
+    added = seed_frontier(args.records, args.results)
+    for target, n in sorted(added.items()):
+        print(f"{target}: {n} probe outcomes")
+    if not added:
+        print(f"no probe records under {args.records} to add")
+    return 0

@@ -4,8 +4,10 @@ known of it and what is left to do. No row is left out: a row nobody ran says so
 paper has not, run there at batch 1 for one of its models (llama2-70b QL), follows them
 (extra_rows), so that its search is on the to-do lists too.
 
-The GPU count of a platform is the one most of its batch-1 training records used (one GPU
-for the lent H100 and H200; eight for a user's 8-GPU node).
+The GPU count of a platform is the one most of its batch-1 training records used (one for
+records made on single GPUs; eight for a user's 8-GPU node): the platforms and their counts
+come from the records, none is named here. Beside each row stands the status the paper
+reports on its own platform (PAPER_PLATFORM).
 
 Each row's ``answer``:
   measured              an ok record at batch 1 (its tokens/s, protocol and coefficient of variation)
@@ -46,6 +48,10 @@ from .render import fmt
 #: The protocol of the paper's Tables III and IX: 30 warm-up steps, the mean of 100 measured
 #: steps, three independent runs (mean and standard deviation over them).
 PAPER_PROTOCOL = {"warmup_steps": 30, "measured_steps": 100, "repeats": 3}
+#: The platform of the paper's reference column (its 8 x A800 node): each row shows the status
+#: the paper reports there in Tables III and IX beside ours (column ``paper_a800_status``); a
+#: fact of the paper, not a choice of machine.
+PAPER_PLATFORM = "a800"
 #: The spread a cell under the protocol should stay within (coefficient of variation, std / mean).
 CV_GOAL = 0.02
 #: stage -> (the paper table whose rows it covers, the tables those rows appear in)
@@ -61,12 +67,12 @@ COLUMNS = [
 
 
 def paper_rows(root: Path = REPO_ROOT) -> pd.DataFrame:
-    """(stage, paper_tables, model, technique, paper_a800_status) of every row of Tables III and IX,
-    in the paper's order (Table IV has Table III's rows)."""
+    """(stage, paper_tables, model, technique, paper_a800_status: the status on PAPER_PLATFORM)
+    of every row of Tables III and IX, in the paper's order (Table IV has Table III's rows)."""
     out = []
     for stage, (table, shown) in STAGES.items():
         ref = reference.load(table, root)
-        a800 = ref[ref["platform"] == "a800"].set_index(["model", "technique"])["status"]
+        a800 = ref[ref["platform"] == PAPER_PLATFORM].set_index(["model", "technique"])["status"]
         for model, tech in dict.fromkeys(zip(ref["model"], ref["technique"])):
             out.append({"stage": stage, "paper_tables": shown, "model": model, "technique": tech,
                         "paper_a800_status": a800.get((model, tech))})
@@ -75,7 +81,7 @@ def paper_rows(root: Path = REPO_ROOT) -> pd.DataFrame:
 
 def extra_rows(records: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
     """The rows beyond the paper's that a platform's batch-1 ``records`` ran, for the paper's
-    models (issue 18's llama2-70b QL: Table IX has no 70B QL row), in the shape of
+    models (llama2-70b QL: Table IX has no 70B QL row), in the shape of
     paper_rows with ``paper_tables`` "beyond III" or "beyond IX": covered as the paper's
     rows are, so that a measured row is not left out of the to-do lists."""
     known = set(zip(rows["stage"], rows["model"], rows["technique"]))

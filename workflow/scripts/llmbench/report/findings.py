@@ -58,6 +58,9 @@ METRICS: dict[str, str] = {
     "attention_core_forward_s": "forward time of the attention core (QK^T, softmax, PV, or the fused kernel)",
     "attention_core_backward_s": "backward time of the attention core",
     "mlp_over_next_module": "forward time of the MLP / that of the next most expensive decoder module",
+    **{f"{m}_forward_share": f"the {m} module's share of a profiled forward pass (Table VI, Fig. 5)"
+       for m in ("mlp", "qkv", "rmsnorm", "rope")},
+    "optimizer_s": "the optimizer phase's wall time of a profiled step (s)",
     "memcpy_share": "memory-copy kernels' share of a DeepSpeed step",
     "memcpy_s_per_iter": "memory-copy kernel time per iteration (s)",
     "comm_share": "communication kernels' share of a DeepSpeed step",
@@ -76,6 +79,8 @@ METRICS: dict[str, str] = {
     "p50_e2e_latency_s": "serving: median end-to-end request latency (s)",
     "duration_s": "serving: time to complete the whole load (s)",
 }
+#: modules whose forward share is a metric (``<module>_forward_share``)
+SHARE_MODULES = ("mlp", "qkv", "rmsnorm", "rope")
 #: keys a selection may name (columns of the tidy table)
 SELECT_KEYS = ("stage", "platform", "model", "backend", "technique", "batch_size", "gpus", "layout", "engine",
                "load", "mode", "num_requests", "input_len", "output_len", "bench", "case")
@@ -284,6 +289,7 @@ def derive(df: pd.DataFrame) -> pd.DataFrame:
                 df[f"{col}_{k}_s"] = float("nan")
     step = df["forward_wall_s"] + df["backward_wall_s"] + df["optimizer_wall_s"]
     df["optimizer_share"] = df["optimizer_wall_s"] / step
+    df["optimizer_s"] = df["optimizer_wall_s"]
     for phase in ("forward", "backward", "optimizer"):
         df[f"{phase}_idle_share"] = 1 - df[f"{phase}_kernel_s"] / df[f"{phase}_wall_s"]
     for phase in ("forward", "backward"):
@@ -310,7 +316,13 @@ def _from_profile_rows(rows: pd.DataFrame) -> pd.DataFrame:
             nxt = t.drop("mlp").iloc[0]
             lead.append({**dict(zip(keys, key)), "mlp_over_next_module": t["mlp"] / nxt if nxt else float("nan")})
     lead = pd.DataFrame(lead, columns=keys + ["mlp_over_next_module"]).set_index(keys)
-    return out.join(lead, how="outer").reset_index()
+    # each module's share of the forward pass (Table VI, Fig. 5), of all the forward rows
+    fwd_all = rows[rows["phase"] == "forward"]
+    total = fwd_all.groupby(keys)["time_s"].sum()
+    shares = fwd_all[fwd_all["module"].isin(SHARE_MODULES)].pivot_table(index=keys, columns="module", values="time_s",
+                                                                        aggfunc="sum")
+    shares = shares.div(total, axis=0).rename(columns={m: f"{m}_forward_share" for m in SHARE_MODULES})
+    return out.join(lead, how="outer").join(shares, how="outer").reset_index()
 
 
 def _from_micro_rows(rows: pd.DataFrame) -> pd.DataFrame:
@@ -1004,14 +1016,17 @@ def _check_cells(f: Finding, c: Check, group: dict) -> list[dict]:
         spec = {"stage": f.stage, **group, **f.where, **sel}
         techs = spec.get("technique")
         for t in techs if isinstance(techs, list) else [techs]:
-            out.append({**spec, "technique": t} if t is not None else spec)
+            one = {**spec, "technique": t} if t is not None else spec
+            out.append(one)
+            if c.metric == "scaling_efficiency" and (one.get("gpus") or 1) > 1:
+                out.append({**one, "gpus": 1})  # efficiency is against the fewest GPUs: measured together
     return out
 
 
 def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind],
            ctx: Context | None = None) -> pd.DataFrame:
     """For each finding no group of ours decided (every row inconclusive or untestable), the
-    smallest paired set that would decide it on each given machine kind: the cells its
+    smallest paired set that would decide it on the given machine kinds: the cells its
     undecided checks read there (those not run, not ok, or whose interval straddled the
     bound, measured again together), with whether they can fit (model states on the
     kind's GPU count, then the memory model at batch 1). A kind the claim's scope excludes
@@ -1052,11 +1067,14 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
                 if cells:
                     out.append({"finding": f.id, "verdict": verdict, "platform": kind.platform, "gpus": kind.gpus,
                                 "model": model or "", "cells": "; ".join(sorted(cells)), "n_cells": len(cells),
-                                "note": "; ".join(notes)})
-    df = pd.DataFrame(out, columns=TO_RUN_COLUMNS)
+                                "note": "; ".join(notes), "_unfit": len(notes)})
+    df = pd.DataFrame(out, columns=[*TO_RUN_COLUMNS, "_unfit"])
     df["_cannot"] = df["note"] != ""
-    df = df.sort_values(["_cannot", "n_cells", "finding", "platform", "gpus"], ignore_index=True)
-    return df.drop(columns="_cannot")
+    # per finding, its smallest set (one that may fit first, the fewest cells that cannot, then
+    # the fewest cells and GPUs)
+    df = df.sort_values(["_cannot", "_unfit", "n_cells", "gpus", "platform", "model"]).drop_duplicates("finding")
+    df = df.sort_values(["_cannot", "n_cells", "finding"], ignore_index=True)
+    return df.drop(columns=["_cannot", "_unfit"])
 
 
 def missing_cells(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind] | None = None,
@@ -1117,10 +1135,10 @@ NOTE = (
     "bear its own text out. `engines`: the serving engines and versions compared. The CSV adds `compares`, "
     "`machines`, `method` and `how`.")
 MISSING_HEADING = "What to run next: the smallest paired set that would decide each undecided finding"
-MISSING_LEAD = ("Per undecided finding and machine kind (config `findings_machines`; default: the platforms and GPU "
-                "counts our records ran on), the cells its undecided checks read there, to be measured together in "
-                "one paired set; `note` names a cell that cannot fit (model states alone, or the memory model at "
-                "batch 1), listed last.")
+MISSING_LEAD = ("Per undecided finding, its smallest paired set on the machine kinds given (config "
+                "`findings_machines`; default: the platforms and GPU counts our records ran on): the cells its "
+                "undecided checks read there, to be measured together in one job; `note` names a cell that cannot "
+                "fit (model states alone, or the memory model at batch 1), listed last.")
 MISSING_SHOWN = 15
 
 

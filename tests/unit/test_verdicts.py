@@ -202,3 +202,18 @@ def test_module_shares_of_a_profiled_forward():
     got = findings._from_profile_rows(prof).iloc[0]
     assert got.mlp_forward_share == pytest.approx(0.5) and got.rope_forward_share == pytest.approx(0.1)
     assert got.mlp_over_next_module == pytest.approx(2.5)
+
+
+def test_every_check_is_kept_as_numbers(tmp_path):
+    """findings-checks.csv: a row per check with its value, interval and the claim's bounds,
+    what a figure of the verdicts plots."""
+    rows = [row("F", [1100, 1330, 985], paired_set="s1"), row("Naive", [1000, 1200, 900], paired_set="s1"),
+            row("Z2", mem=60.0)]
+    t = judge(tmp_path, rows, entry([ratio("F", "Naive", min=1.0), ratio("Z2", "Naive", metric="peak_mem_gb",
+                                                                          max=0.7)]))
+    c = findings.checks_table(t)
+    assert list(c.columns) == findings.CHECK_COLUMNS and len(c) == 2
+    first = c.iloc[0]
+    assert first.lo < first.value < first.hi and first.claim_lo == 1.0 and first.pairing == "set"
+    second = c.iloc[1]  # Z2 at 60 GiB against Naive's 30: exact, far outside <= 0.7
+    assert (second.verdict, second.value, second.lo, second.claim_hi) == ("contradicts", 2.0, 2.0, 0.7)

@@ -141,18 +141,19 @@ def search_folders(stage=None):
 
 def table_targets():
     """The tidy table (whole and by stage), the per-row tables, every catalog table (CSV,
-    Markdown, HTML) and the ranked missing cells of the findings."""
+    Markdown, HTML), what to run next and the findings' checks as numbers."""
     return (
         [f"{R}/tables/records.csv", f"{R}/tables/records.parquet", f"{R}/tables/records-superseded.csv"]
         + [f"{R}/tables/records-{s}.csv" for s in lbcatalog.SLICES]
         + [f"{R}/tables/{s}.parquet" for s in lbcatalog.SAMPLES]
         + [f"{R}/tables/{t}.{ext}" for t in TABLES for ext in ("csv", "md", "html")]
-        + [f"{R}/tables/findings-missing.csv"]
+        + [f"{R}/tables/findings-missing.csv", f"{R}/tables/findings-checks.csv"]
     )
 
 
 def findings_targets():
-    return [f"{R}/tables/findings.{ext}" for ext in ("csv", "md", "html")] + [f"{R}/tables/findings-missing.csv"]
+    return [f"{R}/tables/findings.{ext}" for ext in ("csv", "md", "html")] + [
+        f"{R}/tables/findings-missing.csv", f"{R}/tables/findings-checks.csv"]
 
 
 def figure_targets():

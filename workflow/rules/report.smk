@@ -61,6 +61,7 @@ rule build_findings_table:
         html=report(f"{R}/tables/findings.html", category=lbcatalog.get("table", "findings").section,
                     subcategory="Tables", labels={"table": "findings"}),
         missing=f"{R}/tables/findings-missing.csv",
+        checks=f"{R}/tables/findings-checks.csv",
     params:
         models=config.get("findings_models"),
         machines=config.get("findings_machines"),

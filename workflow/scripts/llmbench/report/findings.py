@@ -875,7 +875,7 @@ def evaluate(findings: list[Finding], ours: pd.DataFrame, paper: pd.DataFrame,
     """The findings table: one row per finding and group of our cells (one untestable row
     when none of our cells can speak to it), with the paper's values beside ours."""
     ctx = ctx or context(ours)
-    rows = []
+    rows, checks = [], []
     for f in findings:
         mine, theirs = evaluate_finding(f, ours, ctx), evaluate_finding(f, paper, PAPER)
         # one verdict per (platform, model): a GPU count that cannot decide the finding is
@@ -896,6 +896,16 @@ def evaluate(findings: list[Finding], ours: pd.DataFrame, paper: pd.DataFrame,
             missing = [_missing_text(cell, why, spec) for o in outcomes for cell, why, spec in o.missing]
             ests = [o.estimate for o in outcomes if o.estimate is not None]
             grp_rows = _match(_candidates(ours, f), g) if f.stage == "serve" else ours.iloc[0:0]
+            for i, (c, o) in enumerate(zip(f.checks, outcomes)):
+                for layout, e in (o.parts or [("", o.estimate)]):
+                    checks.append({
+                        "finding": f.id, "platform": g.get("platform", "-"),
+                        "model": _word(g.get("model", f.where.get("model", "-"))), "gpus": g.get("gpus"),
+                        "check": i, "compares": c.label(), "layout": layout, "row_verdict": r["verdict"],
+                        "verdict": o.verdict, "value": None if e is None else e.value,
+                        "lo": None if e is None else e.lo, "hi": None if e is None else e.hi,
+                        "claim_lo": c.lo, "claim_hi": c.hi, "n": "" if e is None else e.n,
+                        "pairing": "" if e is None else e.pairing, "method": "" if e is None else e.method})
             rows.append({
                 "finding": f.id, "section": f.section, "claim": f.claim, "compares": f.compares(),
                 "platform": g.get("platform", "-"), "model": _word(g.get("model", f.where.get("model", "-"))),
@@ -916,7 +926,20 @@ def evaluate(findings: list[Finding], ours: pd.DataFrame, paper: pd.DataFrame,
                 "engines": _engines(grp_rows),
                 "how": f.how,
             })
-    return pd.DataFrame(rows, columns=COLUMNS)
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    table.attrs["checks"] = pd.DataFrame(checks, columns=CHECK_COLUMNS)
+    return table
+
+
+#: tables/findings-checks.csv: one row per check of each findings row (per layout where a check
+#: was judged on several), its value and 95 % interval beside the claim's bounds, as numbers
+CHECK_COLUMNS = ["finding", "platform", "model", "gpus", "check", "compares", "layout", "row_verdict", "verdict",
+                 "value", "lo", "hi", "claim_lo", "claim_hi", "n", "pairing", "method"]
+
+
+def checks_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The findings' checks as numbers (CHECK_COLUMNS), which ``evaluate`` keeps beside its table."""
+    return table.attrs.get("checks", pd.DataFrame(columns=CHECK_COLUMNS))
 
 
 COLUMNS = ["finding", "section", "claim", "compares", "platform", "model", "gpus", "batch_size", "verdict", "checks",

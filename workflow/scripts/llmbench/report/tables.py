@@ -88,12 +88,13 @@ def verdict(table: pd.DataFrame, missing: pd.DataFrame) -> render.Table:
     return verdicts.report_table(table, missing)
 
 
-def findings_and_missing(inputs: Inputs) -> tuple[render.Table, pd.DataFrame]:
-    """The findings table and the ranked missing cells (findings-missing.csv)."""
+def findings_and_missing(inputs: Inputs) -> tuple[render.Table, pd.DataFrame, pd.DataFrame]:
+    """The findings table, what to run next (findings-missing.csv) and the checks as numbers
+    (findings-checks.csv)."""
     table, missing = verdicts.build(inputs.tidy, inputs.profile, inputs.micro, path=inputs.path("findings"),
                                     models=inputs.findings_models, superseded=inputs.superseded,
                                     machines=inputs.findings_machines, **inputs.kw)
-    return verdict(table, missing), missing
+    return verdict(table, missing), missing, verdicts.checks_table(table)
 
 
 def findings(inputs: Inputs) -> render.Table:

@@ -208,7 +208,10 @@ def built(tmp_path, tidy_df: pd.DataFrame, name: str, kind: str = "table", **fra
     paths = {k: str(v) for k, v in catalog.inputs(catalog.get(kind, name), str(tmp_path / "results")).items()
              if k != "reference"}
     for t in catalog.get(kind, name).tables if kind == "figure" else ():
-        render.write(tables.build(t, tables.Inputs(sources)), out / f"{t}.csv", out / f"{t}.md", out / f"{t}.html")
+        if t == "findings-checks":  # written beside the findings table by its rule
+            tables.findings_and_missing(tables.Inputs(sources))[2].to_csv(out / f"{t}.csv", index=False)
+        else:
+            render.write(tables.build(t, tables.Inputs(sources)), out / f"{t}.csv", out / f"{t}.md", out / f"{t}.html")
     return paths
 
 
@@ -392,7 +395,8 @@ def test_the_catalog_places_every_table_and_figure_once():
         assert callable(getattr(tables, e.function)), e.name
     assert list(figures.CHARTS) == catalog.names("figure")
     for e in catalog.FIGURES:
-        assert e.tables and set(e.reads) <= {f"table:{t}" for t in catalog.names("table")} | {"requests"}, e.name
+        assert e.tables and set(e.reads) <= {f"table:{t}" for t in catalog.names("table") + list(catalog.BESIDE)} | {
+            "requests"}, e.name
     assert catalog.inputs(catalog.get("figure", "scaling"), "R") == {"scaling": "R/tables/scaling.csv"}
     with pytest.raises(ValueError, match="reads 'records'"):
         catalog.Entry(name="x", kind="figure", section=catalog.PRETRAIN, title="x", reads=("records",))

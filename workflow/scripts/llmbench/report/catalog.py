@@ -18,7 +18,8 @@ What an entry reads (``reads``) is named in one vocabulary, turned into paths by
                                    (known to the grid only: the workflow supplies them)
   findings                         config/reference/findings.yaml
   reference:<file>                 config/reference/<file>.csv
-  table:<name>                     tables/<name>.csv, another table of this catalog (figures)
+  table:<name>                     tables/<name>.csv, another table of this catalog, or a CSV
+                                   its rule writes beside it (BESIDE) (figures)
 A figure reads the tables it plots, never the records: a new record rebuilds a figure only
 through the tables it shows.
 """
@@ -50,6 +51,9 @@ SAMPLES = {"requests": "serve", "micro": "micro", "profile": "profile"}
 PAPER_FRAME = ("table2", "table3", "table4", "table9", "fig4", "table12", "profile_phases", "profile_attention",
                "profile_comm")
 KINDS = ("table", "figure")
+#: CSVs a table's rule writes beside the table itself (name -> that table), which a figure may
+#: read as ``table:<name>``: the findings' checks, one row per check with its value and interval.
+BESIDE = {"findings-checks": "findings", "findings-missing": "findings"}
 #: The paper's findings, as data (llmbench.report.findings).
 FINDINGS_FILE = "config/reference/findings.yaml"
 _REF = tuple(f"reference:{r}" for r in PAPER_FRAME)
@@ -146,6 +150,8 @@ TABLES: tuple[Entry, ...] = (
 
 #: Every figure; each answers one question and reads the table(s) it plots.
 FIGURES: tuple[Entry, ...] = (
+    _f("verdict", VERDICT, "The verdict: each check of the paper's findings, our value and its 95 % interval "
+       "against what the claim allows", "table:findings", "table:findings-checks"),
     _f("pretrain", PRETRAIN, "Pre-training per method: ours against the paper's, across hardware (Tables III, IV)",
        "table:table3", "table:table4"),
     _f("scaling", PRETRAIN, "Data-parallel scaling: tokens/s per GPU against GPUs (Fig. 4)", "table:scaling"),
@@ -222,7 +228,7 @@ def _check() -> None:
         dup = {n for n in seen if seen.count(n) > 1}
         if dup:
             raise ValueError(f"the catalog names {kind}(s) {sorted(dup)} twice")
-    tables = set(names("table"))
+    tables = set(names("table")) | set(BESIDE)
     for f in FIGURES:
         if not f.tables or set(f.tables) - tables:
             raise ValueError(f"figure {f.name} must read catalog tables; reads {f.reads}")

@@ -62,6 +62,102 @@ def _ints(s: pd.Series) -> pd.Series:
     return pd.Series([_bs(v) for v in s], index=s.index, dtype=object)
 
 
+# The verdict -----------------------------------------------------------------------------
+
+#: a check's verdict -> its colour (Okabe-Ito: told apart with any colour vision)
+CHECK_COLOURS = {"holds": "#0072B2", "contradicts": "#D55E00", "inconclusive": "#999999"}
+CHECKS = ["finding", "platform", "model", "gpus", "check", "compares", "layout", "row_verdict", "verdict", "value",
+          "lo", "hi", "claim_lo", "claim_hi", "n", "pairing", "method"]
+
+
+def verdict_counts(findings_table: pd.DataFrame) -> str:
+    """'N rows: a holds, b contradicts, ...' over the findings table's rows (a finding on one
+    platform, model and GPU count), in the verdicts' order."""
+    from .findings import VERDICTS
+
+    vc = findings_table["verdict"].value_counts() if "verdict" in findings_table else pd.Series(dtype=int)
+    return f"{len(findings_table)} rows: " + ", ".join(f"{int(vc.get(v, 0))} {v}" for v in VERDICTS)
+
+
+def _check_rows(checks: pd.DataFrame) -> pd.DataFrame:
+    """The checks with a value or an interval, each with its label and the numbers as drawn on a
+    log axis: a zero or an open end (a one-sided claim, an interval without an upper end) at the
+    axis' edge, the exact numbers kept for the tooltip."""
+    num = ["value", "lo", "hi", "claim_lo", "claim_hi"]
+    df = checks.copy()
+    for c in num:
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
+    df = df[df["value"].notna() | (df["lo"].notna() & df["hi"].notna())].copy()
+    if df.empty:
+        return df
+    finite = df[num].stack()
+    finite = finite[(finite > 0) & (finite < float("inf"))]
+    floor = float(finite.min()) / 2 if len(finite) else 0.01
+    ceiling = float(finite.max()) * 2 if len(finite) else 100.0
+    for c in num:
+        df[f"x_{c}"] = df[c].clip(lower=floor, upper=ceiling)
+    df["x_claim_lo"] = df["x_claim_lo"].fillna(floor)
+    df["x_claim_hi"] = df["x_claim_hi"].fillna(ceiling)
+    df["x_lo"] = df["x_lo"].fillna(df["x_value"])
+    df["x_hi"] = df["x_hi"].fillna(df["x_value"])
+    gpus = pd.Series([f" · {_bs(g)} GPU" + ("" if _bs(g) == "1" else "s") if _bs(g) else "" for g in df["gpus"]],
+                     index=df.index, dtype=object)
+    layout = df["layout"].astype(object).where(df["layout"].notna(), "")
+    model = df["model"].astype(object).map(lambda m: f" · {m}" if isinstance(m, str) and m not in ("", "-") else "")
+    df["row"] = (df["platform"].astype(str) + model + gpus + " · check "
+                 + _ints(df["check"]) + layout.map(lambda v: f" · {v}" if v else ""))
+    df.attrs["domain"] = [floor, ceiling]
+    return df
+
+
+def verdict_chart(tables: Tables | None = None) -> alt.TopLevelMixin:
+    """The verdict as one forest plot: per finding, one row per check that has a value (a
+    platform, model and GPU count; a parallel layout), our value (dot) and its 95 % interval
+    (rule) against the band the paper's claim allows (shaded), coloured by the check's verdict;
+    the findings table's counts per verdict in the subtitle. A log axis: most checks are
+    ratios (1 = no difference), the rest shares and sizes, each read against its own band."""
+    findings_table = _get(tables, "findings", ["finding", "platform", "model", "gpus", "verdict"])
+    checks = _get(tables, "findings-checks", CHECKS)
+    title = _title("verdict")
+    counts = verdict_counts(findings_table)
+    df = _check_rows(checks[checks["verdict"].isin(list(CHECK_COLOURS))])
+    if df.empty:
+        return _empty(f"{title}. {counts}", "ours", "no check has a value")
+    per_check = ", ".join(f"{int((df['verdict'] == v).sum())} {v}" for v in CHECK_COLOURS)
+    order = list(dict.fromkeys(df.sort_values(["platform", "model", "gpus", "check"])["row"]))
+    # the findings in the findings table's order (the paper's sections)
+    findings = [f for f in dict.fromkeys(findings_table["finding"]) if f in set(df["finding"])]
+    findings += sorted(set(df["finding"]) - set(findings))
+    scale = alt.Scale(type="log", domain=df.attrs["domain"], clamp=True)
+    axis = alt.Axis(title="ours (a ratio: 1 = no difference; a share; a size)", grid=False, format="~g")
+    y = alt.Y("row:N", title=None, sort=order, axis=alt.Axis(labelLimit=320))
+    tip = ["finding", "platform", "model", "gpus", "check", "compares", "layout", "verdict",
+           alt.Tooltip("row_verdict:N", title="the row's verdict"), alt.Tooltip("value:Q", format=".4~g"),
+           alt.Tooltip("lo:Q", format=".4~g", title="95 % low"), alt.Tooltip("hi:Q", format=".4~g", title="95 % high"),
+           alt.Tooltip("claim_lo:Q", format=".4~g", title="claim allows from"),
+           alt.Tooltip("claim_hi:Q", format=".4~g", title="claim allows to"), "n", "pairing", "method"]
+    colour = alt.Color("verdict:N", title="check", scale=alt.Scale(domain=list(CHECK_COLOURS),
+                                                                  range=list(CHECK_COLOURS.values())))
+    base = alt.Chart().encode(y=y, tooltip=tip)
+    band = base.mark_bar(color="#009E73", opacity=0.18, height=alt.RelativeBandSize(0.9)).encode(
+        x=alt.X("x_claim_lo:Q", scale=scale, axis=axis), x2="x_claim_hi:Q")
+    interval = base.mark_rule(strokeWidth=2).encode(x=alt.X("x_lo:Q", scale=scale, axis=axis), x2="x_hi:Q",
+                                                    color=colour)
+    point = base.mark_point(filled=True, size=45, opacity=1).encode(x=alt.X("x_value:Q", scale=scale, axis=axis),
+                                                                    color=colour)
+    one = alt.Chart().mark_rule(color="#555555", strokeDash=[2, 2]).encode(x=alt.datum(1))
+    return alt.layer(band, interval, point, one, data=df).properties(width=460, height=alt.Step(12)).facet(
+        row=alt.Row("finding:N", title=None, sort=findings,
+                    header=alt.Header(labelAngle=0, labelAlign="left", labelAnchor="start", labelOrient="top",
+                                      labelFontWeight="bold", labelPadding=2)),
+        spacing=6,
+    ).resolve_scale(y="independent").properties(title=alt.Title(title, subtitle=[
+        f"The findings table: {counts}.",
+        f"Checks with a value: {per_check}. Dot: ours; line: its 95 % interval; green band: what the paper's "
+        "claim allows (to the axis' edge where one-sided); dashed: 1.",
+        "A check without a value (not run, out of scope) has no row: the findings table names what would decide it."]))
+
+
 # Pre-training and fine-tuning: per method and platform, ours against the paper's -----------
 
 #: the metrics a method figure shows; each compares across hardware (per GPU, relative, MFU)

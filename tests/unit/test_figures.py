@@ -79,3 +79,35 @@ def test_the_verdict_figure_leads_the_verdict_section():
     entries = catalog.by_section()[catalog.VERDICT]
     assert [(e.kind, e.name) for e in entries][:2] == [("table", "findings"), ("figure", "verdict")]
     assert catalog.inputs(catalog.get("figure", "verdict"), "R")["findings_checks"] == "R/tables/findings-checks.csv"
+
+
+def table9_row(model, technique, platform, run, gpus, tps, paper_tps=None):
+    """One row of tables/table9.csv (ours, and the paper's value for that platform)."""
+    return {"model": model, "technique": technique, "platform": platform, "run": run, "gpus": gpus,
+            "status": "ok" if tps else None, "batch_size": 1, "tokens_per_s_per_gpu": tps,
+            "relative_tokens_per_s": 1.0 if tps else None, "mfu": 0.1 if tps else None,
+            "paper_status": "ok" if paper_tps else None, "paper_batch_size": 1 if paper_tps else None,
+            "paper_tokens_per_s_per_gpu": paper_tps, "paper_relative_tokens_per_s": 1.0 if paper_tps else None,
+            "paper_mfu": 0.2 if paper_tps else None}
+
+
+def test_training_figures_colour_hardware_never_runs_and_split_by_model():
+    """Two runs of one platform and GPU count share one colour (the run in the tooltip, not in
+    the legend); the paper's platforms have colours of their own, hollow; one panel per model."""
+    t9 = pd.DataFrame([table9_row("llama2-7b", "L", "h100", "2026-01-01-h100-a", 1, 900.0),
+                       table9_row("llama2-7b", "QL", "h100", "2026-01-02-h100-b", 1, 500.0),
+                       table9_row("llama2-13b", "L", "h200", "2026-01-03-h200-c", 2, 700.0),
+                       table9_row("llama2-7b", "L", "a800", None, None, None, paper_tps=1500.0),
+                       table9_row("llama2-13b", "L", "a800", None, None, None, paper_tps=800.0)])
+    chart = figures.finetune_chart({"table9": t9})
+    spec, rows = chart.to_dict(), chart_data(chart)
+    assert {r["series"] for r in rows} == {"h100 · 1 GPU", "h200 · 2 GPUs", "a800 (paper)"}
+    assert {r["run"] for r in rows if r["series"] == "h100 · 1 GPU"} == {"2026-01-01-h100-a", "2026-01-02-h100-b"}
+    layers = spec["spec"]["layer"]
+    scale = layers[0]["encoding"]["color"]["scale"]
+    assert scale["domain"] == ["h100 · 1 GPU", "h200 · 2 GPUs", "a800 (paper)"]
+    assert len(set(scale["range"])) == 3 and set(scale["range"]) <= set(figures.HARDWARE_COLOURS[:8])
+    assert "run" in [t if isinstance(t, str) else t["field"] for t in layers[0]["encoding"]["tooltip"]]
+    assert [(lay["mark"]["shape"], lay["mark"]["filled"]) for lay in layers[:2]] == [("circle", True),
+                                                                                     ("triangle-up", False)]
+    assert spec["facet"]["row"]["sort"] == ["Table IX: batch 1 · llama2-7b", "Table IX: batch 1 · llama2-13b"]

@@ -200,40 +200,51 @@ def _method_points(long: pd.DataFrame, label: str, base: str) -> pd.DataFrame:
                        value_vars=metrics,
                        var_name="metric", value_name="value").dropna(subset=["value"])
     points["table"] = label
-    several = points["model"].nunique() > 1
-    points["row"] = (points["model"].astype(str) + " " + points["method"].astype(str)) if several else points["method"]
     return points
 
 
+#: what a reader compares, coloured: hardware and GPU count (Okabe-Ito, then Tableau's
+#: colourblind-safe ten where more series than eight are drawn)
+HARDWARE_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000", "#F0E442",
+                    "#1170aa", "#fc7d0b", "#a3acb9", "#57606c", "#5fa2ce", "#c85200", "#7b848f", "#a3cce9")
+
+
 def _series(points: pd.DataFrame) -> pd.Series:
-    """A colour per platform and GPU count (ours) or paper platform; where several runs
-    measured one platform and GPU count (the combined view), a colour per run, the same in
-    every panel."""
-    ours = points["source"] == "ours"
-    runs = points[ours].groupby(["platform", "gpus"], dropna=False)["run"].nunique()
-    out = []
-    for r in points.itertuples():
-        if r.source != "ours":
-            out.append(f"{r.platform} (paper) · 8 GPUs")
-            continue
-        label = f"{r.platform} · {_bs(r.gpus)} GPU" + ("" if r.gpus == 1 else "s")
-        out.append(label + (f" · {r.run}" if runs.get((r.platform, r.gpus), 1) > 1 else ""))
+    """The hardware a point was measured on: platform and GPU count (ours), or the paper's
+    platform (its 8-GPU node). Never the run: several runs of one platform and GPU count share
+    a colour, and the run is in the tooltip."""
+    out = [f"{r.platform} (paper)" if r.source != "ours"
+           else f"{r.platform} · {_bs(r.gpus)} GPU" + ("" if _bs(r.gpus) == "1" else "s")
+           for r in points.itertuples()]
     return pd.Series(out, index=points.index, dtype=object)
 
 
+def _hardware_scale(series: pd.Series, source: pd.Series) -> alt.Scale:
+    """Ours first (by platform and GPU count), then the paper's, each its own colour."""
+    def key(label: str) -> tuple[str, int]:
+        platform, _, gpus = label.partition(" · ")
+        return platform, int(gpus.split()[0]) if gpus[:1].isdigit() else 0
+
+    ours = sorted(set(series[source == "ours"]), key=key)
+    domain = ours + sorted(set(series[source != "ours"]))
+    return alt.Scale(domain=domain, range=[HARDWARE_COLOURS[i % len(HARDWARE_COLOURS)] for i in range(len(domain))])
+
+
 def _methods_chart(points: pd.DataFrame, title: str, base_note: str) -> alt.TopLevelMixin:
-    """Dots per method (rows), one colour per platform series, filled circle: ours, hollow
-    triangle: the paper's, cross at 0: out of memory; one column per metric (each its own
-    scale), one row per table."""
+    """Dots per method (rows), coloured by hardware: filled circle, ours (platform · GPUs);
+    hollow triangle, the paper's platform; cross at 0, out of memory. One column per metric
+    (each its own scale), one panel per table and model, so that no panel needs scrolling."""
     if points.empty:
         return _empty(title, "value", "no measured cell of ours or of the paper for these models")
-    order = list(dict.fromkeys(points["row"]))
-    points = points.assign(series=_series(points))
+    points = points.assign(series=_series(points), panel=points["table"].astype(str) + " · " + points["model"].astype(str))
+    order = list(dict.fromkeys(points["method"]))
+    panels = list(dict.fromkeys(points["panel"]))  # the tables' order: table, then model
     base = alt.Chart().encode(
-        y=alt.Y("row:N", title=None, sort=order),
+        y=alt.Y("method:N", title=None, sort=order),
         x=alt.X("value:Q", title=None, scale=alt.Scale(zero=False)),
-        color=alt.Color("series:N", title="platform · GPUs [· run]", legend=alt.Legend(labelLimit=360)),
-        tooltip=["table", "model", "method", "series", "source", "status", "batch", "gpus", "metric",
+        color=alt.Color("series:N", title="hardware (platform · GPUs)",
+                        scale=_hardware_scale(points["series"], points["source"])),
+        tooltip=["table", "model", "method", "series", "source", "run", "status", "batch", "gpus", "metric",
                  alt.Tooltip("value:Q", format=",.3~f")])
     ok = alt.datum.status == "ok"
     ours = base.transform_filter(ok & (alt.datum.source == "ours")).mark_point(
@@ -243,11 +254,15 @@ def _methods_chart(points: pd.DataFrame, title: str, base_note: str) -> alt.TopL
     oom = base.transform_filter(alt.datum.status == "oom").mark_point(shape="cross", size=70, filled=True)
     metrics = [m for m in dict.fromkeys(points["metric"])]
     return alt.layer(ours, paper, oom, data=points).properties(width=230, height=alt.Step(16)).facet(
-        row=alt.Row("table:N", title=None), column=alt.Column("metric:N", title=None, sort=metrics),
+        row=alt.Row("panel:N", title=None, sort=panels, header=alt.Header(
+            labelAngle=0, labelAlign="left", labelAnchor="start", labelOrient="top", labelFontWeight="bold")),
+        column=alt.Column("metric:N", title=None, sort=metrics),
+        align=alt.RowColLayoutAlign(row="each", column="all"),  # a short panel stays short
     ).resolve_scale(x="independent", y="independent").properties(
-        title=alt.Title(title, subtitle=[base_note, "Filled circle: ours (platform · GPUs of the cell); hollow "
-                                         "triangle: the paper's (8-GPU node); cross at 0: out of memory (ours or "
-                                         "the paper's '-'). A cell not run has no mark: see the table."]))
+        title=alt.Title(title, subtitle=[base_note, "Filled circle: ours (platform · GPUs of the cell; the run in the "
+                                         "tooltip); hollow triangle: the paper's (8-GPU node); cross at 0: out of "
+                                         "memory (ours or the paper's '-'). A cell not run has no mark: see the "
+                                         "table."]))
 
 
 def pretrain_chart(tables: Tables | None = None) -> alt.TopLevelMixin:

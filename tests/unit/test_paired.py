@@ -1,7 +1,8 @@
-"""Paired sets from a config (llmbench.grid.paired): which cells form a set, the order of
-each round, every rejection before any job, the machine identity of a record
+"""Paired sets from a config (llmbench.grid.paired): which cells form a set (training cells,
+or serving cells whose points' runs are their repeats), the order of each round, every
+rejection before any job, the machine identity of a record
 (llmbench.provenance.machine) and the message of a set with records missing. Their runs:
-tests/integration/test_paired_set.py."""
+tests/integration/test_paired_set.py and test_paired_serve_set.py."""
 
 import copy
 
@@ -120,12 +121,93 @@ def test_a_set_whose_cells_differ_in_platform_cannot_be_made():
         paired.PairedSet(name="s", platform="h200", cells=g.sets[0].cells)
 
 
-def test_serving_blocks_have_no_paired_key():
-    c = {"protocol": dict(PROTOCOL), "serve": [{"platforms": ["cpu"], "models": ["tiny"], "engines": ["transformers"],
-                                                "loads": {"b": {"num_requests": 1, "input_len": 4, "output_len": 4}},
-                                                "paired": "s"}]}
-    with pytest.raises(ConfigError, match=r"serve\[0\]: unknown key\(s\) 'paired'"):
+BURST = {"num_requests": 4, "input_len": 4, "output_len": 4}
+
+
+def serve_block(engines=("transformers",), loads=("burst-1", "burst-2", "burst-3"), **keys):
+    return {"platforms": ["cpu"], "models": ["tiny"], "engines": list(engines),
+            "loads": {name: dict(BURST) for name in loads}, **keys}
+
+
+def test_serve_blocks_naming_one_set_alternate_their_points_run_by_run():
+    """vLLM and transformers under burst-1..3: the runs of each engine are its repeats, and
+    round r runs burst-(r+1) of each engine, the engines in the round's order."""
+    g = grid.expand(config(serve_block(paired="eng"), serve_block(engines=["vllm"], paired="eng"),
+                           serve_block(loads=["solo"]), stage="serve", paired_order="rotate"))
+    (s,) = g.sets
+    assert s.id == "eng-cpu" and s.serving and s.rule_name == "run_paired_set_eng_cpu"
+    assert [(c.engine, c.load) for c in s.cells] == [(e, f"burst-{k}") for e in ("transformers", "vllm")
+                                                     for k in (1, 2, 3)]
+    assert s.rounds == 3 and s.gpus == 1
+    plan = s.plan()
+    assert plan["cells"][4] == "runs/serve/cpu/tiny/vllm/burst-2-g1/record.json"
+    assert plan["rounds"] == [[0, 3], [4, 1], [2, 5]] and plan["ordering"] == "rotate" and plan["seed"] is None
+    assert len(g.cells) == 7  # the solo cell is no set's
+
+
+def test_a_shuffled_serving_set_is_seeded_by_the_protocol_seed_and_the_round():
+    g = grid.expand(config(serve_block(engines=["transformers", "vllm"], paired="eng"), stage="serve",
+                           protocol={**PROTOCOL, "seed": 7}))
+    (s,) = g.sets
+    assert s.seed == 7 and s.order == "shuffle"
+    by_point = [[0, 1, 2], [3, 4, 5]]  # each engine's burst-1..3
+    assert s.plan()["rounds"] == [[by_point[p][r] for p in paired.round_order(2, r, "shuffle", 7)] for r in range(3)]
+    assert s.plan()["seed"] == 7
+
+
+def test_the_runs_of_a_point_are_loads_of_one_spec_numbered_1_2_3():
+    cells = grid.expand(config(serve_block(loads=["burst-2", "burst-1", "burst-10", "solo", "poisson-5"]),
+                               stage="serve")).cells
+    by_load = {c.load: i for i, c in enumerate(cells)}
+    # burst-1, -2, -10 are one point's runs in the order of their numbers; solo and
+    # poisson-5 are points of one run each (poisson-5 is the only run named poisson-)
+    assert paired.serving_points(cells) == [[by_load["burst-1"], by_load["burst-2"], by_load["burst-10"]],
+                                           [by_load["solo"]], [by_load["poisson-5"]]]
+    b = serve_block(loads=["run-1", "run-2"])
+    b["loads"]["run-2"]["num_requests"] = 8  # another spec: another point, not a second run
+    cells = grid.expand(config(b, stage="serve")).cells
+    assert paired.serving_points(cells) == [[0], [1]]
+
+
+def test_a_serving_set_with_uneven_runs_runs_the_longer_points_alone_at_the_end():
+    g = grid.expand(config(serve_block(paired="u"), serve_block(engines=["vllm"], loads=["burst-1"], paired="u"),
+                           stage="serve", paired_order="rotate"))
+    assert g.sets[0].rounds == 3 and g.sets[0].plan()["rounds"] == [[0, 3], [1], [2]]
+
+
+@pytest.mark.parametrize("blocks, match", [
+    ([serve_block(paired="Eng")], r"serve\[0\]\.paired: 'Eng' does not match"),
+    ([serve_block(paired_order="rotate")], r"serve\[0\]\.paired_order: only with paired"),
+    ([serve_block(paired="s"), serve_block(engines=["vllm"], paired="s", paired_order="rotate")],
+     r"serve\[1\]\.paired_order: 'rotate', but serve\[0\] orders paired set 's' 'shuffle'"),
+    ([serve_block(paired="s"), serve_block(loads=["burst-1"], paired="u")],
+     r"serve\[1\]\.paired: cell \S+/transformers/burst-1-g1/record.json is already in paired set 's' "
+     r"\(serve\[0\]\)"),
+])
+def test_a_bad_serving_set_is_rejected_before_any_job_naming_the_block_and_key(blocks, match):
+    with pytest.raises(ConfigError, match=match):
+        grid.expand(config(*blocks, stage="serve"))
+
+
+def test_a_set_holds_serving_cells_or_training_cells_not_both():
+    c = {**config(block(paired="s")), "serve": [serve_block(paired="s")]}
+    with pytest.raises(ConfigError, match=r"serve\[0\]\.paired: paired set 's' is named by pretrain\[0\] too; a set "
+                                          "holds serving cells or training cells, not both"):
         grid.expand(c)
+    g = grid.expand({**config(block(paired="t")), "serve": [serve_block(paired="s")]})
+    assert [(s.id, s.serving) for s in g.sets] == [("t-cpu", False), ("s-cpu", True)]
+    with pytest.raises(ConfigError, match="all be serving cells or all training cells"):
+        paired.PairedSet(name="x", platform="cpu", cells=(g.sets[0].cells[0], g.sets[1].cells[0]))
+
+
+def test_a_serving_set_with_a_record_missing_is_reported_as_a_training_one_is():
+    g = grid.expand(config(serve_block(engines=["transformers", "vllm"], paired="eng"), stage="serve",
+                           results_dir="res"))
+    paths = g.sets[0].record_paths("res")
+    (found,) = paired.incomplete(g.sets, "res", exists=lambda p: p == paths[0])
+    assert found.message("res").startswith("paired set eng-cpu: 1 of its 6 records are present, 5 missing.")
+    assert "mv res/runs/serve/cpu/tiny/transformers/burst-1-g1/record.json res/superseded/runs/serve/" in (
+        found.message("res"))
 
 
 def test_a_set_with_some_records_missing_is_reported_with_how_to_measure_it_again():

@@ -27,10 +27,11 @@ except ConfigError as exc:
     raise WorkflowError(f"invalid configuration (nothing was run):\n{exc}") from None
 
 R = GRID.results_dir
-# A paired set is one job whose outputs are its records (training.smk), and Snakemake deletes
-# a job's present outputs before it runs it: a set with some records and not others would
-# lose what was measured. Stop here instead, saying how to measure it again. Checked where
-# the workflow is planned, not again inside each job (a set writes its records one by one).
+# A paired set is one job whose outputs are its records (training.smk, serving.smk), and
+# Snakemake deletes a job's present outputs before it runs it: a set with some records and
+# not others would lose what was measured. Stop here instead, saying how to measure it
+# again. Checked where the workflow is planned, not again inside each job (a set writes its
+# records one by one).
 if workflow.is_main_process and (incomplete := lbpaired.incomplete(GRID.sets, R)):
     raise WorkflowError("\n\n".join(i.message(R) for i in incomplete))
 # Outputs: a cell's record (or a search's folder) at its pattern under R; its log and
@@ -268,7 +269,11 @@ def model_spec(wildcards):
 
 def serve_model_dir(wildcards):
     """The model directory a serving cell's engine loads."""
-    cell = cell_of(wildcards)
+    return serve_model_dir_of(cell_of(wildcards))
+
+
+def serve_model_dir_of(cell):
+    """The model directory (built by build_model_dir) that a serving cell's engine loads."""
     return f"{R}/models/{cell.model}/{cell.weights}"
 
 
@@ -311,9 +316,49 @@ def micro_runtime_min(wildcards):
 
 
 def serve_runtime_min(wildcards):
-    """Slurm time limit: start-up, the load's timeout, and slack."""
-    cell = cell_of(wildcards)
+    """Slurm time limit of a serving cell's job (serve_runtime_of)."""
+    return serve_runtime_of(cell_of(wildcards))
+
+
+def serve_runtime_of(cell):
+    """Slurm time limit of a serving cell: start-up, the load's timeout, and slack."""
     return (cell.ready_timeout_s + cell.timeout_s) // 60 + 10
+
+
+def serving_sets():
+    """The paired sets of serving cells (serving.smk: one rule each); the others are
+    training sets (training.smk)."""
+    return [s for s in GRID.sets if s.serving]
+
+
+def set_model_dirs(pset):
+    """The model directories a serving set's engines load, each once."""
+    return sorted({serve_model_dir_of(c) for c in pset.cells})
+
+
+def set_server_logs(pset):
+    """Each engine's log of a serving set, at its cell's name as run_serving_cell has it."""
+    return [f"{R}/logs/serve/{lbcells.cell_dir(c.pattern).format(**c.key)}.server.log" for c in pset.cells]
+
+
+def serve_set_threads(pset):
+    """A serving set's CPUs: the whole machine on a CPU platform (exclusive_threads), else
+    the platform's CPUs per job."""
+    if GRID.platforms[pset.platform].accelerator == "cpu":
+        return min(workflow.cores, os.cpu_count() or 1)
+    return threads_of(pset.platform)
+
+
+def serve_set_runtime_min(pset):
+    """Slurm time limit of a serving set's job: its cells' one after the other."""
+    return sum(serve_runtime_of(c) for c in pset.cells)
+
+
+def serve_set_env_file(pset):
+    """The environment file of a serving set's job (--software-deployment-method conda):
+    its first cell's engine's. An engine of the set with another environment runs from
+    its engine_python."""
+    return f"../../{lbengines.ENGINES[pset.cells[0].engine].env_file}"
 
 
 def slurm_resource(key, default=None):

@@ -47,3 +47,46 @@ rule run_serving_cell:
         gpu_slots=lambda wildcards: int(wildcards.gpus),
     script:
         "../scripts/run_serving_cell.py"
+
+
+# A paired set of serving cells (a serve block's `paired` key; llmbench.grid.paired): its
+# cells measured in one job on one machine, each with a fresh engine, the runs of each point
+# (loads <point>-1, <point>-2, ...) interleaved round by round (llmbench.serve.paired). One
+# rule per set, its outputs the set's records (each cell's own path), which it takes over
+# from run_serving_cell (ruleorder): asking for any record of a set runs the whole set. Its
+# log is named by the set's id (logs/paired/<id>.log), each engine's log by its cell, as
+# run_serving_cell names it. It holds the GPUs of its largest cell and the time of all its
+# cells one after the other. A set with some records present and some missing stops the
+# workflow at parse time (common.smk).
+for pset in serving_sets():
+
+    rule:
+        name:
+            pset.rule_name
+        input:
+            set_model_dirs(pset),
+        output:
+            pset.record_paths(R),
+        log:
+            set=f"{R}/logs/paired/{pset.id}.log",
+            servers=set_server_logs(pset),
+        benchmark:
+            f"{R}/benchmarks/paired/{pset.id}.tsv"
+        params:
+            specs=set_specs(pset),
+            plan=pset.plan(),
+            model_dirs=[serve_model_dir_of(c) for c in pset.cells],
+        threads: serve_set_threads(pset)
+        conda:
+            serve_set_env_file(pset)
+        resources:
+            slurm_partition=set_slurm(pset, "partition"),
+            gres=set_slurm(pset, "gres"),
+            cpus_per_task=serve_set_threads(pset),
+            mem_mb=set_slurm(pset, "mem_mb", 4000),
+            runtime=serve_set_runtime_min(pset),
+            gpu_slots=pset.gpus,
+        script:
+            "../scripts/run_serving_set.py"
+
+    workflow.ruleorder(pset.rule_name, "run_serving_cell")

@@ -64,7 +64,7 @@ use rule run_training_cell as run_multinode_training_cell with:
 # It holds the GPUs of its largest cell and the time of all its cells one after the other.
 # A set with some records present and some missing stops the workflow at parse time
 # (common.smk): Snakemake would delete the present ones to run it.
-for pset in GRID.sets:
+for pset in (s for s in GRID.sets if not s.serving):
 
     rule:
         name:

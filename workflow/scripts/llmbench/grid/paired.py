@@ -3,30 +3,62 @@ their repeats interleaved (llmbench.launch.run_set), so that what differs betwee
 machines (a host-bound batch-1 cell moves by tens of percent between lent machines) falls
 on both sides of a comparison alike.
 
-A training block names its set with ``paired: <name>`` (kebab-case). Every cell that blocks
-naming the same set expand to on one platform belongs to the paired set
-``<name>-<platform>``, in the order the blocks expand them. Its repeats run in rounds:
-round r runs repeat r of every cell that still needs one, in the round's order
-(``paired_order``: ``shuffle``, a shuffle seeded with the protocol seed + r, the default;
-or ``rotate``: A B C, B C A, C A B, ...). A cell's path, record and target stay its own;
-the workflow runs a set as one job whose outputs are its records (workflow/rules/training.smk).
+A training or serve block names its set with ``paired: <name>`` (kebab-case). Every cell
+that blocks naming the same set expand to on one platform belongs to the paired set
+``<name>-<platform>``, in the order the blocks expand them; a set holds training cells or
+serving cells, never both. Its repeats run in rounds: round r runs repeat r of every cell
+that still needs one, in the round's order (``paired_order``: ``shuffle``, a shuffle seeded
+with the protocol seed + r, the default; or ``rotate``: A B C, B C A, C A B, ...).
+
+A serving cell has no repeats: the independent runs of one serving point are cells of their
+own whose loads are named ``<point>-1``, ``<point>-2``, ... with identical load specs
+(llmbench.serve.runs pools them). In a set, the runs of one point are that point's repeats:
+round r runs run r+1 of every point that has one, the points in the round's order (a point's
+runs in the order of their numbers; a cell that is no run of a point is a point of one run).
+Two engines under ``burst-1..3`` are so: burst-1 of each, then burst-2 of each, ... A cell's
+path, record and target stay its own; the workflow runs a set as one job whose outputs are
+its records (workflow/rules/training.smk, workflow/rules/serving.smk).
 """
 
 from __future__ import annotations
 
+import json
 import random
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..cells import Cell
+from ..cells import Cell, ServeCell
 from ..config import ConfigError, schema_properties
 
 #: How a set's cells are ordered within each round (the config schema's enum)
 ORDERS = tuple(schema_properties("")["paired_order"]["enum"])
 #: Where the records of an incomplete set go before it is measured again (Incomplete)
 SUPERSEDED = "superseded"
+#: A serving load named as one run of a point: ``<point>-<run>`` (llmbench.serve.runs too)
+RUN_NAME = re.compile(r"^(?P<point>.+)-(?P<run>\d+)$")
+
+
+def seed_of(cell: Cell | ServeCell) -> int:
+    """The seed a set's shuffle starts from, its first cell's: the protocol seed (a serving
+    cell carries the config's protocol seed as its own)."""
+    return cell.seed if isinstance(cell, ServeCell) else cell.protocol.seed
+
+
+def serving_points(cells: Iterable[ServeCell]) -> list[list[int]]:
+    """The serving points of ``cells`` (indices into it), each its runs in the order of their
+    numbers: cells whose loads are ``<point>-<k>`` with one ``<point>``, whose load specs
+    and other fields are identical, are the runs of one point (as llmbench.serve.runs pools
+    them); any other cell is a point of one run. Points in the order of their first cell."""
+    points: dict[str, list[tuple[int, int]]] = {}
+    for i, c in enumerate(cells):
+        m = RUN_NAME.match(c.load)
+        point, run = (m["point"], int(m["run"])) if m else (c.load, 0)
+        same = json.dumps({**c.to_dict(), "load": point}, sort_keys=True) if m else f"{i}"
+        points.setdefault(same, []).append((run, i))
+    return [[i for _, i in sorted(runs)] for runs in points.values()]
 
 
 def round_order(n: int, r: int, how: str, seed: int) -> list[int]:
@@ -48,7 +80,7 @@ class PairedSet:
     """The set's name as the blocks give it (``paired``)."""
     platform: str
     """The platform every cell of the set runs on."""
-    cells: tuple[Cell, ...]
+    cells: tuple[Cell, ...] | tuple[ServeCell, ...]
     """Its cells, in the order the blocks expand them (the set's order)."""
     order: str = "shuffle"
     """How each round orders the cells (ORDERS)."""
@@ -58,6 +90,8 @@ class PairedSet:
     def __post_init__(self) -> None:
         if not self.cells or any(c.platform != self.platform for c in self.cells):
             raise ConfigError(f"paired set {self.id}: its cells must run on platform {self.platform!r}")
+        if len({isinstance(c, ServeCell) for c in self.cells}) > 1:
+            raise ConfigError(f"paired set {self.id}: its cells must all be serving cells or all training cells")
         if self.order not in ORDERS:
             raise ConfigError(f"paired set {self.id}: paired_order {self.order!r}; one of {', '.join(ORDERS)}")
 
@@ -72,8 +106,16 @@ class PairedSet:
         return "run_paired_set_" + self.id.replace("-", "_").replace(".", "_")
 
     @property
+    def serving(self) -> bool:
+        """Whether its cells are serving cells (workflow/rules/serving.smk runs it)."""
+        return isinstance(self.cells[0], ServeCell)
+
+    @property
     def rounds(self) -> int:
-        """Rounds of repeats: the most repeats any cell of the set has."""
+        """Rounds of repeats: the most repeats any cell of the set has (a serving set: the
+        most runs any of its points has, serving_points)."""
+        if self.serving:
+            return max(len(p) for p in serving_points(self.cells))
         return max(c.protocol.repeats for c in self.cells)
 
     @property
@@ -86,18 +128,24 @@ class PairedSet:
         return [c.record_path(results_dir) for c in self.cells]
 
     def plan(self) -> dict[str, Any]:
-        """What the launcher needs besides the cells' specs (llmbench.launch.run_set): the id,
-        each cell's record path relative to the results folder, the order of every round
-        (of all cells; a round runs those that still need a repeat), the rule and the seed."""
-        n = len(self.cells)
-        return {"id": self.id, "cells": [c.pattern.format(**c.key) for c in self.cells],
-                "rounds": [round_order(n, r, self.order, self.seed) for r in range(self.rounds)],
+        """What the launcher needs besides the cells' specs (llmbench.launch.run_set,
+        llmbench.serve.paired.run_set): the id, each cell's record path relative to the results
+        folder, the order of every round (the cells' indices; a training set's rounds list all
+        its cells and run those that still need a repeat, a serving set's round r lists run
+        r+1 of each of its points, the points in the round's order), the rule and the seed."""
+        if self.serving:
+            points = serving_points(self.cells)
+            rounds = [[points[p][r] for p in round_order(len(points), r, self.order, self.seed)
+                       if r < len(points[p])] for r in range(self.rounds)]
+        else:
+            rounds = [round_order(len(self.cells), r, self.order, self.seed) for r in range(self.rounds)]
+        return {"id": self.id, "cells": [c.pattern.format(**c.key) for c in self.cells], "rounds": rounds,
                 "ordering": self.order, "seed": self.seed if self.order == "shuffle" else None}
 
 
 def check_block(block: dict[str, Any], where: str) -> None:
-    """A training block's ``paired`` and ``paired_order`` keys against the rest of the block
-    (errors name the key): a set's cells are fixed cells of one node."""
+    """A training or serve block's ``paired`` and ``paired_order`` keys against the rest of
+    the block (errors name the key): a set's cells are fixed cells of one node."""
     name = block.get("paired")
     if name is None:
         if block.get("paired_order") is not None:
@@ -117,12 +165,13 @@ class Membership:
 
     def __init__(self, default_order: str) -> None:
         self.default_order = default_order
-        self.cells: dict[tuple[str, str], dict[str, Cell]] = {}
+        self.cells: dict[tuple[str, str], dict[str, Cell | ServeCell]] = {}
         self.where: dict[tuple[str, str], str] = {}
         self.orders: dict[str, tuple[str, str]] = {}
+        self.kinds: dict[str, tuple[bool, str]] = {}
         self.owner: dict[str, tuple[str, str]] = {}
 
-    def add(self, block: dict[str, Any], where: str, cell: Cell, results_dir: str) -> None:
+    def add(self, block: dict[str, Any], where: str, cell: Cell | ServeCell, results_dir: str) -> None:
         """Put ``cell`` (of the block at ``where``) into the block's set, if it names one."""
         name = block.get("paired")
         if name is None:
@@ -132,6 +181,11 @@ class Membership:
         if first[0] != order:
             raise ConfigError(f"{where}.paired_order: {order!r}, but {first[1]} orders paired set {name!r} "
                               f"{first[0]!r}; give every block of the set the same paired_order")
+        serving = isinstance(cell, ServeCell)
+        kind = self.kinds.setdefault(name, (serving, where))
+        if kind[0] != serving:
+            raise ConfigError(f"{where}.paired: paired set {name!r} is named by {kind[1]} too; a set holds "
+                              "serving cells or training cells, not both (give one of them another name)")
         key, path = (name, cell.platform), cell.record_path(results_dir)
         if self.owner.setdefault(path, key) != key:
             other = self.owner[path]
@@ -140,7 +194,7 @@ class Membership:
         self.where.setdefault(key, where)
         self.cells.setdefault(key, {})[path] = cell
 
-    def sets(self, seed_of: Callable[[Cell], int] = lambda c: c.protocol.seed) -> tuple[PairedSet, ...]:
+    def sets(self, seed_of: Callable[[Cell | ServeCell], int] = seed_of) -> tuple[PairedSet, ...]:
         """The sets, in the order the blocks first name them; two whose ids collide (a name
         ending in another set's platform) are an error."""
         out: dict[str, PairedSet] = {}

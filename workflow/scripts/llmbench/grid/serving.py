@@ -1,5 +1,6 @@
 """Serve blocks -> ServeCells: engines x platforms x models x loads, each engine checked
-against the platform (llmbench.serve.engines) and each load against the model."""
+against the platform (llmbench.serve.engines) and each load against the model; a block's
+``paired`` key puts its cells into a paired set (llmbench.grid.paired)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import itertools
 from ..cells import ServeCell
 from ..config import ConfigError
 from .base import Builder
+from .paired import check_block
 
 
 def expand(b: Builder) -> None:
@@ -19,6 +21,7 @@ def expand(b: Builder) -> None:
         where = f"serve[{i}]"
         b.check_names(block["platforms"], "platform", f"{where}.platforms")
         b.check_names(block["models"], "model", f"{where}.models")
+        check_block(block, where)
         for name, load in block["loads"].items():
             if load["mode"] == "poisson" and load["rate_per_s"] is None:
                 raise ConfigError(f"{where}.loads.{name}.rate_per_s: required when mode is 'poisson'")
@@ -42,10 +45,12 @@ def expand(b: Builder) -> None:
                         raise ConfigError(f"{where}.loads.{load_name}: input_len + output_len = "
                                           f"{load['input_len'] + load['output_len']} is past the positions of "
                                           f"model {model_name!r} (max_position_embeddings {positions})")
-                    b.add(ServeCell(
+                    cell = ServeCell(
                         platform=plat_name, model=model_name, engine=engine_name, load=load_name, gpus=gpus,
                         load_spec=dict(load), weights=block["weights"],
                         engine_args=tuple(block["engine_args"].get(engine_name, ())),
                         ready_timeout_s=block["ready_timeout_s"], timeout_s=block["timeout_s"],
                         seed=config["protocol"]["seed"],
-                    ), where)
+                    )
+                    b.add(cell, where)
+                    b.paired.add(block, where, cell, b.results_dir)

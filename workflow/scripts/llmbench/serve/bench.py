@@ -6,7 +6,8 @@ Status is data, as for training cells:
   timeout  the load ran past the cell's timeout_s (the requests that completed before are kept)
   error    the engine never became ready, died during the load, or any request failed
            (the record keeps the measured values and says how many failed and why)
-The engine's whole process group is stopped in every case (llmbench.serve.server).
+The engine's whole process group is stopped in every case (llmbench.serve.server). A
+paired set's cells are measured the same way, one after the other (llmbench.serve.paired).
 """
 
 from __future__ import annotations
@@ -91,6 +92,16 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
              gpu_busy: gpus.BusyPolicy | None = None) -> Record:
     """Run one serving cell end to end and write its Record (never raises for a bad engine).
     No engine starts on busy GPUs (``gpu_busy``: what to do then, llmbench.gpus)."""
+    record = measure(spec, model_dir, log, server_log, gpu_busy)
+    write(record, record_path)
+    return record
+
+
+def measure(spec: dict, model_dir: Path, log: Path, server_log: Path,
+            gpu_busy: gpus.BusyPolicy | None = None) -> Record:
+    """One serving cell end to end, its engine started and always stopped: its Record, not
+    written (run_cell writes it; a paired set writes its records together at its end,
+    llmbench.serve.paired). Never raises for a bad engine."""
     started = datetime.now(UTC).isoformat()
     cell = ServeCell.from_dict(spec["cell"])
     engine = ENGINES[cell.engine]
@@ -176,7 +187,6 @@ def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_l
     record = Record(cell=cell.to_dict(), status=status, reason=reason,
                     log_tail=tail(server_log) if status != "ok" else "",
                     summary=serving, samples=requests, provenance=prov)
-    write(record, record_path)
     with open(log, "a") as fh:
         fh.write(f"status {status} {reason}\n")
     return record

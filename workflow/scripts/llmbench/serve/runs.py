@@ -4,7 +4,8 @@ A serving cell has no repeat axis: a config asks for independent runs of a point
 engine each, as the paper's 3 runs) by naming identical loads ``<name>-1``, ``<name>-2``,
 ... Cells of one platform, model, engine and GPU count whose load specs are identical are
 runs of one point; each other cell is a point of its own (a Poisson rate, say: its loads
-differ in rate_per_s, so ``poisson-5`` and ``poisson-10`` never pool).
+differ in rate_per_s, so ``poisson-5`` and ``poisson-10`` never pool). In a paired set
+(llmbench.grid.paired) the same runs are a point's repeats, run round by round.
 
     python -m llmbench.serve.runs RESULTS_DIR [RESULTS_DIR ...]   # Markdown on stdout
 """
@@ -12,20 +13,19 @@ differ in rate_per_s, so ``poisson-5`` and ``poisson-10`` never pool).
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
 import pandas as pd
 
 from ..cells import SERVE_RECORD_PATTERN, glob
+from ..grid.paired import RUN_NAME
 from ..record import read
 
 KEY = ["platform", "model", "engine", "gpus"]
 #: summary values pooled over runs: mean and sample standard deviation (ddof 1) of each
 METRICS = ["output_tokens_per_s", "request_throughput_per_s", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s",
            "p99_tpot_s", "p50_e2e_latency_s", "p99_e2e_latency_s", "goodput_share"]
-_RUN = re.compile(r"^(?P<point>.+)-(?P<run>\d+)$")
 
 
 def rows(results_dirs: list[Path | str]) -> pd.DataFrame:
@@ -43,7 +43,7 @@ def rows(results_dirs: list[Path | str]) -> pd.DataFrame:
 
 
 def _point(loads: pd.Series) -> str:
-    names = [_RUN.match(x) for x in loads]
+    names = [RUN_NAME.match(x) for x in loads]
     if len(loads) > 1 and all(names) and len({m["point"] for m in names}) == 1:
         return names[0]["point"]
     return loads.iloc[0] if len(loads) == 1 else "/".join(loads)

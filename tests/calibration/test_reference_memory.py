@@ -79,7 +79,7 @@ def test_replay_reproduces_the_committed_searches_and_the_hint_finds_the_same_ba
     assert (df["as_run_probes"] == df["committed_probes"]).all()
     # 13B L+F+R+Z2 ran while the runner recorded no reason for the probes it ran: after the OOM
     # at its hint it bisected from 0 (67); knowing the first probe was the hint, it backs off
-    lfr = df[(df["run"] == "2026-11-26-h100-one-gpu-search-k") & (df["technique"] == "L+F+R+Z2")].iloc[0]
+    lfr = df[(df["run"] == "2026-11-25-h100-one-gpu-search-b") & (df["technique"] == "L+F+R+Z2")].iloc[0]
     assert lfr["committed_probes"] == 5 and lfr["hinted"] == "134:oom 120:ok 129:ok 130:tight"
     assert (df["replayed_found"] == df["largest_ok"]).all() and (df["hinted_found"] == df["largest_ok"]).all()
     assert (df["probes_saved"] == df["replayed_probes"] - df["hinted_probes"]).all()
@@ -98,7 +98,7 @@ def test_replay_reproduces_the_committed_searches_and_the_hint_finds_the_same_ba
     assert rec.loc["QL+F+R", ["committed_probes", "hinted_start", "hinted_probes"]].tolist() == [9, 231, 4]
     # a recomputed layer's backward peak counted: one H200's 13B L+R, which ran from a hint
     # of 304 (9 probes), starts at 285 and needs 7
-    lr = df[(df["platform"] == "h200") & (df["technique"] == "L+R")].iloc[0]
+    lr = df[(df["platform"] == "h200") & (df["technique"] == "L+R") & (df["model"] == "llama2-13b")].iloc[0]
     assert (lr["committed_probes"], lr["hinted_start"], lr["hinted_probes"], lr["largest_ok"]) == (9, 285, 7, 261)
     # ZeRO-2's buckets out of the logits' peak and ZeRO-3's recomputed adapter layer: the 7B
     # L+F+R+Z2 search ran from a hint of 196 (12 probes over two calls) and starts at 201; the

@@ -41,7 +41,7 @@ def test_a_committed_search_resumed_from_its_kept_probes_counts_them_as_run(repo
     from llmbench.report import search as search_report
 
     ref = repo / "results/reference"
-    folder = ref / "2026-11-26-h100-one-gpu-search-m/runs/search/finetune/h100/llama2-13b/deepspeed/L+F+R+Z3+O-g1"
+    folder = ref / "2026-11-25-h100-one-gpu-search-b/runs/search/finetune/h100/llama2-13b/deepspeed/L+F+R+Z3+O-g1"
     written = json.loads((folder / "search.json").read_text())
     assert [p["source"] for p in written["probes"]] == ["frontier"] * 4 + ["run"] and written["n_run"] == 1
     earlier = sum(wall_s(read(folder / f"bs{b}" / "record.json").provenance) for b in (177, 159, 172, 173))

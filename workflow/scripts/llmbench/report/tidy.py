@@ -38,6 +38,7 @@ COLUMNS = [
     # them all; without a boot id, its results folder) and the paired set it was measured in
     # (llmbench.launch.run_set), which the findings pair comparisons by
     "machine", "paired_set",
+    "paired_round",  # serving cells of a paired set: the round the cell ran in (its burst's place)
     # training cells: the largest batch a max-batch search of the same method found (empty
     # where none ran: Table IV then says "not maximised"), and whether that search stopped at
     # its max_batch with every batch fitting (so the batch is a lower bound: coverage asks for
@@ -244,6 +245,19 @@ def machine_of(record: Record, run: str) -> str:
     return "+".join(sorted(boots))
 
 
+def paired_round(record: Record, path: str) -> int | None:
+    """The round a serving cell of a paired set ran in (a training cell's repeats are its rounds
+    0, 1, ...: None), from its set's ``cells`` and ``order``; None outside a set."""
+    pset = record.provenance.get("paired_set") or {}
+    if record.cell.get("stage") != "serve" or not pset.get("cells"):
+        return None
+    mine = [i for i, c in enumerate(pset["cells"]) if str(path).replace("\\", "/").endswith(str(c))]
+    for r, indices in enumerate(pset.get("order") or []):
+        if mine and mine[0] in indices:
+            return r
+    return None
+
+
 def origin(path: str | Path) -> tuple[str, str]:
     """(run, kind) of a record path: the name of the results folder that holds its runs/,
     and 'probe' for a max-batch search's probe (runs/search/...), else 'cell'."""
@@ -313,6 +327,7 @@ def build_all(paths: Iterable[str | Path]) -> pd.DataFrame:
             r = ROWS.get(rec.cell.get("stage"), row)(rec, str(p))
             r["run"], r["kind"] = origin(p)
         r["machine"], r["paired_set"] = machine_of(rec, r["run"]), (rec.provenance.get("paired_set") or {}).get("id")
+        r["paired_round"] = paired_round(rec, str(p))
         rows.append(r)
         with _fields_of(p):
             candidates.append(runs.candidate(rec, str(p), r["run"]))

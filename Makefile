@@ -14,7 +14,7 @@ SHELL := /bin/bash
 CORES ?= 2
 PYTEST := .venv/bin/python -m pytest
 
-.PHONY: setup run report lint test test-fast test-calibration test-integration test-e2e test-smoke dry-run-paper
+.PHONY: setup run report report-combined lint test test-fast test-calibration test-integration test-e2e test-smoke dry-run-paper
 setup:
 	bash envs/setup.sh
 
@@ -24,6 +24,12 @@ run: setup
 
 report: setup
 	.venv/bin/snakemake --report results/report.html
+
+# the combined view of every committed reference run (config/combined.yaml: nothing is
+# measured): its tables, verdict and figures brought up to date, then its one offline page
+report-combined: setup
+	.venv/bin/snakemake --configfile config/combined.yaml --cores $(CORES) tables findings figures
+	.venv/bin/snakemake --configfile config/combined.yaml --report results/reference/combined/report.html
 
 # no set-up step: these need only .venv (made once by `make setup`), and never run pip.
 # snakemake --lint rather than snakefmt: it checks what the house rules ask of rules (log:,

@@ -15,6 +15,11 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
+import shutil
+import subprocess
+import urllib.parse
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -148,6 +153,54 @@ def test_report_has_every_table_and_figure(workspace):
     assert sections and report.index(sections[0]) < min(report.index(m) for m in sections[1:])
     page = html.unescape((workspace / R / "tables/findings.html").read_text())
     assert page.index("holds") < page.index("<table")
+
+
+def chromium_landing_page(chromium: str, report: Path, out: Path) -> tuple[Path, str]:
+    """``report`` opened alone (copied into ``out``, away from its results: the page must carry
+    everything) in headless Chromium: a screenshot of its landing page and the DOM once its
+    scripts have run."""
+    out.mkdir(parents=True, exist_ok=True)
+    page = shutil.copy(report, out / "report.html")
+    args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1800",
+            "--virtual-time-budget=15000"]
+    shot = out / "landing.png"
+    for extra in ([f"--screenshot={shot}"], ["--dump-dom"]):
+        res = subprocess.run(args + extra + [Path(page).as_uri()], capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+    return shot, res.stdout
+
+
+def landing_figure(dom: str) -> str:
+    """The SVG the landing page shows as the verdict figure (workflow/report/workflow.rst: a
+    data URI in a style, in lines joined by CSS line continuations), or '' where there is none."""
+    m = re.search(r'class="llmbench-verdict".*?url\("data:image/svg\+xml;charset=utf-8,(.*?)"\)', dom, re.S)
+    return urllib.parse.unquote(m.group(1).replace("\\\n", "")) if m else ""
+
+
+def test_the_report_opens_on_the_verdict_figure_in_a_browser(workspace):
+    """What a reviewer sees: the report in headless Chromium (Debian's chromium package) opens
+    on the verdict figure with the findings table's counts, carried inside the page (a copy
+    with no results beside it); no script or style needs the network, and every figure of
+    every section is inside the page."""
+    from llmbench.report import figures
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium (apt-get install chromium)")
+    report = workspace / R / "report.html"
+    if not report.exists():
+        assert run(workspace, "--report", f"{R}/report.html").returncode == 0
+    shot, dom = chromium_landing_page(chromium, report, workspace / "browser")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000, shot
+    svg = landing_figure(dom)
+    assert svg.startswith("<svg"), "the landing page shows no verdict figure"
+    assert dom.index("llmbench-verdict") < dom.index("How to read them")  # above the prose
+    counts = figures.verdict_counts(pd.read_csv(workspace / R / "tables/findings.csv"))
+    assert html.escape(counts, quote=False) in svg, counts
+    assert not re.search(r'<(script|link|img|iframe)[^>]+(src|href)="(https?:)?//', dom)
+    page = report.read_text()
+    for fig in FIGURES:
+        assert f"filename={fig}.svg;base64," in page, fig
 
 
 def test_the_findings_table_judges_every_finding(workspace):

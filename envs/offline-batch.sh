@@ -10,7 +10,7 @@
 # hold (below). After each target it prints one line: the target, its status,
 # tokens/s and the seconds the invocation took, so the log is the batch's table.
 #
-#   bash envs/offline-batch.sh .whl 540 todo.txt --configfile config/gpu-one-gpu-sweep.yaml \
+#   bash envs/offline-batch.sh .whl 540 todo.txt --configfile config/recipes/one-gpu-sweep.yaml \
 #       --cores 16 --resources gpu_slots=1
 #
 # todo.txt holds one record target per line, e.g. from

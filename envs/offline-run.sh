@@ -3,7 +3,7 @@
 # peft and pandas, no package index) from a wheelhouse that envs/wheelhouse.sh built.
 # This is how the reference runs under results/reference/ ran on the lent GPU machines.
 #
-#   bash envs/offline-run.sh .whl pretrain --configfile config/gpu-h100.yaml --cores 16 --resources gpu_slots=1
+#   bash envs/offline-run.sh .whl pretrain --configfile config/recipes/one-gpu-sweep.yaml --cores 16 --resources gpu_slots=1
 #   bash envs/offline-run.sh .whl --install-only    # the wheels into /tmp/site, nothing run
 #
 # The wheels go to /tmp/site (added to PYTHONPATH); LightLLM's pinned set, where the

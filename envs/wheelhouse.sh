@@ -9,7 +9,7 @@
 #   # there:
 #   python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl
 #   export PYTHONPATH=/tmp/site
-#   python3 -m snakemake pretrain --configfile config/gpu-h100.yaml --cores 16 --resources gpu_slots=1
+#   python3 -m snakemake pretrain --configfile config/recipes/one-gpu-sweep.yaml --cores 16 --resources gpu_slots=1
 #
 # SERVING=1 adds `transformers serve`'s and LightLLM's wheels (see below).
 # FIGURES=1 adds altair and vl-convert (SVG/PNG export, 33 MB) so the figures build there
@@ -88,7 +88,7 @@ if [[ "${SERVING:-0}" == 1 ]]; then
     # starlette and uvicorn must not shadow the ones above. There:
     #   python3 -m pip install --no-index --no-deps --target /tmp/site-lightllm .whl/lightllm/*.whl
     #   mkdir -p .venv-lightllm/bin && printf '#!/bin/sh\nexport PYTHONPATH=/tmp/site-lightllm:$PYTHONPATH\nexec python3 "$@"\n' \
-    #       > .venv-lightllm/bin/python && chmod +x .venv-lightllm/bin/python   # engine_python of gpu-h100-serve.yaml
+    #       > .venv-lightllm/bin/python && chmod +x .venv-lightllm/bin/python   # engine_python of results/reference/2026-11-24-h100-serve-vllm/config.yaml
     fetch "$out/lightllm" lightllm==0.0.1 rpyc plumbum pyzmq fastapi==0.115.12 starlette==0.46.2 uvicorn==0.27.1 \
         uvloop==0.19.0
 fi

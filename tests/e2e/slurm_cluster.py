@@ -544,10 +544,11 @@ def _teardown(procs: dict[str, subprocess.Popen], client_env: dict[str, str], ma
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command inside a throw-away cluster (stopped when the command ends), e.g. the
-    committed two-node CPU run (results/README.md):
+    committed two-node CPU run (results/reference/cpu-2node-slurm-2026-11-25/README.md):
 
         python tests/e2e/slurm_cluster.py --nodes 2 -- \\
-            .venv/bin/snakemake --profile "$PWD/profiles/slurm_ci" --configfile config/cpu-2node-slurm.yaml
+            .venv/bin/snakemake --profile "$PWD/profiles/slurm_ci" \\
+            --configfile results/reference/cpu-2node-slurm-2026-11-25/config.yaml
     """
     import argparse
     import tempfile

@@ -138,7 +138,7 @@ def test_shipped_configs_have_megatron_cells(repo):
     for r in ref[ref.framework == "deepspeed"].itertuples():
         assert any(getattr(c, "backend", None) == "deepspeed" and c.technique == "Naive" and (c.platform, c.model, c.batch_size)
                    == (r.platform, r.model, r.batch_size) for c in paper.cells), r
-    h200 = grid.load(repo / "config" / "gpu-h200x2-table2.yaml")
+    h200 = grid.load(repo / "results/reference/2026-11-22-h200x2-table2/config.yaml")
     megatron = [c for c in h200.cells if c.backend == "megatron"]
     assert sorted(c.backend_dir for c in megatron) == ["megatron-tp1pp1-distopt", "megatron-tp2pp1"]
     assert {c.gpus for c in megatron} == {2}

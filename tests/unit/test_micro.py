@@ -89,7 +89,7 @@ def test_gemm_shape_sets_are_checked_against_plain_matmul(repo):
     assert "plain_tflops" not in gemm.run([(8, 8, 8)], accelerator="cpu", warmup=0, iters=1, peak_tflops=None)[0]
     from llmbench import grid
 
-    g = grid.load(repo / "config" / "gpu-h100-micro.yaml")
+    g = grid.load(repo / "results/reference/2026-11-22-h100-micro/config.yaml")
     checked = {c.case: c.params.get("plain_check", False) for c in g.cells if c.bench == "gemm"}
     assert checked["square-8192"] and checked["table12-mlp"] and not checked["n4096-k4096"]
 

@@ -36,7 +36,7 @@ def test_every_search_is_planned_at_once():
     alone Snakemake learnt of one search at a time (the H200 pair's two Megatron-LM searches
     ran one after the other). The searches' folders are plain inputs of the targets."""
     out = subprocess.run([BIN / "snakemake", "pretrain", "-n", "--nolock", "--cores", "2", "-d", str(REPO),
-                          "--configfile", "config/gpu-h200x2-table2.yaml"],
+                          "--configfile", "results/reference/2026-11-22-h200x2-table2/config.yaml"],
                          cwd=REPO, capture_output=True, text=True, check=True).stdout
     planned = set(re.findall(r"output: (\S+/runs/search/\S+)", out))
     assert planned == {"results/runs/search/pretrain/h200/llama2-7b/megatron-tp1pp1-distopt/Naive-g2",

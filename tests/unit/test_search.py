@@ -531,15 +531,16 @@ def test_the_algorithm_is_pure():
 
 
 def test_the_short_cell_config_measures_the_committed_search_with_fewer_steps_only(repo):
-    """config/gpu-one-gpu-search-short-cell.yaml measures a searched cell whose 3/10/1 repeat
-    outlasts a lent call: its search must be the very one gpu-one-gpu-search.yaml ran (same
-    folder, frontier and rerun spec, so the committed search.json is its answer), and its
-    cell at the found batch may differ from that config's in the measured steps alone."""
+    """The short-cell run's config (results/reference/2026-11-28-h200-one-gpu-search-n)
+    measures a searched cell whose 3/10/1 repeat outlasts a lent call: its search must be the
+    very one config/recipes/one-gpu-search.yaml ran (same folder, frontier and rerun spec, so
+    the committed search.json is its answer), and its cell at the found batch may differ from
+    that config's in the measured steps alone."""
     from llmbench import grid
     from llmbench.search.frontier import fingerprint, rerun_spec
 
-    full = grid.load(repo / "config/gpu-one-gpu-search.yaml")
-    short = grid.load(repo / "config/gpu-one-gpu-search-short-cell.yaml")
+    full = grid.load(repo / "config/recipes/one-gpu-search.yaml")
+    short = grid.load(repo / "results/reference/2026-11-28-h200-one-gpu-search-n/config.yaml")
     assert short.searches and not short.cells
     for s in short.searches:
         f = full.find_search(**s.key)

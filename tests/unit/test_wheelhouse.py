@@ -56,7 +56,7 @@ def test_the_wheelhouse_fetches_that_set_and_the_offline_run_starts_vllm_without
     wrapper = next(ln for ln in run.splitlines() if "site-vllm" in ln and "printf" in ln)
     assert "export PYTHONPATH=/tmp/site-vllm:" in wrapper and "VLLM_USE_FLASHINFER_SAMPLER=0" in wrapper
     assert "pieces.sh unpack" in run
-    serve = (repo / "config/gpu-h100-serve.yaml").read_text()
+    serve = (repo / "results/reference/2026-11-24-h100-serve-vllm/config.yaml").read_text()
     assert "vllm: .venv-vllm-gpu/bin/python" in serve and ".venv-vllm-gpu/bin/python" in run
 
 

@@ -42,7 +42,7 @@ What runs (paper Section IV-A, Table II; megatron-core 0.16.1 on Python 3.11):
 - Verified on a CPU (tests/integration/test_megatron_cpu.py: 1 rank, DP2 with the distributed
   optimizer, TP2, PP2) and on a pair of H200s (NCCL, CUDA memory, jit fusions; llama2-7b
   DP2 with the distributed optimizer and TP2, batch 1 and the searched largest batch:
-  config/gpu-h200x2-table2.yaml, results/reference/2026-11-22-h200x2-table2).
+  results/reference/2026-11-22-h200x2-table2 and its config.yaml).
 """
 
 from __future__ import annotations

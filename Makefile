@@ -62,6 +62,7 @@ test-smoke: setup
 test: setup
 	$(MAKE) --no-print-directory lint
 	bash envs/install-slurm.sh
+	bash envs/install-chromium.sh
 	$(PYTEST) --durations=15
 
 dry-run-paper: setup

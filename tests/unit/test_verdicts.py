@@ -237,3 +237,15 @@ def test_a_serving_set_pairs_its_bursts_round_by_round(tmp_path):
     unpaired = [burst(e_, i, v, paired=False) for e_, vs in speeds.items() for i, v in enumerate(vs)]
     r = judge(tmp_path, unpaired, e).iloc[0]
     assert r.pairing == "machine" and r.verdict == "inconclusive"  # the round-2 dip widens Welch's interval
+
+
+def test_a_microbenchmark_measured_once_borrows_no_throughput_spread(tmp_path):
+    """The pooled CV is a throughput's: a GEMM's best point measured once is taken as measured."""
+    many = [row("R", [1000, 1100, 900], run="x", machine="m9")]
+    gemm = {"stage": "micro", "platform": "h200", "gpus": 1, "bench": "gemm", "case": "square", "status": "ok",
+            "best_pct_of_peak": 63.0, "run": "r1", "kind": "cell", "machine": "m1", "superseded_by": None,
+            "record_path": "results/reference/r1/runs/micro/h200/gemm/square-g1/record.json"}
+    e = entry([{"metric": "best_pct_of_peak", "relation": "value", "a": {"bench": "gemm"}, "expect": {"min": 60}}],
+              stage="micro", where={})
+    r = judge(tmp_path, many + [gemm], e).iloc[0]
+    assert r.verdict == "holds" and r.method == "one measurement, no spread measured"

@@ -16,9 +16,11 @@ machines (a host-bound batch-1 cell by 10-20 % between two lent machines of one 
   as well (``machine_spread``: the variance of a cell's mean between the machines that
   measured it, less what its repeats explain, pooled over every cell measured on more than
   one machine); a cross-machine ratio then decides only effects larger than that spread.
-- A side measured once (one repeat) has no spread of its own: it takes the pooled
+- A throughput measured once (one repeat) has no spread of its own: it takes the pooled
   repeat-to-repeat CV of every cell with several repeats (``pooled_cv``), said so in the
-  method.
+  method. Other metrics measured once (a microbenchmark's best point, a profile's shares)
+  have none to borrow: they are taken as measured ("one measurement, no spread measured"),
+  and a reader weighs a value near its bound accordingly.
 - Memory (allocated peak) is deterministic for a given stack: exact, no interval; a bound
   of 1 on a ratio is then strict (``findings``: "more" is not "equal").
 - An out-of-memory cell bounds its peak from below (``OOM_SHARE`` of its GPU's memory), so
@@ -40,8 +42,9 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
          2.045, 2.042)
 Z975 = 1.959964
-#: metrics measured once per repeat (their per-repeat values are in the record)
-NOISY = ("tokens_per_s_per_gpu", "mfu", "output_tokens_per_s")
+#: throughputs: measured once per repeat (per-repeat values in the record), noisy between repeats;
+#: scaling efficiency is a ratio of two of them
+NOISY = ("tokens_per_s_per_gpu", "mfu", "output_tokens_per_s", "scaling_efficiency")
 #: metrics that do not change between runs of the same stack (allocator peaks)
 EXACT = ("peak_mem_gb",)
 #: an out-of-memory cell needed at least this share of its GPU's memory (the CUDA context and
@@ -96,6 +99,10 @@ class Side:
     """An out-of-memory cell: the value is a lower bound (memory only)."""
     rounds: list[int] = field(default_factory=list)
     """The repeat index of each value (to pair rounds of one set)."""
+    noisy: bool = True
+    """A throughput (NOISY): a value measured once takes the pooled repeat CV. Other metrics
+    measured once (a microbenchmark's best point, a profile's share) have no spread of their
+    own and none to borrow: they are taken as measured, and the method says so."""
 
     @property
     def n(self) -> int:
@@ -215,6 +222,8 @@ def _side_var(side: Side, pooled: Spread) -> tuple[float, float, str]:
     """(variance of the side's mean log value, its degrees of freedom, a note)."""
     if side.n > 1:
         return _sd(side.logs) ** 2 / side.n, side.n - 1, ""
+    if not side.noisy:
+        return 0.0, float("inf"), "one measurement, no spread measured"
     return pooled.sd ** 2, pooled.df, "one repeat: pooled CV"
 
 
@@ -252,7 +261,8 @@ def ratio(a: Side, b: Side, pairing: str, pooled: Spread = NO_SPREAD, spread: Sp
     var = sum(v for v, _ in parts)
     m = statistics.fmean(a.logs) - statistics.fmean(b.logs)
     if var <= 0:
-        return Estimate(math.exp(m), math.exp(m), math.exp(m), n, pairing, "no spread measured", machines)
+        return Estimate(math.exp(m), math.exp(m), math.exp(m), n, pairing,
+                        "; ".join(dict.fromkeys(notes)) or "no spread measured", machines)
     denom = sum(v * v / d for v, d in parts if v > 0 and d > 0)
     df = var * var / denom if denom else float("inf")
     t = t975(df) if math.isfinite(df) else Z975
@@ -271,7 +281,8 @@ def value(a: Side, pooled: Spread = NO_SPREAD) -> Estimate:
     var, df, note = _side_var(a, pooled)
     m = statistics.fmean(a.logs)
     if var <= 0:
-        return Estimate(math.exp(m), math.exp(m), math.exp(m), str(a.n), "machine", "no spread measured", machines)
+        return Estimate(math.exp(m), math.exp(m), math.exp(m), str(a.n), "machine", note or "no spread measured",
+                        machines)
     t = t975(df)
     se = math.sqrt(var)
     return Estimate(math.exp(m), math.exp(m - t * se), math.exp(m + t * se), str(a.n), "machine",

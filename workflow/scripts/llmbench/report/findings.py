@@ -533,7 +533,7 @@ def _side(rows: pd.DataFrame, metric: str, ctx: Context) -> evidence.Side | None
             and len(known) == len(logs) else []
     return evidence.Side(logs, machine="+".join(sorted(machines)), paired_set=r.get("paired_set"),
                          run=str(r.get("run") or ""), exact=ctx.exact or metric in evidence.EXACT,
-                         rounds=rounds)
+                         rounds=rounds, noisy=metric in evidence.NOISY)
 
 
 def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> list[tuple[str, pd.DataFrame, pd.DataFrame]]:

@@ -326,7 +326,7 @@ def test_a_megatron_search_is_addressed_by_its_layout():
 
 
 def test_the_8_gpu_config_covers_issue_6(repo):
-    """Issue 6's runs, declared for an 8 x H200 node: Tables III and IV (every method of
+    """The multi-GPU runs, declared for an 8 x H200 node: Tables III and IV (every method of
     llama2-7b and -13b at batch 1 and searched), Fig. 4 on 1-8 GPUs, the 70B rows of
     Table IX, collectives over 8 ranks with and without P2P."""
     g = grid.load(repo / "config" / "recipes" / "h200x8-node.yaml")

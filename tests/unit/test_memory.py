@@ -315,7 +315,7 @@ def test_a_batch_a_search_ran_is_not_skipped_on_the_prediction(mini, tmp_path, m
 # The validation table --------------------------------------------------------------------
 
 def test_near_the_limit_the_reserved_peaks_error_and_the_far_side_are_reported():
-    """The README's figures for where a fit is decided come from the pipeline's table: the
+    """The figures for where a fit is decided come from the pipeline's table: the
     reserved peak's error over the ok GPU records at >= 85% of their GPU (a CPU record, an
     oom and a record with less held are left out), and the ok records predicted not to fit."""
     from llmbench.memory import validate

@@ -312,7 +312,7 @@ def beside_activations_bytes(w: Workload, logits: float, layer: float, buffers: 
     recomputed layer, and the buckets). The logits' gradient is freed once the output
     layer's backward has run; a full-parameter cell's first gradient (the output layer's
     weight) comes while it is alive, so its buckets sit beside the logits, but an adapter's
-    first gradient comes after it (the records that show it: README, Memory model)."""
+    first gradient comes after it (the records that show it: tables/memory-model of the combined view)."""
     if buckets_in_backward_only(w) and techniques.parse(w.technique).adapter is not None:
         return max(logits, layer + buffers)
     return max(logits, layer) + buffers

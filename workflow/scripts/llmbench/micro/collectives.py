@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             tmp.write_text(json.dumps(rows, indent=1))
             tmp.replace(args.out)  # atomic: a reader never sees half a file
     finally:
-        dist.destroy_process_group()  # FINDINGS: a 2-rank run aborts at exit without it
+        dist.destroy_process_group()  # a 2-rank run aborts at exit without it (gloo)
     return 0
 
 

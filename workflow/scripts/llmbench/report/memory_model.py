@@ -95,7 +95,7 @@ def table(df: pd.DataFrame, figures: pd.DataFrame, paper: pd.DataFrame | None = 
             note=("DeepSpeed: estimate_zero2/zero3_model_states_mem_needs (model states only, full-parameter ZeRO "
                   "cells); accelerate: estimate-memory's 'Training using Adam' (bf16, full-parameter cells without "
                   "ZeRO); an estimator that applies to 0 rows here may not be installed where the table was built "
-                  "(each needs torch). Targets (issue 19, reported, not asserted): median |error| <= 10%, >= 90% of OOM cells "
+                  "(each needs torch). Targets (reported, not asserted): median |error| <= 10%, >= 90% of OOM cells "
                   "predicted not to fit, no ok cell predicted not to fit.")),
         _near_limit_part(df),
         _paper_part(paper if paper is not None else pd.DataFrame()),

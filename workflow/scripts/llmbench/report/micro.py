@@ -40,7 +40,7 @@ def gemm(micro: pd.DataFrame) -> render.Table:
                          "TFLOP/s = 2·M·N·K / median time of `torch.matmul` (bf16 unless the case says otherwise); "
                          "% of the platform's datasheet dense peak. Plain matmul: the same shape as back-to-back "
                          "`torch.matmul` calls timed as one window (no events, no out=), right after, in shape sets "
-                         "only; '% of plain' is the harness's best point against it (issue 5's bar: within 3%). "
+                         "only; '% of plain' is the harness's best point against it. "
                          "'Correct': each shape checked against float64.")
 
 

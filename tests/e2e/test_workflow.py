@@ -408,9 +408,10 @@ def test_deleting_one_record_reruns_only_that_cell(workspace):
     assert changed == {victim}
     assert (workspace / R / "tables/records.csv").stat().st_mtime_ns > tables_before
     # a figure reads only the tables it plots: a pre-training record redraws the pre-training
-    # figure (its Table III changed), never the serving, microbenchmark, profile or fine-tuning ones
+    # figure (its Table III changed) and the verdict's (the findings read every record), never
+    # the serving, microbenchmark, profile or fine-tuning ones
     redrawn = {f for f in FIGURES if (workspace / R / f"figures/{f}.svg").stat().st_mtime_ns != figures_before[f]}
-    assert "pretrain" in redrawn and redrawn <= {"pretrain", "scaling"}, redrawn
+    assert "pretrain" in redrawn and redrawn <= {"pretrain", "scaling", "verdict"}, redrawn
 
 
 def test_changing_one_grid_value_reruns_only_the_cells_it_touches(workspace):

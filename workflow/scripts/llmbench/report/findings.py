@@ -190,12 +190,17 @@ def _num(v) -> str:
     return f"{v:.{SHOW}g}"
 
 
+def _word(v) -> str:
+    """A selection's value as one word ('llama2-7b/llama2-13b' for a list)."""
+    return "/".join(map(str, v)) if isinstance(v, list) else str(v)
+
+
 def _sel_text(sel: dict | None) -> str:
     if not sel:
         return ""
     parts = []
     for k, v in sel.items():
-        v = "/".join(map(str, v)) if isinstance(v, list) else v
+        v = _word(v)
         parts.append(str(v) if k == "technique" else f"bs{v}" if k == "batch_size" else f"{k}={v}")
     return " ".join(parts)
 
@@ -454,13 +459,10 @@ def _match(df: pd.DataFrame, sel: dict) -> pd.DataFrame:
 
 def _cell_text(stage: str, group: dict, sel: dict) -> str:
     s = {**group, **sel}
-    def word(v) -> str:
-        return "/".join(map(str, v)) if isinstance(v, list) else str(v)
-
-    parts = [stage, word(s.get("platform", "any platform")), word(s.get("model", ""))]
+    parts = [stage, _word(s.get("platform", "any platform")), _word(s.get("model", ""))]
     for k in ("backend", "layout", "engine", "load", "mode", "bench", "case"):
         if k in s:
-            parts.append(word(s[k]))
+            parts.append(_word(s[k]))
     if "technique" in s:
         parts.append("/".join(s["technique"]) if isinstance(s["technique"], list) else s["technique"])
     for key, prefix in (("batch_size", "bs"), ("gpus", "g")):
@@ -518,9 +520,8 @@ def _side(rows: pd.DataFrame, metric: str, ctx: Context) -> evidence.Side | None
         return None
     logs, rounds = [], []
     for _, r in ok.iterrows():
-        vals = [v for v in evidence.repeat_values(r, metric) if v > 0] if not ctx.exact else [float(r[metric])]
-        if ctx.exact or metric in evidence.EXACT:
-            vals = [float(r[metric])]
+        exact = ctx.exact or metric in evidence.EXACT  # the paper's number, or a deterministic peak
+        vals = [float(r[metric])] if exact else [v for v in evidence.repeat_values(r, metric) if v > 0]
         logs += [math.log(v) for v in vals if v > 0]
         rounds += list(range(len(vals)))
     if not logs:
@@ -559,19 +560,23 @@ def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> list[tuple[str, pd.DataFrame,
     return out
 
 
+def _strengths(rows: pd.DataFrame) -> pd.Series:
+    """Each row's protocol strength, measured steps x repeats (llmbench.report.runs' rule); 0 unknown."""
+    if "measured_steps" not in rows or "repeats" not in rows:
+        return pd.Series(0, index=rows.index)
+    return rows["measured_steps"].fillna(0) * rows["repeats"].fillna(0)
+
+
 def _strength(rows: pd.DataFrame) -> int:
-    if rows.empty or "measured_steps" not in rows:
-        return 0
-    s = (rows["measured_steps"].fillna(0) * rows["repeats"].fillna(0)).max()
-    return int(s) if s == s else 0
+    """The strongest protocol among the rows."""
+    return int(_strengths(rows).max()) if len(rows) else 0
 
 
 def _best_per_cell(rows: pd.DataFrame) -> pd.DataFrame:
     """Of several records of one cell in one context, the one with a result and the strongest protocol."""
     if "cell_id" not in rows or rows["cell_id"].is_unique:
         return rows
-    key = rows.assign(_ok=rows["status"].isin(runs_rule.RESULTS),
-                      _s=rows.get("measured_steps", 0).fillna(0) * rows.get("repeats", 0).fillna(0))
+    key = rows.assign(_ok=rows["status"].isin(runs_rule.RESULTS), _s=_strengths(rows))
     key = key.sort_values(["_ok", "_s"], ascending=False)
     return rows.loc[key.drop_duplicates("cell_id").index]
 
@@ -806,11 +811,6 @@ def _empty_result(f: Finding, frame_columns: list[str], group: dict) -> dict:
     empty = pd.DataFrame(columns=frame_columns)
     outcomes = [evaluate_check(c, f, empty, group) for c in f.checks]
     return {"group": group, "outcomes": outcomes, "verdict": "untestable", "relevant": False}
-
-
-def _word(v) -> str:
-    """A selection's value as one word ('llama2-7b/llama2-13b' for a list)."""
-    return "/".join(map(str, v)) if isinstance(v, list) else v
 
 
 def _values_text(outcomes: list[Outcome]) -> str:

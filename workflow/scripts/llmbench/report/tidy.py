@@ -237,8 +237,10 @@ def machine_of(record: Record, run: str) -> str:
     """Which machine a record ran on: its boot id (lent machines and cluster nodes share
     hostnames), every boot's where kept repeats of an earlier run came from another (joined by
     '+', so it equals no single machine), or ``run:<results folder>`` for a record without one."""
+    from .. import provenance
+
     prov = record.provenance
-    boot = (prov.get("machine") or {}).get("boot_id") or (prov.get("host") or {}).get("boot_id")
+    boot = (prov.get("machine") or provenance.machine(prov)).get("boot_id")  # an older record: from its host
     if not boot:
         return f"run:{run}"
     boots = {boot, *(r.get("boot_id") for r in prov.get("resumed_repeats") or () if r.get("boot_id"))}

@@ -134,6 +134,30 @@ def test_a_set_stopped_at_its_deadline_resumes_with_what_it_kept_in_the_same_ord
     assert not list(tmp_path.rglob(".repeat-*.json"))
 
 
+
+def test_a_resumed_set_keeps_a_cell_that_ran_out_of_memory(paired_set, tmp_path, monkeypatch):
+    """An out-of-memory repeat is a result (it ends its cell's repeats): a set stopped at its
+    deadline and run again keeps it, and does not run out of memory a second time."""
+    specs, paths, plan = paired_set("rotate")
+    real, ran = launch.run_repeat, []
+
+    def naive_oom(spec, workdir, index, *args):
+        ran.append((spec["cell"]["technique"], index))
+        if spec["cell"]["technique"] == "Naive":
+            return launch.Outcome(status="oom", reason="CUDA out of memory (on purpose)")
+        return real(spec, workdir, index, *args)
+
+    monkeypatch.setattr(launch, "run_repeat", naive_oom)
+    monkeypatch.setattr(launch, "deadline_stop", lambda deadline, walls, what: "stopped" if len(ran) >= 2 else None)
+    with pytest.raises(ledger.DeadlineStop):
+        run(specs, paths, plan, tmp_path / "set.log")
+    assert ran == [("Naive", 0), ("Z2", 0)]
+    ran.clear()
+    monkeypatch.setattr(launch, "deadline_stop", lambda deadline, walls, what: None)
+    records = run(specs, paths, plan, tmp_path / "set.log")
+    assert ("Naive", 0) not in ran and [r.status for r in records] == ["oom", "ok", "ok"]
+    assert "on purpose" in records[0].reason
+
 SET_CONFIG = """
 results_dir: {results}
 protocol: {{warmup_steps: 0, measured_steps: 1, repeats: 2, seq_len: 8, timeout_s: 60}}

@@ -255,3 +255,37 @@ def test_a_platform_filter_by_interconnect(tmp_path):
     f = load_entries(tmp_path, finding(platforms={"gpu_memory_gib": {"min": 20}, "interconnect": "NVLink"}))[0]
     assert [p for p in ("a800", "h200", "rtx3090", "rtx3090-nonvlink", "rtx4090", "cpu") if findings.platform_ok(f, p)] \
         == ["a800", "h200", "rtx3090"]
+
+
+def test_the_largest_batch_against_batch_1_needs_a_batch_beyond_1(tmp_path):
+    """'batch_size: max' picks the largest batch measured; where that is batch 1 the check
+    would compare a cell with itself (a ratio of 1): it is missing, and says why."""
+    entry = finding(where={"backend": "deepspeed"}, checks=[
+        {"metric": "tokens_per_s_per_gpu", "relation": "ratio", "a": {"technique": "Z2", "batch_size": "max"},
+         "b": {"technique": "Z2", "batch_size": 1}, "expect": {"min": 1.2}}])
+    only_1 = rows(("h200", "llama2-7b", "Z2", 1, 2, "ok", 2400.0, 75.0))
+    r = judge(tmp_path, only_1, entry).iloc[0]
+    assert r.verdict == "untestable" and "no larger batch measured" in r.missing
+    both = pd.concat([only_1, rows(("h200", "llama2-7b", "Z2", 8, 2, "ok", 9600.0, 120.0))])
+    assert judge(tmp_path, both, entry).iloc[0].verdict == "holds"
+
+
+def test_a_scaling_efficiency_measured_in_one_set_pairs_its_rounds(tmp_path):
+    """Fig. 4's efficiency is a ratio of two cells: where both ran in one paired set, each
+    round's efficiency is its n-GPU tokens/s per GPU over the base's of the same round, and
+    the interval is the set's paired one; measured apart, it is one value."""
+    entry = finding(where={"backend": "deepspeed", "technique": "Q", "batch_size": 2},
+                    needs={"min_gpus": 2, "why": "scaling"},
+                    checks=[{"metric": "scaling_efficiency", "relation": "value", "a": {}, "expect": {"min": 0.95}}])
+    frame = rows(("h200x4", "llama2-7b", "Q", 2, 1, "ok", 1000.0, 11.0), ("h200x4", "llama2-7b", "Q", 2, 4, "ok", 3200.0, 11.0))
+    frame["paired_set"] = "fig4"
+    frame["tokens_per_s_runs"] = ["1000;1100;900", "3160;3520;2880"]  # 0.79, 0.8, 0.8
+    frame["mfu"] = None
+    r = judge(tmp_path, frame, entry)
+    r = r[r.gpus == 4].iloc[0]
+    assert r.pairing == "set" and r.method == "paired rounds (3), t(2)" and r.verdict == "contradicts"
+    assert r.ours_value == "scaling_efficiency : 0.797 [0.782, 0.811]"  # t(2) on the rounds' logs
+    apart = frame.assign(paired_set=[None, None])
+    r = judge(tmp_path, apart, entry)
+    r = r[r.gpus == 4].iloc[0]
+    assert r.pairing != "set" and "pooled" in r.method

@@ -49,8 +49,8 @@ from typing import Any
 from . import backends, forkserver, gpus, nodes, provenance
 from .aggregate import Outcome
 from .cells import Cell
-from .ledger import (deadline_from_env, deadline_stop, forget, keep_repeat, keep_stopped, kept_repeats, kept_started,
-                     stop_at_deadline, stopped_repeat)
+from .ledger import (KEPT_STATUSES, deadline_from_env, deadline_stop, forget, keep_repeat, keep_stopped, kept_repeats,
+                     kept_started, stop_at_deadline, stopped_repeat)
 from .procs import (RssWatchdog, free_port, kill_group, last_error, oom_kills, says_oom, start_group, stop_group,
                     stop_groups_on_signal, tail, track)
 from .record import Record, write
@@ -457,7 +457,9 @@ def _repeat(run: _Run, i: int, deadline: float | None, set_walls: list[float], l
             keep_stopped(run.keep_dir, i, run.spec, time.monotonic() - t0)
             raise
         run.walls.append(time.monotonic() - t0)
-        if outcome.status == "ok" and (repeats > 1 or keep):
+        # an out-of-memory repeat is a result too (it ends the cell's repeats): a resumed set
+        # keeps it rather than running out of memory again
+        if outcome.status in KEPT_STATUSES and (repeats > 1 or keep):
             keep_repeat(run.keep_dir, i, run.spec, outcome, wall_s=run.walls[-1], started=started)
     run.outcomes.append(outcome)
     run.started.append(started)

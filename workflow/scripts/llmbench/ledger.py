@@ -97,12 +97,17 @@ def spec_digest(spec: dict) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
+KEPT_STATUSES = ("ok", "oom")
+"""The repeats a cell stopped between two keeps: a measurement, or memory that ran out (a
+result, the paper's "-", which ends the cell's repeats)."""
+
+
 def keep_repeat(keep_dir: Path, index: int, spec: dict, outcome: Outcome, wall_s: float | None = None,
                 started: str | None = None) -> None:
-    """Keep an ok repeat beside the cell's record, with when it started (``started``, ISO)
-    and finished, where, at which commit and in how many seconds (``wall_s``) it ran, so that
-    a cell stopped between repeats (a call's deadline, a killed job) resumes with the repeats
-    it has, not from the first. The machine's boot id goes with it: lent machines and
+    """Keep an ok (or out-of-memory) repeat beside the cell's record, with when it started
+    (``started``, ISO) and finished, where, at which commit and in how many seconds
+    (``wall_s``) it ran, so that a cell stopped between repeats (a call's deadline, a killed
+    job) resumes with the repeats it has, not from the first. The machine's boot id goes with it: lent machines and
     cluster nodes share hostnames."""
     state = provenance.git_state()
     write_json_atomic(keep_dir / PARTIAL.format(index=index), {
@@ -112,10 +117,10 @@ def keep_repeat(keep_dir: Path, index: int, spec: dict, outcome: Outcome, wall_s
 
 
 def read_kept(keep_dir: Path, spec: dict, repeats: int) -> tuple[dict[int, dict], list[Path]]:
-    """What keep_repeat kept in ``keep_dir``, read only: the ok repeats of this very spec
-    (index -> what keep_repeat wrote) and the files that do not count (another spec's, a
-    changed config or protocol; not ok). kept_repeats resumes from the first and deletes the
-    second; a planner of lent calls counts the first."""
+    """What keep_repeat kept in ``keep_dir``, read only: the ok and out-of-memory repeats of
+    this very spec (index -> what keep_repeat wrote) and the files that do not count (another
+    spec's, a changed config or protocol; another status). kept_repeats resumes from the
+    first and deletes the second; a planner of lent calls counts the first."""
     digest, kept, stale = spec_digest(spec), {}, []
     for index in range(repeats):
         path = keep_dir / PARTIAL.format(index=index)
@@ -123,7 +128,7 @@ def read_kept(keep_dir: Path, spec: dict, repeats: int) -> tuple[dict[int, dict]
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if data.get("spec_sha256") == digest and data.get("outcome", {}).get("status") == "ok":
+        if data.get("spec_sha256") == digest and data.get("outcome", {}).get("status") in KEPT_STATUSES:
             kept[index] = data
         else:
             stale.append(path)
@@ -131,8 +136,8 @@ def read_kept(keep_dir: Path, spec: dict, repeats: int) -> tuple[dict[int, dict]
 
 
 def kept_repeats(keep_dir: Path, spec: dict, repeats: int, log: Path) -> dict[int, dict]:
-    """The ok repeats an earlier run of this very spec kept (index -> what keep_repeat
-    wrote, its ``outcome`` an Outcome again). A kept repeat of another spec (a changed
+    """The ok (or out-of-memory) repeats an earlier run of this very spec kept (index -> what
+    keep_repeat wrote, its ``outcome`` an Outcome again). A kept repeat of another spec (a changed
     config or protocol) is deleted."""
     found, stale = read_kept(keep_dir, spec, repeats)
     for path in stale:

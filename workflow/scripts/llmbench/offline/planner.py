@@ -144,7 +144,9 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
     steps = cell.protocol.warmup_steps + cell.protocol.measured_steps
 
     def estimate(repeat_s: float, source: str) -> Estimate:
-        return Estimate(repeat_s=repeat_s, repeats=cell.protocol.repeats, source=source, kept=len(kept))
+        # a kept out-of-memory repeat ended the cell: none is left to run
+        done = cell.protocol.repeats if any(k["outcome"]["status"] != "ok" for k in kept.values()) else len(kept)
+        return Estimate(repeat_s=repeat_s, repeats=cell.protocol.repeats, source=source, kept=done)
 
     found = None
     if walls:  # repeats of this very cell: they, not a probe's or another run's figure

@@ -103,6 +103,9 @@ class Side:
     """A throughput (NOISY): a value measured once takes the pooled repeat CV. Other metrics
     measured once (a microbenchmark's best point, a profile's share) have no spread of their
     own and none to borrow: they are taken as measured, and the method says so."""
+    paired_rounds: bool = False
+    """Its values are per-round ratios of two cells of one paired set (a scaling efficiency
+    against its base): its interval is a set's paired one."""
 
     @property
     def n(self) -> int:
@@ -148,6 +151,8 @@ def repeat_values(row: pd.Series, metric: str) -> list[float]:
     value = row.get(metric)
     if value is None or value != value:
         return []
+    if metric == "scaling_efficiency" and isinstance(row.get("scaling_efficiency_runs"), str):
+        return [float(x) for x in row["scaling_efficiency_runs"].split(";") if x]  # one per round of a set
     runs = row.get("tokens_per_s_runs")
     mean = row.get("tokens_per_s_mean")
     if metric in ("tokens_per_s_per_gpu", "mfu") and isinstance(runs, str) and runs and mean:
@@ -279,14 +284,15 @@ def value(a: Side, pooled: Spread = NO_SPREAD) -> Estimate:
             return Estimate(None, a.point, math.inf, str(a.n), "exact", "out of memory: a bound", machines)
         return Estimate(a.point, a.point, a.point, str(a.n), "exact", "exact", machines)
     var, df, note = _side_var(a, pooled)
+    pairing, note = ("set", f"paired rounds ({a.n})") if a.paired_rounds else ("machine", note)
     m = statistics.fmean(a.logs)
     if var <= 0:
-        return Estimate(math.exp(m), math.exp(m), math.exp(m), str(a.n), "machine", note or "no spread measured",
+        return Estimate(math.exp(m), math.exp(m), math.exp(m), str(a.n), pairing, note or "no spread measured",
                         machines)
     t = t975(df)
     se = math.sqrt(var)
-    return Estimate(math.exp(m), math.exp(m - t * se), math.exp(m + t * se), str(a.n), "machine",
-                    f"t({df:.0f})" + (f"; {note}" if note else ""), machines)
+    method = f"{note}, t({df:.0f})" if a.paired_rounds else f"t({df:.0f})" + (f"; {note}" if note else "")
+    return Estimate(math.exp(m), math.exp(m - t * se), math.exp(m + t * se), str(a.n), pairing, method, machines)
 
 
 def judge(est: Estimate | None, lo: float | None, hi: float | None, strict_lo: bool = False,

@@ -395,6 +395,7 @@ def facts(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None,
                           as_index=False).mean()
         df = df.merge(eff, on=["stage", "platform", "model", "backend", "technique", "batch_size", "gpus"],
                       how="left")
+        df["scaling_efficiency_runs"] = _paired_efficiency_runs(df)
     prof = _from_profile_rows(profile_rows)
     if len(prof):
         keys = ["platform", "model", "backend", "technique", "batch_size", "gpus"]
@@ -405,6 +406,28 @@ def facts(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None,
         df = df.merge(micro.assign(stage="micro"), on=["stage", "platform", "bench", "case", "gpus"], how="left",
                       suffixes=("", "_m"))
     return derive(df)
+
+
+def _paired_efficiency_runs(df: pd.DataFrame) -> pd.Series:
+    """The scaling efficiency of each round (';'-joined) where a cell and its series' base
+    (the fewest GPUs) ran in one paired set with as many repeats: round r's tokens/s per GPU
+    over the base's in round r, so that its interval pairs the rounds as a set's ratio does
+    (llmbench.report.evidence.ratio). None elsewhere: the efficiency is one value."""
+    out = pd.Series(None, index=df.index, dtype=object)
+    if "tokens_per_s_runs" not in df:
+        return out
+    key = ["stage", "platform", "model", "backend", "technique", "batch_size"]
+    ok = df[(df["status"] == "ok") & df["paired_set"].notna() & df["tokens_per_s_runs"].notna()]
+    for i, row in ok[ok["scaling_efficiency"].notna()].iterrows():
+        series = ok[(ok[key] == row[key]).all(axis=1) & (ok["paired_set"] == row["paired_set"])]
+        base = series[series["gpus"] == series["gpus"].min()]
+        if base.empty or base["gpus"].iloc[0] >= row["gpus"]:
+            continue
+        a = [float(x) / row["gpus"] for x in str(row["tokens_per_s_runs"]).split(";") if x]
+        b = [float(x) / base["gpus"].iloc[0] for x in str(base["tokens_per_s_runs"].iloc[0]).split(";") if x]
+        if len(a) == len(b) >= 2 and all(v > 0 for v in a + b):
+            out[i] = ";".join(f"{x / y:.6g}" for x, y in zip(a, b))
+    return out
 
 
 # --- evaluation --------------------------------------------------------------------------
@@ -532,9 +555,11 @@ def _side(rows: pd.DataFrame, metric: str, ctx: Context) -> evidence.Side | None
         known = ok["paired_round"].tolist() if "paired_round" in ok else []
         rounds = [int(x) for x in known] if known and all(x == x and x is not None for x in known) \
             and len(known) == len(logs) else []
+    paired_rounds = (metric == "scaling_efficiency" and len(ok) == 1 and not ctx.exact
+                     and isinstance(r.get("scaling_efficiency_runs"), str))
     return evidence.Side(logs, machine="+".join(sorted(machines)), paired_set=r.get("paired_set"),
                          run=str(r.get("run") or ""), exact=ctx.exact or metric in evidence.EXACT,
-                         rounds=rounds, noisy=metric in evidence.NOISY)
+                         rounds=rounds, noisy=metric in evidence.NOISY, paired_rounds=paired_rounds)
 
 
 def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> list[tuple[str, pd.DataFrame, pd.DataFrame]]:
@@ -684,6 +709,11 @@ def _evaluate_one(check: Check, finding: Finding, grp: pd.DataFrame, group: dict
         sel_b = {**finding.where, **check.b}
         spec_b = {"stage": finding.stage, **group, **sel_b}
         rows_b = _match(grp, sel_b)
+        if len(rows_a) and rows_a.reset_index(drop=True).equals(rows_b.reset_index(drop=True)):
+            # 'max' resolved to the other side's own cells (batch 1 is the largest measured):
+            # a cell over itself is no evidence
+            return Outcome(None, "missing", [(cell_a, "no larger batch measured than the other side's",
+                                              spec_a)], set(_used(rows_a)["run"]))
         est, ra, rb = _pair(rows_a, rows_b, metric, ctx)
         if est is None:
             miss = []

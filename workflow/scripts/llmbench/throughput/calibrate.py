@@ -1,0 +1,146 @@
+"""Fit the throughput model's constants on our own training records.
+
+Input: the combined view's tidy table (one used record per cell). Only our platforms enter
+(CALIBRATION_PLATFORMS); the paper's numbers (config/reference) are never read here, so no
+constant can be tuned on the tables the model is scored against (llmbench.throughput.score
+reads them only after the fit, and a test holds the fit blind to them).
+
+The fit minimises the relative error of the step time, sum(((pred - meas) / meas)^2), over
+non-negative constants (Lawson-Hanson NNLS): every prediction is linear in the constants
+(llmbench.throughput.model), so the fit is exact and reproducible, with no starting point.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import techniques
+from ..config import REPO_ROOT
+from ..models import ModelSpec
+from .model import CALIBRATED, Hardware, TrainCell, features, hardware, load_constants
+
+#: The tidy table calibration reads (relative to the repository root).
+RECORDS_CSV = Path("results") / "reference" / "combined" / "tables" / "records.csv"
+#: Platforms whose records may calibrate: ours. The paper's platforms never do.
+CALIBRATION_PLATFORMS = ("h100", "h200", "h200x4", "h200x8")
+
+
+def select(df: pd.DataFrame) -> pd.DataFrame:
+    """The records calibration uses: measured training cells that ran (ok), on our platforms,
+    with the Llama 2 models; not search probes (2 steps, 1 repeat), not torch.compile (not
+    modelled), not Megatron-LM with tensor parallelism (modelled as data parallel only)."""
+    df = df[df["stage"].isin(["pretrain", "finetune"]) & (df["status"] == "ok")]
+    df = df[df["platform"].isin(CALIBRATION_PLATFORMS) & df["model"].astype(str).str.startswith("llama")]
+    if "kind" in df.columns:
+        df = df[df["kind"].fillna("cell") == "cell"]
+    df = df[df["backend"].isin(["deepspeed", "megatron"])]
+    if "layout" in df.columns:
+        df = df[~df["layout"].fillna("").astype(str).str.startswith("tp2")]
+    df = df[~df["technique"].map(lambda t: techniques.parse(t).compiled)]
+    df = df[df["tokens_per_s_mean"].notna() & (df["tokens_per_s_mean"] > 0)]
+    return df.reset_index(drop=True)
+
+
+def _host_cpus(row, root: Path) -> int | None:
+    """The record's own host CPU count (provenance), a ``host_cpus`` column, or None."""
+    val = row.get("host_cpus")
+    if val is not None and not pd.isna(val):
+        return int(val)
+    path = row.get("record_path")
+    if isinstance(path, str) and (root / path).is_file():
+        return int(json.loads((root / path).read_text())["provenance"]["host"]["cpus"])
+    return None
+
+
+def cell_of(row, root: Path = REPO_ROOT) -> TrainCell:
+    """A TrainCell from one tidy-table row."""
+    return TrainCell(
+        stage=row["stage"], platform=row["platform"], model=ModelSpec.load(row["model"], root),
+        technique=techniques.parse(row["technique"]), batch_size=int(row["batch_size"]), gpus=int(row["gpus"]),
+        seq_len=int(row["seq_len"]), backend=row["backend"], host_cpus=_host_cpus(row, root),
+    )
+
+
+def measured_step_s(row) -> float:
+    """Seconds per step from the record's tokens/s (global tokens of a step / tokens/s)."""
+    return row["batch_size"] * row["seq_len"] * row["gpus"] / row["tokens_per_s_mean"]
+
+
+def design(cells: list[TrainCell], root: Path = REPO_ROOT,
+           hw_of=None) -> tuple[np.ndarray, np.ndarray]:
+    """(known seconds per cell, feature matrix cells x CALIBRATED)."""
+    work = load_constants(root)["work"]
+    names = list(CALIBRATED)
+    known = np.zeros(len(cells))
+    X = np.zeros((len(cells), len(names)))
+    for i, cell in enumerate(cells):
+        hw: Hardware = hw_of(cell.platform) if hw_of else hardware(cell.platform, root)
+        for _, const, value in features(cell, hw, work):
+            if const is None:
+                known[i] += value
+            else:
+                X[i, names.index(const)] += value
+    return known, X
+
+
+def nnls(A: np.ndarray, b: np.ndarray, max_iter: int = 500) -> np.ndarray:
+    """min ||A x - b|| subject to x >= 0 (Lawson and Hanson, 1974, ch. 23)."""
+    n = A.shape[1]
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    w = A.T @ (b - A @ x)
+    tol = 1e-10 * max(1.0, np.abs(w).max())
+    for _ in range(max_iter):
+        if passive.all() or (w[~passive] <= tol).all():
+            break
+        j = np.argmax(np.where(passive, -np.inf, w))
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(A[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-15
+            x[~passive] = 0.0
+        w = A.T @ (b - A @ x)
+    return x
+
+
+def fit(df: pd.DataFrame, root: Path = REPO_ROOT, hw_of=None) -> dict[str, float]:
+    """Constants fitted on the given (already selected) records: relative least squares, >= 0.
+    Constants no record informs (all-zero feature) come out 0."""
+    cells = [cell_of(row, root) for row in df.to_dict("records")]
+    y = np.array([measured_step_s(row) for row in df.to_dict("records")])
+    known, X = design(cells, root, hw_of)
+    # scale columns so NNLS's tolerance means the same for every constant
+    scale = np.abs(X / y[:, None]).max(axis=0)
+    scale[scale == 0] = 1.0
+    coef = nnls(X / y[:, None] / scale, (y - known) / y) / scale
+    return {name: float(v) for name, v in zip(CALIBRATED, coef)}
+
+
+def load_records(root: Path = REPO_ROOT) -> pd.DataFrame:
+    """The combined view's tidy table, selected for calibration."""
+    return select(pd.read_csv(root / RECORDS_CSV, low_memory=False))
+
+
+def calibrated_block(constants: dict[str, float], df: pd.DataFrame) -> dict:
+    """The YAML block written under the marker of the constants file: each constant with its
+    unit, meaning and source (the records it was fitted on)."""
+    runs = sorted(df["run"].dropna().unique()) if "run" in df.columns else []
+    source = (f"fitted on {len(df)} records of {RECORDS_CSV} ({', '.join(CALIBRATION_PLATFORMS)}; "
+              "llmbench.throughput.calibrate.select), relative least squares, non-negative")
+    return {"calibrated": {
+        "fitted_on": {"table": str(RECORDS_CSV), "records": len(df), "runs": runs},
+        "constants": {name: {"value": float(f"{constants[name]:.6g}"), "unit": CALIBRATED[name][1],
+                             "meaning": CALIBRATED[name][2], "source": source}
+                      for name in CALIBRATED},
+    }}

@@ -1,0 +1,131 @@
+"""Score the throughput model where it cannot have been tuned.
+
+1. The paper's Tables II, III, IV and IX (config/reference, read through
+   llmbench.report.paper_frame: 8 GPUs, sequence length 350): tokens/s predicted from the
+   platform files and config/throughput/constants.yaml with the constants fitted on our
+   records only, per table and platform: n, median |error| %, and the Spearman rank
+   correlation of methods within each (platform, model, batch regime) group.
+2. Held out from our own records: H200 cells from an H100-only fit; multi-GPU cells from a
+   1-GPU-only fit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import techniques
+from ..config import REPO_ROOT
+from ..models import ModelSpec
+from ..report import paper_frame
+from . import calibrate
+from .model import TERMS, TrainCell, calibrated_constants, terms
+
+#: Groups of fewer methods than this get no rank correlation.
+MIN_RANKED = 3
+
+
+def spearman(a, b) -> float:
+    """Spearman's rank correlation (average ranks for ties); NaN if either side is constant."""
+    ra = pd.Series(list(a)).rank().to_numpy(float)
+    rb = pd.Series(list(b)).rank().to_numpy(float)
+    if len(ra) < 2 or ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def paper_rows(root: Path = REPO_ROOT) -> pd.DataFrame:
+    """The paper's training cells that ran and print a usable tokens/s (flagged values out)."""
+    df = paper_frame.frame(root)
+    df = df[df["table"].isin(list(paper_frame.TABLES)) & (df["status"] == "ok")]
+    df = df[df["tokens_per_s_compared"].notna()]
+    return df.reset_index(drop=True)
+
+
+def predict_rows(df: pd.DataFrame, constants: dict[str, float], root: Path = REPO_ROOT,
+                 measured: str = "tokens_per_s_mean") -> pd.DataFrame:
+    """Each row with predicted tokens/s, signed error (pred/meas - 1) and the seconds per term."""
+    out = []
+    for row in df.to_dict("records"):
+        cell = TrainCell(
+            stage=row["stage"], platform=row["platform"], model=ModelSpec.load(row["model"], root),
+            technique=techniques.parse(row["technique"]), batch_size=int(row["batch_size"]),
+            gpus=int(row["gpus"]), seq_len=int(row["seq_len"]), backend=row["backend"],
+            host_cpus=calibrate._host_cpus(row, root),
+        )
+        parts = terms(cell, constants, root)
+        step = sum(parts.values())
+        pred = cell.tokens_per_step / step
+        out.append({**{k: row.get(k) for k in ("table", "stage", "platform", "model", "backend", "technique",
+                                               "batch_size", "gpus", "seq_len", "run")},
+                    "tokens_per_s_measured": row[measured], "tokens_per_s_predicted": pred,
+                    "error": pred / row[measured] - 1, "step_s_predicted": step,
+                    "dominant_term": max(parts, key=parts.get),
+                    **{f"{k}_s": parts[k] for k in TERMS}})
+    return pd.DataFrame(out)
+
+
+def _regime(df: pd.DataFrame) -> pd.Series:
+    """Batch regime of a paper row: Table III and IX are batch 1, Table IV each method's largest
+    batch, Table II both (its two batch sizes per framework are one group: 'mixed')."""
+    return df["table"].map({"table2": "mixed"}).fillna("one")
+
+
+def summarise(pred: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """n, median |error| %, median signed error %, and the mean rank correlation of methods
+    within (platform, model) groups of each summary row (n_ranked groups of >= MIN_RANKED)."""
+    rows = []
+    for key, grp in pred.groupby(by, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        rhos = []
+        for _, g in grp.groupby(["platform", "model"]):
+            if len(g) >= MIN_RANKED:
+                rho = spearman(g["tokens_per_s_predicted"], g["tokens_per_s_measured"])
+                if not np.isnan(rho):
+                    rhos.append(rho)
+        rows.append({**dict(zip(by, key)), "n": len(grp),
+                     "median_abs_error_pct": 100 * float(np.median(np.abs(grp["error"]))),
+                     "median_error_pct": 100 * float(np.median(grp["error"])),
+                     "rank_corr": float(np.mean(rhos)) if rhos else float("nan"), "n_ranked": len(rhos)})
+    return pd.DataFrame(rows)
+
+
+def held_out(root: Path = REPO_ROOT) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per-cell predictions, summary) of the held-out splits of our records."""
+    df = calibrate.load_records(root)
+    splits = {
+        "h200 from h100 fit": (df["platform"] == "h100", df["platform"].str.startswith("h200")),
+        "multi-GPU from 1-GPU fit": (df["gpus"] == 1, df["gpus"] > 1),
+        "in-sample (all records)": (df["platform"].notna(), df["platform"].notna()),
+    }
+    cells, rows = [], []
+    for name, (train, test) in splits.items():
+        consts = calibrate.fit(df[train], root)
+        pred = predict_rows(df[test], consts, root).assign(split=name)
+        cells.append(pred)
+        summary = summarise(pred.assign(table=name), ["table"]).rename(columns={"table": "split"})
+        summary["n_fit"] = int(train.sum())
+        rows.append(summary)
+        if name.startswith("multi"):
+            per = summarise(pred.assign(table=name + ", gpus"), ["table", "gpus"])
+            per["split"] = per.pop("table") + "=" + per.pop("gpus").astype(str)
+            per["n_fit"] = int(train.sum())
+            rows.append(per)
+    return pd.concat(cells, ignore_index=True), pd.concat(rows, ignore_index=True)
+
+
+def run(out: Path, root: Path = REPO_ROOT) -> dict[str, pd.DataFrame]:
+    """Write paper-predictions.csv, paper-score.csv, heldout-predictions.csv, heldout-score.csv
+    into ``out``; return the two summaries."""
+    out.mkdir(parents=True, exist_ok=True)
+    constants = calibrated_constants(root)
+    pred = predict_rows(paper_rows(root), constants, root, measured="tokens_per_s_compared")
+    paper = summarise(pred, ["table", "platform"])
+    cells, held = held_out(root)
+    pred.to_csv(out / "paper-predictions.csv", index=False)
+    paper.to_csv(out / "paper-score.csv", index=False)
+    cells.to_csv(out / "heldout-predictions.csv", index=False)
+    held.to_csv(out / "heldout-score.csv", index=False)
+    return {"paper": paper, "heldout": held}

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from . import provenance, techniques
-from .cells import Cell
-from .models import MFU_FORMULA, ModelSpec, flops_per_token
+from . import provenance
+from .models import MFU_FORMULA, flops_per_token
 from .protocol import summarize
 from .record import Metrics, Record
+from .spec import RunSpec, raw_of
 
 
 @dataclass(kw_only=True, slots=True)
@@ -37,11 +37,11 @@ def _max(values: list[Any]) -> float | None:
     return max(vals) if vals else None
 
 
-def provenance_of(spec: dict, outcomes: list[Outcome], started: str, command: list[str]) -> dict[str, Any]:
+def provenance_of(spec: RunSpec | dict, outcomes: list[Outcome], started: str, command: list[str]) -> dict[str, Any]:
     """A cell's provenance (training, profile, microbenchmark and serving cells): the last ok
     repeat's versions and devices (this process's versions where no repeat reported them),
     and how each repeat was started (exec, forked from llmbench.forkserver, srun over nodes,
-    an engine server)."""
+    an engine server). The spec is kept as written (its JSON form)."""
     results = [o.result for o in outcomes if o.status == "ok" and o.result]  # a serving cell's carry none
     return {
         "git": provenance.git_state(),
@@ -51,7 +51,7 @@ def provenance_of(spec: dict, outcomes: list[Outcome], started: str, command: li
         # the backend's configuration as built: DeepSpeed's ds_config; a Megatron cell's layout,
         # recomputation, precision and optimizer
         **{k: results[-1][k] for k in ("ds_config", "megatron_config") if results and k in results[-1]},
-        "spec": spec,
+        "spec": raw_of(spec),
         "command": command,
         "launchers": [o.launcher for o in outcomes],
         # a cell over several nodes: the hostnames of its last repeat
@@ -61,9 +61,11 @@ def provenance_of(spec: dict, outcomes: list[Outcome], started: str, command: li
     }
 
 
-def build_record(spec: dict, outcomes: list[Outcome], started: str, command: list[str]) -> Record:
-    """Aggregate repeat outcomes into the cell's Record."""
-    cell = Cell.from_dict(spec["cell"])
+def build_record(spec: RunSpec | dict, outcomes: list[Outcome], started: str, command: list[str]) -> Record:
+    """Aggregate repeat outcomes into the cell's Record (``spec``: a training cell's run spec,
+    llmbench.spec.RunSpec, or its JSON form)."""
+    spec = RunSpec.of(spec)
+    cell = spec.cell
     results = [o.result for o in outcomes if o.status == "ok"]
     bad = next((o for o in outcomes if o.status != "ok"), None)
     prov = provenance_of(spec, outcomes, started, command)
@@ -72,17 +74,16 @@ def build_record(spec: dict, outcomes: list[Outcome], started: str, command: lis
                       log_tail=bad.log_tail, provenance=prov)
     tps = summarize([r["tokens_per_s"] for r in results])
     step = summarize([r["step_time_s"] for r in results])
-    model = ModelSpec(**spec["model"])
-    peak = spec["platform"]["peak_bf16_tflops"]
-    tech = techniques.parse(cell.technique)
+    peak = spec.platform.peak_bf16_tflops
+    tech = spec.tech
     if tech.quant4:
         mfu, formula = None, "not reported for 4-bit (Q) cells: their matmuls are not bf16 GEMMs"
     elif peak is None:
         mfu, formula = None, f"not reported: platform {cell.platform!r} has no peak bf16 FLOP/s"
     else:
-        fpt = flops_per_token(model, cell.protocol.seq_len, frozen_base=tech.adapter is not None)
+        fpt = flops_per_token(spec.model, cell.protocol.seq_len, frozen_base=tech.adapter is not None)
         mfu = tps.mean * fpt / (cell.gpus * peak * 1e12)
-        formula = f"{MFU_FORMULA}; peak {peak} TFLOP/s per GPU ({spec['platform']['peak_source']})"
+        formula = f"{MFU_FORMULA}; peak {peak} TFLOP/s per GPU ({spec.platform.peak_source})"
     last = results[-1]
     metrics = Metrics(
         tokens_per_s_mean=tps.mean, tokens_per_s_std=tps.std, tokens_per_s_runs=tps.values,

@@ -204,6 +204,11 @@ class Cell(_Addressed):
             raise ConfigError("a Cell has a parallel layout exactly when its backend is 'megatron'")
 
     @property
+    def tech(self) -> techniques.Technique:
+        """The technique's flags (llmbench.techniques.parse, memoised: parsed once per name)."""
+        return techniques.parse(self.technique)
+
+    @property
     def backend_dir(self) -> str:
         """The {backend} component of the record path (the module docstring's grammar)."""
         return self.backend if self.parallel is None else f"{self.backend}-{layout_name(self.parallel)}"
@@ -374,10 +379,14 @@ class Search(_Addressed):
                 "probe_protocol": asdict(self.probe_protocol)}
 
 
+def cell_class(stage: str | None) -> type[Cell] | type[ServeCell] | type[MicroCell]:
+    """The cell type of a stage: ServeCell for "serve", MicroCell for "micro", else Cell."""
+    return {"serve": ServeCell, "micro": MicroCell}.get(stage, Cell)
+
+
 def cell_from_dict(data: dict[str, Any]) -> Cell | ServeCell | MicroCell:
     """A training, serving or microbenchmark cell from its plain-data form."""
-    kind = {"serve": ServeCell, "micro": MicroCell}.get(data.get("stage"), Cell)
-    return kind.from_dict(data)
+    return cell_class(data.get("stage")).from_dict(data)
 
 
 #: The patterns of record files, each with the stage its records belong to (None: the

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import check_schema, schema_defaults
+from .spec import RunSpec
 
 if TYPE_CHECKING:
     from .record import Record
@@ -413,17 +414,21 @@ def check(accelerator: str, count: int, policy: BusyPolicy | None = None, *, rea
         sleep(min(policy.poll_s, max(0.0, policy.wait_s - waited)))
 
 
-def check_cell(spec: dict, count: int, policy: BusyPolicy | None, log: Path) -> Check:
+def check_cell(spec: RunSpec | dict, count: int, policy: BusyPolicy | None, log: Path) -> Check:
     """check() for a cell about to start (its spec's platform, ``count`` GPUs); its log says
-    what was found."""
-    platform = spec["platform"]
-    claimed, refused = claim_gpus(count, platform["accelerator"], policy)
+    what was found. ``spec``: the cell's RunSpec, or a spec's JSON form, of which only the
+    platform's accelerator, gpu_name and name are read."""
+    if isinstance(spec, RunSpec):
+        accelerator, gpu_name, name = spec.platform.accelerator, spec.platform.gpu_name, spec.platform.name
+    else:
+        platform = spec["platform"]
+        accelerator, gpu_name, name = platform["accelerator"], platform.get("gpu_name"), platform.get("name", "")
+    claimed, refused = claim_gpus(count, accelerator, policy)
     if refused:
         with open(log, "a") as fh:
             fh.write(f"=== GPU claim: {refused}\n")
         return Check(refused=refused, state={"error": refused})
-    found = check(platform["accelerator"], count, policy, gpu_name=platform.get("gpu_name"),
-                  platform=platform.get("name", ""))
+    found = check(accelerator, count, policy, gpu_name=gpu_name, platform=name)
     if found.state is not None:
         with open(log, "a") as fh:
             if claimed:

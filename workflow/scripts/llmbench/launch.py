@@ -54,6 +54,7 @@ from .ledger import (KEPT_STATUSES, deadline_from_env, deadline_stop, forget, ke
 from .procs import (RssWatchdog, free_port, kill_group, last_error, oom_kills, says_oom, start_group, stop_group,
                     stop_groups_on_signal, tail, track)
 from .record import Record, write
+from .spec import RunSpec
 from .train import jit_ops
 
 #: Thread-count variables of the BLAS/OpenMP runtimes (Snakemake sets them to a job's threads)
@@ -242,9 +243,11 @@ def _classify(proc, *, log: Path, workdir: Path, out: Path, timeout_s: float, me
 def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int,
                keep_dir: Path | None = None, alloc: nodes.Allocation | None = None) -> Outcome:
     """Run one repeat of a training cell (``rank_launch``; over ``alloc``'s nodes for a cell
-    of several) in its own session. A profile cell's worker writes its Chrome trace into
-    ``keep_dir`` (the record's folder)."""
-    cell = Cell.from_dict(spec["cell"])
+    of several) in its own session. ``spec`` is the cell's spec as JSON (RunSpec.raw): the
+    process boundary, written for the worker, which parses it at its start. A profile
+    cell's worker writes its Chrome trace into ``keep_dir`` (the record's folder)."""
+    parsed = RunSpec.parse(spec)
+    cell = parsed.cell
     spec_path = workdir / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
     out = workdir / f"repeat-{index}.json"
@@ -254,13 +257,13 @@ def run_repeat(spec: dict, workdir: Path, index: int, log: Path, threads: int,
         placement = Placement(alloc=alloc, rdzv_id=f"{alloc.job_id}-{workdir.name.lstrip('.')}-r{index}", cpus_per_node=threads,
                               join_timeout_s=min(600, cell.protocol.timeout_s))
     return run_worker(cell.gpus, backends.get(cell.backend).worker, worker_args(spec_path, out, *extra),
-                      env=worker_env(spec["platform"]["env"], threads, cell.ranks_per_node), log=log, workdir=workdir,
-                      out=out, timeout_s=cell.protocol.timeout_s, mem_cap_gib=cell.mem_cap_gib,
-                      label=f"repeat {index}", fork_server=None if alloc else forkserver.server_for(spec["platform"]),
+                      env=worker_env(parsed.platform.env, threads, cell.ranks_per_node), log=log, workdir=workdir,
+                      out=out, timeout_s=cell.protocol.timeout_s, mem_cap_gib=cell.mem_cap_gib, label=f"repeat {index}",
+                      fork_server=None if alloc else forkserver.server_for(parsed.platform.to_dict()),
                       placement=placement)
 
 
-def searched_fit(spec: dict, record_path: Path) -> dict[str, Any] | None:
+def searched_fit(spec: RunSpec, record_path: Path) -> dict[str, Any] | None:
     """What a max-batch search's probe showed at this cell's batch, where one ran it without
     running out of memory (the frontier file of the record's results folder, for the same
     memory fingerprint: llmbench.search.frontier), else None."""
@@ -270,12 +273,12 @@ def searched_fit(spec: dict, record_path: Path) -> dict[str, Any] | None:
     parsed = parse(str(record_path))
     if parsed is None:
         return None
-    cell = Cell.from_dict(spec["cell"])
+    cell = spec.cell
     path = Path(parsed.root or ".") / FRONTIER_PATTERN.format(**cell.key)
     return Frontier.load(path, fingerprint(spec)).known_fit(cell.batch_size)
 
 
-def predicted_oom_record(spec: dict, record_path: Path, log: Path, started: str,
+def predicted_oom_record(spec: RunSpec, record_path: Path, log: Path, started: str,
                          command: list[str]) -> Record | None:
     """Where the memory model predicts the cell not to fit: its ``skipped`` Record (for the
     caller to write), with the prediction and the margin in its summary (nothing runs);
@@ -294,8 +297,7 @@ def predicted_oom_record(spec: dict, record_path: Path, log: Path, started: str,
         return None
     reason = (f"skip_predicted_oom: predicted not to fit: {verdict.reason} (llmbench.memory; "
               "--config skip_predicted_oom=false runs it)")
-    cell = Cell.from_dict(spec["cell"])
-    build = backends.get(cell.backend).build_record()
+    build = backends.get(spec.cell.backend).build_record()
     record = build(spec, [Outcome(status="skipped", reason=reason)], started, command)
     record = replace(record, summary=verdict.summary())
     with open(log, "a") as fh:
@@ -307,8 +309,7 @@ def predicted_oom_record(spec: dict, record_path: Path, log: Path, started: str,
 class _Run:
     """One cell of a set while the set runs (run_set): where it goes, and what it has so far."""
 
-    spec: dict
-    cell: Cell
+    spec: RunSpec
     record_path: Path
     label: str
     """How the log names it: its record path relative to the results folder in a set; "" alone."""
@@ -332,25 +333,31 @@ class _Run:
         self.keep_dir = self.record_path.parent.absolute()  # workers run in a temporary cwd
 
     @property
+    def cell(self) -> Cell:
+        """The cell (its spec's)."""
+        return self.spec.cell
+
+    @property
     def done(self) -> bool:
         """It needs no further repeat: settled, every repeat run, or one not ok (a refused check's too)."""
         return (self.record is not None or len(self.outcomes) >= self.cell.protocol.repeats
                 or any(o.status != "ok" for o in self.outcomes))
 
 
-def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
+def run_cell(spec: RunSpec | dict, record_path: Path, log: Path, threads: int = 1,
              gpu_busy: gpus.BusyPolicy | None = None, skip_predicted_oom: bool = False) -> Record:
     """Run every repeat of a cell (stopping at the first that is not ok) and write its Record:
-    run_set of one cell, without a set."""
+    run_set of one cell, without a set. ``spec``: its RunSpec, or its JSON form."""
     return run_set([spec], [record_path], log, threads, gpu_busy, skip_predicted_oom)[0]
 
 
-def run_set(specs: Sequence[dict], record_paths: Sequence[Path], log: Path, threads: int | Sequence[int] = 1,
+def run_set(specs: Sequence[RunSpec | dict], record_paths: Sequence[Path], log: Path, threads: int | Sequence[int] = 1,
             gpu_busy: gpus.BusyPolicy | None = None, skip_predicted_oom: bool = False,
             plan: dict[str, Any] | None = None) -> list[Record]:
     """Run the cells of a paired set together and write their Records, all at the end, so
     that a set's records are either all there or none is (``plan``: llmbench.grid.paired's
-    PairedSet.plan; without one, the cells are no set: run_cell).
+    PairedSet.plan; without one, the cells are no set: run_cell). ``specs``: the cells' run
+    specs (llmbench.spec.RunSpec, or their JSON form), each parsed once here.
 
     Round r runs repeat r of every cell that still needs one, in the round's order
     (``plan["rounds"][r]``, the cells' indices), each repeat a process of its own
@@ -374,7 +381,7 @@ def run_set(specs: Sequence[dict], record_paths: Sequence[Path], log: Path, thre
     started = datetime.now(UTC).isoformat()
     command = [sys.executable, *sys.argv]
     labels = list(plan["cells"]) if plan else [""]
-    runs = [_Run(spec=spec, cell=Cell.from_dict(spec["cell"]), record_path=Path(path), label=label, threads=n)
+    runs = [_Run(spec=RunSpec.of(spec), record_path=Path(path), label=label, threads=n)
             for spec, path, label, n in zip(specs, record_paths, labels,
                                             [threads] * len(specs) if isinstance(threads, int) else threads)]
     log = Path(log)
@@ -452,7 +459,7 @@ def _repeat(run: _Run, i: int, deadline: float | None, set_walls: list[float], l
         started = datetime.now(UTC).isoformat()
         t0 = time.monotonic()
         try:
-            outcome = run_repeat(run.spec, run.workdir, i, log, run.threads, run.keep_dir, run.alloc)
+            outcome = run_repeat(run.spec.raw, run.workdir, i, log, run.threads, run.keep_dir, run.alloc)
         except (SystemExit, KeyboardInterrupt):  # a signal inside it: a deadline's TERM, a cancel
             keep_stopped(run.keep_dir, i, run.spec, time.monotonic() - t0)
             raise

@@ -43,6 +43,7 @@ from typing import NoReturn
 from . import nodes, provenance
 from .aggregate import Outcome
 from .record import write_json_atomic
+from .spec import RunSpec, raw_of
 
 #: A finished repeat kept beside its record until the record is written (llmbench.launch.run_set).
 PARTIAL = ".repeat-{index}.json"
@@ -92,9 +93,9 @@ def stop_at_deadline(why: str, log: Path, mark: str = "") -> NoReturn:
     raise DeadlineStop(why)
 
 
-def spec_digest(spec: dict) -> str:
-    """What a kept repeat must match to count for a cell: its whole resolved spec."""
-    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+def spec_digest(spec: RunSpec | dict) -> str:
+    """What a kept repeat must match to count for a cell: its whole resolved spec (its JSON form)."""
+    return hashlib.sha256(json.dumps(raw_of(spec), sort_keys=True).encode()).hexdigest()
 
 
 KEPT_STATUSES = ("ok", "oom")
@@ -102,7 +103,7 @@ KEPT_STATUSES = ("ok", "oom")
 result, the paper's "-", which ends the cell's repeats)."""
 
 
-def keep_repeat(keep_dir: Path, index: int, spec: dict, outcome: Outcome, wall_s: float | None = None,
+def keep_repeat(keep_dir: Path, index: int, spec: RunSpec | dict, outcome: Outcome, wall_s: float | None = None,
                 started: str | None = None) -> None:
     """Keep an ok (or out-of-memory) repeat beside the cell's record, with when it started
     (``started``, ISO) and finished, where, at which commit and in how many seconds
@@ -116,7 +117,7 @@ def keep_repeat(keep_dir: Path, index: int, spec: dict, outcome: Outcome, wall_s
         "boot_id": provenance.boot_id(), "git_sha": state.get("sha"), "wall_s": wall_s})
 
 
-def read_kept(keep_dir: Path, spec: dict, repeats: int) -> tuple[dict[int, dict], list[Path]]:
+def read_kept(keep_dir: Path, spec: RunSpec | dict, repeats: int) -> tuple[dict[int, dict], list[Path]]:
     """What keep_repeat kept in ``keep_dir``, read only: the ok and out-of-memory repeats of
     this very spec (index -> what keep_repeat wrote) and the files that do not count (another
     spec's, a changed config or protocol; another status). kept_repeats resumes from the
@@ -135,7 +136,7 @@ def read_kept(keep_dir: Path, spec: dict, repeats: int) -> tuple[dict[int, dict]
     return kept, stale
 
 
-def kept_repeats(keep_dir: Path, spec: dict, repeats: int, log: Path) -> dict[int, dict]:
+def kept_repeats(keep_dir: Path, spec: RunSpec | dict, repeats: int, log: Path) -> dict[int, dict]:
     """The ok (or out-of-memory) repeats an earlier run of this very spec kept (index -> what
     keep_repeat wrote, its ``outcome`` an Outcome again). A kept repeat of another spec (a changed
     config or protocol) is deleted."""
@@ -155,22 +156,22 @@ def kept_repeats(keep_dir: Path, spec: dict, repeats: int, log: Path) -> dict[in
     return kept
 
 
-def keep_stopped(keep_dir: Path, index: int, spec: dict, ran_s: float) -> None:
+def keep_stopped(keep_dir: Path, index: int, spec: RunSpec | dict, ran_s: float) -> None:
     """Keep beside the cell's record that its repeat ``index`` ran ``ran_s`` seconds without
     finishing (a signal stopped it), with the spec's digest and its steps a repeat, where,
     when and at which commit; the longest such run of the spec is kept."""
     earlier = stopped_repeat(keep_dir, spec)
     if earlier is not None and earlier["ran_s"] >= ran_s:
         return
-    protocol = spec["cell"]["protocol"]
+    protocol = RunSpec.of(spec).cell.protocol
     write_json_atomic(keep_dir / STOPPED, {
         "spec_sha256": spec_digest(spec), "index": index, "ran_s": round(ran_s, 1),
-        "steps": int(protocol["warmup_steps"]) + int(protocol["measured_steps"]),
+        "steps": protocol.warmup_steps + protocol.measured_steps,
         "stopped": datetime.now(UTC).isoformat(), "hostname": socket.gethostname(),
         "boot_id": provenance.boot_id(), "git_sha": provenance.git_state().get("sha")})
 
 
-def stopped_repeat(keep_dir: Path, spec: dict | None = None) -> dict | None:
+def stopped_repeat(keep_dir: Path, spec: RunSpec | dict | None = None) -> dict | None:
     """What keep_stopped kept in ``keep_dir``: for ``spec`` only (one of another spec is
     deleted), or, with no spec, whatever is there (read-only: an estimate, which matches
     the steps itself). None where there is none."""

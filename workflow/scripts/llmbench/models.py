@@ -65,6 +65,11 @@ class ModelSpec:
         except ValueError as exc:
             raise ConfigError(f"{root / 'config' / 'models' / f'{name}.yaml'}: {exc}") from None
 
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelSpec:
+        """Inverse of to_dict (a run spec's model, a record's)."""
+        return cls(**data)
+
     def to_dict(self) -> dict:
         """Plain-data form."""
         return {f: getattr(self, f) for f in self.__slots__}

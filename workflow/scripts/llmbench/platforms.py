@@ -54,6 +54,12 @@ class Platform:
         """Load and validate config/platforms/<name>.yaml."""
         return cls(**load_named("platform", name, root))
 
+    @classmethod
+    def from_dict(cls, data: dict) -> Platform:
+        """Inverse of to_dict; a run spec's platform too, which leaves ``slurm`` out
+        (llmbench.grid.Grid.spec) and, in an older spec, keys added since (their defaults)."""
+        return cls(**data)
+
     def to_dict(self) -> dict:
         """Plain-data form (for cell specs and provenance). An optional key added later is
         left out where unset, so that it changes no spec, and reruns no measured cell, of a
@@ -61,12 +67,14 @@ class Platform:
         return {f: getattr(self, f) for f in self.__slots__ if f not in _OMIT_UNSET or getattr(self, f) is not None}
 
 
-def compute_dtype(platform: dict):
-    """The torch dtype a platform's training and profile cells compute in (the cell spec's
-    platform dict; ``compute_dtype`` is bfloat16, the paper's, unless the file says float32)."""
+def compute_dtype(platform: Platform | dict):
+    """The torch dtype a platform's training and profile cells compute in (a Platform, or a
+    cell spec's platform dict; ``compute_dtype`` is bfloat16, the paper's, unless the file
+    says float32)."""
     import torch
 
-    return getattr(torch, platform.get("compute_dtype", "bfloat16"))
+    name = platform.compute_dtype if isinstance(platform, Platform) else platform.get("compute_dtype", "bfloat16")
+    return getattr(torch, name)
 
 
 def dtype_name(dtype) -> str:

@@ -22,6 +22,7 @@ the canonical name orders flags as the paper prints them (F+R+Z3+O, R+Q, QL+F+R)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 NAIVE = "Naive"
@@ -108,10 +109,13 @@ class Technique:
         return "+".join(([head] if head else []) + flags) or NAIVE
 
 
+@functools.lru_cache(maxsize=1024)
 def parse(text: str) -> Technique:
     """Parse "F+R+Z3+O" (any order, any case of "naive") into a Technique.
 
-    Raises TechniqueError naming the bad token and the allowed ones.
+    Raises TechniqueError naming the bad token and the allowed ones. Memoised: a pure
+    function of its string returning a frozen Technique, so a caller may parse wherever it
+    needs the flags (a grid's cells, a record's workload) without parsing the text again.
     """
     if not isinstance(text, str) or not text.strip():
         raise TechniqueError(f"technique must be a non-empty string, got {text!r}")

@@ -18,8 +18,10 @@ from typing import Any
 
 import pandas as pd
 
+from ..cells import Cell
 from ..config import REPO_ROOT, ConfigError
 from ..platforms import Platform
+from ..spec import RunSpec
 from .constants import BACKENDS, MARGIN
 from .model import Prediction, Workload, batch_slope_gib, fits, host_memory_gib, predict, predicted_max_batch
 
@@ -46,47 +48,47 @@ class Verdict:
                 "margin": self.margin, **{f"predicted_{k}_gib": v for k, v in self.prediction.terms.items()}}
 
 
-def _host_capacity(platform: dict[str, Any], root: Path) -> float | None:
-    if "slurm" in platform:
+def _host_capacity(platform: Platform, root: Path) -> float | None:
+    if platform.slurm:
         return host_memory_gib(platform)
     try:  # a run spec leaves the platform's Slurm block out: read the platform file
-        return host_memory_gib(Platform.load(platform["name"], root).to_dict())
-    except (ConfigError, KeyError, TypeError):
+        return host_memory_gib(Platform.load(platform.name, root))
+    except ConfigError:
         return None
 
 
-def check(spec: dict[str, Any], margin: float = MARGIN, root: Path = REPO_ROOT) -> Verdict | None:
-    """The verdict on one training cell's run spec ({cell, platform, model}); None for a
-    cell the model does not predict (serving, microbenchmarks, backends other than
-    DeepSpeed and Megatron-LM)."""
-    cell, platform = spec["cell"], spec["platform"]
-    if cell.get("stage") not in STAGES or "technique" not in cell or cell.get("backend") not in BACKENDS:
+def check(spec: RunSpec | dict[str, Any], margin: float = MARGIN, root: Path = REPO_ROOT) -> Verdict | None:
+    """The verdict on one training cell's run spec (llmbench.spec.RunSpec, or its JSON form);
+    None for a cell the model does not predict (serving, microbenchmarks, backends other
+    than DeepSpeed and Megatron-LM)."""
+    spec = RunSpec.of(spec)
+    cell, platform = spec.cell, spec.platform
+    if not isinstance(cell, Cell) or cell.stage not in STAGES or cell.backend not in BACKENDS:
         return None  # profile cells of the plain-torch and inference backends are not modelled
     pred = predict(Workload.from_spec(spec))
-    if platform.get("accelerator") == "cuda":
-        cap = platform.get("gpu_memory_gib")
-        ok, why = fits(pred, cap, _host_capacity(platform, root),
-                       min(cell["gpus"], platform.get("gpus_per_node") or 1), margin)
+    if platform.accelerator == "cuda":
+        cap = platform.gpu_memory_gib
+        ok, why = fits(pred, cap, _host_capacity(platform, root), min(cell.gpus, platform.gpus_per_node or 1), margin)
     else:
-        cap = cell.get("mem_cap_gib")
+        cap = cell.mem_cap_gib
         ok, why = fits(pred, cap, margin=margin)
         why = why.replace("GPU peak", "tensors' peak") + (" (the cell's mem_cap_gib)" if why else "")
     return Verdict(fits=ok, reason=why, prediction=pred, capacity_gib=cap, margin=margin)
 
 
-def start_hint(spec: dict[str, Any]) -> int | None:
-    """The start a max-batch search's spec ({cell, platform, model, search}) should take: the
+def start_hint(spec: RunSpec | dict[str, Any]) -> int | None:
+    """The start a max-batch search's spec (one with its ``search``) should take: the
     largest batch predicted to fit its GPU (at least 1), within the search's max; None where
     the model does not apply (a CPU platform, a backend it does not model). Replayed on the
     committed searches by llmbench.memory.replay."""
-    platform = spec["platform"]
-    cap = platform.get("gpu_memory_gib") if platform.get("accelerator") == "cuda" else None
+    spec = RunSpec.of(spec)
+    cap = spec.platform.gpu_memory_gib if spec.platform.accelerator == "cuda" else None
     if not cap or check(spec) is None:
         return None
-    return max(1, predicted_max_batch(Workload.from_spec(spec), cap, max_batch=spec["search"]["max"]))
+    return max(1, predicted_max_batch(Workload.from_spec(spec), cap, max_batch=spec.search["max"]))
 
 
-def start_slope(spec: dict[str, Any], hint: int | None) -> float | None:
+def start_slope(spec: RunSpec | dict[str, Any], hint: int | None) -> float | None:
     """The GiB each further batch element adds at the hinted batch (model.batch_slope_gib),
     given to the search with its hint; None without a hint."""
     if hint is None:
@@ -97,7 +99,6 @@ def start_slope(spec: dict[str, Any], hint: int | None) -> float | None:
 def plan(configfile: Path | str, root: Path = REPO_ROOT, margin: float = MARGIN) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(one row per training cell of a config with its verdict, per platform: cells and how
     many ``skip_predicted_oom`` would skip)."""
-    from ..cells import Cell
     from ..grid import load
 
     grid = load(Path(configfile), root)

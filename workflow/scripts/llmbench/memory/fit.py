@@ -61,10 +61,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import techniques
 from ..config import REPO_ROOT, ConfigError
 from ..models import ModelSpec
 from ..platforms import Platform
+from ..spec import RunSpec
 from .constants import (BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK,
                         ZERO3_ACT_SCALE, ZERO3_RECOMPUTED_ADAPTER_SCALE)
 from .model import (GIB, Workload, activation_bytes, adapter_dropout_bytes, adapter_params,
@@ -102,14 +102,17 @@ class Row:
     """The cell's per-rank RSS cap (CPU cells), or None."""
 
 
-def record_spec(path: Path) -> dict[str, Any]:
-    """A training record's run spec: its provenance's, or (a probe answered from the search's
-    frontier file, which ran nothing) rebuilt from its cell and config/models."""
+def record_spec(path: Path, root: Path = REPO_ROOT) -> RunSpec:
+    """A training record's run spec, parsed: its provenance's, or (a probe answered from the
+    search's frontier file, which ran nothing) rebuilt from its cell, config/models and
+    config/platforms as the grid builds a spec."""
     rec = json.loads(path.read_text())
     spec = (rec.get("provenance") or {}).get("spec")
     if spec and "model" in spec:
-        return spec
-    return {"cell": rec["cell"], "model": ModelSpec.load(rec["cell"]["model"]).to_dict()}
+        return RunSpec.parse(spec)
+    cell = rec["cell"]
+    platform = {k: v for k, v in Platform.load(cell["platform"], root).to_dict().items() if k != "slurm"}
+    return RunSpec.parse({"cell": cell, "platform": platform, "model": ModelSpec.load(cell["model"], root).to_dict()})
 
 
 def rows(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> list[tuple[pd.Series, Row]]:
@@ -117,14 +120,14 @@ def rows(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> list[tuple[pd.Series, Ro
     out = []
     for _, r in tidy[tidy["stage"].isin(TRAIN_STAGES)].iterrows():
         path = Path(r["record_path"])
-        spec = record_spec(path if path.is_absolute() else root / path)
+        spec = record_spec(path if path.is_absolute() else root / path, root)
         measured, reserved = r["peak_mem_allocated_gib"], r.get("peak_mem_reserved_gib")
         rss = r["peak_rss_gib"]
         out.append((r, Row(workload=Workload.from_spec(spec), status=r["status"],
                            measured_gib=None if pd.isna(measured) else float(measured),
                            reserved_gib=None if reserved is None or pd.isna(reserved) else float(reserved),
                            rss_gib=None if pd.isna(rss) else float(rss), platform=r["platform"],
-                           mem_cap_gib=spec["cell"].get("mem_cap_gib"))))
+                           mem_cap_gib=spec.cell.mem_cap_gib)))
     return out
 
 
@@ -137,7 +140,7 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
     #    inputs (known exactly) and the logits are the rest of what grows with the batch
     xs, ys = [], []
     for r in ok:
-        w, tech = r.workload, techniques.parse(r.workload.technique)
+        w, tech = r.workload, r.workload.tech
         if not tech.recompute or tech.offload or w.backend != "deepspeed":
             continue
         acts, layer, logits = activation_bytes(w)
@@ -159,7 +162,7 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
     #     RECOMPUTED_LAYER_PEAK)
     peaks, zero3_layer = [], []
     for r in ok:
-        w, tech = r.workload, techniques.parse(r.workload.technique)
+        w, tech = r.workload, r.workload.tech
         if (not tech.recompute or tech.compiled or w.backend != "deepspeed"
                 or predict(w).phase != "forward-backward"):
             continue
@@ -185,7 +188,7 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
         mine = [r for r in ok if r.workload.backend == backend]
         small, plain, xs, ys = [], [], [], []
         for r in mine:
-            tech, w = techniques.parse(r.workload.technique), r.workload
+            tech, w = r.workload.tech, r.workload
             if (tech.recompute or tech.compiled or tech.offload or zero3_scale(tech) != 1.0
                     or quant4_full_parameter(tech) or predict(w).phase != "forward-backward"):
                 continue
@@ -207,7 +210,7 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
         overhead = float(np.median(small)) if small else 0.0
         x, y = np.array(xs), np.array(ys) - overhead
         scale = float(x @ y / (x @ x))
-        base = [r.rss_gib for r in mine if r.rss_gib is not None and not techniques.parse(r.workload.technique).offload]
+        base = [r.rss_gib for r in mine if r.rss_gib is not None and not r.workload.tech.offload]
         out[backend] = {"act_scale": scale, "overhead_gib": overhead,
                         "host_base_gib": float(np.median(base)) if base else None, "rows": len(mine),
                         "rows_fitted": len(plain), "rows_overhead": len(small)}
@@ -216,7 +219,7 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
     #    activations, ZeRO-3 left out
     xs, ys = [], []
     for r in ok:
-        tech, w = techniques.parse(r.workload.technique), r.workload
+        tech, w = r.workload.tech, r.workload
         capacity = (platform_file(r.platform, str(root)) or {}).get("gpu_memory_gib")
         if (w.backend != "deepspeed" or r.reserved_gib is None or not capacity
                 or r.measured_gib < CACHED_FIT_LOAD * capacity or (tech.quant4 and tech.adapter is None)
@@ -232,7 +235,7 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
     out["cached_rows"] = len(xs)
     compiled, zero3, quant4, off_fb, off_host, off_frozen = [], [], [], {}, {}, {}
     for r in ok:
-        tech, w = techniques.parse(r.workload.technique), r.workload
+        tech, w = r.workload.tech, r.workload
         if w.backend != "deepspeed":
             continue
         k = BACKENDS[w.backend]

@@ -65,6 +65,8 @@ from typing import Any
 
 from .. import techniques
 from ..models import ModelSpec
+from ..platforms import Platform
+from ..spec import RunSpec
 from .constants import (BACKENDS, BUCKETS, CACHED_ACTIVATION_FRACTION, CACHED_LOGITS_BYTES, COMPILED_ACT_SCALE,
                         DEEPSPEED, MARGIN, MEGATRON,
                         MEGATRON_DISTOPT, QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK, ZERO3_ACT_SCALE,
@@ -120,14 +122,20 @@ class Workload:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {self.backend!r}")
 
+    @property
+    def tech(self) -> techniques.Technique:
+        """The technique's flags (techniques.parse, memoised: parsed once per name)."""
+        return techniques.parse(self.technique)
+
     @classmethod
-    def from_spec(cls, spec: dict[str, Any], batch_size: int | None = None) -> Workload:
-        """The workload of a run spec ({cell, model, platform}: llmbench.grid.Grid.spec)."""
-        cell = spec["cell"]
-        return cls(model=ModelSpec(**spec["model"]), technique=cell["technique"],
-                   batch_size=batch_size or cell["batch_size"], seq_len=cell["protocol"]["seq_len"],
-                   gpus=cell["gpus"], backend=cell["backend"], parallel=cell.get("parallel"),
-                   adapter=cell.get("adapter"))
+    def from_spec(cls, spec: RunSpec | dict[str, Any], batch_size: int | None = None) -> Workload:
+        """The workload of a training cell's run spec (llmbench.spec.RunSpec, or its JSON form:
+        llmbench.grid.Grid.spec)."""
+        spec = RunSpec.of(spec)
+        cell = spec.cell
+        return cls(model=spec.model, technique=cell.technique, batch_size=batch_size or cell.batch_size,
+                   seq_len=cell.protocol.seq_len, gpus=cell.gpus, backend=cell.backend, parallel=cell.parallel,
+                   adapter=cell.adapter)
 
     def with_batch(self, batch_size: int) -> Workload:
         """The same workload at another batch size."""
@@ -196,7 +204,7 @@ def _layout(w: Workload) -> tuple[int, int, int, bool]:
 
 def state_bytes(w: Workload) -> tuple[float, float, float]:
     """(forward/backward, optimizer step, host offload) bytes of one rank's model states."""
-    tech = techniques.parse(w.technique)
+    tech = w.tech
     counts = w.model.param_counts()
     n = counts["total"]
     if w.backend == "megatron":
@@ -274,7 +282,7 @@ def activation_bytes(w: Workload) -> tuple[float, float, float]:
     """(saved activations, one recomputed layer, logits) in bytes of one rank for one
     micro-batch. Without recomputation no layer is recomputed (0); a recomputed layer's
     backward holds RECOMPUTED_LAYER_PEAK times what the layer saves."""
-    tech = techniques.parse(w.technique)
+    tech = w.tech
     k = BACKENDS[w.backend]
     tp = _layout(w)[0] if w.backend == "megatron" else 1
     seq = w.seq_len + (int((w.adapter or {}).get("num_virtual_tokens", 0)) if tech.adapter == "prompt_tuning" else 0)
@@ -295,7 +303,7 @@ def buffer_bytes(w: Workload) -> float:
     """DeepSpeed's communication buckets (llmbench.memory.constants.BUCKETS), none elsewhere."""
     if w.backend != "deepspeed":
         return 0.0
-    return BUCKETS.get(techniques.parse(w.technique).zero_stage, 0.0)
+    return BUCKETS.get(w.tech.zero_stage, 0.0)
 
 
 def buckets_in_backward_only(w: Workload) -> bool:
@@ -303,7 +311,7 @@ def buckets_in_backward_only(w: Workload) -> bool:
     the first gradient (DeepSpeed's ``setup_buckets``, from ``process_gradients``) and free
     them at the backward's end (``_release_ipg_buffers``), so neither the forward pass nor
     the optimizer step holds them; ZeRO-3 allocates its bucket once, at start-up."""
-    return w.backend == "deepspeed" and techniques.parse(w.technique).zero_stage in (1, 2)
+    return w.backend == "deepspeed" and w.tech.zero_stage in (1, 2)
 
 
 def beside_activations_bytes(w: Workload, logits: float, layer: float, buffers: float) -> float:
@@ -313,7 +321,7 @@ def beside_activations_bytes(w: Workload, logits: float, layer: float, buffers: 
     layer's backward has run; a full-parameter cell's first gradient (the output layer's
     weight) comes while it is alive, so its buckets sit beside the logits, but an adapter's
     first gradient comes after it (the records that show it: tables/memory-model of the combined view)."""
-    if buckets_in_backward_only(w) and techniques.parse(w.technique).adapter is not None:
+    if buckets_in_backward_only(w) and w.tech.adapter is not None:
         return max(logits, layer + buffers)
     return max(logits, layer) + buffers
 
@@ -405,10 +413,11 @@ def cannot_fit(model: ModelSpec, technique: str, gpus: int, gpu_memory_gib: floa
     return model_states_gib(model, technique, gpus) > gpu_memory_gib
 
 
-def host_memory_gib(platform: dict[str, Any]) -> float | None:
+def host_memory_gib(platform: Platform | dict[str, Any]) -> float | None:
     """A platform's host memory per job in GiB (its Slurm mem_mb, which Slurm counts in
     MiB), or None."""
-    mb = (platform.get("slurm") or {}).get("mem_mb")
+    slurm = platform.slurm if isinstance(platform, Platform) else platform.get("slurm")
+    mb = (slurm or {}).get("mem_mb")
     return mb / 1024 if mb else None
 
 

@@ -42,7 +42,7 @@ COLUMNS = ["platform", "accelerator", "stage", "model", "backend", "layout", "te
 def deepspeed_estimate_gib(w: Workload) -> tuple[float, float] | None:
     """DeepSpeed's model-states estimate of a full-parameter ZeRO-2/3 cell, (per GPU, host
     per node) in GiB, or None."""
-    tech = techniques.parse(w.technique)
+    tech = w.tech
     if w.backend != "deepspeed" or tech.adapter or tech.quant4 or tech.zero_stage not in (2, 3):
         return None
     counts = w.model.param_counts()
@@ -72,7 +72,7 @@ def _accelerate_total_bytes(model_json: str) -> int:
 
     from ..models import ModelSpec
 
-    spec = ModelSpec(**json.loads(model_json))
+    spec = ModelSpec.from_dict(json.loads(model_json))
     with init_empty_weights():
         model = LlamaForCausalLM(spec.hf_config())
     total, _ = calculate_maximum_sizes(model.float())
@@ -84,7 +84,7 @@ def accelerate_estimate_gib(w: Workload) -> float | None:
     ZeRO, or None."""
     import json
 
-    tech = techniques.parse(w.technique)
+    tech = w.tech
     if w.backend != "deepspeed" or tech.adapter or tech.quant4 or tech.zero_stage:
         return None
     from accelerate.commands.estimate import estimate_training_usage
@@ -130,7 +130,7 @@ def build(tidy: pd.DataFrame, root: Path = REPO_ROOT, margin: float = MARGIN,
         ds, ds_host = ds_both if ds_both else (None, None)
         ds_fits = None
         if ds is not None and cap:  # its host estimate counts where there is offload, as ours
-            ds_fits = ds * (1 + margin) <= cap and not (techniques.parse(w.technique).offload and host_cap
+            ds_fits = ds * (1 + margin) <= cap and not (w.tech.offload and host_cap
                                                         and ds_host * (1 + margin) > host_cap)
         acc = accelerate_estimate_gib(w) if have["accelerate"] else None
         out.append({

@@ -16,11 +16,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from .. import forkserver, gpus, provenance
-from ..cells import MicroCell
 from ..aggregate import Outcome, provenance_of
 from ..launch import run_worker, worker_args, worker_env
 from ..procs import stop_groups_on_signal
 from ..record import Record, write
+from ..spec import RunSpec
 
 WORKER = "llmbench.micro.worker"
 
@@ -52,22 +52,23 @@ def summarize(bench: str, rows: list[dict]) -> dict:
     return out
 
 
-def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
+def run_cell(spec: RunSpec | dict, record_path: Path, log: Path, threads: int = 1,
              gpu_busy: gpus.BusyPolicy | None = None) -> Record:
     """Run one microbenchmark cell and write its Record (nothing runs on busy GPUs,
-    llmbench.gpus)."""
+    llmbench.gpus). ``spec``: its run spec (llmbench.spec.RunSpec, or its JSON form)."""
     started = datetime.now(UTC).isoformat()
-    cell = MicroCell.from_dict(spec["cell"])
+    spec = RunSpec.of(spec)
+    cell = spec.cell
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"cell {cell.record_path()}\n")
-    env_vars = dict(spec["platform"]["env"])
+    env_vars = dict(spec.platform.env)
     if cell.bench == "collectives" and not cell.params["p2p"]:
         env_vars["NCCL_P2P_DISABLE"] = "1"  # no NVLink / PCIe peer-to-peer: through host memory
     workdir = Path(tempfile.mkdtemp(prefix="llmbench-micro-"))
     try:
         spec_path, out = workdir / "spec.json", workdir / "result.json"
-        spec_path.write_text(json.dumps(spec, indent=2))
+        spec_path.write_text(json.dumps(spec.raw, indent=2))
         check = gpus.check_cell(spec, cell.gpus, gpu_busy, log)
         with stop_groups_on_signal():
             if check.refused:
@@ -76,7 +77,7 @@ def run_cell(spec: dict, record_path: Path, log: Path, threads: int = 1,
                 outcome = run_worker(cell.gpus, WORKER, worker_args(spec_path, out),
                                      env=worker_env(env_vars, threads, cell.gpus), log=log, workdir=workdir,
                                      out=out, timeout_s=cell.timeout_s, label=f"{cell.bench} {cell.case}",
-                                     fork_server=forkserver.server_for(spec["platform"]))
+                                     fork_server=forkserver.server_for(spec.platform.to_dict()))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     rows = (outcome.result or {}).get("rows") or []

@@ -15,14 +15,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..spec import RunSpec
 
-def run(spec: dict, out: Path) -> None:
+
+def run(spec: RunSpec | dict, out: Path) -> None:
     """Measure the cell's points and write the rows (rank 0)."""
     from .. import provenance
-    from ..cells import MicroCell
 
-    cell = MicroCell.from_dict(spec["cell"])
-    accelerator = spec["platform"]["accelerator"]
+    spec = RunSpec.of(spec)  # the worker's spec.json, parsed once
+    cell, accelerator = spec.cell, spec.platform.accelerator
     p = cell.params
     if cell.bench == "collectives":
         from . import collectives
@@ -40,7 +41,7 @@ def run(spec: dict, out: Path) -> None:
         from . import gemm
 
         rows = gemm.run([tuple(s) for s in p["shapes"]], dtype=p["dtype"], accelerator=accelerator,
-                        warmup=cell.warmup, iters=cell.iters, peak_tflops=spec["platform"]["peak_bf16_tflops"]
+                        warmup=cell.warmup, iters=cell.iters, peak_tflops=spec.platform.peak_bf16_tflops
                         if p["dtype"] == "bfloat16" else None, plain_check=p.get("plain_check", False))
     else:
         from . import memcpy

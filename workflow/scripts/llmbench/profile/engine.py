@@ -26,6 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from ..spec import RunSpec
 from . import engine_trace
 
 #: the engine's own profiler settings (vLLM >= 0.13: --profiler-config)
@@ -58,11 +59,9 @@ def worker_trace(folder: Path) -> Path:
     return max(found, key=lambda p: p.stat().st_size)
 
 
-def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict:
+def run(spec: RunSpec | dict, out: Path, trace_dir: Path | None = None) -> dict:
     """Start the engine under its profiler, profile one burst, return the breakdown."""
     from .. import backends, provenance
-    from ..cells import Cell
-    from ..models import ModelSpec
     from ..procs import free_port
     from ..serve import model_dir
     from ..serve.bench import HOST, TOKEN_OFFSET, dialect_for
@@ -70,22 +69,21 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict:
     from ..serve.loadgen import LoadSpec, run_load
     from ..serve.server import serve
 
-    cell = Cell.from_dict(spec["cell"])
+    spec = RunSpec.of(spec)  # the worker's spec.json, parsed once
+    cell, model, platform = spec.cell, spec.model, spec.platform
     proto = cell.protocol
     engine = ENGINES[backends.get(cell.backend).engine]
-    model = ModelSpec(**spec["model"])
-    platform = spec["platform"]
     workdir = Path(out).parent.absolute()
     traces = Path(trace_dir or workdir / "traces").absolute()
     traces.mkdir(parents=True, exist_ok=True)
     mdir = model_dir.build(model, workdir / "model", weights="dummy")
     launch = Launch(model_dir=mdir, served_name=cell.model, host=HOST, port=free_port(HOST), gpus=cell.gpus,
-                    accelerator=platform["accelerator"], python=_interpreter(spec.get("engine_python")),
+                    accelerator=platform.accelerator, python=_interpreter(spec.engine_python),
                     dummy_weights=True, max_model_len=proto.seq_len + proto.measured_steps,
                     max_num_seqs=cell.batch_size)
     argv = engine.command(launch) + ["--profiler-config", json.dumps({**PROFILER, "torch_profiler_dir": str(traces)})]
     # the trace is written when /stop_profile is called: the RPC must outlast the flush
-    env = {**platform["env"], **engine.env(launch), "VLLM_RPC_TIMEOUT": "1800000"}
+    env = {**platform.env, **engine.env(launch), "VLLM_RPC_TIMEOUT": "1800000"}
     server_log = workdir / "engine.log"
     print(f"engine command: {argv}\nengine log: {server_log}", flush=True)
 
@@ -116,14 +114,14 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict:
             "versions": provenance.versions(), "devices": provenance.devices()}
 
 
-def build_record(spec: dict, outcomes: list, started: str, command: list[str]):
+def build_record(spec: RunSpec | dict, outcomes: list, started: str, command: list[str]):
     """The cell's Record: one repeat (an engine profile is one burst); samples are the
     rows of engine_trace.table_rows, the summary the device-busy totals by class."""
     from ..aggregate import provenance_of
-    from ..cells import Cell
     from ..record import Metrics, Record
 
-    cell = Cell.from_dict(spec["cell"])
+    spec = RunSpec.of(spec)
+    cell = spec.cell
     prov = provenance_of(spec, outcomes, started, command)
     bad = next((o for o in outcomes if o.status != "ok"), None)
     if bad is not None:

@@ -7,10 +7,10 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import fmean
 
-from ..cells import Cell
 from ..aggregate import Outcome, provenance_of
 from ..protocol import summarize
 from ..record import Metrics, Record
+from ..spec import RunSpec
 
 #: Per (phase, module) values of a worker's rows; recompute_s: the part of a backward row
 #: that reruns forward work under R (Fig. 5 compares backward without it).
@@ -34,9 +34,11 @@ def mean_rows(results: list[dict]) -> dict[str, list]:
     return cols
 
 
-def build_record(spec: dict, outcomes: list[Outcome], started: str, command: list[str]) -> Record:
-    """Aggregate a profile cell's repeat outcomes into its Record."""
-    cell = Cell.from_dict(spec["cell"])
+def build_record(spec: RunSpec | dict, outcomes: list[Outcome], started: str, command: list[str]) -> Record:
+    """Aggregate a profile cell's repeat outcomes into its Record (``spec``: its run spec,
+    llmbench.spec.RunSpec, or its JSON form)."""
+    spec = RunSpec.of(spec)
+    cell = spec.cell
     results = [o.result for o in outcomes if o.status == "ok"]
     prov = provenance_of(spec, outcomes, started, command)
     bad = next((o for o in outcomes if o.status != "ok"), None)

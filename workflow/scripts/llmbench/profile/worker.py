@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import backends, techniques
+from ..spec import RunSpec
 from ..train import contract  # one contract (OOM marker, exit code) for every worker
 from . import attribution as attr
 
@@ -58,7 +59,7 @@ class UnsupportedTechnique(ValueError):
 
 def check_technique(name: str) -> techniques.Technique:
     """The parsed technique, or UnsupportedTechnique naming it (ZeRO, offload, 4-bit, adapters)."""
-    tech = techniques.parse(name)
+    tech = techniques.parse(name)  # memoised: a cell's RunSpec.tech is this same object
     extra = [f for f in tech.flags if f not in SUPPORTED_FLAGS]
     if extra or tech.adapter:
         asks = ", ".join(extra) if extra else f"the fine-tuning method {tech.adapter_token}"
@@ -157,21 +158,20 @@ def _device(cuda: bool) -> tuple[Any, Callable[[], None]]:
     return device, (torch.cuda.synchronize if cuda else (lambda: None))
 
 
-def _set_up(spec: dict, tech: techniques.Technique, seed: int) -> tuple[Any, ...]:
+def _set_up(spec: RunSpec, tech: techniques.Technique, seed: int) -> tuple[Any, ...]:
     """What both profile entry points start from: (cuda, device, sync, model spec, the seeded
     random-initialised model on the device in the platform's compute dtype with the
     technique's attention (train.build), that dtype, the attention's context and label)."""
     from .. import platforms
-    from ..models import ModelSpec
     from ..train import build, scenario
 
-    accelerator = spec["platform"]["accelerator"]
+    accelerator = spec.platform.accelerator
     cuda = accelerator == "cuda"
     device, sync = _device(cuda)
     scenario.seed(seed)
     attn_impl, attn_ctx, attn_label = build.attention_choice(tech, accelerator)
-    dtype = platforms.compute_dtype(spec["platform"])
-    model_spec = ModelSpec(**spec["model"])
+    dtype = platforms.compute_dtype(spec.platform)
+    model_spec = spec.model
     model = build.build_llama(model_spec, attn_impl, dtype, device)
     return cuda, device, sync, model_spec, model, dtype, attn_ctx, attn_label
 
@@ -190,11 +190,10 @@ def _attribute(prof: Any, walls: dict[str, float], profiled: dict[str, float], s
     return rows, phases
 
 
-def run(spec: dict, out: Path, trace_dir: Path) -> dict:
+def run(spec: RunSpec | dict, out: Path, trace_dir: Path) -> dict:
     """Build the model, run warm-up and profiled steps, attribute, write the result (rank 0)."""
-    from ..cells import Cell
-
-    cell = Cell.from_dict(spec["cell"])
+    spec = RunSpec.of(spec)
+    cell = spec.cell
     tech = check_technique(cell.technique)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != 1 or cell.gpus != 1:
@@ -284,7 +283,7 @@ def run(spec: dict, out: Path, trace_dir: Path) -> dict:
     }
 
 
-def run_inference(spec: dict, out: Path, trace_dir: Path) -> dict:
+def run_inference(spec: RunSpec | dict, out: Path, trace_dir: Path) -> dict:
     """Serving forward passes (backend inference, Tables X and XI): the model as a serving
     engine in this environment runs it (transformers: a batch of prompts prefilled, then
     decode steps with its KV cache, greedy), module-wise under torch.profiler.
@@ -294,9 +293,8 @@ def run_inference(spec: dict, out: Path, trace_dir: Path) -> dict:
     prefill phase and a decode phase (``measured_steps`` steps), each a phase range ending
     in a device synchronize. Rows are per phase (the decode phase's are all its steps).
     """
-    from ..cells import Cell
-
-    cell = Cell.from_dict(spec["cell"])
+    spec = RunSpec.of(spec)
+    cell = spec.cell
     tech = check_technique(cell.technique)
     if tech.recompute:
         raise UnsupportedTechnique(f"technique {cell.technique!r} asks for R: serving forward passes have no "
@@ -366,8 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     from .. import backends
 
     def runner(spec: dict, out: Path, trace_dir: Path | None) -> dict:
+        spec = RunSpec.parse(spec)  # the worker's spec.json, parsed once
         # what is profiled is the kind the backend registry gives the cell's backend
-        work = {"inference": run_inference, "training": run}[backends.get(spec["cell"]["backend"]).profile]
+        work = {"inference": run_inference, "training": run}[backends.get(spec.cell.backend).profile]
         return work(spec, out, trace_dir or out.parent)
 
     return contract.main(runner, argv, __doc__)

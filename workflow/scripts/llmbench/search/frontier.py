@@ -25,15 +25,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..protocol import Protocol
+from ..spec import RunSpec, raw_of
 from .algorithm import BOUNDING, Probe
 
 #: protocol fields that do not decide a cell's memory
 _NOT_MEMORY = ("warmup_steps", "measured_steps", "repeats", "timeout_s")
 
 
-def memory_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """What decides a cell's memory: its spec without batch size, step counts, timeout and
-    search settings (what ``fingerprint`` hashes)."""
+def memory_spec(spec: RunSpec | dict[str, Any]) -> dict[str, Any]:
+    """What decides a cell's memory: its spec's JSON form without batch size, step counts,
+    timeout and search settings (what ``fingerprint`` hashes)."""
+    spec = raw_of(spec)
     cell = dict(spec["cell"])
     cell.pop("batch_size", None)
     proto = {k: v for k, v in cell.pop("protocol", {}).items() if k not in _NOT_MEMORY}
@@ -42,12 +45,12 @@ def memory_spec(spec: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def fingerprint(spec: dict[str, Any]) -> str:
+def fingerprint(spec: RunSpec | dict[str, Any]) -> str:
     """A hash of what decides a cell's memory (``memory_spec``): the key of its frontier."""
     return hashlib.sha256(json.dumps(memory_spec(spec), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def rerun_spec(spec: dict[str, Any]) -> dict[str, Any]:
+def rerun_spec(spec: RunSpec | dict[str, Any]) -> dict[str, Any]:
     """A search's spec as its runner needs it and as Snakemake's params rerun trigger
     compares it: the measured cell's batch size and protocol replaced by the search's start
     and probe protocol (the runner uses nothing else of them). What is left is what
@@ -55,18 +58,30 @@ def rerun_spec(spec: dict[str, Any]) -> dict[str, Any]:
     probes' steps and timeout), so a search reruns exactly when its answer can change, and
     a change of the measured cell's repeats or steps alone does not replace the search's
     probe records with answers from its frontier."""
-    search = spec["search"]
-    return {**spec, "cell": {**spec["cell"], "batch_size": search["start"], "protocol": search["probe_protocol"]}}
+    spec = RunSpec.of(spec)
+    return _probing(spec, spec.search["start"]).raw
 
 
-def capacity_and_metric(spec: dict[str, Any]) -> tuple[float | None, str]:
+def probe_spec(spec: RunSpec, batch_size: int) -> RunSpec:
+    """The spec of a search's probe at ``batch_size``: the measured cell at that batch with
+    the search's probe protocol, less the search's settings (a probe is a cell of its own)."""
+    return _probing(spec, batch_size).without_search()
+
+
+def _probing(spec: RunSpec, batch_size: int) -> RunSpec:
+    """A search's spec with its cell at ``batch_size`` and the search's probe protocol."""
+    return spec.with_cell(batch_size=batch_size, protocol=Protocol(**spec.search["probe_protocol"]))
+
+
+def capacity_and_metric(spec: RunSpec | dict[str, Any]) -> tuple[float | None, str]:
     """What a probe's peak memory is compared with: the cell's host-RSS cap (peak RSS) if it
     has one, else the GPU's memory (peak reserved); None on a CPU without a cap."""
-    cap = spec["cell"].get("mem_cap_gib")
+    spec = RunSpec.of(spec)
+    cap = spec.cell.mem_cap_gib
     if cap is not None:
         return float(cap), "peak_rss_gib"
-    if spec["platform"]["accelerator"] == "cuda":
-        return spec["platform"].get("gpu_memory_gib"), "peak_mem_reserved_gib"
+    if spec.platform.accelerator == "cuda":
+        return spec.platform.gpu_memory_gib, "peak_mem_reserved_gib"
     return None, "peak_rss_gib"
 
 
@@ -221,7 +236,7 @@ def seed_frontier(records_root: Path | str, results_dir: Path | str) -> dict[str
     under ``results_dir``: the resumed search puts the probe's own record and log back
     (Frontier.restore) rather than a skipped one. Returns the outcomes added per frontier
     file."""
-    from ..cells import FRONTIER_PATTERN, PROBE_DIR, SEARCH_PATTERN, Cell
+    from ..cells import FRONTIER_PATTERN, PROBE_DIR, SEARCH_PATTERN
     from ..record import read
 
     added: dict[str, int] = {}
@@ -231,7 +246,8 @@ def seed_frontier(records_root: Path | str, results_dir: Path | str) -> dict[str
         spec = rec.provenance.get("spec")
         if rec.status not in ("ok", "oom") or not spec:
             continue
-        cell = Cell.from_dict(spec["cell"])
+        spec = RunSpec.parse(spec)
+        cell = spec.cell
         target = Path(results_dir) / FRONTIER_PATTERN.format(**cell.key)
         fp = fingerprint(spec)
         if Frontier.file_fingerprint(target) not in (None, fp):

@@ -35,7 +35,8 @@ from typing import Any
 from .. import cells
 from ..record import FRONTIER_COMMAND, wall_s
 from .algorithm import BOUNDING, Probe, State, bound, next_probe
-from .frontier import Frontier, capacity_and_metric, fingerprint
+from ..spec import RunSpec
+from .frontier import Frontier, capacity_and_metric, fingerprint, probe_spec
 
 
 RAN = ("run", "resumed")
@@ -64,24 +65,24 @@ def summary(state: State, group: dict[str, Any], frontier_path: Path | str, repr
     }
 
 
-def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, log: Path | str,
+def run(spec: RunSpec | dict[str, Any], out_dir: Path | str, frontier_path: Path | str, log: Path | str,
         threads: int = 1, reprobe: bool = False, gpu_busy: Any = None, hint: int | None = None,
         hint_slope_gib: float | None = None) -> dict[str, Any]:
     """Run a search (every probe a recorded cell under ``out_dir``) and write its summary
     (``out_dir/search.json``); returns it. ``gpu_busy``: a probe's policy for busy GPUs
     (llmbench.gpus.BusyPolicy); ``hint``: a predicted largest batch that fits, probed first
     (llmbench.search.algorithm.State.hint; None: start at the search's ``start``), and
-    ``hint_slope_gib`` its predicted GiB per further batch element (State.hint_slope_gib)."""
+    ``hint_slope_gib`` its predicted GiB per further batch element (State.hint_slope_gib).
+    ``spec``: the search's run spec (llmbench.spec.RunSpec, or its JSON form, rerun_spec)."""
     from ..aggregate import Outcome, build_record
-    from ..cells import Cell
     from ..launch import run_cell
     from ..ledger import deadline_from_env, deadline_stop, stop_at_deadline
     from ..record import write, write_json_atomic
 
     out_dir, log = Path(out_dir), Path(log)
     deadline = deadline_from_env()  # a bad value fails here, before any probe
-    search = spec["search"]
-    template = Cell.from_dict(spec["cell"])
+    spec = RunSpec.of(spec)
+    search, template = spec.search, spec.cell
     capacity, metric = capacity_and_metric(spec)
     frontier = Frontier(path=Path(frontier_path), fingerprint=fingerprint(spec)) if reprobe else \
         Frontier.load(frontier_path, fingerprint(spec))
@@ -97,8 +98,7 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
                  f"bound {bound(state.max_batch)} probes, capacity {capacity} GiB ({metric})\n")
     while (nxt := next_probe(state)) is not None:
         bs, why = nxt
-        probe_spec = {**spec, "cell": {**spec["cell"], "batch_size": bs, "protocol": search["probe_protocol"]}}
-        probe_spec.pop("search")
+        at = probe_spec(spec, bs)
         probe_dir = out_dir / cells.PROBE_DIR.format(batch_size=bs)
         record_path = probe_dir / "record.json"
         answer = frontier.answer(bs)
@@ -109,7 +109,7 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
             # goes on with what the batch showed when it ran (status, peak)
             resumed = frontier.restore(bs, probe_dir)
             if not resumed:
-                record = build_record(probe_spec, [Outcome(status="skipped", reason=answer.reason)],
+                record = build_record(at, [Outcome(status="skipped", reason=answer.reason)],
                                       datetime.now(UTC).isoformat(), FRONTIER_COMMAND)
                 write(replace(record, provenance={**record.provenance,
                                                   "frontier": {**answer.to_dict(), "metric": metric}}), record_path)
@@ -124,7 +124,7 @@ def run(spec: dict[str, Any], out_dir: Path | str, frontier_path: Path | str, lo
                                      f"the probe at batch {bs}"):
                 stop_at_deadline(f"{stop} ({len(state.probes)} probe(s) so far are in the frontier file: the next "
                                  "run resumes there)", log)
-            record = run_cell(probe_spec, record_path, probe_dir / "probe.log", threads=threads,
+            record = run_cell(at.raw, record_path, probe_dir / "probe.log", threads=threads,
                               gpu_busy=gpu_busy)
             peak = getattr(record.metrics, metric) if record.status == "ok" else None
             status, reason, source = record.status, record.reason, "run"

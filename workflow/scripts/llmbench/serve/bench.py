@@ -21,10 +21,9 @@ from pathlib import Path
 
 from .. import gpus, provenance
 from ..aggregate import Outcome, provenance_of
-from ..cells import ServeCell
 from ..procs import free_port, last_error, log_says_oom, stop_groups_on_signal, tail
-from ..models import ModelSpec
 from ..record import Record, write
+from ..spec import RunSpec
 from . import metrics
 from .dialects import DIALECTS
 from .engines import ENGINES, Launch
@@ -40,9 +39,8 @@ BACKSTOP_S = 60
 DEATH_GRACE_S = 2.0
 
 
-def _interpreter(spec: dict) -> str:
+def _interpreter(python: str | None) -> str:
     """The engine environment's python: the config's engine_python, else this one."""
-    python = spec.get("engine_python")
     if not python:
         return sys.executable
     path = Path(python)
@@ -88,43 +86,43 @@ def engine_settings(engine_name: str, argv: list[str], env: dict[str, str], acce
     return {**out, "kv_cache_source": source}
 
 
-def run_cell(spec: dict, model_dir: Path, record_path: Path, log: Path, server_log: Path,
+def run_cell(spec: RunSpec | dict, model_dir: Path, record_path: Path, log: Path, server_log: Path,
              gpu_busy: gpus.BusyPolicy | None = None) -> Record:
     """Run one serving cell end to end and write its Record (never raises for a bad engine).
-    No engine starts on busy GPUs (``gpu_busy``: what to do then, llmbench.gpus)."""
+    No engine starts on busy GPUs (``gpu_busy``: what to do then, llmbench.gpus). ``spec``:
+    its run spec (llmbench.spec.RunSpec, or its JSON form)."""
     record = measure(spec, model_dir, log, server_log, gpu_busy)
     write(record, record_path)
     return record
 
 
-def measure(spec: dict, model_dir: Path, log: Path, server_log: Path,
+def measure(spec: RunSpec | dict, model_dir: Path, log: Path, server_log: Path,
             gpu_busy: gpus.BusyPolicy | None = None) -> Record:
     """One serving cell end to end, its engine started and always stopped: its Record, not
     written (run_cell writes it; a paired set writes its records together at its end,
     llmbench.serve.paired). Never raises for a bad engine."""
     started = datetime.now(UTC).isoformat()
-    cell = ServeCell.from_dict(spec["cell"])
+    spec = RunSpec.of(spec)
+    cell, model, platform = spec.cell, spec.model, spec.platform
     engine = ENGINES[cell.engine]
-    model = ModelSpec(**spec["model"])
-    platform = spec["platform"]
-    python = _interpreter(spec)
+    python = _interpreter(spec.engine_python)
     log, server_log = Path(log), Path(server_log)
     log.parent.mkdir(parents=True, exist_ok=True)
     server_log.parent.mkdir(parents=True, exist_ok=True)
     server_log.write_text("")
     load = LoadSpec(**cell.load_spec, seed=cell.seed)
     launch = Launch(model_dir=Path(model_dir).absolute(), served_name=cell.model, host=HOST, port=free_port(HOST),
-                    gpus=cell.gpus, accelerator=platform["accelerator"], python=python,
+                    gpus=cell.gpus, accelerator=platform.accelerator, python=python,
                     dummy_weights=cell.weights == "dummy", max_model_len=cell.max_model_len,
                     max_num_seqs=load.max_concurrency or load.num_requests, extra_args=cell.engine_args)
     argv = engine.command(launch)
-    env = {**platform["env"], **engine.env(launch)}
+    env = {**platform.env, **engine.env(launch)}
     with open(log, "a") as fh:
         fh.write(f"serving cell {cell.record_path()}\nengine command: {argv}\nserver log: {server_log}\n")
 
     status, reason, result, serving, observed, exit_code = "ok", "", None, {}, {}, None
     check = gpus.check_cell(spec, cell.gpus, gpu_busy, log)  # first: it may claim the job's GPUs
-    gpu_ids = gpus.cell_gpu_ids(cell.gpus, platform["accelerator"])
+    gpu_ids = gpus.cell_gpu_ids(cell.gpus, platform.accelerator)
     with stop_groups_on_signal():
         try:
             if check.refused:
@@ -171,7 +169,7 @@ def measure(spec: dict, model_dir: Path, log: Path, server_log: Path,
         if status == "ok" and failed:
             status = "oom" if log_says_oom(server_log) else "error"
             reason = f"{len(failed)} of {len(result.samples)} requests failed; first: {failed[0].error}"
-    serving.update(engine_settings(cell.engine, argv, env, platform["accelerator"], observed))
+    serving.update(engine_settings(cell.engine, argv, env, platform.accelerator, observed))
     serving.update(engine=cell.engine, dialect=engine.dialect,
                    prompts="token ids" if engine.token_id_prompts else "text (word-level tokenizer, same ids)",
                    ignore_eos=engine.ignore_eos)

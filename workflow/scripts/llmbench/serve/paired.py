@@ -28,17 +28,17 @@ from typing import Any
 
 from .. import gpus, provenance
 from ..aggregate import Outcome, provenance_of
-from ..cells import ServeCell
 from ..grid.paired import serving_points
 from ..ledger import deadline_from_env, deadline_stop, spec_digest, stop_at_deadline
 from ..record import Record, write, write_json_atomic
+from ..spec import RunSpec
 from .bench import measure
 
 #: A finished ok run of a set, kept beside its record until the set's records are written
 KEPT = ".paired-run.json"
 
 
-def run_set(specs: Sequence[dict], model_dirs: Sequence[Path], record_paths: Sequence[Path], log: Path,
+def run_set(specs: Sequence[RunSpec | dict], model_dirs: Sequence[Path], record_paths: Sequence[Path], log: Path,
             server_logs: Sequence[Path], plan: dict[str, Any], gpu_busy: gpus.BusyPolicy | None = None,
             ) -> list[Record]:
     """Run the serving cells of a paired set (``plan``: llmbench.grid.paired's
@@ -58,7 +58,8 @@ def run_set(specs: Sequence[dict], model_dirs: Sequence[Path], record_paths: Seq
     if sorted(i for r in plan["rounds"] for i in r) != list(range(n)):
         raise ValueError(f"paired set {plan['id']}: its rounds must run each of its {n} cells once")
     deadline = deadline_from_env()  # a bad value fails here, before any engine starts
-    cells = [ServeCell.from_dict(s["cell"]) for s in specs]
+    parsed = [RunSpec.of(s) for s in specs]  # a bad spec fails here too
+    cells = [p.cell for p in parsed]
     point = {i: p for p, runs in enumerate(serving_points(cells)) for i in runs}
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -67,7 +68,7 @@ def run_set(specs: Sequence[dict], model_dirs: Sequence[Path], record_paths: Seq
     records: dict[int, Record] = {}
     walls: dict[int, list[float]] = {}  # a point's runs, seconds
     for i in range(n):
-        if (kept := _kept(Path(record_paths[i]), specs[i])) is not None:
+        if (kept := _kept(Path(record_paths[i]), parsed[i])) is not None:
             records[i] = kept[0]
             walls.setdefault(point[i], []).append(kept[1])
             _say(log, f"=== {plan['cells'][i]}: kept from an earlier run of the set, finished "
@@ -81,7 +82,7 @@ def run_set(specs: Sequence[dict], model_dirs: Sequence[Path], record_paths: Seq
                 order[-1].append(i)
                 continue
             if point[i] in failed:
-                records[i] = _skipped(specs[i], plan, records[failed[point[i]]])
+                records[i] = _skipped(parsed[i], plan, records[failed[point[i]]])
                 _say(log, f"=== {plan['cells'][i]}: skipped: {records[i].reason}")
                 continue
             if why := deadline_stop(deadline, walls.get(point[i]) or [w for x in walls.values() for w in x],
@@ -94,7 +95,7 @@ def run_set(specs: Sequence[dict], model_dirs: Sequence[Path], record_paths: Seq
             walls.setdefault(point[i], []).append(time.monotonic() - t0)
             order[-1].append(i)
             if records[i].status == "ok":
-                _keep(Path(record_paths[i]), specs[i], records[i], walls[point[i]][-1])
+                _keep(Path(record_paths[i]), parsed[i], records[i], walls[point[i]][-1])
             else:
                 failed.setdefault(point[i], i)
     paired = {"id": plan["id"], "cells": list(plan["cells"]), "order": order, "ordering": plan["ordering"],
@@ -116,9 +117,9 @@ def _say(log: Path, line: str) -> None:
         fh.write(line + "\n")
 
 
-def _skipped(spec: dict, plan: dict[str, Any], failed: Record) -> Record:
+def _skipped(spec: RunSpec, plan: dict[str, Any], failed: Record) -> Record:
     """The record of a run not made because an earlier run of its point was not ok."""
-    cell = ServeCell.from_dict(spec["cell"])
+    cell = spec.cell
     reason = (f"not run: load {failed.cell['load']!r} of the same point in paired set {plan['id']} was "
               f"{failed.status} ({failed.reason.splitlines()[0][:300] if failed.reason else 'no reason'}); "
               "a point whose run is not ok runs no more")
@@ -127,14 +128,14 @@ def _skipped(spec: dict, plan: dict[str, Any], failed: Record) -> Record:
     return Record(cell=cell.to_dict(), status="skipped", reason=reason, provenance=prov)
 
 
-def _keep(record_path: Path, spec: dict, record: Record, wall_s: float) -> None:
+def _keep(record_path: Path, spec: RunSpec, record: Record, wall_s: float) -> None:
     """Keep a finished ok run beside its record (KEPT) until the set's records are written."""
     write_json_atomic(record_path.parent / KEPT, {
         "spec_sha256": spec_digest(spec), "record": record.to_dict(), "wall_s": wall_s,
         "hostname": socket.gethostname(), "boot_id": provenance.boot_id()})
 
 
-def _kept(record_path: Path, spec: dict) -> tuple[Record, float] | None:
+def _kept(record_path: Path, spec: RunSpec) -> tuple[Record, float] | None:
     """The run an earlier, stopped run of the set kept for this very spec (its Record and
     seconds), else None; one kept for another spec (a changed config) is deleted."""
     path = record_path.parent / KEPT

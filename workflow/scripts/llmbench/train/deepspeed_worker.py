@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..spec import RunSpec
 from . import contract, scenario
 
 
@@ -114,10 +115,9 @@ def build_model(cell, model_spec, accelerator: str, device, dtype, config: dict 
     """The random-initialised model of a DeepSpeed cell: attention kernel, 4-bit (Q), the
     fine-tuning method's adapters, recomputation (R), torch.compile (C); non-float parameters
     frozen. ``config`` (the DeepSpeed config): ZeRO-3 builds under zero.Init with it."""
-    from .. import techniques
     from . import adapters, build
 
-    tech = techniques.parse(cell.technique)
+    tech = cell.tech
     attn_impl, attn_ctx, attn_label = build.attention_choice(tech, accelerator)
     if tech.zero_stage == 3 and not tech.quant4:
         import deepspeed
@@ -167,10 +167,9 @@ class DeepSpeedBackend:
         import torch.distributed as dist
         from deepspeed.accelerator import get_accelerator
 
-        from .. import techniques
         from . import adapters
 
-        tech = techniques.parse(self.cell.technique)
+        tech = self.cell.tech
         self.built = build_model(self.cell, self.model_spec, self.accelerator, self.device, self.dtype, self.config)
         # full sizes, counted before DeepSpeed partitions anything (ZeRO-3: ds_numel, not the shard)
         self.trainable_params = int(sum(getattr(p, "ds_numel", p.numel()) for p in self.built.params))
@@ -204,13 +203,14 @@ class DeepSpeedBackend:
         self._sync()
 
 
-def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
+def run(spec: RunSpec | dict, out: Path, trace_dir: Path | None = None) -> dict | None:
     """Build the model, initialise DeepSpeed, run the scenario (llmbench.train.scenario); rank 0
     returns the result. With ``trace_dir`` (profile cells) a second window of ``measured_steps``
     runs under torch.profiler after the timed one, and the result's summary says where its time went."""
     phases = scenario.Phases()
-    platform = spec["platform"]
-    accelerator = platform["accelerator"]
+    spec = RunSpec.of(spec)  # the worker's spec.json, parsed once
+    cell, model_spec, tech, platform = spec.cell, spec.model, spec.tech, spec.platform
+    accelerator = platform.accelerator
     if accelerator == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     # DeepSpeed's ZeRO calls torch's deprecated all_gather_into_tensor / reduce_scatter_tensor,
@@ -221,16 +221,11 @@ def run(spec: dict, out: Path, trace_dir: Path | None = None) -> dict | None:
     import torch
     import torch.distributed as dist
 
-    from .. import platforms, provenance, techniques
-    from ..cells import Cell
-    from ..models import ModelSpec
+    from .. import platforms, provenance
     from . import adapters, build, jit_ops
 
     phases.mark("imports")
     jit_ops.guard_jit_loads()  # before init_distributed: it loads the first op on CPU
-    cell = Cell.from_dict(spec["cell"])
-    model_spec = ModelSpec(**spec["model"])
-    tech = techniques.parse(cell.technique)
     proto = cell.protocol
 
     deepspeed.init_distributed(dist_backend="gloo" if accelerator == "cpu" else "nccl")

@@ -51,6 +51,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from ..spec import RunSpec
 from . import contract, scenario
 
 #: How R recomputes (see the module docstring): every layer, one layer per checkpoint.
@@ -249,7 +250,7 @@ class MegatronBackend:
             torch.cuda.synchronize()
 
 
-def run(spec: dict, out: Path) -> dict | None:
+def run(spec: RunSpec | dict, out: Path) -> dict | None:
     """Build the model, Megatron's DDP and optimizer, run the scenario (llmbench.train.scenario),
     return the result (rank 0); its summary has the phase clock (scenario.Phases)."""
     phases = scenario.Phases()
@@ -258,18 +259,14 @@ def run(spec: dict, out: Path) -> dict | None:
     import torch
     import torch.distributed as dist
 
-    from .. import platforms, provenance, techniques
-    from ..cells import Cell
-    from ..models import ModelSpec
+    from .. import platforms, provenance
     from . import megatron_cpu_compat
 
-    platform = spec["platform"]
+    spec = RunSpec.of(spec)  # the worker's spec.json, parsed once
+    cell, model_spec, tech, platform = spec.cell, spec.model, spec.tech, spec.platform
     dtype = platforms.compute_dtype(platform)
     bf16 = dtype == torch.bfloat16
-    accelerator = platform["accelerator"]
-    cell = Cell.from_dict(spec["cell"])
-    model_spec = ModelSpec(**spec["model"])
-    tech = techniques.parse(cell.technique)
+    accelerator = platform.accelerator
     parallel = cell.parallel
 
     phases.mark("imports")

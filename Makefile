@@ -8,7 +8,8 @@
 #   make test-integration  tests/integration: real workers on the CPU, the fork server, torch.compile, Megatron-LM
 #   make test-e2e          tests/e2e: the workflow on .test/config.yaml (+ Slurm, where installed)
 #   make test-smoke        tests/smoke: the embedded default (config/config.yaml), statuses only
-#   make test              lint, then all of them (CI: .ci/run), after installing Slurm
+#   make test              lint, then all of them over CORES pytest-xdist processes (CI: .ci/run),
+#                          a file's tests on one process; the Slurm modules after, alone
 #   make lint              ruff (pyproject.toml's [tool.ruff]) and `snakemake --lint`
 SHELL := /bin/bash
 CORES ?= 2
@@ -63,7 +64,8 @@ test: setup
 	$(MAKE) --no-print-directory lint
 	bash envs/install-slurm.sh
 	bash envs/install-chromium.sh
-	$(PYTEST) --durations=15
+	$(PYTEST) -n $(CORES) --dist loadfile --no-loadscope-reorder -m "not slurm" --durations=15
+	$(PYTEST) -m slurm --durations=5
 
 dry-run-paper: setup
 	.venv/bin/snakemake --configfile config/paper.yaml -n --quiet rules

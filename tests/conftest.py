@@ -7,6 +7,7 @@ engines' test doubles, torch.compile, Megatron-LM), tests/e2e (the workflow on .
 and Slurm) and tests/smoke (the embedded default, config/config.yaml, statuses only). Each test
 gets its folder's marker, so `-m "not e2e"` and the like select tiers as the folders do."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ BIN = Path(sys.executable).parent
 TIERS = {"calibration": "calibration", "integration": "integration", "e2e": "e2e", "smoke": "smoke"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the markers
 def pytest_collection_modifyitems(config, items):
     for item in items:
         try:
@@ -28,6 +30,11 @@ def pytest_collection_modifyitems(config, items):
             continue
         if folder in TIERS:
             item.add_marker(TIERS[folder])
+        # `make test` spreads the test files over pytest-xdist processes (--dist loadfile: a
+        # file's tests on one process, in order); the Slurm modules (one test cluster, its
+        # daemons) run after the others, alone (-m slurm)
+        if folder == "e2e" and "slurm" in Path(item.path).stem:
+            item.add_marker(pytest.mark.slurm)
 
 
 @pytest.fixture
@@ -56,6 +63,8 @@ def _stop_fork_servers():
     """Fork servers started by the tests' CPU cells (llmbench.forkserver) exit once idle;
     at the end of the session they are asked to now rather than after IDLE_S."""
     yield
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # another worker's cells may be using them: each exits once idle (IDLE_S)
     from llmbench import forkserver
 
     forkserver.stop_all()

@@ -61,6 +61,7 @@ def test_a_serving_cell_on_a_busy_gpu_starts_no_engine(tmp_path, monkeypatch):
     from llmbench import record
     from llmbench.cells import ServeCell
     from llmbench.models import ModelSpec
+    from llmbench.platforms import Platform
     from llmbench.serve import bench, engines
 
     monkeypatch.setattr(gpus, "read_nvml", reader_of(HELD))
@@ -70,7 +71,7 @@ def test_a_serving_cell_on_a_busy_gpu_starts_no_engine(tmp_path, monkeypatch):
                      load_spec={"mode": "burst", "num_requests": 4, "input_len": 8, "output_len": 4,
                                 "warmup_requests": 0, "request_timeout_s": 20}, ready_timeout_s=30, timeout_s=60)
     spec = {"cell": cell.to_dict(), "model": ModelSpec.load("tiny").to_dict(), "engine_python": None,
-            "platform": {"accelerator": "cuda", "env": {}, "name": "cpu"}}
+            "platform": {**Platform.load("cpu").to_dict(), "accelerator": "cuda"}}
     rec = bench.run_cell(spec, tmp_path, tmp_path / "record.json", tmp_path / "cell.log", tmp_path / "server.log")
     assert record.read(tmp_path / "record.json") == rec
     assert rec.status == "error" and rec.reason.startswith("GPU busy: pid 4242")

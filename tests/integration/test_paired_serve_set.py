@@ -59,7 +59,12 @@ def serving_set(monkeypatch, tmp_path):
 
 
 def no_orphans() -> bool:
-    return not [p for p in psutil.process_iter(["cmdline"]) if FAKE in (p.info["cmdline"] or [])]
+    """No fake engine is left behind: none among this process's descendants, and none
+    orphaned (its parent gone, adopted by init). Another test process's engines that are still
+    running under their own cell (pytest-xdist) are neither."""
+    mine = {p.pid for p in psutil.Process().children(recursive=True)}
+    return not [p for p in psutil.process_iter(["cmdline", "ppid"])
+                if FAKE in (p.info["cmdline"] or []) and (p.pid in mine or p.info["ppid"] == 1)]
 
 
 def as_run(records):

@@ -19,6 +19,7 @@ import pytest
 from llmbench import record
 from llmbench.cells import ServeCell
 from llmbench.models import ModelSpec
+from llmbench.platforms import Platform
 from llmbench.serve import bench, engines
 from llmbench.procs import free_port
 from llmbench.serve.server import ServerError, serve
@@ -43,7 +44,7 @@ def run(tmp_path, monkeypatch, engine: engines.Engine, n: int = 20, ready_timeou
                                 "warmup_requests": 0, "request_timeout_s": 20, **load},
                      ready_timeout_s=ready_timeout_s, timeout_s=timeout_s)
     spec = {"cell": cell.to_dict(), "model": ModelSpec.load("tiny").to_dict(), "engine_python": None,
-            "platform": {"accelerator": "cpu", "env": {}, "name": "cpu"}}
+            "platform": Platform.load("cpu").to_dict()}
     out = tmp_path / "record.json"
     rec = bench.run_cell(spec, tmp_path, out, tmp_path / "cell.log", tmp_path / "server.log")
     assert record.read(out) == rec  # what was returned is what was written
@@ -51,7 +52,12 @@ def run(tmp_path, monkeypatch, engine: engines.Engine, n: int = 20, ready_timeou
 
 
 def no_orphans() -> bool:
-    return not [p for p in psutil.process_iter(["cmdline"]) if FAKE in (p.info["cmdline"] or [])]
+    """No fake engine is left behind: none among this process's descendants, and none
+    orphaned (its parent gone, adopted by init). Another test process's engines that are still
+    running under their own cell (pytest-xdist) are neither."""
+    mine = {p.pid for p in psutil.Process().children(recursive=True)}
+    return not [p for p in psutil.process_iter(["cmdline", "ppid"])
+                if FAKE in (p.info["cmdline"] or []) and (p.pid in mine or p.info["ppid"] == 1)]
 
 
 def test_a_healthy_engine_gives_an_ok_record(tmp_path, monkeypatch):

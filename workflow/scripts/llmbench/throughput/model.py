@@ -31,7 +31,7 @@ import yaml
 
 from .. import cells
 from ..config import REPO_ROOT, ConfigError
-from ..models import ModelSpec
+from ..models import ModelSpec, flops_per_token
 from ..platforms import Platform
 from ..techniques import Technique
 
@@ -288,7 +288,7 @@ def features(cell: TrainCell, hw: Hardware, work: dict) -> list[tuple[str, str |
     # GEMM work at the efficiency of the MLP's shape (the largest GEMMs of a layer)
     eff = hw.gemm_efficiency(T, m.intermediate_size, d)
     attn = 12.0 * L * d * s
-    out.append(("gemm", None, T * ((4.0 if frozen else 6.0) * n_lin + attn) / (hw.peak_flops * eff)))
+    out.append(("gemm", None, T * flops_per_token(m, s, frozen_base=frozen) / (hw.peak_flops * eff)))
     out.append(("recompute", None, r * T * (2.0 * n_lin + attn / 3) / (hw.peak_flops * eff)))
     out.append(("recompute", "host_layer_recompute_s", r * L))
     # memory-bound work; recomputation replays the forward's share (about a third)

@@ -1,6 +1,8 @@
 """The memory model from the command line:
 
     python -m llmbench.memory fit [TIDY_CSV]        the constants refitted to committed records
+    python -m llmbench.memory heldout [TIDY_CSV]    the model scored on records left out of its fit (by time,
+                                                    by technique family) and the margin per family it gives
     python -m llmbench.memory plan CONFIG [--csv F] per platform, the cells skip_predicted_oom would skip
     python -m llmbench.memory replay [RESULTS]      the committed max-batch searches from the predicted start
     python -m llmbench.memory advise --platform a800 --model llama2-70b --stage finetune --gpus 8
@@ -20,9 +22,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("fit", help="refit the per-backend constants to a tidy table's records")
     p.add_argument("tidy_csv", nargs="?", default="results/reference/combined/tables/records.csv")
+    p = sub.add_parser("heldout", help="fit on one part of the records, score on the rest (llmbench.memory.heldout)")
+    p.add_argument("tidy_csv", nargs="?", default="results/reference/combined/tables/records.csv")
+    p.add_argument("--share", type=float, default=None, help="the time split's fitted share (default 0.7)")
+    p.add_argument("--results", default="results/reference", help="where the max-batch searches' folders are")
+    p.add_argument("--csv", help="also write the per-family summary here")
     p = sub.add_parser("plan", help="dry run of a config: cells predicted not to fit, per platform")
     p.add_argument("configfile")
-    p.add_argument("--margin", type=float, default=None, help="safety margin (default: the model's)")
+    p.add_argument("--margin", type=float, default=None, help="safety margin (default: each family's)")
     p.add_argument("--csv", help="also write every training cell's verdict here")
     p = sub.add_parser("replay", help="replay the committed max-batch searches from the predicted largest batch")
     p.add_argument("results", nargs="?", default="results/reference")
@@ -58,15 +65,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "plan":
         from .cells import plan
-        from .constants import MARGIN
 
-        cells, per = plan(args.configfile, margin=MARGIN if args.margin is None else args.margin)
+        cells, per = plan(args.configfile, margin=args.margin)
         if args.csv:
             cells.to_csv(args.csv, index=False)
         print(per.to_markdown(index=False) if not per.empty else "no training cells")
         print(f"\n{int(per['skipped'].sum()) if not per.empty else 0} of {len(cells)} training cells predicted not "
               "to fit (skip_predicted_oom: true would skip them)")
         return 0
+    if args.command == "heldout":
+        from .heldout import TIME_SHARE, main as heldout_main
+
+        return heldout_main(args.tidy_csv, TIME_SHARE if args.share is None else args.share, args.csv, args.results)
     if args.command == "fit":
         from .fit import main as fit_main
 

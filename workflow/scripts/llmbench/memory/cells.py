@@ -4,6 +4,8 @@ config that counts, per platform, the cells that would be skipped.
 
     python -m llmbench.memory plan config/paper.yaml [--margin 0.05] [--csv out.csv]
 
+Without ``--margin`` each cell takes its technique family's (constants.margin_for).
+
 Capacity: a GPU platform's ``gpu_memory_gib`` (and its host memory, Slurm's ``mem_mb``,
 where the technique offloads); on a CPU platform the cell's ``mem_cap_gib`` (the per-rank
 RSS cap), against the predicted tensors alone (the interpreter's own RSS comes on top:
@@ -22,7 +24,7 @@ from ..cells import Cell
 from ..config import REPO_ROOT, ConfigError
 from ..platforms import Platform
 from ..spec import RunSpec
-from .constants import BACKENDS, MARGIN
+from .constants import BACKENDS, margin_for
 from .model import Prediction, Workload, batch_slope_gib, fits, host_memory_gib, predict, predicted_max_batch
 
 #: the stages whose cells the model predicts (training steps)
@@ -57,15 +59,16 @@ def _host_capacity(platform: Platform, root: Path) -> float | None:
         return None
 
 
-def check(spec: RunSpec | dict[str, Any], margin: float = MARGIN, root: Path = REPO_ROOT) -> Verdict | None:
-    """The verdict on one training cell's run spec (llmbench.spec.RunSpec, or its JSON form);
-    None for a cell the model does not predict (serving, microbenchmarks, backends other
-    than DeepSpeed and Megatron-LM)."""
+def check(spec: RunSpec | dict[str, Any], margin: float | None = None, root: Path = REPO_ROOT) -> Verdict | None:
+    """The verdict on one training cell's run spec (llmbench.spec.RunSpec, or its JSON form),
+    with ``margin`` (None: the cell's technique family's); None for a cell the model does not
+    predict (serving, microbenchmarks, backends other than DeepSpeed and Megatron-LM)."""
     spec = RunSpec.of(spec)
     cell, platform = spec.cell, spec.platform
     if not isinstance(cell, Cell) or cell.stage not in STAGES or cell.backend not in BACKENDS:
         return None  # profile cells of the plain-torch and inference backends are not modelled
     pred = predict(Workload.from_spec(spec))
+    margin = margin_for(pred.family) if margin is None else margin
     if platform.accelerator == "cuda":
         cap = platform.gpu_memory_gib
         ok, why = fits(pred, cap, _host_capacity(platform, root), min(cell.gpus, platform.gpus_per_node or 1), margin)
@@ -96,7 +99,8 @@ def start_slope(spec: RunSpec | dict[str, Any], hint: int | None) -> float | Non
     return batch_slope_gib(Workload.from_spec(spec).with_batch(hint)) or None
 
 
-def plan(configfile: Path | str, root: Path = REPO_ROOT, margin: float = MARGIN) -> tuple[pd.DataFrame, pd.DataFrame]:
+def plan(configfile: Path | str, root: Path = REPO_ROOT,
+         margin: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(one row per training cell of a config with its verdict, per platform: cells and how
     many ``skip_predicted_oom`` would skip)."""
     from ..grid import load
@@ -109,7 +113,8 @@ def plan(configfile: Path | str, root: Path = REPO_ROOT, margin: float = MARGIN)
         v = check(grid.spec(cell), margin, root)
         if v is None:
             continue
-        rows.append({**cell.key, "predicted_gpu_gib": v.prediction.gpu_gib, "predicted_host_gib": v.prediction.host_gib,
+        rows.append({**cell.key, "family": v.prediction.family, "margin": v.margin,
+                     "predicted_gpu_gib": v.prediction.gpu_gib, "predicted_host_gib": v.prediction.host_gib,
                      "capacity_gib": v.capacity_gib, "predicted_fits": v.fits, "reason": v.reason})
     cells = pd.DataFrame(rows)
     if cells.empty:

@@ -47,12 +47,18 @@ From the tidy table's ok GPU training rows (with their records' specs):
   frozen parameter under ZeRO-3 + O (``offload_frozen_host_bytes``).
 
 The results are printed; llmbench.memory.constants holds them (rounded) with this as their
-source, and tests/unit/test_memory.py refits and compares.
+source. ``fit_from_scratch`` starts from the unfitted values (``UNFITTED``) and refits until
+the constants settle, whatever constants are in force: the held-out validation
+(llmbench.memory.heldout) fits each part of the records that way (``applied`` sets a fit's
+constants for the model while it predicts).
 """
 
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -69,7 +75,7 @@ from .constants import (BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, QUANT4_ACT_SCAL
                         ZERO3_ACT_SCALE, ZERO3_RECOMPUTED_ADAPTER_SCALE)
 from .model import (GIB, Workload, activation_bytes, adapter_dropout_bytes, adapter_params,
                     beside_activations_bytes, buffer_bytes, layer_activation_bytes, predict, quant4_full_parameter,
-                    state_bytes, zero3_scale)
+                    state_bytes)
 
 TRAIN_STAGES = ("pretrain", "finetune")
 #: The rows the allocator's slack is fitted on: an allocated peak at least this share of
@@ -100,6 +106,11 @@ class Row:
     platform: str
     mem_cap_gib: float | None = None
     """The cell's per-rank RSS cap (CPU cells), or None."""
+    started: str | None = None
+    """When the record's run started (its provenance, ISO 8601), or None (a probe answered
+    from a search's frontier file ran nothing)."""
+    run: str | None = None
+    """The reference run the record belongs to (the tidy table's ``run``), or None."""
 
 
 def record_spec(path: Path, root: Path = REPO_ROOT) -> RunSpec:
@@ -120,20 +131,34 @@ def rows(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> list[tuple[pd.Series, Ro
     out = []
     for _, r in tidy[tidy["stage"].isin(TRAIN_STAGES)].iterrows():
         path = Path(r["record_path"])
-        spec = record_spec(path if path.is_absolute() else root / path, root)
+        full = path if path.is_absolute() else root / path
+        spec = record_spec(full, root)
         measured, reserved = r["peak_mem_allocated_gib"], r.get("peak_mem_reserved_gib")
         rss = r["peak_rss_gib"]
         out.append((r, Row(workload=Workload.from_spec(spec), status=r["status"],
                            measured_gib=None if pd.isna(measured) else float(measured),
                            reserved_gib=None if reserved is None or pd.isna(reserved) else float(reserved),
                            rss_gib=None if pd.isna(rss) else float(rss), platform=r["platform"],
-                           mem_cap_gib=spec.cell.mem_cap_gib)))
+                           mem_cap_gib=spec.cell.mem_cap_gib, started=_started(full),
+                           run=None if pd.isna(r.get("run")) else str(r.get("run")))))
     return out
+
+
+def _started(path: Path) -> str | None:
+    """A record's start time from its provenance (None where it has none)."""
+    return (json.loads(path.read_text()).get("provenance") or {}).get("started")
 
 
 def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
     """The fitted constants (see the module docstring) from a tidy table."""
-    ok = [row for _, row in rows(tidy, root) if row.status == "ok" and row.measured_gib is not None]
+    return fit_rows([row for _, row in rows(tidy, root)], root)
+
+
+def fit_rows(training: list[Row], root: Path = REPO_ROOT) -> dict[str, Any]:
+    """The fitted constants from training rows (``rows``' second items), each step with the
+    constants in force (llmbench.memory.constants, or those ``applied`` sets). A constant
+    without rows to fit it is None (per backend: the backend is left out)."""
+    ok = [row for row in training if row.status == "ok" and row.measured_gib is not None]
     out: dict[str, Any] = {}
     logits_bytes = BACKENDS["deepspeed"].logits_bytes
     # 1. logits_bytes from the recomputation rows: there the decoder keeps only its layer
@@ -189,7 +214,8 @@ def fit(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> dict[str, Any]:
         small, plain, xs, ys = [], [], [], []
         for r in mine:
             tech, w = r.workload.tech, r.workload
-            if (tech.recompute or tech.compiled or tech.offload or zero3_scale(tech) != 1.0
+            # ZeRO-3 rows by their stage, not by their scale: a fit from scratch starts it at 1
+            if (tech.recompute or tech.compiled or tech.offload or tech.zero_stage == 3
                     or quant4_full_parameter(tech) or predict(w).phase != "forward-backward"):
                 continue
             tp = int((w.parallel or {}).get("tensor_parallel", 1))
@@ -286,3 +312,125 @@ def main(tidy_csv: str | Path = "results/reference/combined/tables/records.csv")
     """Print the fit of ``tidy_csv`` as JSON."""
     print(json.dumps(fit(pd.read_csv(tidy_csv)), indent=2))
     return 0
+
+
+#: Each fitted constant without a fit: the accounting's value where there is one, else no
+#: correction (a scale of 1, an extra of 0). ``fit_from_scratch`` starts here, and a held-out
+#: fit (llmbench.memory.heldout) keeps it for a constant none of its training rows can fit (a
+#: family it has never seen keeps no correction of its own).
+UNFITTED: dict[str, Any] = {
+    "logits_bytes": 10.0,  # bf16 logits 2 + their fp32 upcast 4 + the loss's fp32 gradient 4
+    "recomputed_layer_peak": 1.0, "zero3_recomputed_adapter_scale": 1.0,
+    "deepspeed": {"act_scale": 1.0, "overhead_gib": 0.0, "host_base_gib": 0.0},
+    "megatron": {"act_scale": 1.0, "overhead_gib": 0.0, "host_base_gib": 0.0},
+    "cached_logits_bytes": 0.0, "cached_activation_fraction": 0.0,
+    "compiled_act_scale": 1.0, "zero3_act_scale": 1.0, "quant4_act_scale": 1.0,
+    # bf16 gradient partition on the GPU; fp32 master, Adam and fp32 gradients on the host
+    # (16), plus the bf16 parameter partition under ZeRO-3's offload_param; a frozen bf16 base
+    "offload_fb_bytes": {"Z2+O": 2.0, "Z3+O": 2.0},
+    "offload_host_bytes": {"Z2+O": 16.0, "Z3+O": 18.0},
+    "offload_frozen_host_bytes": {"Z3+O": 2.0},
+}
+
+
+def stated() -> dict[str, Any]:
+    """The constants in force (llmbench.memory.constants, or those ``applied`` sets), in the
+    form ``fit_rows`` returns them."""
+    from . import constants as C
+
+    ds = C.DEEPSPEED
+    return {
+        "logits_bytes": C.BACKENDS["deepspeed"].logits_bytes, "recomputed_layer_peak": C.RECOMPUTED_LAYER_PEAK,
+        "zero3_recomputed_adapter_scale": C.ZERO3_RECOMPUTED_ADAPTER_SCALE,
+        **{b: {"act_scale": k.act_scale, "overhead_gib": k.overhead_gib, "host_base_gib": k.host_base_gib}
+           for b, k in C.BACKENDS.items()},
+        "cached_logits_bytes": C.CACHED_LOGITS_BYTES, "cached_activation_fraction": C.CACHED_ACTIVATION_FRACTION,
+        "compiled_act_scale": C.COMPILED_ACT_SCALE, "zero3_act_scale": C.ZERO3_ACT_SCALE,
+        "quant4_act_scale": C.QUANT4_ACT_SCALE,
+        "offload_fb_bytes": {f"Z{z}+O": ds[(z, True)].fb.sharded for z in (2, 3)},
+        "offload_host_bytes": {f"Z{z}+O": ds[(z, True)].host.sharded for z in (2, 3)},
+        "offload_frozen_host_bytes": {"Z3+O": ds[(3, True)].frozen_host},
+    }
+
+
+def merged(base: dict[str, Any], fitted: dict[str, Any]) -> dict[str, Any]:
+    """``base`` (``stated``'s form) with every constant ``fitted`` holds a value for; the
+    rest (None, or left out) as in ``base``."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for key, value in fitted.items():
+        if key not in out or value is None:
+            continue
+        if isinstance(out[key], dict):
+            out[key].update({k: v for k, v in value.items() if k in out[key] and v is not None})
+        else:
+            out[key] = float(value)
+    return out
+
+
+@contextmanager
+def applied(values: dict[str, Any]) -> Iterator[None]:
+    """The model with ``values`` (``stated``'s form) as its fitted constants inside the block,
+    restored after it. It rebinds the names llmbench.memory.constants, .model and .fit hold,
+    so it is for one thread: the held-out scoring and the fit from scratch."""
+    from dataclasses import replace
+
+    from . import constants as C, model as M
+
+    v = merged(stated(), values)
+    ds = dict(C.DEEPSPEED)
+    for z in (2, 3):
+        row = ds[(z, True)]
+        fb = replace(row.fb, sharded=v["offload_fb_bytes"][f"Z{z}+O"])
+        ds[(z, True)] = replace(row, fb=fb, step=replace(row.step, sharded=fb.sharded),
+                                host=replace(row.host, sharded=v["offload_host_bytes"][f"Z{z}+O"]),
+                                frozen_host=v["offload_frozen_host_bytes"]["Z3+O"] if z == 3 else row.frozen_host)
+    names = {
+        "BACKENDS": {b: C.BackendConstants(act_scale=v[b]["act_scale"], logits_bytes=v["logits_bytes"],
+                                           overhead_gib=v[b]["overhead_gib"], host_base_gib=v[b]["host_base_gib"])
+                     for b in C.BACKENDS},
+        "LOGITS_BYTES": v["logits_bytes"], "RECOMPUTED_LAYER_PEAK": v["recomputed_layer_peak"],
+        "ZERO3_RECOMPUTED_ADAPTER_SCALE": v["zero3_recomputed_adapter_scale"],
+        "CACHED_LOGITS_BYTES": v["cached_logits_bytes"], "CACHED_ACTIVATION_FRACTION": v["cached_activation_fraction"],
+        "COMPILED_ACT_SCALE": v["compiled_act_scale"], "ZERO3_ACT_SCALE": v["zero3_act_scale"],
+        "QUANT4_ACT_SCALE": v["quant4_act_scale"], "DEEPSPEED": ds,
+    }
+    modules = [C, M, sys.modules[__name__]]
+    saved = [(m, n, getattr(m, n)) for m in modules for n in names if hasattr(m, n)]
+    try:
+        for m, n, _ in saved:
+            setattr(m, n, names[n])
+        yield
+    finally:
+        for m, n, old in saved:
+            setattr(m, n, old)
+
+
+#: How many passes ``fit_from_scratch`` makes at most: the rows each step selects depend on
+#: the phase and the terms the constants give, so a pass's constants move the next one's rows.
+PASSES = 6
+
+
+def fit_from_scratch(training: list[Row], root: Path = REPO_ROOT, start: dict[str, Any] | None = None,
+                     passes: int = PASSES) -> dict[str, Any]:
+    """The constants (``stated``'s form) fitted to ``training`` from ``start`` (default
+    ``UNFITTED``), refitted with each pass's constants until a pass changes none by more than
+    1e-6 (at most ``passes``). Constants without rows keep ``start``'s value. Depends on the
+    rows alone, not on the constants in force."""
+    values = merged(UNFITTED, {}) if start is None else merged(UNFITTED, start)
+    for _ in range(passes):
+        with applied(values):
+            nxt = merged(values, fit_rows(training, root))
+        if _close(nxt, values):
+            return nxt
+        values = nxt
+    return values
+
+
+def _close(a: dict[str, Any], b: dict[str, Any], tol: float = 1e-6) -> bool:
+    for k, v in a.items():
+        if isinstance(v, dict):
+            if not _close(v, b[k], tol):
+                return False
+        elif abs(v - b[k]) > tol * max(1.0, abs(v)):
+            return False
+    return True

@@ -50,12 +50,14 @@ to the host (``StateRow.frozen_host``) but for the parameters in use
 Reserved memory (``Prediction.reserved_gib``): PyTorch's caching allocator keeps freed
 blocks, and at a large batch the loss's blocks leave the others cached: reserved runs ahead
 of allocated by ``CACHED_LOGITS_BYTES · V`` per token plus ``CACHED_ACTIVATION_FRACTION`` of
-the saved activations (both fitted), on top of the forward/backward peak.
+the saved activations (both fitted), on top of the forward/backward peak; through a ZeRO-1/2
+optimizer step the freed whole bf16 gradients stay cached (``ZERO2_STEP_CACHED_GRAD_BYTES``).
 
 ``margin``: a cell is predicted to fit when ``reserved_gib · (1 + margin)`` is at most the
 platform's ``gpu_memory_gib`` (and, with offload, the host memory holds every rank's host
-share). The margin covers the rest of the allocator's slack and the model's error; its
-value and how it was chosen are in llmbench.memory.constants.
+share). The margin covers the rest of the allocator's slack and the model's error; it is
+set per technique family (``family``) from the held-out error (llmbench.memory.heldout), and
+its values and how they were chosen are in llmbench.memory.constants (FAMILY_MARGINS, MARGIN).
 """
 
 from __future__ import annotations
@@ -68,10 +70,10 @@ from ..models import ModelSpec
 from ..platforms import Platform
 from ..spec import RunSpec
 from .constants import (BACKENDS, BUCKETS, CACHED_ACTIVATION_FRACTION, CACHED_LOGITS_BYTES, COMPILED_ACT_SCALE,
-                        DEEPSPEED, MARGIN, MEGATRON,
+                        DEEPSPEED, MEGATRON,
                         MEGATRON_DISTOPT, QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK, ZERO3_ACT_SCALE,
-                        ZERO3_MAX_LIVE_PARAMETERS, ZERO3_RECOMPUTED_ADAPTER_SCALE, ZERO3_STEP_GRAD_COPY_BYTES,
-                        ZERO3_SUB_GROUP_SIZE)
+                        ZERO2_STEP_CACHED_GRAD_BYTES, ZERO3_MAX_LIVE_PARAMETERS, ZERO3_RECOMPUTED_ADAPTER_SCALE,
+                        ZERO3_STEP_GRAD_COPY_BYTES, ZERO3_SUB_GROUP_SIZE, margin_for)
 
 GIB = 2**30
 #: bytes per parameter of the model states (kept for the findings' lower bound)
@@ -157,11 +159,14 @@ class Prediction:
     """Each term in GiB: states_fb, states_step, activations, recomputed_layer, logits, buffers,
     beside (what the forward/backward peak holds beside states and saved activations: the
     logits or a recomputed layer, and the buckets where they are there), overhead,
-    host_offload, cached (reserved beyond allocated at the forward/backward peak)."""
+    host_offload, cached (reserved beyond allocated at the forward/backward peak), cached_step
+    (the same at the optimizer step)."""
     reserved_gib: float | None = None
     """Peak GPU memory reserved by the caching allocator: the forward/backward peak plus the
     blocks it keeps cached (``terms['cached']``), or the step's peak if larger; what a cell
     must fit (``fits``) and what a max-batch search measures. None: as ``gpu_gib``."""
+    family: str = ""
+    """The cell's technique family (``family``): which safety margin ``fits`` applies."""
 
     def __post_init__(self) -> None:
         if self.reserved_gib is None:
@@ -170,7 +175,37 @@ class Prediction:
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (for records)."""
         return {"gpu_gib": self.gpu_gib, "reserved_gib": self.reserved_gib, "host_gib": self.host_gib,
-                "phase": self.phase, "terms": dict(self.terms)}
+                "phase": self.phase, "family": self.family, "terms": dict(self.terms)}
+
+
+#: The technique families the held-out validation leaves out one at a time and the safety
+#: margin is set per (llmbench.memory.heldout, constants.FAMILY_MARGINS): each groups the
+#: cells whose memory the same terms and fitted constants decide. A cell takes the first that
+#: applies, in this order.
+FAMILIES = ("megatron", "qlora", "lora", "4-bit", "offload", "zero3", "recompute", "zero2", "naive")
+
+
+def family(w: Workload) -> str:
+    """A workload's technique family (FAMILIES): Megatron-LM; DeepSpeed's adapters on a 4-bit
+    base (QLoRA) or on a bf16 one (LoRA, LoRA-FA, DoRA, prompt tuning); then full-parameter
+    cells by the term that sets them apart: 4-bit (Q: QUANT4_ACT_SCALE), offload (+O: the
+    offload rows' fitted GPU and host bytes), ZeRO-3 (ZERO3_ACT_SCALE and its sub-group copy),
+    recomputation (R: layer inputs, a recomputed layer), ZeRO-2 (sharded optimizer, buckets),
+    and the rest (ZeRO-0, with or without F and C)."""
+    tech = w.tech
+    if w.backend == "megatron":
+        return "megatron"
+    if tech.adapter is not None:
+        return "qlora" if tech.quant4 else "lora"
+    if tech.quant4:
+        return "4-bit"
+    if tech.offload:
+        return "offload"
+    if tech.zero_stage == 3:
+        return "zero3"
+    if tech.recompute:
+        return "recompute"
+    return "zero2" if tech.zero_stage in (1, 2) else "naive"
 
 
 def adapter_params(model: ModelSpec, adapter: dict[str, Any] | None) -> tuple[int, int]:
@@ -335,6 +370,23 @@ def cached_bytes(w: Workload, activations: float) -> float:
             + CACHED_ACTIVATION_FRACTION * activations)
 
 
+def step_cached_bytes(w: Workload) -> float:
+    """What the caching allocator keeps reserved through the optimizer step beyond what it
+    allocates: under DeepSpeed's ZeRO-1/2 without offload the whole bf16 gradients of the
+    trained parameters, freed as the step begins (ZERO2_STEP_CACHED_GRAD_BYTES); 0 elsewhere."""
+    tech = w.tech
+    if w.backend != "deepspeed" or tech.zero_stage not in (1, 2) or tech.offload:
+        return 0.0
+    counts = w.model.param_counts()
+    if tech.adapter is not None:
+        trainable = adapter_params(w.model, w.adapter)[0]
+    elif tech.quant4:
+        trainable = counts["total"] - counts["decoder_linear"]
+    else:
+        trainable = counts["total"]
+    return ZERO2_STEP_CACHED_GRAD_BYTES * trainable
+
+
 def predict(w: Workload) -> Prediction:
     """The predicted peak memory of one rank of ``w``."""
     fb_states, step_states, host = state_bytes(w)
@@ -347,12 +399,12 @@ def predict(w: Workload) -> Prediction:
     beside = beside_activations_bytes(w, logits, layer, buffers)
     fb = fb_states + acts + beside + overhead
     step = step_states + (0.0 if buckets_in_backward_only(w) else buffers) + overhead
-    cached = cached_bytes(w, acts)
+    cached, cached_step = cached_bytes(w, acts), step_cached_bytes(w)
     terms = {"states_fb": fb_states, "states_step": step_states, "activations": acts, "recomputed_layer": layer,
              "logits": logits, "buffers": buffers, "beside": beside, "overhead": overhead, "host_offload": host,
-             "cached": cached}
-    return Prediction(gpu_gib=max(fb, step) / GIB, reserved_gib=max(fb + cached, step) / GIB,
-                      host_gib=(host / GIB) + k.host_base_gib,
+             "cached": cached, "cached_step": cached_step}
+    return Prediction(gpu_gib=max(fb, step) / GIB, reserved_gib=max(fb + cached, step + cached_step) / GIB,
+                      host_gib=(host / GIB) + k.host_base_gib, family=family(w),
                       phase="forward-backward" if fb >= step else "optimizer step",
                       terms={n: v / GIB for n, v in terms.items()})
 
@@ -368,9 +420,11 @@ def batch_slope_gib(w: Workload) -> float:
 
 
 def fits(pred: Prediction, gpu_memory_gib: float | None, host_memory_gib: float | None = None,
-         ranks_per_node: int = 1, margin: float = MARGIN) -> tuple[bool, str]:
+         ranks_per_node: int = 1, margin: float | None = None) -> tuple[bool, str]:
     """Whether a prediction fits a GPU of ``gpu_memory_gib`` (and, with offload, a host of
-    ``host_memory_gib`` shared by ``ranks_per_node`` ranks), with ``margin``; and why not."""
+    ``host_memory_gib`` shared by ``ranks_per_node`` ranks), with ``margin`` (None: its
+    family's, constants.margin_for); and why not."""
+    margin = margin_for(pred.family) if margin is None else margin
     if gpu_memory_gib and pred.reserved_gib * (1 + margin) > gpu_memory_gib:
         held = f"{pred.gpu_gib:.1f} allocated, " if f"{pred.gpu_gib:.1f}" != f"{pred.reserved_gib:.1f}" else ""
         return False, (f"predicted GPU peak {pred.reserved_gib:.1f} GiB reserved ({held}{pred.phase}) x "
@@ -383,7 +437,7 @@ def fits(pred: Prediction, gpu_memory_gib: float | None, host_memory_gib: float 
 
 
 def predicted_max_batch(w: Workload, gpu_memory_gib: float, host_memory_gib: float | None = None,
-                        ranks_per_node: int = 1, margin: float = MARGIN, max_batch: int = 4096) -> int:
+                        ranks_per_node: int = 1, margin: float | None = None, max_batch: int = 4096) -> int:
     """The largest batch (at most ``max_batch``) predicted to fit; 0 where batch 1 does not.
     Memory grows with the batch, so the largest fitting one is found by bisection."""
     def ok(b: int) -> bool:

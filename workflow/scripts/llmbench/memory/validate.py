@@ -13,7 +13,8 @@ DeepSpeed's and accelerate's estimators beside it where they apply.
 
 The figures (reported, not asserted): median |error| of ours (and theirs) over the ok GPU
 rows with a measured peak; the share of oom rows predicted not to fit; the ok rows
-predicted not to fit; all at llmbench.memory.constants.MARGIN.
+predicted not to fit; each record at its technique family's margin
+(llmbench.memory.constants.margin_for) unless one margin is given.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ import pandas as pd
 from .. import techniques
 from ..cells import Search
 from ..config import REPO_ROOT
-from .constants import MARGIN
+from .constants import margin_for
 from .fit import platform_file, rows
 from .model import GIB, Workload, fits, host_memory_gib, machine_host_gib, predict
 
 COLUMNS = ["platform", "accelerator", "stage", "model", "backend", "layout", "technique", "batch_size", "gpus", "seq_len", "run",
            "kind", "status", "measured_gib", "measured_reserved_gib", "measured_rss_gib", "predicted_gib",
-           "predicted_reserved_gib", "predicted_phase", "predicted_host_gib", "capacity_gib", "predicted_fits",
+           "predicted_reserved_gib", "predicted_phase", "predicted_host_gib", "capacity_gib", "family", "margin",
+           "predicted_fits",
            "fit_reason", "error_pct",
            "deepspeed_gib", "deepspeed_host_gib", "deepspeed_fits", "deepspeed_error_pct", "accelerate_gib", "accelerate_fits",
            "accelerate_error_pct", "record_path"]
@@ -110,9 +112,10 @@ def _error(pred: float | None, measured: float | None) -> float | None:
     return 100.0 * (pred - measured) / measured
 
 
-def build(tidy: pd.DataFrame, root: Path = REPO_ROOT, margin: float = MARGIN,
+def build(tidy: pd.DataFrame, root: Path = REPO_ROOT, margin: float | None = None,
           estimators: bool = True) -> pd.DataFrame:
-    """One row per training record of the tidy table (cells and search probes)."""
+    """One row per training record of the tidy table (cells and search probes), each at
+    ``margin`` (None: its technique family's)."""
     have = available() if estimators else {"deepspeed": False, "accelerate": False}
     out = []
     for r, row in rows(tidy, root):
@@ -122,16 +125,16 @@ def build(tidy: pd.DataFrame, root: Path = REPO_ROOT, margin: float = MARGIN,
         # as llmbench.memory.cells.check: a CPU cell's capacity is its RSS cap, against the tensors
         cap = plat.get("gpu_memory_gib") if gpu else row.mem_cap_gib
         pred = predict(w)
+        m = margin_for(pred.family) if margin is None else margin
         host_cap = machine_host_gib(plat, r.get("host_mem_gib"))
-        ok, why = fits(pred, cap, host_cap if gpu else None, min(w.gpus, plat.get("gpus_per_node") or 1), margin)
+        ok, why = fits(pred, cap, host_cap if gpu else None, min(w.gpus, plat.get("gpus_per_node") or 1), m)
         if not gpu and why:
             why = why.replace("GPU peak", "tensors' peak") + " (the cell's mem_cap_gib)"
         ds_both = deepspeed_estimate_gib(w) if have["deepspeed"] else None
         ds, ds_host = ds_both if ds_both else (None, None)
         ds_fits = None
         if ds is not None and cap:  # its host estimate counts where there is offload, as ours
-            ds_fits = ds * (1 + margin) <= cap and not (w.tech.offload and host_cap
-                                                        and ds_host * (1 + margin) > host_cap)
+            ds_fits = ds * (1 + m) <= cap and not (w.tech.offload and host_cap and ds_host * (1 + m) > host_cap)
         acc = accelerate_estimate_gib(w) if have["accelerate"] else None
         out.append({
             "platform": row.platform, "accelerator": plat.get("accelerator"), "stage": r["stage"], "model": r["model"], "backend": r["backend"],
@@ -140,22 +143,25 @@ def build(tidy: pd.DataFrame, root: Path = REPO_ROOT, margin: float = MARGIN,
             "measured_gib": row.measured_gib, "measured_reserved_gib": row.reserved_gib,
             "measured_rss_gib": row.rss_gib, "predicted_gib": pred.gpu_gib,
             "predicted_reserved_gib": pred.reserved_gib, "predicted_phase": pred.phase,
-            "predicted_host_gib": pred.host_gib, "capacity_gib": cap,
+            "predicted_host_gib": pred.host_gib, "capacity_gib": cap, "family": pred.family, "margin": m,
             "predicted_fits": ok if cap else None, "fit_reason": why,
             "error_pct": _error(pred.gpu_gib, row.measured_gib),
             "deepspeed_gib": ds, "deepspeed_host_gib": ds_host, "deepspeed_fits": ds_fits if gpu else None,
             "deepspeed_error_pct": _error(ds, row.measured_gib),
             "accelerate_gib": acc,
-            "accelerate_fits": (acc * (1 + margin) <= cap) if acc is not None and cap and gpu else None,
+            "accelerate_fits": (acc * (1 + m) <= cap) if acc is not None and cap and gpu else None,
             "accelerate_error_pct": _error(acc, row.measured_gib), "record_path": r["record_path"],
         })
     return pd.DataFrame(out, columns=COLUMNS)
 
 
-def figures(df: pd.DataFrame, margin: float = MARGIN) -> pd.DataFrame:
+def figures(df: pd.DataFrame) -> pd.DataFrame:
     """The validation figures of ours, DeepSpeed's and accelerate's estimators: over the GPU
     rows where each applies, median |error| of the ok rows with a measured peak, oom rows
-    predicted not to fit (of all oom rows it applies to) and ok rows predicted not to fit."""
+    predicted not to fit (of all oom rows it applies to) and ok rows predicted not to fit;
+    ``margin``: the one margin the rows were built with, or ``per family``."""
+    margins = set(df["margin"].dropna()) if "margin" in df else set()
+    margin = f"{next(iter(margins)):g}" if len(margins) == 1 else "per family"
     gpu = df[(df["accelerator"] == "cuda") & df["capacity_gib"].notna()]
     out = []
     for name, pred, fit_col, err in (("llmbench", "predicted_gib", "predicted_fits", "error_pct"),
@@ -212,7 +218,7 @@ def near_limit(df: pd.DataFrame, share: float = NEAR_LIMIT) -> pd.DataFrame:
 PAPER_TABLES = ("table3", "table4", "table9")
 
 
-def paper_check(paths: list[str | Path], root: Path = REPO_ROOT, margin: float = MARGIN) -> pd.DataFrame:
+def paper_check(paths: list[str | Path], root: Path = REPO_ROOT, margin: float | None = None) -> pd.DataFrame:
     """The model against the paper's own statuses (config/reference/table3, table4, table9:
     ok or '-'), each cell on its platform file's GPUs per node at the paper's batch (1 where
     the paper gives none), LoRA rank 64 on every decoder linear for Table IX."""

@@ -36,7 +36,7 @@ import pandas as pd
 
 from .. import backends, techniques
 from ..config import REPO_ROOT, ConfigError
-from ..memory import MARGIN, Workload, fits, host_memory_gib, machine_host_gib, predict, predicted_max_batch
+from ..memory import Workload, fits, host_memory_gib, machine_host_gib, predict, predicted_max_batch
 from ..models import ModelSpec
 from ..platforms import Platform
 from . import catalog, render
@@ -168,7 +168,7 @@ def _measured(tidy: pd.DataFrame, platform: str, model: str, stage: str, gpus: i
 
 
 def predicted(plat: dict[str, Any], model: ModelSpec, technique: str, gpus: int,
-              margin: float = MARGIN, host_gib: float | None = None) -> dict[str, Any] | None:
+              margin: float | None = None, host_gib: float | None = None) -> dict[str, Any] | None:
     """The memory model's answer for one of the paper's methods at batch 1 (sequence 350; LoRA
     as Table IX's) on ``gpus`` GPUs of a platform (its to_dict()): ``fits`` (None on a platform
     without a GPU capacity), ``why`` not, ``gib_bs1``, ``max_batch`` (the largest predicted to
@@ -190,7 +190,7 @@ def predicted(plat: dict[str, Any], model: ModelSpec, technique: str, gpus: int,
 
 
 def advise(tidy: pd.DataFrame, asks: list[dict[str, Any]], platforms: dict[str, Platform],
-           root: Path = REPO_ROOT, margin: float = MARGIN) -> pd.DataFrame:
+           root: Path = REPO_ROOT, margin: float | None = None) -> pd.DataFrame:
     """One row per (ask, method), ranked within each ask (see the module docstring)."""
     rows = []
     for ask in asks:

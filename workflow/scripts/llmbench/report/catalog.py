@@ -141,6 +141,9 @@ TABLES: tuple[Entry, ...] = (
     _t("memory-model", MEMORY, "Memory model: predicted against measured peak GPU memory of every training record, "
        "DeepSpeed's and accelerate's estimators beside (llmbench.memory)", "tidy", "reference:table3",
        "reference:table4", "reference:table9"),
+    _t("memory-model-heldout", MEMORY, "Memory model held out: fitted on one part of the records, scored on the "
+       "rest (by time, and one technique family left out at a time), per family; the margin per family it gives "
+       "(llmbench.memory.heldout)", "tidy", "searches"),
     _t("coverage", MEMORY, "Coverage: every training row of Tables III, IV and IX on each GPU platform run, "
        "measured (protocol, CV), out of memory, predicted not to fit or still to run (llmbench.report.coverage)",
        "tidy:pretrain", "tidy:finetune", "reference:table3", "reference:table9"),

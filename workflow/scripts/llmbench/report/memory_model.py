@@ -10,7 +10,7 @@ import pandas as pd
 
 from ..config import REPO_ROOT
 from ..memory import validate
-from ..memory.constants import MARGIN
+from ..memory.constants import FAMILY_MARGINS, MARGIN
 from . import catalog, render
 from .render import fmt
 
@@ -84,10 +84,11 @@ def table(df: pd.DataFrame, figures: pd.DataFrame, paper: pd.DataFrame | None = 
     head = ["Platform", "Stage", "Model", "Backend", "Method", "BS", "GPUs", "Kind", "Status", "Measured GiB",
             "Predicted GiB", "Error", "Reserved GiB", "Predicted reserved GiB", "Fits", "DeepSpeed GiB",
             "accelerate GiB", "Why not"]
-    margin = figures["margin"].iloc[0] if len(figures) else MARGIN
+    per_family = ", ".join(f"{k} {v:.1%}" for k, v in FAMILY_MARGINS.items())
     return render.Table(title=catalog.get("table", "memory-model").title, long=df, parts=(
         render.Part(frame=fig, lead=(
-            f"Safety margin {margin:.0%}: a cell fits when its predicted reserved peak (allocated plus the blocks the "
+            f"Safety margin per technique family ({per_family}; {MARGIN:.0%} for the others: "
+            "tables/memory-model-heldout, llmbench.memory.constants.FAMILY_MARGINS): a cell fits when its predicted reserved peak (allocated plus the blocks the "
             "caching allocator keeps beside the loss's) x (1 + margin) is at most the platform's "
             "gpu_memory_gib (and, with offload, the host memory holds every rank's share: the platform file's Slurm "
             "mem_mb, or the machine's the record ran on where smaller). Errors over the ok GPU "
@@ -103,4 +104,58 @@ def table(df: pd.DataFrame, figures: pd.DataFrame, paper: pd.DataFrame | None = 
             "Measured: peak GPU memory allocated by tensors (empty on a CPU, or for a probe answered from the "
             "search's frontier file, or where the cell did not finish). Error: (predicted - measured) / "
             "measured. Kind: cell, or a max-batch search's probe.")),
+    ))
+
+
+def build_heldout(tidy: pd.DataFrame, root: Path | None = None,
+                  searches: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the held-out summary per split and family, the margins it gives): heldout.build."""
+    from ..memory import heldout
+
+    _, _, summary, margins = heldout.build(tidy, root or REPO_ROOT, searches or [])
+    return summary, margins
+
+
+def heldout_table(summary: pd.DataFrame, margins: pd.DataFrame) -> render.Table:
+    """Two parts: the held-out errors per split and family, then the margin per family they
+    give beside the one the model uses (constants.FAMILY_MARGINS)."""
+    from ..memory import heldout
+
+    def band(med, p90, p95) -> str:
+        return " / ".join(_pct(v) or "-" for v in (med, p90, p95))
+
+    rows = [[r.split, r.family, str(r.rows), fmt(r.training_rows, ".0f"),
+             band(r.alloc_median_signed_pct, r.alloc_p90_signed_pct, r.alloc_p95_signed_pct),
+             band(r.alloc_median_abs_pct, r.alloc_p90_abs_pct, r.alloc_p95_abs_pct),
+             band(r.reserved_median_signed_pct, r.reserved_p90_signed_pct, r.reserved_p95_signed_pct),
+             band(r.reserved_median_abs_pct, r.reserved_p90_abs_pct, r.reserved_p95_abs_pct),
+             f"{r.search_off_over_10pct} of {r.searches}" if r.searches else "",
+             _pct(r.search_median_abs_pct), _pct(r.search_max_abs_pct)] for r in summary.itertuples()]
+    head = ["Split", "Family", "Held-out records", "Fitted on", "Allocated: signed error (median / p90 / p95)",
+            "Allocated: |error|", "Reserved: signed error (median / p90 / p95)", "Reserved: |error|",
+            "Searches' largest batch off > 10 %", "Median |error|", "Largest |error|"]
+    m_rows = [[r.family, _pct(100 * r.margin), r.source, str(r.rows),
+               _pct(100 * FAMILY_MARGINS.get(r.family, MARGIN))] for r in margins.itertuples()]
+    return render.Table(title=catalog.get("table", "memory-model-heldout").title, long=summary, parts=(
+        render.Part(frame=pd.DataFrame(rows, columns=head), lead=(
+            "Each record predicted by constants fitted without it (llmbench.memory.fit.fit_from_scratch). time: "
+            f"the earliest {heldout.TIME_SHARE:.0%} of the records by start time fit, the later ones are scored; "
+            "family: each technique family left out in turn (a constant only that family's records fit stays "
+            "unfitted, so this measures how the model carries over to a family it has never seen). Families "
+            "(llmbench.memory.model.family): megatron; qlora and lora (DeepSpeed adapters on a 4-bit or a bf16 "
+            "base); then full-parameter 4-bit, offload, zero3, recompute, zero2, naive, the first that applies."),
+            note=("Error: (predicted - measured) / measured over the ok GPU records with a measured peak; the "
+                  "reserved peak is the one a fit is decided on; a negative signed error is the unsafe side. "
+                  "Searches: the largest batch predicted to fit the search's own limit (no margin) against the "
+                  "one it found, for the searches held out.")),
+        render.Part(frame=pd.DataFrame(m_rows, columns=["Family", "Margin it gives", "From split",
+                                                        "Records near the limit", "Margin in use"]),
+                    heading="The margin per family", note=(
+            f"The {heldout.QUANTILE:.0%} quantile of how far the measured reserved peak went beyond the "
+            f"prediction, as a share of the prediction, over the held-out records that held at least "
+            f"{heldout.NEAR_LIMIT:.0%} of their GPU reserved (time split first, else family), at least "
+            f"{heldout.MARGIN_FLOOR:.0%} (only ok records are scored: they can show that a family needs more than "
+            f"the default, not that it can do with less); fewer than {heldout.MIN_ROWS} such records: the default "
+            f"{MARGIN:.0%}. "
+            "Margin in use: llmbench.memory.constants.FAMILY_MARGINS, set from this table.")),
     ))

@@ -179,6 +179,10 @@ def memory_model(inputs: Inputs) -> render.Table:
     return memory_table.table(*memory_table.build(inputs.tidy, inputs.root, inputs.paths("reference")))
 
 
+def memory_model_heldout(inputs: Inputs) -> render.Table:
+    return memory_table.heldout_table(*memory_table.build_heldout(inputs.tidy, inputs.root, inputs.paths("searches")))
+
+
 def coverage(inputs: Inputs) -> render.Table:
     return coverage_table.table(coverage_table.build(inputs.tidy, inputs.root))
 

@@ -135,6 +135,51 @@ def test_a_set_stopped_at_its_deadline_resumes_with_what_it_kept_in_the_same_ord
 
 
 
+def test_a_set_stops_before_a_cell_whose_predicted_repeat_does_not_fit_the_time_left(paired_set, tmp_path,
+                                                                                       monkeypatch):
+    """Repeats of 20 s (the test's clock), 70 s to the deadline. Naive and Z2 run (no timing,
+    no prediction: the first starts; then the set's 20 s x 1.2); Z3, not timed yet, is
+    predicted at 30 s a repeat (x 1.5: 45 s), more than the 30 s left: the set stops before
+    it, although the set's repeats so far (24 s wanted) would have let it start. With 46 s,
+    the next run resumes with Z3 alone."""
+    from llmbench import estimate
+
+    specs, paths, plan = paired_set("rotate", repeats=1)
+    clock = [1000.0]
+    fake_time = SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0])
+    monkeypatch.setattr(launch, "time", fake_time)
+    monkeypatch.setattr(ledger, "time", fake_time)
+    real, ran = launch.run_repeat, []
+
+    def taking_20_s(spec, workdir, index, *args):
+        ran.append(spec["cell"]["technique"])
+        outcome = real(spec, workdir, index, *args)
+        clock[0] += 20.0
+        return outcome
+
+    real_estimate = estimate.repeat
+
+    def z3_predicted(cell, model, root=None):  # the CPU cells are not predicted; Z3 stands in for one that is
+        est = real_estimate(cell, model)
+        return replace(est, predicted_s=30.0, note="fixture") if cell.technique == "Z3" else est
+
+    monkeypatch.setattr(launch, "run_repeat", taking_20_s)
+    monkeypatch.setattr(estimate, "repeat", z3_predicted)
+    monkeypatch.setenv("LLMBENCH_DEADLINE", "1070")
+    with pytest.raises(ledger.DeadlineStop, match=r"Z3/bs1-g1/record\.json: repeat 0 \(of 0-0\) at the deadline: "
+                                                   r"30 s left, none timed yet, it is predicted to need 45 s"):
+        run(specs, paths, plan, tmp_path / "set.log")
+    assert ran == ["Naive", "Z2"] and not any(p.exists() for p in paths)
+    log = (tmp_path / "set.log").read_text()
+    assert "Z3/bs1-g1/record.json: a repeat is predicted at 30 s (fixture)" in log
+    assert "Naive/bs1-g1/record.json: no predicted repeat (platform 'cpu'" in log
+
+    ran.clear()
+    monkeypatch.setenv("LLMBENCH_DEADLINE", str(clock[0] + 46))
+    records = run(specs, paths, plan, tmp_path / "set.log")
+    assert ran == ["Z3"] and [r.status for r in records] == ["ok"] * 3
+
+
 def test_a_resumed_set_keeps_a_cell_that_ran_out_of_memory(paired_set, tmp_path, monkeypatch):
     """An out-of-memory repeat is a result (it ends its cell's repeats): a set stopped at its
     deadline and run again keeps it, and does not run out of memory a second time."""
@@ -148,12 +193,13 @@ def test_a_resumed_set_keeps_a_cell_that_ran_out_of_memory(paired_set, tmp_path,
         return real(spec, workdir, index, *args)
 
     monkeypatch.setattr(launch, "run_repeat", naive_oom)
-    monkeypatch.setattr(launch, "deadline_stop", lambda deadline, walls, what: "stopped" if len(ran) >= 2 else None)
+    monkeypatch.setattr(launch, "deadline_stop", lambda deadline, walls, what, predicted_s=None:
+                        "stopped" if len(ran) >= 2 else None)
     with pytest.raises(ledger.DeadlineStop):
         run(specs, paths, plan, tmp_path / "set.log")
     assert ran == [("Naive", 0), ("Z2", 0)]
     ran.clear()
-    monkeypatch.setattr(launch, "deadline_stop", lambda deadline, walls, what: None)
+    monkeypatch.setattr(launch, "deadline_stop", lambda deadline, walls, what, predicted_s=None: None)
     records = run(specs, paths, plan, tmp_path / "set.log")
     assert ("Naive", 0) not in ran and [r.status for r in records] == ["oom", "ok", "ok"]
     assert "on purpose" in records[0].reason

@@ -8,6 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "scripts"))
 
 from llmbench import cells as lbcells  # noqa: E402
+from llmbench import estimate as lbestimate  # noqa: E402
 from llmbench import grid as lbgrid  # noqa: E402
 from llmbench.grid import paired as lbpaired  # noqa: E402
 from llmbench import search as lbsearch  # noqa: E402
@@ -230,9 +231,10 @@ def cell_threads(wildcards):
 
 
 def runtime_min(cell):
-    """Slurm time limit of a training cell: every repeat may use its full timeout, plus start-up slack."""
-    p = cell.protocol
-    return p.repeats * (p.timeout_s // 60 + 1) + 10
+    """Slurm time limit of a training cell: twice its predicted repeats plus slack, within a
+    floor and the bound where every repeat uses its whole timeout, which is also the limit
+    where the throughput model cannot predict the cell (llmbench.estimate.runtime_min)."""
+    return lbestimate.runtime_min(cell, GRID.models.get(cell.model))
 
 
 def cell_runtime_min(wildcards):
@@ -253,7 +255,7 @@ def set_threads(pset):
 
 
 def set_runtime_min(pset):
-    """Slurm time limit of a paired set's job: its cells' one after the other."""
+    """Slurm time limit of a paired set's job: its cells' (runtime_min) one after the other."""
     return sum(runtime_min(c) for c in pset.cells)
 
 

@@ -46,7 +46,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import backends, forkserver, gpus, nodes, provenance
+from . import backends, estimate, forkserver, gpus, nodes, provenance
 from .aggregate import Outcome
 from .cells import Cell
 from .ledger import (KEPT_STATUSES, deadline_from_env, deadline_stop, forget, keep_repeat, keep_stopped, kept_repeats,
@@ -325,6 +325,9 @@ class _Run:
     walls: list[float] = field(default_factory=list)
     """Seconds the repeats of this spec took so far (run here, kept, or a lower bound: a
     repeat stopped unfinished)."""
+    predicted_s: float | None = None
+    """Seconds a repeat is predicted to need at the deadline, margin included (llmbench.estimate,
+    read only where the job has a deadline); None where the throughput model cannot predict it."""
     outcomes: list[Outcome] = field(default_factory=list)
     started: list[str | None] = field(default_factory=list)
     """When each of its repeats started (ISO; a kept one's as its earlier run wrote it)."""
@@ -366,7 +369,8 @@ def run_set(specs: Sequence[RunSpec | dict], record_paths: Sequence[Path], log: 
     on busy GPUs (``gpu_busy``: what to do then, llmbench.gpus), nor, with
     ``skip_predicted_oom``, a cell the memory model predicts not to fit. Raises DeadlineStop,
     writing no record, where a cell's next repeat would not finish by the job's deadline
-    (``LLMBENCH_DEADLINE``, llmbench.ledger; a cell not timed yet is judged by the set's
+    (``LLMBENCH_DEADLINE``, llmbench.ledger; a cell not timed yet is judged by its predicted
+    repeat, llmbench.estimate, and one the throughput model cannot predict by the set's
     repeats so far): the finished repeats are kept, and the next run of the same cells
     resumes at the same place of the same order.
 
@@ -397,7 +401,7 @@ def run_set(specs: Sequence[RunSpec | dict], record_paths: Sequence[Path], log: 
             # the smaller cells' GPUs are checked first: a claim (llmbench.gpus.claim_gpus)
             # lasts until one of another count, so the job ends holding the set's largest
             for run in sorted((r for r in runs if r.record is None), key=lambda r: r.cell.ranks_per_node):
-                _prepare(run, gpu_busy, log)
+                _prepare(run, gpu_busy, log, deadline)
             order: list[list[int]] = []
             for r, planned in enumerate(rounds):
                 order.append([i for i in planned if not runs[i].done])
@@ -415,9 +419,10 @@ def run_set(specs: Sequence[RunSpec | dict], record_paths: Sequence[Path], log: 
                 shutil.rmtree(run.workdir, ignore_errors=True)
 
 
-def _prepare(run: _Run, gpu_busy: gpus.BusyPolicy | None, log: Path) -> None:
+def _prepare(run: _Run, gpu_busy: gpus.BusyPolicy | None, log: Path, deadline: float | None = None) -> None:
     """Before a cell's first repeat: its folders, its allocation over several nodes, its GPUs'
-    check, and the repeats an earlier run of it kept (and how long a stopped one ran)."""
+    check, the repeats an earlier run of it kept (and how long a stopped one ran), and, where
+    the job has a ``deadline``, its predicted repeat (llmbench.estimate)."""
     run.keep_dir.mkdir(parents=True, exist_ok=True)
     # a cell over several nodes: its Slurm allocation (no allocation: the job fails, no
     # record), and a work folder every node sees (the results folder is on a shared one)
@@ -436,19 +441,38 @@ def _prepare(run: _Run, gpu_busy: gpus.BusyPolicy | None, log: Path) -> None:
             fh.write(f"=== {run.label + ': ' if run.label else ''}repeat {stopped['index']} of an earlier run was "
                      f"stopped unfinished after {float(stopped['ran_s']):.0f} s ({stopped['stopped']}): counted as "
                      "a repeat's time at the deadline\n")
+    if deadline is not None:
+        run.predicted_s = _predicted_s(run, log)
+
+
+def _predicted_s(run: _Run, log: Path) -> float | None:
+    """What a repeat of ``run``'s cell is predicted to need at the deadline: its predicted
+    duration times estimate.DEADLINE_MARGIN, at most its timeout (estimate.repeat), said in
+    the log; None where the throughput model cannot predict the cell."""
+    est = estimate.repeat(run.cell, run.spec.model)
+    with open(log, "a") as fh:
+        if not est.predicted:
+            fh.write(f"=== {run.label + ': ' if run.label else ''}no predicted repeat ({est.note})\n")
+            return None
+        need = est.bound_s(estimate.DEADLINE_MARGIN)
+        fh.write(f"=== {run.label + ': ' if run.label else ''}a repeat is predicted at {est.predicted_s:.0f} s "
+                 f"({est.note}); untimed, it starts only with {need:.0f} s left (x {estimate.DEADLINE_MARGIN}"
+                 f"{', capped at its timeout' if need < estimate.DEADLINE_MARGIN * est.predicted_s else ''})\n")
+    return need
 
 
 def _repeat(run: _Run, i: int, deadline: float | None, set_walls: list[float], log: Path, keep: bool) -> None:
     """Repeat ``i`` of a cell: the one an earlier run kept, or run now, unless the deadline
     comes first (DeadlineStop). ``keep``: keep it even where the cell has one repeat (a set's
-    records are written at its end). ``set_walls``: the set's repeats so far, for a cell
-    not timed yet."""
+    records are written at its end). Judged by the cell's own repeats so far, else by its
+    prediction, else by ``set_walls``: the set's repeats so far."""
     name = f"{run.label}: " if run.label else ""
     if i in run.kept:
         outcome, started = run.kept[i]["outcome"], kept_started(run.kept[i])
     else:
         repeats = run.cell.protocol.repeats
-        if why := deadline_stop(deadline, run.walls or set_walls, f"{name}repeat {i} (of 0-{repeats - 1})"):
+        walls = run.walls or ([] if run.predicted_s is not None else set_walls)
+        if why := deadline_stop(deadline, walls, f"{name}repeat {i} (of 0-{repeats - 1})", run.predicted_s):
             stop_at_deadline(f"{why}; " + (
                 "the set's finished repeats are kept: the next run of the set resumes there" if run.label else
                 f"repeat(s) {sorted({*range(i), *run.kept})} kept: the next run of this cell resumes there"),

@@ -15,11 +15,13 @@ it to its call's end), and a Slurm job without it has its time limit's end (scon
 EndTime, llmbench.nodes.job_end: a cell the Slurm profiles submit) (deadline_from_env): a
 repeat is not started where the time left is shorter than REPEAT_MARGIN times the longest
 repeat of this cell so far (run here, or kept with its wall time by an earlier run), and a
-max-batch search's probe likewise (llmbench.search.runner) (deadline_stop). The job then
+max-batch search's probe likewise (llmbench.search.runner) (deadline_stop). A repeat of a cell
+that none has timed yet is judged by its predicted duration with its margin (llmbench.estimate:
+the throughput model's step time, on the platforms it was calibrated on). The job then
 stops between repeats with DeadlineStop (no record, its finished repeats kept; the Snakemake
 adapters exit with DEADLINE_EXIT's line, which envs/offline-batch.sh reads), instead of being
-killed inside a repeat that could not finish, which is GPU time spent on nothing. With no
-repeat timed yet, the first starts. A repeat stopped inside by a signal (the TERM of a
+killed inside a repeat that could not finish, which is GPU time spent on nothing. With neither a
+repeat timed nor a prediction, the first starts. A repeat stopped inside by a signal (the TERM of a
 deadline the estimate missed, a cancel) leaves how long it ran beside the record (STOPPED,
 keep_stopped) until the record is written: a lower bound on a repeat of that spec, which the
 next run's deadline check counts as a repeat's time, so that it is not started again into the
@@ -73,16 +75,24 @@ def deadline_from_env(environ=os.environ) -> float | None:
         raise ValueError(f"{DEADLINE_VAR}={value!r}: not a time in Unix seconds") from None
 
 
-def deadline_stop(deadline: float | None, walls: list[float], what: str) -> str | None:
+def deadline_stop(deadline: float | None, walls: list[float], what: str,
+                  predicted_s: float | None = None) -> str | None:
     """Why ``what`` (a repeat, a search's probe) must not start before ``deadline`` (Unix
     seconds): the time left is under REPEAT_MARGIN times the longest of ``walls`` (the same
-    kind of run timed so far), or none is left at all. None where it may start."""
+    kind of run timed so far); with none timed, under ``predicted_s`` (what it is predicted
+    to need, its margin included: llmbench.estimate); or none is left at all. None where it
+    may start: with neither a timing nor a prediction, whenever time is left."""
     if deadline is None:
         return None
     left = deadline - time.time()
-    if left > 0 and left > REPEAT_MARGIN * max(walls, default=0.0):
+    if walls:
+        need, took = REPEAT_MARGIN * max(walls), f"the longest so far took {max(walls):.0f} s (x {REPEAT_MARGIN})"
+    elif predicted_s is not None:
+        need, took = predicted_s, f"none timed yet, it is predicted to need {predicted_s:.0f} s"
+    else:
+        need, took = 0.0, "no time is left"
+    if left > 0 and left > need:
         return None
-    took = f"the longest so far took {max(walls):.0f} s (x {REPEAT_MARGIN})" if walls else "no time is left"
     return f"stopped before {what} at the deadline: {max(left, 0):.0f} s left, {took}"
 
 

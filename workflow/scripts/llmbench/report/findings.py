@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .. import techniques
@@ -467,12 +468,15 @@ class Outcome:
 
 
 def _match(df: pd.DataFrame, sel: dict) -> pd.DataFrame:
+    # one mask, one take: selecting key by key copied every column of the wide frame once per key
+    mask = np.ones(len(df), dtype=bool)
     for k, v in sel.items():
         if k == "batch_size" and v == "max":
             continue
         if k not in df:
             return df.iloc[0:0]
-        df = df[df[k].isin(v) if isinstance(v, list) else df[k] == v]
+        mask &= (df[k].isin(v) if isinstance(v, list) else df[k] == v).to_numpy(dtype=bool)
+    df = df[mask] if not mask.all() else df
     if sel.get("batch_size") == "max":
         ok = df[df["status"] == "ok"]
         if len(ok):

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmbench import backends, grid, record, techniques
+from llmbench import backends, grid, record
 from llmbench.gpus import UsedMemory
 from llmbench.record import Metrics, Record
-from llmbench.report import advice, paper_tables, profile, tidy
+from llmbench.report import paper_tables, profile, tidy
 from llmbench.serve.engines import ENGINES
 from llmbench.serve.server import MemorySampler
 
@@ -23,15 +23,6 @@ REPO = Path(__file__).resolve().parents[2]
 LIBRARY = REPO / "workflow" / "scripts" / "llmbench"
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 from fake_nvml import gpu, reader_of  # noqa: E402
-
-
-def test_every_technique_flag_has_an_advice_cost():
-    """A flag added to llmbench.techniques without a cost would stop the advice step with a
-    KeyError; a cost without a flag is dead."""
-    assert set(advice.COST) == set(techniques.FLAG_ORDER) == set(techniques.FLAG_MEANING)
-    for flag in techniques.FLAG_ORDER:  # each one alone, or with the ZeRO stage it needs
-        text = f"{flag}+Z3" if flag == "O" else flag
-        assert advice.expected_cost(text) == sum(advice.COST[f] for f in techniques.parse(text).flags)
 
 
 def engine_enums() -> dict[str, list]:

@@ -147,8 +147,8 @@ TABLES: tuple[Entry, ...] = (
     _t("coverage", MEMORY, "Coverage: every training row of Tables III, IV and IX on each GPU platform run, "
        "measured (protocol, CV), out of memory, predicted not to fit or still to run (llmbench.report.coverage)",
        "tidy:pretrain", "tidy:finetune", "reference:table3", "reference:table9"),
-    _t("advice", MEMORY, "Advice: the methods ranked per platform, model and stage, measured where measured, "
-       "predicted by the memory model elsewhere (llmbench.report.advice)", "tidy"),
+    _t("advice", MEMORY, "Advice: the methods ranked per platform, model and stage, measured here or by the "
+       "paper where measured, predicted with an interval elsewhere (llmbench.report.advice)", "tidy"),
 )
 
 #: Every figure; each answers one question and reads the table(s) it plots.

@@ -1,4 +1,4 @@
-"""python -m llmbench.throughput {calibrate [--write] | score --out DIR | predict ...}.
+"""python -m llmbench.throughput {calibrate [--write] | score --out DIR | interval [--write] | predict ...}.
 
 Run with PYTHONPATH=workflow/scripts from the repository root.
 """
@@ -14,7 +14,7 @@ import yaml
 from .. import techniques
 from ..config import REPO_ROOT
 from ..models import ModelSpec
-from . import calibrate, score
+from . import calibrate, interval, score, widths
 from .model import CALIBRATED_MARKER, CONSTANTS_FILE, TERMS, TrainCell, calibrated_constants, terms
 
 
@@ -49,6 +49,15 @@ def _score(args) -> int:
     return 0
 
 
+def _interval(args) -> int:
+    data = widths.compute(REPO_ROOT)
+    if args.write:
+        print(f"wrote {widths.write(data, REPO_ROOT)}")
+    else:
+        print(yaml.safe_dump(data, sort_keys=False, width=120), end="")
+    return 0
+
+
 def _predict(args) -> int:
     cell = TrainCell(stage=args.stage, platform=args.platform, model=ModelSpec.load(args.model),
                      technique=techniques.parse(args.technique), batch_size=args.batch_size,
@@ -57,7 +66,11 @@ def _predict(args) -> int:
     step = sum(parts.values())
     for k in TERMS:
         print(f"{k:>14} {parts[k]:9.4f} s")
-    print(f"{'step':>14} {step:9.4f} s   {cell.tokens_per_step / step:,.0f} tokens/s")
+    pred = interval.predict(cell)
+    print(f"{'step':>14} {step:9.4f} s   {pred.value:,.0f} tokens/s "
+          f"({pred.low:,.0f}-{pred.high:,.0f}, {pred.quantile:.0%} interval)")
+    for note in pred.notes:
+        print(f"  outside calibration: {note}")
     return 0
 
 
@@ -69,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--write", action="store_true", help=f"rewrite the calibrated block of {CONSTANTS_FILE}")
     s = sub.add_parser("score", help="predict the paper's tables and held-out cells; write CSVs")
     s.add_argument("--out", required=True, help="folder for the CSVs")
-    p = sub.add_parser("predict", help="the terms of one cell")
+    i = sub.add_parser("interval", help="the interval widths from held-out errors; print (or --write) the file")
+    i.add_argument("--write", action="store_true", help=f"rewrite {interval.INTERVAL_FILE}")
+    p = sub.add_parser("predict", help="the terms of one cell, its interval and notes")
     p.add_argument("--stage", default="pretrain", choices=["pretrain", "finetune"])
     p.add_argument("--platform", required=True)
     p.add_argument("--model", required=True)
@@ -79,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=350)
     p.add_argument("--backend", default="deepspeed", choices=["deepspeed", "megatron"])
     args = ap.parse_args(argv)
-    return {"calibrate": _calibrate, "score": _score, "predict": _predict}[args.cmd](args)
+    return {"calibrate": _calibrate, "score": _score, "interval": _interval,
+            "predict": _predict}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -173,6 +173,8 @@ while (( i < ${#targets[@]} )); do
         why="its search's probe puts a repeat at ${est}s (x 1.25 + 20 s: ${need}s)"
     elif [[ $est =~ ^[0-9]+$ && $src == stopped ]]; then
         why="a repeat of it was stopped unfinished after ${est}s (x 1.2 + 20 s: ${need}s)"
+    elif [[ $est =~ ^[0-9]+$ && $src == predicted ]]; then
+        why="the throughput model predicts a repeat at ${est}s (x 1.5 + 20 s: ${need}s)"
     elif [[ $est =~ ^[0-9]+$ && $src == kept ]]; then
         why="the longest repeat it kept took ${est}s (x 1.2 + 20 s: ${need}s)"
     elif [[ $est =~ ^[0-9]+$ ]]; then

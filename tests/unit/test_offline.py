@@ -9,8 +9,24 @@ from pathlib import Path
 import pytest
 
 from search_fixtures import ESTIMATE_CONFIG, probe_record
-from llmbench import ledger, offline
-from llmbench.offline import cli
+from llmbench import estimate, ledger, offline
+from llmbench.offline import cli, planner
+
+
+def predicted_repeat(seconds: float | None):
+    """llmbench.estimate.repeat as a stub: ``seconds`` a repeat predicted (None: not predicted)."""
+    def repeat(cell, model, root=None):
+        return estimate.RepeatEstimate(predicted_s=seconds, startup_s=None, step_s=None, steps=13, timeout_s=600,
+                                       note="a stub")
+    return repeat
+
+
+@pytest.fixture(autouse=True)
+def _no_prediction(monkeypatch):
+    """The tests below time cells from their probes, records and ledgers: the throughput
+    model's figure (whose constants move with each calibration) is stubbed out, except where
+    a test sets one."""
+    monkeypatch.setattr(planner.lbestimate, "repeat", predicted_repeat(None))
 
 
 def test_the_measured_target_of_a_finished_search_is_its_cell_at_the_largest_batch(tmp_path, repo, monkeypatch):
@@ -314,3 +330,22 @@ def test_repeats_kept_beside_a_cell_count_as_run_in_its_estimate_and_its_plan(tm
     est = offline.estimate_s(target, config)
     assert (est.kept, est.left, est.start_s) == (2, 0, 20)  # all kept: the cell writes its record
     assert offline.plan([str(target)], config)[0][1] == 0
+
+
+def test_a_cell_nothing_timed_is_estimated_from_its_prediction_and_its_own_check(tmp_path, monkeypatch):
+    """No probe, no earlier record: the throughput model's predicted repeat is the estimate,
+    and offline-batch wants what the cell's own deadline check wants before an untimed repeat
+    (its prediction x estimate.DEADLINE_MARGIN) left. A probe, where one ran, decides."""
+    monkeypatch.setattr(planner.lbestimate, "repeat", predicted_repeat(100.0))
+    config = tmp_path / "config.yaml"
+    config.write_text(ESTIMATE_CONFIG)
+    target = tmp_path / "results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs203-g1/record.json"
+    est = offline.estimate_s(target, config)
+    assert (est.repeat_s, est.source, est.repeats) == (100.0, "predicted", 2)
+    assert est.start_s == math.ceil(100 * estimate.DEADLINE_MARGIN) + 20
+    probe = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1/bs203/record.json"
+    probe.parent.mkdir(parents=True)
+    probe.write_text(probe_record(wall_s=40, window_s=9.0))  # 70 s a repeat
+    est = offline.estimate_s(target, config)
+    assert (est.repeat_s, est.source) == (70.0, "probe")
+    assert est.start_s == 70 * 5 // 4 + 20

@@ -111,7 +111,8 @@ rule plot_figure:
 
 # The advisor (llmbench.report.advice): the methods ranked for the platforms and models of
 # the config's `advice` request (default: every platform and model of the grid and of the
-# records), measured where measured, predicted by the memory model elsewhere.
+# records): measured where measured, the paper's numbers for its platforms, else predicted (the
+# memory model for fit, the throughput model for tokens/s with an interval).
 ruleorder: build_advice > build_table
 
 

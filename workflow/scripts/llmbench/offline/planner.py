@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import cells, techniques
+from .. import estimate as lbestimate
 from ..record import wall_s
 from ..search.runner import measured_batch, measured_record, read_json
 
@@ -53,6 +54,11 @@ class Estimate:
     kept: int = 0
     """Repeats an earlier run of this very spec kept beside the record (llmbench.ledger.read_kept,
     a cell stopped between repeats): the cell resumes with them and runs only the others."""
+    untimed_need_s: float | None = None
+    """The seconds left the cell's own deadline check wants before a repeat where none of its
+    repeats is timed: its predicted repeat times llmbench.estimate.DEADLINE_MARGIN, at most its
+    timeout (llmbench.ledger.deadline_stop); None where the throughput model does not predict it
+    or repeats of it are kept (then they decide)."""
 
     @property
     def left(self) -> int:
@@ -75,11 +81,16 @@ class Estimate:
             repeat = repeat * 5 // 4
         elif self.source in (KEPT_SOURCE, STOPPED_SOURCE):
             repeat = math.ceil(repeat * REPEAT_MARGIN)
+        if self.source == PREDICTED_SOURCE and self.untimed_need_s is not None:
+            # what the cell's own check wants before an untimed repeat: else it would stop at once
+            repeat = max(repeat, math.ceil(self.untimed_need_s))
         return repeat + 20
 
 
 #: Estimate.source where a stopped repeat's time is the estimate
 STOPPED_SOURCE = "stopped"
+#: Estimate.source where the throughput model's predicted repeat is the estimate (llmbench.estimate)
+PREDICTED_SOURCE = "predicted"
 #: Estimate.source where the longest kept repeat's time is the estimate
 KEPT_SOURCE = "kept"
 
@@ -121,8 +132,9 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
     steps in the results folders ``earlier`` (any protocol: a sweep's 3 + 10 steps tell a
     protocol rerun's 30 + 100). A repeat of the cell with those steps that a signal stopped
     unfinished beside ``target`` (llmbench.ledger.STOPPED: a deadline the estimate missed) is
-    the estimate where it ran longer (source ``stopped``). None where none of these is there
-    or the config has no such cell. The repeats of this very spec an earlier run kept beside
+    the estimate where it ran longer (source ``stopped``). Where none of these is there, the
+    throughput model's predicted repeat (llmbench.estimate.repeat; source ``predicted``), and
+    None where it cannot predict the cell or the config has no such cell. The repeats of this very spec an earlier run kept beside
     ``target`` count as run (Estimate.kept), and the longest of them is the estimate (source
     ``kept``; a stopped repeat where that ran longer): this cell's own repeats, by which its
     deadline check (llmbench.ledger) judges the next.
@@ -143,10 +155,14 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
     walls = [float(k["wall_s"]) for k in kept.values() if k.get("wall_s")]
     steps = cell.protocol.warmup_steps + cell.protocol.measured_steps
 
+    predicted = lbestimate.repeat(cell, grid.models.get(cell.model))
+    untimed = predicted.bound_s(lbestimate.DEADLINE_MARGIN) if predicted.predicted and not walls else None
+
     def estimate(repeat_s: float, source: str) -> Estimate:
         # a kept out-of-memory repeat ended the cell: none is left to run
         done = cell.protocol.repeats if any(k["outcome"]["status"] != "ok" for k in kept.values()) else len(kept)
-        return Estimate(repeat_s=repeat_s, repeats=cell.protocol.repeats, source=source, kept=done)
+        return Estimate(repeat_s=repeat_s, repeats=cell.protocol.repeats, source=source, kept=done,
+                        untimed_need_s=untimed)
 
     found = None
     if walls:  # repeats of this very cell: they, not a probe's or another run's figure
@@ -166,6 +182,8 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
         if timing is not None:
             setup, window, run_steps, _ = timing
             found = estimate(setup + window / run_steps * steps, source)
+        elif predicted.predicted:  # nothing of the cell ran: the throughput model's figure
+            found = estimate(predicted.predicted_s, PREDICTED_SOURCE)
     # a repeat of the cell (its steps) stopped unfinished beside the target: at least that long
     stopped = stopped_repeat(Path(target).parent)
     if stopped is not None and stopped.get("steps") == steps and \

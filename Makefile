@@ -8,14 +8,11 @@
 #   make test-integration  tests/integration: real workers on the CPU, the fork server, torch.compile, Megatron-LM
 #   make test-e2e          tests/e2e: the workflow on .test/config.yaml (+ Slurm, where installed)
 #   make test-smoke        tests/smoke: the embedded default (config/config.yaml), statuses only
-#   make test              lint, then all of them over TEST_PROCS pytest-xdist processes (CI: .ci/run),
-#                          a file's tests on one process; the Slurm modules beside them, in a session of their own
+#   make test              lint, then all of them over CORES pytest-xdist processes (CI: .ci/run),
+#                          a file's tests on one process; the Slurm modules after, alone
 #   make lint              ruff (pyproject.toml's [tool.ruff]) and `snakemake --lint`
 SHELL := /bin/bash
 CORES ?= 2
-# make test's pytest-xdist processes: more than the cores, since its workflow runs wait on
-# processes (snakemake's jobs, engines starting, Slurm's polls) more than they compute
-TEST_PROCS ?= 3
 PYTEST := .venv/bin/python -m pytest
 
 .PHONY: setup run report report-combined lint test test-fast test-calibration test-integration test-e2e test-smoke dry-run-paper
@@ -67,12 +64,8 @@ test: setup
 	$(MAKE) --no-print-directory lint
 	bash envs/install-slurm.sh
 	bash envs/install-chromium.sh
-	@# the Slurm tests (their own session: the daemons outside the other tests' process trees)
-	@# mostly wait on Slurm's polls, so they run beside the rest; their log is printed after
-	@log=$$(mktemp); LLMBENCH_TESTS_BESIDE=1 $(PYTEST) -m slurm --durations=5 -p no:cacheprovider >"$$log" 2>&1 & slurm=$$!; \
-	$(PYTEST) -n $(TEST_PROCS) --dist loadfile --no-loadscope-reorder -m "not slurm" --durations=15; rc=$$?; \
-	wait $$slurm; src=$$?; echo "--- the Slurm tests (beside the others)"; cat "$$log"; rm -f "$$log"; \
-	exit $$(( rc ? rc : src ))
+	$(PYTEST) -n $(CORES) --dist loadfile --no-loadscope-reorder -m "not slurm" --durations=15
+	$(PYTEST) -m slurm --durations=5
 
 dry-run-paper: setup
 	.venv/bin/snakemake --configfile config/paper.yaml -n --quiet rules

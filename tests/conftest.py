@@ -63,10 +63,8 @@ def _stop_fork_servers():
     """Fork servers started by the tests' CPU cells (llmbench.forkserver) exit once idle;
     at the end of the session they are asked to now rather than after IDLE_S."""
     yield
-    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("LLMBENCH_TESTS_BESIDE"):
-        # another worker's (another session's: make test runs the Slurm tests beside the
-        # others) cells may be using them: each exits once idle (IDLE_S)
-        return
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # another worker's cells may be using them: each exits once idle (IDLE_S)
     from llmbench import forkserver
 
     forkserver.stop_all()

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import re
 import select
 import signal
@@ -131,9 +132,38 @@ def log_says_oom(path: Path, chars: int = 200_000) -> bool:
 
 # ---------------------------------------------------------------- ports
 
+#: The kernel's range of ports for outgoing connections, and the default where it cannot be read
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_EPHEMERAL_DEFAULT = (32768, 60999)
+#: free_port picks among this many ports below that range
+_PORT_SPAN = 16384
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _EPHEMERAL_DEFAULT[0]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that nothing listens on now (the OS picks it, as torchrun
-    --standalone picks its rendezvous port)."""
+    """A TCP port on ``host`` that nothing listens on now, for a rank's rendezvous or an
+    engine's server. Picked at random (not from a seeded generator) below the kernel's
+    ephemeral range: a port the OS hands out for bind(0) and that is then released may be
+    given to an outgoing connection (a load generator's thousand requests, another cell's
+    client) before the rank listens on it, and the rank fails with EADDRINUSE. The OS's pick
+    where no port of the span binds."""
+    low = _ephemeral_low()
+    first = max(1024, low - _PORT_SPAN)
+    pick = random.SystemRandom()
+    for _ in range(64):
+        port = pick.randrange(first, low) if low > first else 0
+        with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

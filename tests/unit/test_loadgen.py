@@ -130,6 +130,22 @@ def test_tgi_and_lightllm_parse_their_documented_events():
         ll.parse_event(b'{"token": {"id": 1}}')
 
 
+def test_sglang_parses_its_documented_incremental_chunks():
+    sg = d.SGLang()
+    chunk = b'{"text":" a b","output_ids":%s,"meta_info":{"id":"r1","finish_reason":%s,"prompt_tokens":8,' \
+            b'"completion_tokens":%d,"cached_tokens":0}}'
+    assert sg.parse_event(chunk % (b"[5, 6]", b"null", 2)) == d.StreamEvent(tokens=2, usage_output_tokens=2)
+    last = sg.parse_event(chunk % (b"[7]", b'{"type":"length","length":3}', 3))
+    assert last == d.StreamEvent(tokens=1, done=True, usage_output_tokens=3)
+    assert sg.parse_event(b"[DONE]") is None
+    err = sg.parse_event(b'{"error": {"message": "prompt too long"}}')
+    assert err.done and err.error == "server error in stream: prompt too long"
+    with pytest.raises(d.StreamError, match="'output_ids'"):
+        sg.parse_event(b'{"text": "a", "meta_info": {"completion_tokens": 1}}')
+    with pytest.raises(d.StreamError, match="'completion_tokens'"):
+        sg.parse_event(b'{"output_ids": [1], "meta_info": {"finish_reason": null}}')
+
+
 def test_request_bodies():
     path, body = VLLM.request([5, 6], "t5 t6", 4, "m")
     assert path == "/v1/completions" and body == {
@@ -141,7 +157,10 @@ def test_request_bodies():
         "/generate_stream", {"inputs": "t5", "parameters": {"max_new_tokens": 4, "details": True, "do_sample": False}})
     assert d.LightLLM().request([5], "t5", 4, "m") == (
         "/generate_stream", {"inputs": "t5", "parameters": {"max_new_tokens": 4, "ignore_eos": True}})
-    assert set(d.DIALECTS) == {"openai", "tgi", "lightllm"}
+    assert d.SGLang().request([5, 6], "t5 t6", 4, "m") == (
+        "/generate", {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 4, "ignore_eos": True,
+                                                                "temperature": 0}, "stream": True})
+    assert set(d.DIALECTS) == {"openai", "tgi", "lightllm", "sglang"}
 
 
 # ---- the load generator against the fake servers ----
@@ -152,6 +171,7 @@ def test_request_bodies():
     (("openai", {"flavour": "transformers"}), TRANSFORMERS, (1,) * 10),
     (("tgi", {}), d.TGI(), (1,) * 10),
     (("lightllm", {}), d.LightLLM(), (1,) * 10),
+    (("sglang", {"tokens_per_event": 4}), d.SGLang(), (4, 4, 2)),  # SGLang's multi-token chunks
 ])
 def test_token_counts_exact(server, dialect, events):
     with FakeServer(server[0], **server[1]) as srv:
@@ -162,8 +182,8 @@ def test_token_counts_exact(server, dialect, events):
         assert s.ok, s.error
         assert (s.output_tokens, s.event_tokens, len(s.itl_s), s.http_status) == (10, events, len(events) - 1, 200)
         assert s.input_tokens == 8 and 0 <= s.ttft_s <= s.e2e_s
-    sent = [b.get("prompt", b.get("inputs")) for b in srv.stats.bodies]
-    want = prompts if dialect is VLLM else [prompt_text(p) for p in prompts]
+    sent = [b.get("prompt", b.get("inputs", b.get("input_ids"))) for b in srv.stats.bodies]
+    want = prompts if dialect is VLLM or isinstance(dialect, d.SGLang) else [prompt_text(p) for p in prompts]
     assert sorted(map(str, sent)) == sorted(map(str, want))
 
 

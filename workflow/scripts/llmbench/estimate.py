@@ -132,25 +132,21 @@ def startup_s(cell: Cell, model: ModelSpec) -> float:
 
 
 @cache
-def _constants(root: Path) -> tuple[dict[str, float], dict]:
-    """The calibrated constants and the ``work`` block of the throughput model's constants file, read once."""
-    from .throughput.model import calibrated_constants, load_constants
+def _constants(root: Path) -> dict[str, float]:
+    """The throughput model's calibrated constants, read once."""
+    from .throughput.model import calibrated_constants
 
-    return calibrated_constants(root), load_constants(root)["work"]
+    return calibrated_constants(root)
 
 
 def step_s(cell: Cell, model: ModelSpec, root: Path = REPO_ROOT) -> float:
     """The throughput model's seconds per step of a training cell with the calibrated constants
-    (the host's CPUs: its platform's): llmbench.throughput.step_time_s, summed here from its
-    features with the constants file read once (step_time_s reads it on every call, and the
-    workflow asks for every cell's time limit while it plans)."""
-    from .throughput.model import TrainCell, features, hardware
+    (llmbench.throughput.step_time_s; the host's CPUs: its platform's)."""
+    from .throughput.model import TrainCell, step_time_s
 
     train = TrainCell(stage=cell.stage, platform=cell.platform, model=model, technique=cell.tech,
                       batch_size=cell.batch_size, gpus=cell.gpus, seq_len=cell.protocol.seq_len, backend=cell.backend)
-    constants, work = _constants(root)
-    return sum(value if const is None else constants[const] * value
-               for _, const, value in features(train, hardware(cell.platform, root), work))
+    return step_time_s(train, _constants(root), root)
 
 
 def repeat(cell: Cell | ServeCell | MicroCell, model: ModelSpec | None, root: Path = REPO_ROOT) -> RepeatEstimate:

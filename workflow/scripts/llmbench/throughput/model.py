@@ -204,6 +204,13 @@ def _measured_pcie(platform: str, root: Path) -> tuple[float, str] | None:
 
 
 @cache
+def _work(root: Path) -> dict:
+    """The constants file's ``work`` block, read once per root as hardware() reads its blocks:
+    terms() runs for every cell the workflow times while it plans (llmbench.estimate)."""
+    return load_constants(root)["work"]
+
+
+@cache
 def hardware(platform: str, root: Path = REPO_ROOT) -> Hardware:
     """A platform's Hardware: peaks from its platform file, facts from the constants file,
     measured bandwidths and GEMM efficiencies from our micro records where they exist."""
@@ -339,7 +346,7 @@ def terms(cell: TrainCell, constants: dict[str, float], root: Path = REPO_ROOT,
     """Seconds per step of each term (TERMS) for a cell under the given calibrated constants."""
     hw = hw or hardware(cell.platform, root)
     out = dict.fromkeys(TERMS, 0.0)
-    for term, const, value in features(cell, hw, load_constants(root)["work"]):
+    for term, const, value in features(cell, hw, _work(root)):
         out[term] += value if const is None else constants[const] * value
     return out
 

@@ -57,7 +57,7 @@ def test_each_training_stage_has_one_default_and_it_is_listed_first():
         assert len(defaults) == 1, stage
         assert backends.for_stage(stage)[0] == backends.default(stage) == defaults[0]
     assert backends.for_stage("profile") == ("torch", "deepspeed", "inference", "vllm")
-    with pytest.raises(KeyError, match="unknown backend 'jax'; known: deepspeed, megatron, torch, inference, vllm"):
+    with pytest.raises(KeyError, match="unknown backend 'jax'; known: deepspeed, megatron, fsdp2, torch, inference, vllm"):
         backends.get("jax")
 
 
@@ -76,7 +76,7 @@ def test_a_new_backend_is_one_registry_entry(monkeypatch, tmp_path):
     worker module; the schema's enum is the one other edit (test_the_schemas_enum_is_the_registry)."""
     monkeypatch.setitem(backends.BACKENDS, "fake", backends.Backend(
         name="fake", stages=("pretrain",), worker="fake_worker", flags=("F",), flags_why="it is fake"))
-    assert backends.for_stage("pretrain") == ("deepspeed", "megatron", "fake")
+    assert backends.for_stage("pretrain") == ("deepspeed", "megatron", "fsdp2", "fake")
     started = []
     monkeypatch.setattr(launch, "run_worker", lambda ranks, module, *a, **k: started.append(module))
     g = grid.expand({"protocol": {}, "pretrain": [{"platforms": ["cpu"], "models": ["tiny"], "techniques": ["F"],

@@ -36,7 +36,7 @@ def cfg(**block):
     (dict(distributed_optimizer="yes"), r"pretrain\[0\]\.distributed_optimizer: 'yes' is not of type 'boolean', 'null'"),
     (dict(backend="deepspeed", tensor_parallel=2), r"pretrain\[0\]\.tensor_parallel: only for backend 'megatron' \(this block's backend is 'deepspeed'\)"),
     (dict(backend="deepspeed", distributed_optimizer=False), r"pretrain\[0\]\.distributed_optimizer: only for backend 'megatron'"),
-    (dict(backend="megatrom"), r"pretrain\[0\]\.backend: 'megatrom' is not allowed; allowed values: 'deepspeed', 'megatron', 'torch', 'inference', 'vllm', None"),
+    (dict(backend="megatrom"), r"pretrain\[0\]\.backend: 'megatrom' is not allowed; allowed values: 'deepspeed', 'megatron', 'fsdp2', 'torch', 'inference', 'vllm', None"),
 ])
 def test_bad_megatron_block_names_the_key(block, needle):
     with pytest.raises(ConfigError, match=needle):

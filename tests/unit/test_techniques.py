@@ -35,8 +35,6 @@ def test_order_insensitive_and_canonical():
         ("Z2+Z3", "both Z2 and Z3"),
         ("O", "needs Z2 or Z3"),
         ("R+O", "needs Z2 or Z3"),
-        ("C+Z3", "C \\(torch.compile\\) with Z3 is not supported"),
-        ("F+R+Z3+O+C", "C \\(torch.compile\\) with Z3"),
         ("Z4", "unknown flag 'Z4'"),
         ("F+F", "repeated"),
         ("F+", "unknown flag ''"),

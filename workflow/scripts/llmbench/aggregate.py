@@ -49,8 +49,8 @@ def provenance_of(spec: RunSpec | dict, outcomes: list[Outcome], started: str, c
         "versions": results[-1]["versions"] if results else provenance.versions(),
         "devices": results[-1]["devices"] if results else None,
         # the backend's configuration as built: DeepSpeed's ds_config; a Megatron cell's layout,
-        # recomputation, precision and optimizer
-        **{k: results[-1][k] for k in ("ds_config", "megatron_config") if results and k in results[-1]},
+        # recomputation, precision and optimizer; an FSDP2 cell's sharding plan and torch version
+        **{k: results[-1][k] for k in ("ds_config", "megatron_config", "fsdp2_config") if results and k in results[-1]},
         "spec": raw_of(spec),
         "command": command,
         "launchers": [o.launcher for o in outcomes],

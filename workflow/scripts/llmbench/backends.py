@@ -37,6 +37,12 @@ class Backend:
     """Technique flags it accepts (llmbench.techniques); None: every flag."""
     flags_why: str = ""
     """Why the other flags are not accepted (said in the config error)."""
+    rejects: tuple[tuple[tuple[str, ...], str], ...] = ()
+    """Combinations of accepted flags it does not run together, each with why (said in the
+    config error)."""
+    adapters: tuple[str, ...] | None = None
+    """Fine-tuning method tokens it runs (llmbench.techniques.ADAPTERS); None: every one. Why
+    the others are not: ``flags_why``."""
     worker: str
     """Module run as ``python -m`` on each rank (llmbench.train.contract)."""
     record_builder: str = "llmbench.aggregate:build_record"
@@ -59,6 +65,14 @@ class Backend:
         """The given technique flags this backend does not accept, sorted."""
         return [] if self.flags is None else sorted(set(flags) - set(self.flags))
 
+    def rejected_combination(self, flags: tuple[str, ...] | list[str] | set[str]) -> tuple[tuple[str, ...], str] | None:
+        """The first combination of ``rejects`` that the given flags hold, with why; None if none."""
+        return next(((combo, why) for combo, why in self.rejects if set(combo) <= set(flags)), None)
+
+    def rejected_adapter(self, token: str | None) -> bool:
+        """Whether it does not run the fine-tuning method ``token`` (None: pre-training)."""
+        return token is not None and self.adapters is not None and token not in self.adapters
+
     def build_record(self) -> Callable[..., Any]:
         """The record builder itself (imported on first use)."""
         module, func = self.record_builder.split(":")
@@ -68,12 +82,25 @@ class Backend:
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend(name="deepspeed", stages=("pretrain", "finetune", "profile"), default_for=("pretrain", "finetune"),
             worker="llmbench.train.deepspeed_worker", profile="communication", paper_methods=True,
+            rejects=((("Z3", "C"), "ZeRO-3's parameter hooks on every module split each compiled layer (13 graphs "
+                                   "and 37 breaks for the tiny model's 2 layers); use C with Z2 or no ZeRO, or "
+                                   "backend fsdp2"),),
             description="DeepSpeed (pretrain, finetune; in a profile block: a DeepSpeed step's communication "
                         "and memory copies by kernel class, Tables XIV-XVI)"),
     Backend(name="megatron", stages=("pretrain",), flags=("F", "R"),
             flags_why="ZeRO, offload and 4-bit run with backend deepspeed",
             worker="llmbench.train.megatron_worker",
             description="Megatron-LM's megatron-core (pretrain, Table II)"),
+    Backend(name="fsdp2", stages=("pretrain", "finetune"), flags=("F", "R", "Z2", "Z3", "O", "C"),
+            adapters=("L", "LFA"),
+            flags_why="4-bit (Q, and so QL) needs bitsandbytes' NF4 weights, which FSDP2 cannot shard (its "
+                      "4-bit path is torchao's NF4 tensor, not built here); DoRA's magnitude and prompt "
+                      "tuning's virtual tokens are initialised from the whole base model, which FSDP2 cells "
+                      "never hold (they build it sharded from the meta device)",
+            worker="llmbench.train.fsdp2_worker",
+            description="PyTorch FSDP2 (torch.distributed.fsdp.fully_shard; pretrain, finetune): Z3 = "
+                        "reshard after forward, Z2 = no reshard after forward, Naive = full replication "
+                        "(llmbench.train.fsdp2_worker)"),
     Backend(name="torch", stages=("profile",), default_for=("profile",), flags=("F", "R"),
             flags_why="profile: communication profiles a DeepSpeed step's communication and copies for any "
                       "pre-training technique",

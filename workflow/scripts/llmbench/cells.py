@@ -69,7 +69,7 @@ WILDCARD_CONSTRAINTS: dict[str, str] = {
     "stage": "|".join(TRAINING_STAGES),
     "platform": "[a-z0-9][a-z0-9-]*",
     "model": "[a-z0-9][a-z0-9.-]*",
-    "backend": "[a-z]+|megatron-tp[0-9]+pp[0-9]+(-distopt)?",
+    "backend": "[a-z][a-z0-9]*|megatron-tp[0-9]+pp[0-9]+(-distopt)?",
     "technique": "[A-Za-z0-9+]+",
     "batch_size": "[0-9]+",
     "gpus": "[0-9]+",

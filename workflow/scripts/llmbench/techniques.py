@@ -18,6 +18,9 @@ Fine-tuning methods (paper Section V, Table IX; one per technique, written first
   PT    prompt tuning (PEFT): trainable virtual-token embeddings, frozen model
 "Naive" is the empty set (ZeRO stage 0, nothing else). Order does not matter on input;
 the canonical name orders flags as the paper prints them (F+R+Z3+O, R+Q, QL+F+R).
+The flags are DeepSpeed's terms; another backend states what each means on it and which
+flags and combinations it does not run (llmbench.backends: FSDP2's Z3 is resharding after
+forward, its Z2 no resharding; DeepSpeed does not run C with Z3).
 """
 
 from __future__ import annotations
@@ -145,12 +148,6 @@ def parse(text: str) -> Technique:
     if "O" in seen and not seen & {"Z2", "Z3"}:
         raise TechniqueError(
             f"technique {text!r}: O (offload) needs Z2 or Z3 (DeepSpeed offloads ZeRO partitions)"
-        )
-    if {"C", "Z3"} <= seen:
-        raise TechniqueError(
-            f"technique {text!r}: C (torch.compile) with Z3 is not supported: ZeRO-3's parameter "
-            "hooks on every module split each compiled layer (13 graphs and 37 breaks for the "
-            "tiny model's 2 layers); use C with Z2 or no ZeRO"
         )
     return Technique(
         zero_stage=3 if "Z3" in seen else 2 if "Z2" in seen else 0,

@@ -136,10 +136,15 @@ def _techniques(block: dict, where: str, stage: str, backend: backends.Backend) 
             methods = ", ".join(techniques.ADAPTERS)
             raise ConfigError(f"{key}: {text!r} names no fine-tuning method; start it with one of {methods}")
         rejected = backend.rejected_flags(tech.flags)
+        what = f"profile {backend.profile!r}" if stage == "profile" else f"backend {backend.name!r}"
         if rejected:
-            what = f"profile {backend.profile!r}" if stage == "profile" else f"backend {backend.name!r}"
             raise ConfigError(f"{key}: {what} supports the flags {', '.join(backend.flags)}; "
                               f"{text!r} asks for {', '.join(rejected)} ({backend.flags_why})")
+        if combo := backend.rejected_combination(tech.flags):
+            raise ConfigError(f"{key}: {what} does not run {' with '.join(combo[0])} ({text!r}): {combo[1]}")
+        if backend.rejected_adapter(tech.adapter_token):
+            raise ConfigError(f"{key}: {what} runs the fine-tuning methods {', '.join(backend.adapters)}; "
+                              f"{text!r} asks for {tech.adapter_token} ({backend.flags_why})")
         names.append(tech.name)
     return names
 

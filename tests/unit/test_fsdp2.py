@@ -1,0 +1,111 @@
+"""The FSDP2 backend's flag mapping (llmbench.train.fsdp2_worker.plan), what the grid accepts
+and rejects for it, its paths, and the models that do not predict it. Real cells on the CPU:
+tests/integration/test_fsdp2_cpu.py."""
+
+import pytest
+import yaml
+
+from llmbench import backends, cells, estimate, grid, memory, offline
+from llmbench.config import ConfigError
+from llmbench.models import ModelSpec
+from llmbench.techniques import parse
+from llmbench.train.fsdp2_worker import plan
+
+PROTOCOL = {"warmup_steps": 1, "measured_steps": 2, "repeats": 1, "seq_len": 32, "timeout_s": 300}
+
+
+def cfg(stage="pretrain", **block):
+    base = {"backend": "fsdp2", "platforms": ["cpu"], "models": ["tiny"], "techniques": ["Z3"], "batch_sizes": [1]}
+    return {"protocol": dict(PROTOCOL), stage: [{**base, **block}]}
+
+
+@pytest.mark.parametrize("technique,ranks,sharding,mesh,reshard", [
+    ("Z3", 4, "full", (4,), True),
+    ("F+R+Z3+O", 2, "full", (2,), True),
+    ("Z2", 4, "no_reshard", (4,), False),
+    ("Z2+O", 1, "no_reshard", (1,), False),
+    ("Naive", 4, "replicate", (4, 1), False),
+    ("F+R", 1, "replicate", (1, 1), False),
+])
+def test_z3_reshards_z2_keeps_gathered_parameters_and_naive_replicates(technique, ranks, sharding, mesh, reshard):
+    tech = parse(technique)
+    p = plan(tech, ranks)
+    assert (p.sharding, p.mesh_shape, p.reshard_after_forward) == (sharding, mesh, reshard)
+    assert (p.cpu_offload, p.recompute, p.compiled) == (tech.offload, tech.recompute, tech.compiled)
+    assert ("host" in p.description) == tech.offload
+
+
+def test_the_z2_mapping_says_how_it_differs_from_zero_2():
+    assert "ZeRO-2 keeps full bf16 parameters on every rank" in plan(parse("Z2"), 2).description
+    assert "ZeRO-3's counterpart" in plan(parse("Z3"), 2).description
+    with pytest.raises(ValueError, match="4-bit"):
+        plan(parse("Q+Z3"), 2)
+
+
+@pytest.mark.parametrize("stage,techniques", [
+    ("pretrain", ["Naive", "F", "R+Z2", "F+R+Z3+O", "Z2+O", "Z3+C", "F+R+Z2+C"]),
+    ("finetune", ["L", "L+F+R+Z3", "LFA+Z2+O", "L+Z3+C"]),
+])
+def test_the_grid_accepts_every_flag_fsdp2_runs(stage, techniques):
+    g = grid.expand(cfg(stage, techniques=techniques, gpus=[1, 2]))
+    assert {c.backend for c in g.cells} == {"fsdp2"}
+    assert len(g.cells) == 2 * len(techniques)
+    c = next(c for c in g.cells if c.technique == parse(techniques[-1]).name and c.gpus == 2)
+    path = c.record_path()
+    assert f"/fsdp2/{c.technique}/bs1-g2/record.json" in path
+    parsed = cells.parse(path)
+    assert parsed is not None and parsed.wildcards["backend"] == "fsdp2"
+
+
+@pytest.mark.parametrize("stage,technique,needle", [
+    ("pretrain", "Q+Z3", r"pretrain\[0\]\.techniques\[0\]: backend 'fsdp2' supports the flags F, R, Z2, Z3, O, C; "
+                         r"'Q\+Z3' asks for Q \(4-bit .*FSDP2 cannot shard"),
+    ("finetune", "QL+Z3", r"finetune\[0\]\.techniques\[0\]: backend 'fsdp2' .* asks for Q \(4-bit \(Q, and so QL\)"),
+    ("finetune", "DORA+Z3", r"finetune\[0\]\.techniques\[0\]: backend 'fsdp2' runs the fine-tuning methods L, LFA; "
+                            r"'DORA\+Z3' asks for DORA \(.*DoRA's magnitude"),
+    ("finetune", "PT", r"runs the fine-tuning methods L, LFA; 'PT' asks for PT"),
+    ("pretrain", "O", r"O \(offload\) needs Z2 or Z3"),
+])
+def test_the_grid_rejects_what_fsdp2_cannot_honour_before_any_job(stage, technique, needle):
+    with pytest.raises(ConfigError, match=needle):
+        grid.expand(cfg(stage, techniques=[technique]))
+
+
+def test_compile_with_z3_is_deepspeeds_limit_not_the_grammars():
+    assert parse("C+Z3").name == "Z3+C"
+    assert backends.get("fsdp2").rejected_combination(("Z3", "C")) is None
+    block = {"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Z3+C"], "batch_sizes": [1]}
+    with pytest.raises(ConfigError, match=r"pretrain\[0\]\.techniques\[0\]: backend 'deepspeed' does not run Z3 with C "
+                                          r"\('Z3\+C'\): ZeRO-3's parameter hooks"):
+        grid.expand({"protocol": dict(PROTOCOL), "pretrain": [block]})
+    grid.expand({"protocol": dict(PROTOCOL), "pretrain": [{**block, "techniques": ["Z2+C"]}]})
+
+
+def test_fsdp2_cells_are_not_the_papers_methods():
+    # Tables III, IV and IX compare DeepSpeed's methods; an FSDP2 Z3 row is not one of them
+    assert "fsdp2" not in backends.method_backends()
+    assert backends.for_stage("pretrain")[0] == backends.for_stage("finetune")[0] == "deepspeed"
+
+
+def test_the_memory_and_throughput_models_say_no_prediction_and_the_planner_runs_on(tmp_path):
+    config = cfg(platforms=["h200"], models=["llama2-7b"], techniques=["Z3", "F+R+Z3+O"], gpus=1,
+                 max_batch={"start": 1, "max": 8})
+    config["pretrain"].append({**config["pretrain"][0], "backend": "deepspeed"})
+    g = grid.expand(config)
+    mine = [c for c in g.cells if c.backend == "fsdp2"]
+    assert mine and all(memory.check(g.spec(c)) is None for c in mine)
+    assert all(memory.check(g.spec(c)) is not None for c in g.cells if c.backend == "deepspeed")
+    for c in mine:
+        est = estimate.repeat(c, ModelSpec.load("llama2-7b"))
+        assert not est.predicted and est.note == "backend 'fsdp2' is not modelled"
+        assert est.bound_s(2.0) == c.protocol.timeout_s
+    search = next(s for s in g.searches if s.cell.backend == "fsdp2")
+    assert memory.start_hint(g.spec(search)) is None
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    planned, _ = memory.cells.plan(path)
+    assert set(planned["backend"]) == {"deepspeed"}  # the fsdp2 cells: no verdict, no row
+    targets = [c.record_path() for c in mine]
+    timed = offline.plan(targets, path)  # the batch planner: nothing times an fsdp2 cell it has no record of
+    assert [(t, s, why) for t, s, why in timed] == [(t, None, "no probe at its batch nor an earlier record of the cell")
+                                                    for t in targets]

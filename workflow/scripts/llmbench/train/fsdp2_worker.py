@@ -1,0 +1,290 @@
+"""PyTorch FSDP2 training worker (``torch.distributed.fsdp.fully_shard``): one repeat of one
+cell, run by torchrun on every rank.
+
+    torchrun ... -m llmbench.train.fsdp2_worker --spec spec.json --out repeat.json
+
+Same contract and result keys as llmbench.train.deepspeed_worker (llmbench.train.contract),
+so llmbench.aggregate.build_record and the tidy table treat it alike; the result adds
+``fsdp2_config`` (what was built, and the torch that ran it), kept in provenance.
+
+What runs, as torchtitan's parallelize_llama does it:
+- The model is built on the meta device, ``fully_shard`` is applied to each decoder layer and
+  then to the root, and only then are the parameters materialised, as this rank's shards, on
+  the device (CPU with O) and random-initialised (llmbench.train.build.init_random): no rank
+  ever holds the whole model. Shards draw their values from the rank's generator; on a CPU
+  (no DTensor random tracker) the shards of one weight repeat each other's values.
+- Precision: ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``; the sharded
+  parameters, which AdamW updates, stay fp32 (master weights); each layer's all-gather
+  makes its bf16 copy. On an fp32 platform (config/platforms/cpu.yaml) no cast: fp32 throughout.
+- The technique flags (DeepSpeed's terms) map to FSDP2 as ``plan`` says: Z3 reshards
+  after forward (parameters, gradients and optimizer state sharded: ZeRO-3's counterpart);
+  Z2 keeps each layer's gathered bf16 parameters from forward to backward. Unlike ZeRO-2,
+  whose ranks keep every full bf16 parameter at rest, FSDP2's Z2 still shards parameters at
+  rest and all-gathers them every forward: it saves the backward's all-gather, not the
+  forward's. Naive (no Z flag) is full replication: a 2-D (replicate x 1) mesh, so each rank
+  holds every parameter, gradient and optimizer state and gradients are all-reduced, what
+  DeepSpeed's ZeRO stage 0 and DDP do. O: ``CPUOffloadPolicy`` (sharded parameters, their
+  gradients and AdamW's state on the host; the optimizer steps there). R: activation
+  checkpointing of each decoder layer (non-reentrant, transformers' own). F: SDPA or
+  flash-attn, selected as for the other backends (build.attention_choice). C: each decoder
+  layer compiled (build.compile_layers) before it is sharded; dynamo leaves FSDP2's hooks
+  outside the graph, so C runs with Z3 here.
+- Fine-tuning (L, LFA): LoRA through PEFT on a frozen base in the platform's compute dtype,
+  adapters in fp32 (PEFT keeps adapter weights fp32 on a bf16 base), sharded as above; the
+  adapters are re-initialised as PEFT does (A Kaiming-uniform, B zero) once materialised.
+- AdamW (lr 1e-5, betas 0.9/0.95, eps 1e-8, no weight decay) with clipping at 1.0, as the
+  DeepSpeed and Megatron-LM cells; gradients reduced in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..spec import RunSpec
+from ..techniques import Technique
+from . import contract, scenario
+
+#: AdamW as the DeepSpeed and Megatron-LM cells run it.
+ADAMW = {"lr": 1e-5, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0}
+CLIP_NORM = 1.0
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Plan:
+    """How a technique's flags map to FSDP2 for one cell (``plan``)."""
+
+    sharding: str
+    """full (Z3) | no_reshard (Z2) | replicate (Naive)."""
+    mesh_shape: tuple[int, ...]
+    """The device mesh: (ranks,) to shard over every rank; (ranks, 1) to replicate (HSDP
+    with one rank per shard group)."""
+    reshard_after_forward: bool
+    """fully_shard's reshard_after_forward for the decoder layers (the root never reshards)."""
+    cpu_offload: bool
+    """CPUOffloadPolicy: shards, gradients and optimizer state on the host."""
+    recompute: bool
+    """Activation checkpointing of each decoder layer."""
+    compiled: bool
+    """torch.compile of each decoder layer."""
+    description: str
+    """What the mapping means, in words (kept in provenance)."""
+
+
+def plan(tech: Technique, ranks: int) -> Plan:
+    """The FSDP2 plan of a technique on ``ranks`` ranks (module docstring)."""
+    if tech.quant4:
+        raise ValueError("FSDP2 cells do not run 4-bit (Q) weights (llmbench.backends: fsdp2)")
+    if tech.zero_stage == 3:
+        sharding, shape, reshard = "full", (ranks,), True
+        what = ("parameters, gradients and optimizer state sharded; each layer's parameters gathered for "
+                "forward, freed after it and gathered again for backward (ZeRO-3's counterpart)")
+    elif tech.zero_stage == 2:
+        sharding, shape, reshard = "no_reshard", (ranks,), False
+        what = ("parameters, gradients and optimizer state sharded; each layer's gathered parameters kept "
+                "from forward to backward (unlike ZeRO-2, parameters are sharded at rest and gathered every "
+                "forward; ZeRO-2 keeps full bf16 parameters on every rank)")
+    else:
+        sharding, shape, reshard = "replicate", (ranks, 1), False
+        what = ("full replication: every rank holds all parameters, gradients and optimizer state; gradients "
+                "all-reduced (DDP, DeepSpeed's ZeRO stage 0)")
+    if tech.offload:
+        what += "; sharded parameters, gradients and optimizer state on the host (CPUOffloadPolicy)"
+    return Plan(sharding=sharding, mesh_shape=shape, reshard_after_forward=reshard, cpu_offload=tech.offload,
+                recompute=tech.recompute, compiled=tech.compiled, description=what)
+
+
+def _local(p) -> Any:
+    """This rank's part of a parameter (a DTensor's shard, or the tensor itself)."""
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
+def _decoder_layers(model) -> list:
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    return [m for m in model.modules() if isinstance(m, LlamaDecoderLayer)]
+
+
+class FSDP2Backend:
+    """The scenario's backend (llmbench.train.scenario): a cell's model under fully_shard and
+    torch's AdamW."""
+
+    def __init__(self, cell, model_spec, accelerator: str, device, dtype, ranks: int) -> None:
+        self.cell, self.model_spec, self.accelerator = cell, model_spec, accelerator
+        self.device, self.dtype = device, dtype
+        self.plan = plan(cell.tech, ranks)
+        self.model = self.optimizer = None
+        self.params: list = []
+        self.trainable_desc = "all parameters"
+        self.compiled_layers = 0
+        self.frozen_before: float | None = None
+        self.total_params = int(model_spec.param_counts()["total"])
+        self.trainable_params = 0
+        self.attn_ctx, self.attn_label = None, ""
+
+    def build(self) -> scenario.Layout:
+        """Meta model, adapters, recomputation, compilation, fully_shard per layer and root,
+        materialised shards, random init, AdamW."""
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+        from transformers import LlamaForCausalLM
+
+        from . import adapters, build
+
+        tech, plan_ = self.cell.tech, self.plan
+        attn_impl, self.attn_ctx, self.attn_label = build.attention_choice(tech, self.accelerator)
+        config = self.model_spec.hf_config(attn_implementation=attn_impl)
+        # pre-training: fp32 parameters (the master weights); fine-tuning: the frozen base in
+        # the compute dtype, adapters fp32 (PEFT's autocast_adapter_dtype)
+        base_dtype = self.dtype if tech.adapter else torch.float32
+        with torch.device("meta"):
+            model = LlamaForCausalLM._from_config(config, dtype=base_dtype)
+        model.config.use_cache = False
+        if tech.adapter:
+            model, self.trainable_desc = adapters.apply(model, tech, self.cell.adapter)
+        if plan_.recompute:
+            build.enable_recompute(model)
+        layers = _decoder_layers(model)
+        if plan_.compiled:
+            self.compiled_layers = build.compile_layers(model)
+        mesh_names = ("replicate", "shard") if len(plan_.mesh_shape) == 2 else ("shard",)
+        mesh = init_device_mesh(self.device.type, plan_.mesh_shape, mesh_dim_names=mesh_names)
+        mp = MixedPrecisionPolicy(param_dtype=None if self.dtype == torch.float32 else self.dtype,
+                                  reduce_dtype=torch.float32)
+        common: dict[str, Any] = {"mesh": mesh, "mp_policy": mp}
+        if plan_.cpu_offload:
+            common["offload_policy"] = CPUOffloadPolicy(pin_memory=self.accelerator == "cuda")
+        for layer in layers:
+            fully_shard(layer, reshard_after_forward=plan_.reshard_after_forward, **common)
+        # the root (embeddings, final norm, lm_head): needed first in backward, never resharded
+        fully_shard(model, reshard_after_forward=False, **common)
+        model.to_empty(device="cpu" if plan_.cpu_offload else self.device)
+        build.init_random(model, config.initializer_range)
+        for module in model.modules():  # LoRA's own initialisation, on the materialised shards
+            if hasattr(module, "reset_lora_parameters"):
+                for name in module.lora_A:
+                    module.reset_lora_parameters(name, True)
+        inner = model.get_base_model().model if tech.adapter else model.model
+        with torch.device(self.device):  # RoPE's inverse frequencies: a buffer, not a weight
+            inner.rotary_emb = type(inner.rotary_emb)(config)
+        model.train()
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.trainable_params = int(sum(p.numel() for p in self.params))  # a DTensor's numel is the whole
+        self.optimizer = torch.optim.AdamW(self.params, **ADAMW)
+        if self.has_frozen:
+            self.frozen_before = self.frozen_checksum()
+        return scenario.Layout(data_rank=dist.get_rank(), data_parallel=dist.get_world_size())
+
+    @property
+    def has_frozen(self) -> bool:
+        """Whether part of the model is frozen (adapters)."""
+        return self.trainable_params < self.total_params
+
+    def frozen_checksum(self) -> float:
+        """Sum of this rank's shards of every frozen parameter, float64 (no collective)."""
+        import torch
+
+        return float(sum(_local(p).detach().sum(dtype=torch.float64) for p in self.model.parameters()
+                         if not p.requires_grad))
+
+    def step(self, ids):
+        """Forward, backward (FSDP2 reduce-scatters the gradients), clipping and AdamW; the
+        loss, not read back."""
+        import torch
+
+        with self.attn_ctx():
+            loss = self.model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, CLIP_NORM)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def synchronize(self) -> None:
+        """Wait for the GPU (a CPU's ops are synchronous)."""
+        if self.accelerator == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+    def optimizer_numel(self) -> int:
+        """Elements this rank's AdamW updates (its shards, or full copies when replicated)."""
+        return sum(_local(p).numel() for g in self.optimizer.param_groups for p in g["params"])
+
+    def config(self) -> dict[str, Any]:
+        """What was built and how (the record's provenance.fsdp2_config)."""
+        import torch
+
+        bf16 = self.dtype == torch.bfloat16
+        return {
+            "framework": f"torch {torch.__version__}",
+            **asdict(self.plan),
+            "mixed_precision": ("param_dtype bf16 (each layer's gathered copy), reduce_dtype fp32; sharded "
+                                "parameters fp32 (master weights)" if bf16 and not self.cell.tech.adapter else
+                                "param_dtype bf16, reduce_dtype fp32; frozen base bf16, adapters fp32" if bf16 else
+                                "fp32 throughout"),
+            "wrapped": "fully_shard on each decoder layer, then on the root",
+            "optimizer": f"torch.optim.AdamW {dict(ADAMW, betas=list(ADAMW['betas']))}, clip_grad_norm {CLIP_NORM}",
+            "attention": self.attn_label,
+            "process_group": "gloo" if self.accelerator == "cpu" else "nccl",
+        }
+
+
+def run(spec: RunSpec | dict, out: Path) -> dict | None:
+    """Build the sharded model, run the scenario (llmbench.train.scenario), return the result
+    (rank 0); its summary has the phase clock (scenario.Phases) and, with C, compile stats."""
+    phases = scenario.Phases()
+    import torch
+    import torch.distributed as dist
+
+    from .. import platforms, provenance
+    from . import build
+
+    spec = RunSpec.of(spec)  # the worker's spec.json, parsed once
+    cell, model_spec, platform = spec.cell, spec.model, spec.platform
+    accelerator = platform.accelerator
+    dtype = platforms.compute_dtype(platform)
+    phases.mark("imports")
+    dist.init_process_group(backend="gloo" if accelerator == "cpu" else "nccl")
+    rank = dist.get_rank()
+    device = contract.local_device(accelerator)
+    backend = FSDP2Backend(cell, model_spec, accelerator, device, dtype, dist.get_world_size())
+    phases.mark("init_distributed")
+
+    result = scenario.run(backend, cell.protocol, batch_size=cell.batch_size, vocab_size=model_spec.vocab_size,
+                          accelerator=accelerator, device=device, phases=phases)
+
+    on = device if accelerator == "cuda" else "cpu"
+    unchanged = 1.0 if not backend.has_frozen else float(backend.frozen_checksum() == backend.frozen_before)
+    counts = torch.tensor([float(backend.optimizer_numel()), unchanged], dtype=torch.float64, device=on)
+    dist.all_reduce(counts)  # the second: how many ranks found their frozen shards unchanged
+    if rank == 0:
+        return {
+            **result.payload(),
+            "total_params": backend.total_params,
+            "trainable_params": backend.trainable_params,
+            "trainable_desc": backend.trainable_desc,
+            "attention": backend.attn_label,
+            "compute_dtype": platforms.dtype_name(dtype),
+            "frozen_params_unchanged": (int(counts[1].item()) == dist.get_world_size()) if backend.has_frozen else None,
+            "optimizer_param_numel": int(counts[0].item()),
+            "fsdp2_config": backend.config(),
+            "summary": {**(build.compile_stats(backend.compiled_layers) if backend.plan.compiled else {}),
+                        **phases.seconds, **result.window.summary()},
+            "versions": provenance.versions(),
+            "devices": provenance.devices(),
+        }
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for one rank (llmbench.train.contract)."""
+    return contract.main(lambda spec, out, trace_dir: run(spec, out), argv, __doc__)
+
+
+if __name__ == "__main__":
+    contract.leave(main())

@@ -23,10 +23,13 @@ def expand(stage: str, technique: str, gpus: int):
     return grid.expand({"protocol": dict(PROTOCOL), stage: [block]})
 
 
-def run(stage, technique, gpus, tmp_path):
+def run(stage, technique, gpus, tmp_path, dtype=None):
     g = expand(stage, technique, gpus)
     cell = g.cells[0]
-    rec = launch.run_cell(g.spec(cell), tmp_path / "record.json", tmp_path / "run.log", threads=gpus)
+    spec = g.spec(cell)
+    if dtype is not None:
+        spec["platform"]["compute_dtype"] = dtype
+    rec = launch.run_cell(spec, tmp_path / "record.json", tmp_path / "run.log", threads=gpus)
     assert rec.status == "ok", (rec.reason, rec.log_tail[-3000:])
     assert record.read(tmp_path / "record.json").status == "ok"
     return g, cell, rec
@@ -56,6 +59,7 @@ def test_real_fsdp2_pretraining_cell(tmp_path, technique, gpus, sharding, attent
     assert fc["reshard_after_forward"] is (sharding == "full")
     assert fc["mesh_shape"] == ([gpus, 1] if sharding == "replicate" else [gpus])
     assert fc["process_group"] == "gloo" and fc["mixed_precision"] == "fp32 throughout"
+    assert fc["trained_dtypes"] == ["float32"] and fc["frozen_dtypes"] == []
     assert fc["framework"] == f"torch {rec.provenance['versions']['torch']}"
 
 
@@ -81,6 +85,20 @@ def test_real_fsdp2_lora_cell(tmp_path, technique, gpus):
     sharded = not cell.tech.zero_stage == 0
     assert m.optimizer_param_numel == m.trainable_params * (1 if sharded else gpus)
     assert m.trainable_desc.startswith("LoRA-FA: B matrices only" if "LFA" in technique else "LoRA: adapters A and B")
+
+
+@pytest.mark.parametrize("stage,technique", [("pretrain", "Z3"), ("finetune", "L+Z2")])
+def test_bf16_compute_keeps_fp32_master_weights(tmp_path, stage, technique):
+    """The paper's bf16 (a GPU platform's compute dtype) on 2 CPU ranks: AdamW updates fp32
+    shards (pre-training: every weight; LoRA: the adapters, beside a frozen bf16 base)."""
+    _, _, rec = run(stage, technique, 2, tmp_path, dtype="bfloat16")
+    fc = rec.provenance["fsdp2_config"]
+    assert rec.metrics.compute_dtype == "bf16" and fc["trained_dtypes"] == ["float32"]
+    assert fc["frozen_dtypes"] == ([] if stage == "pretrain" else ["bfloat16"])
+    assert fc["mixed_precision"].startswith("param_dtype bf16")
+    assert 0 < rec.metrics.loss_last < 20
+    if stage == "finetune":
+        assert rec.metrics.frozen_params_unchanged is True
 
 
 AFTER_FORWARD = """

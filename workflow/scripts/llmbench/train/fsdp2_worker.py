@@ -227,6 +227,10 @@ class FSDP2Backend:
                                 "parameters fp32 (master weights)" if bf16 and not self.cell.tech.adapter else
                                 "param_dtype bf16, reduce_dtype fp32; frozen base bf16, adapters fp32" if bf16 else
                                 "fp32 throughout"),
+            # as built, read from the tensors: what AdamW updates and what stays frozen
+            "trained_dtypes": sorted({str(_local(p).dtype).removeprefix("torch.") for p in self.params}),
+            "frozen_dtypes": sorted({str(_local(p).dtype).removeprefix("torch.") for p in self.model.parameters()
+                                     if not p.requires_grad}),
             "wrapped": "fully_shard on each decoder layer, then on the root",
             "optimizer": f"torch.optim.AdamW {dict(ADAMW, betas=list(ADAMW['betas']))}, clip_grad_norm {CLIP_NORM}",
             "attention": self.attn_label,

@@ -109,3 +109,45 @@ def test_the_memory_and_throughput_models_say_no_prediction_and_the_planner_runs
     timed = offline.plan(targets, path)  # the batch planner: nothing times an fsdp2 cell it has no record of
     assert [(t, s, why) for t, s, why in timed] == [(t, None, "no probe at its batch nor an earlier record of the cell")
                                                     for t in targets]
+
+
+def _as_fsdp2(src, results, run):
+    """A committed DeepSpeed record, its backend made fsdp2, under ``results/run`` at the
+    path its cell names (what an FSDP2 run on a GPU leaves for the report)."""
+    import json
+
+    rec = json.loads(src.read_text())
+    rec["cell"]["backend"] = "fsdp2"
+    if "spec" in rec.get("provenance", {}):  # a probe answered from a frontier file ran nothing
+        rec["provenance"]["spec"]["cell"]["backend"] = "fsdp2"
+    dest = results / run / "/".join(src.parts[src.parts.index("runs"):]).replace("/deepspeed/", "/fsdp2/")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(rec))
+    return dest
+
+
+def test_the_memory_report_leaves_fsdp2_records_out(tmp_path):
+    from llmbench.config import REPO_ROOT
+    from llmbench.memory import fit, replay, validate
+    from llmbench.report import tidy
+
+    run = REPO_ROOT / "results" / "reference" / "2026-11-25-h200-one-gpu-sweep"
+    ds = run / "runs" / "pretrain" / "h200" / "llama2-7b" / "deepspeed" / "Z3" / "bs1-g1" / "record.json"
+    mine = _as_fsdp2(ds, tmp_path, "fsdp2-run")
+    assert "/fsdp2/Z3/bs1-g1/record.json" in mine.as_posix()
+    df = tidy.build_all([ds, mine])
+    assert sorted(df["backend"]) == ["deepspeed", "fsdp2"]
+    assert [r["backend"] for r, _ in fit.rows(df)] == ["deepspeed"]
+    assert list(validate.build(df, estimators=False)["backend"]) == ["deepspeed"]
+    searches = [p for p in sorted((REPO_ROOT / "results" / "reference").glob("*/runs/search/pretrain/*/*/deepspeed/*/search.json"))
+                if "Q" not in p.parent.name and '"status": "ok"' in p.read_text()]
+    folder = searches[0].parent
+    for f in folder.glob("bs*/record.json"):
+        _as_fsdp2(f, tmp_path, "fsdp2-run")
+    dest = tmp_path / "fsdp2-run" / "/".join(folder.parts[folder.parts.index("runs"):]).replace("/deepspeed/", "/fsdp2/")
+    (dest / "search.json").write_text(searches[0].read_text().replace('"deepspeed"', '"fsdp2"'))
+    import shutil
+
+    shutil.copytree(folder, tmp_path / "ds-run" / "/".join(folder.parts[folder.parts.index("runs"):]))
+    # the DeepSpeed search replayed, the FSDP2 one left out: the memory model hints no start for it
+    assert list(replay.replay_all(tmp_path)["run"]) == ["ds-run"]

@@ -127,9 +127,10 @@ def record_spec(path: Path, root: Path = REPO_ROOT) -> RunSpec:
 
 
 def rows(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> list[tuple[pd.Series, Row]]:
-    """The tidy table's training rows (cells and probes) with their workloads."""
+    """The tidy table's training rows (cells and probes) of the backends the model predicts
+    (BACKENDS: an FSDP2 record has no workload here), with their workloads."""
     out = []
-    for _, r in tidy[tidy["stage"].isin(TRAIN_STAGES)].iterrows():
+    for _, r in tidy[tidy["stage"].isin(TRAIN_STAGES) & tidy["backend"].isin(list(BACKENDS))].iterrows():
         path = Path(r["record_path"])
         full = path if path.is_absolute() else root / path
         spec = record_spec(full, root)

@@ -32,6 +32,7 @@ import pandas as pd
 
 from ..config import REPO_ROOT
 from ..search import ALGORITHM, Probe, State, next_probe
+from .constants import BACKENDS
 from .fit import record_spec
 from .model import Workload, batch_slope_gib, predicted_max_batch
 
@@ -98,7 +99,10 @@ def replay_all(results: Path | str = "results/reference", root: Path = REPO_ROOT
         first = next(path.parent.glob("bs*/record.json"), None)
         if first is None or not s.get("probes") or s.get("status") != "ok":
             continue
-        w = Workload.from_spec(record_spec(first))
+        spec = record_spec(first)
+        if spec.cell.backend not in BACKENDS:  # an FSDP2 search: the model gives it no hint
+            continue
+        w = Workload.from_spec(spec)
         start = hinted_start(w, s["capacity_gib"], s["max_batch"])
         base, hinted = replay(s, None), replay(s, start, batch_slope_gib(w.with_batch(start)) or None)
         found = lambda probes: max((p.batch_size for p in probes if p.status == "ok"), default=0)  # noqa: E731

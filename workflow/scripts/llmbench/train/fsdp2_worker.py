@@ -11,8 +11,9 @@ What runs, as torchtitan's parallelize_llama does it:
 - The model is built on the meta device, ``fully_shard`` is applied to each decoder layer and
   then to the root, and only then are the parameters materialised, as this rank's shards, on
   the device (CPU with O) and random-initialised (llmbench.train.build.init_random): no rank
-  ever holds the whole model. Shards draw their values from the rank's generator; on a CPU
-  (no DTensor random tracker) the shards of one weight repeat each other's values.
+  ever holds the whole model. A sharded weight's values depend on the sharding (DTensor's
+  random ops draw each rank's shard): random, as every benchmark's weights here, but not
+  those of the same seed's unsharded build.
 - Precision: ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``; the sharded
   parameters, which AdamW updates, stay fp32 (master weights); each layer's all-gather
   makes its bf16 copy. On an fp32 platform (config/platforms/cpu.yaml) no cast: fp32 throughout.

@@ -38,6 +38,8 @@ def run(stage, technique, gpus, tmp_path, dtype=None):
 @pytest.mark.parametrize("technique,gpus,sharding,attention", [
     ("Z3", 1, "full", "sdpa[math]"),
     ("F+R+Z3", 1, "full", "sdpa[default]"),
+    ("Z2", 1, "no_reshard", "sdpa[math]"),
+    ("Naive", 1, "replicate", "sdpa[math]"),
     ("Z3", 2, "full", "sdpa[math]"),
     ("Z2", 2, "no_reshard", "sdpa[math]"),
     ("Naive", 2, "replicate", "sdpa[math]"),

@@ -646,6 +646,44 @@ def test_a_search_stops_before_a_probe_its_deadline_cannot_hold_and_resumes_from
     assert [p["source"] for p in done["probes"][:2]] == ["resumed", "resumed"] and done["n_run"] == len(done["probes"])
 
 
+def test_a_search_does_not_start_a_first_probe_its_prediction_says_the_deadline_cannot_hold(tmp_path, monkeypatch,
+                                                                                            repo):
+    """No probe timed yet: the first probe of a search on a calibrated platform (one H200) is
+    judged by its predicted repeat (llmbench.estimate, x DEADLINE_MARGIN), as a cell's untimed
+    repeat is. Predicted past the deadline: nothing runs, the log says the prediction; with
+    the deadline far away the probe runs."""
+    from llmbench import estimate, grid, launch, ledger
+    from llmbench.record import Record, write
+    from llmbench.search.frontier import probe_spec
+    from llmbench.spec import RunSpec
+
+    ran = []
+
+    def fake_run_cell(spec, record_path, log, threads=1, gpu_busy=None):
+        ran.append(spec["cell"]["batch_size"])
+        rec = Record(cell=spec["cell"], status="oom", reason="CUDA out of memory")
+        write(rec, record_path)
+        return rec
+
+    monkeypatch.setattr(launch, "run_cell", fake_run_cell)
+    g = grid.expand({"protocol": {"warmup_steps": 3, "measured_steps": 10, "repeats": 1, "seq_len": 350,
+                                  "timeout_s": 600},
+                     "pretrain": [{"platforms": ["h200"], "models": ["llama2-7b"], "techniques": ["F+Z3"],
+                                   "max_batch": {"start": 8, "max": 8}}]}, repo)
+    s = g.searches[0]
+    probe = probe_spec(RunSpec.of(g.spec(s)), 8)
+    est = estimate.repeat(probe.cell, probe.model)
+    assert est.predicted and est.predicted_s > 30
+    monkeypatch.setenv("LLMBENCH_DEADLINE", str(int(time.time()) + 20))
+    with pytest.raises(ledger.DeadlineStop, match=r"stopped before the probe at batch 8 at the deadline: .*none timed "
+                                                   r"yet, it is predicted to need"):
+        search.run(g.spec(s), tmp_path / "a", tmp_path / "a.json", tmp_path / "a.log")
+    assert ran == [] and "the probe at batch 8 is predicted at" in (tmp_path / "a.log").read_text()
+    monkeypatch.setenv("LLMBENCH_DEADLINE", str(int(time.time()) + 3600))
+    search.run(g.spec(s), tmp_path / "b", tmp_path / "b.json", tmp_path / "b.log")
+    assert ran[0] == 8  # the probes after it are timed by it, not predicted
+
+
 def test_the_runner_records_why_each_probe_ran_and_a_hint_over_the_limit_backs_off(tmp_path, monkeypatch, repo):
     """search.run with a hint (14) over the largest batch that fits (10) and a deadline far
     away: each probe that ran records why next_probe chose it, which next_probe reads again;

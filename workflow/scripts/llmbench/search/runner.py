@@ -65,6 +65,24 @@ def summary(state: State, group: dict[str, Any], frontier_path: Path | str, repr
     }
 
 
+def _predicted_probe_s(at: RunSpec, log: Path) -> float | None:
+    """What the first probe to run is predicted to need at the deadline: its repeat's predicted
+    duration times estimate.DEADLINE_MARGIN, at most its timeout (the check a cell's untimed
+    repeat gets, llmbench.launch), said in the search's log; None where the throughput model
+    cannot predict it (then only a deadline already passed stops it)."""
+    from .. import estimate
+
+    est = estimate.repeat(at.cell, at.model)
+    with open(log, "a") as fh:
+        if not est.predicted:
+            fh.write(f"no predicted probe ({est.note})\n")
+            return None
+        need = est.bound_s(estimate.DEADLINE_MARGIN)
+        fh.write(f"the probe at batch {at.cell.batch_size} is predicted at {est.predicted_s:.0f} s ({est.note}); "
+                 f"untimed, it starts only with {need:.0f} s left\n")
+    return need
+
+
 def run(spec: RunSpec | dict[str, Any], out_dir: Path | str, frontier_path: Path | str, log: Path | str,
         threads: int = 1, reprobe: bool = False, gpu_busy: Any = None, hint: int | None = None,
         hint_slope_gib: float | None = None) -> dict[str, Any]:
@@ -120,8 +138,9 @@ def run(spec: RunSpec | dict[str, Any], out_dir: Path | str, frontier_path: Path
             # the frontier file holds every probe so far, and the next run resumes from it
             # (not ``why``: that is why next_probe chose this batch, recorded with the probe and read
             # by next_probe again, e.g. whether the first probe was the hint)
-            if stop := deadline_stop(deadline, [p.wall_s for p in state.probes if p.source in RAN],
-                                     f"the probe at batch {bs}"):
+            walls = [p.wall_s for p in state.probes if p.source in RAN]
+            if stop := deadline_stop(deadline, walls, f"the probe at batch {bs}",
+                                     None if walls or deadline is None else _predicted_probe_s(at, log)):
                 stop_at_deadline(f"{stop} ({len(state.probes)} probe(s) so far are in the frontier file: the next "
                                  "run resumes there)", log)
             record = run_cell(at.raw, record_path, probe_dir / "probe.log", threads=threads,

@@ -114,6 +114,15 @@ def test_contradicts(tmp_path):
     assert r.verdict == "contradicts" and r.ours_value == "peak_mem_gb Z2 / Naive: 0.917"
 
 
+def test_a_claim_about_the_papers_methods_reads_deepspeed_not_another_frameworks_cell(tmp_path):
+    """A finding that names no backend is about the paper's methods: an FSDP2 cell of the same
+    technique name (Z2, 100 GB) beside DeepSpeed's (30 GB) does not enter its comparison."""
+    frame = rows(("h100", "llama2-7b", "Z2", 1, 1, "ok", 100.0, 30.0), ("h100", "llama2-7b", "Naive", 1, 1, "ok", 110.0, 60.0))
+    fsdp2 = rows(("h100", "llama2-7b", "Z2", 1, 1, "ok", 300.0, 100.0)).assign(backend="fsdp2")
+    r = judge(tmp_path, pd.concat([frame, fsdp2], ignore_index=True), finding(where={"batch_size": 1})).iloc[0]
+    assert r.verdict == "holds" and r.ours_value == "peak_mem_gb Z2 / Naive: 0.5"
+
+
 def test_a_row_names_the_protocols_of_the_cells_it_compared(tmp_path):
     """A ratio of a 30/100/3 cell over a 3/10/1 one compares unlike runs: the row says so,
     strongest protocol first; a row that decided nothing names none."""

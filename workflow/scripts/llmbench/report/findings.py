@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import techniques
+from .. import backends, techniques
 from ..config import REPO_ROOT, ConfigError, available, load_yaml, validate
 from . import evidence, paper_frame, scaling
 from . import runs as runs_rule
@@ -801,12 +801,24 @@ def platform_ok(f: Finding, platform: str) -> bool:
     return True
 
 
+PAPER_METHOD_STAGES = ("pretrain", "finetune")
+"""Stages whose findings, naming no backend, are about the paper's methods."""
+
+
+def _names_backend(f: Finding) -> bool:
+    return "backend" in f.where or any("backend" in sel for c in f.checks for sel in (c.a, c.b, c.among) if sel)
+
+
 def _candidates(df: pd.DataFrame, f: Finding) -> pd.DataFrame:
     df = df[df["stage"] == f.stage] if "stage" in df else df.iloc[0:0]
     for k in ("model", "platform", "backend"):
         v = f.where.get(k)
         if v is not None and all(k not in c.a and k not in (c.b or {}) for c in f.checks):
             df = df[df[k].isin(v) if isinstance(v, list) else df[k] == v]
+    if f.stage in PAPER_METHOD_STAGES and not _names_backend(f) and "backend" in df:
+        # a claim about the paper's methods reads the backends that run them (DeepSpeed), not
+        # another framework's cell of the same technique name (an FSDP2 L beside DeepSpeed's L)
+        df = df[df["backend"].isin(list(backends.method_backends()))]
     if f.platforms:
         df = df[df["platform"].map(lambda p: platform_ok(f, p))]
     return df

@@ -9,7 +9,9 @@
 #   make test-e2e          tests/e2e: the workflow on .test/config.yaml (+ Slurm, where installed)
 #   make test-smoke        tests/smoke: the embedded default (config/config.yaml), statuses only
 #   make test              lint, then all of them over CORES pytest-xdist processes (CI: .ci/run),
-#                          a file's tests on one process; the Slurm modules after, alone
+#                          a file's tests on one process; the Slurm modules after, alone. The smoke
+#                          module and tests/e2e/test_workflow.py are one unit there: they read one
+#                          run of the two grids together (tests/conftest.py, grid_runs)
 #   make lint              ruff (pyproject.toml's [tool.ruff]) and `snakemake --lint`
 SHELL := /bin/bash
 CORES ?= 2

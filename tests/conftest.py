@@ -19,6 +19,10 @@ sys.path.insert(0, str(REPO / "workflow" / "scripts"))
 BIN = Path(sys.executable).parent
 #: folder -> marker (pyproject.toml registers them)
 TIERS = {"calibration": "calibration", "integration": "integration", "e2e": "e2e", "smoke": "smoke"}
+#: the modules that read the one run of the embedded default and the tests' grid (grid_runs),
+#: in the order they run: the smoke test first (it reads the run as made; the e2e module
+#: then reruns parts of it)
+ONE_RUN = ("tests/smoke/test_default_grid.py", "tests/e2e/test_workflow.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects on the markers
@@ -35,6 +39,47 @@ def pytest_collection_modifyitems(config, items):
         # daemons) run after the others, alone (-m slurm)
         if folder == "e2e" and "slurm" in Path(item.path).stem:
             item.add_marker(pytest.mark.slurm)
+    # the modules of one run in ONE_RUN's order, wherever the command line named them
+    module = {item: _one_run(item) for item in items}
+    slots = [i for i, item in enumerate(items) if module[item] is not None]
+    ordered = sorted((items[i] for i in slots), key=lambda item: module[item])  # stable: in-module order kept
+    for i, item in zip(slots, ordered):
+        items[i] = item
+
+
+def _one_run(item) -> int | None:
+    """The index in ONE_RUN of the item's module, None for the others."""
+    try:
+        path = Path(item.path).resolve().relative_to(REPO).as_posix()
+    except ValueError:
+        return None
+    return ONE_RUN.index(path) if path in ONE_RUN else None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under `--dist loadfile` (make test) the ONE_RUN modules are one unit of work: one
+    process runs both, so grid_runs makes their run once."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class OneRunScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return ONE_RUN[0] if scope in ONE_RUN else scope
+
+    return OneRunScheduling(config, log)
+
+
+@pytest.fixture(scope="session")
+def grid_runs(request, tmp_path_factory):
+    """The embedded default and the tests' grid through the workflow (workspaces.run_grids):
+    one run of the two where the session runs both tiers' modules, else the one it needs."""
+    from workspaces import run_grids
+
+    selected = {_one_run(item) for item in request.session.items}
+    return run_grids(tmp_path_factory.mktemp, default=0 in selected, tests=1 in selected)
 
 
 @pytest.fixture

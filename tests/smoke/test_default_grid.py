@@ -3,7 +3,11 @@ grid once, in a fresh copy of the workflow, checking statuses only. Users edit t
 nothing here names its cells or counts them: the cells expected are those the copy's own
 config expands to, and a cell may be out of memory only where the config caps its memory
 (mem_cap_gib: the forced OOM cell, a max-batch search's probes and the batch it measures).
-What the cells measure is checked on the tests' own grid (tests/e2e, .test/config.yaml)."""
+What the cells measure is checked on the tests' own grid (tests/e2e, .test/config.yaml).
+
+Where the session runs the e2e tier's workflow module too, the default runs with the tests'
+grid after it, as one run (tests/workspaces.py, run_grids): every cell of the default, its
+tables, figures and report are still made by that run, from the default's own blocks."""
 
 from __future__ import annotations
 
@@ -11,7 +15,6 @@ import json
 
 from llmbench import grid
 from llmbench.report import catalog
-from workspaces import make_workspace, snakemake
 
 
 def allowed(cell) -> set[str]:
@@ -19,11 +22,9 @@ def allowed(cell) -> set[str]:
     return {"ok", "oom"} if getattr(cell, "mem_cap_gib", None) else {"ok"}
 
 
-def test_the_embedded_default_runs_and_builds_its_tables_figures_and_report(tmp_path_factory):
-    ws = make_workspace(tmp_path_factory.mktemp("default"))
-    res = snakemake(ws, "--cores", "2")
-    assert res.returncode == 0, res.stderr[-4000:]
-    g = grid.load(ws / "config" / "config.yaml", ws)
+def expected_records(ws, g) -> dict:
+    """Record path -> cell, for every cell of ``g`` and the batch each of its searches measured
+    (each search's summary ok, its probes ok or oom as the cell allows)."""
     r = g.results_dir
     expected = {c.record_path(r): c for c in g.cells}
     for s in g.searches:
@@ -34,6 +35,16 @@ def test_the_embedded_default_runs_and_builds_its_tables_figures_and_report(tmp_
             assert json.loads(probe.read_text())["status"] in allowed(s.cell), probe
         measured = s.measured(summary["largest_ok"])
         expected[measured.record_path(r)] = measured
+    return expected
+
+
+def test_the_embedded_default_runs_and_builds_its_tables_figures_and_report(grid_runs):
+    run = grid_runs["default"]
+    ws = run.workspace
+    assert run.result.returncode == 0, run.result.stderr[-4000:]
+    g = grid.load(ws / "config" / "config.yaml", ws)
+    r = g.results_dir
+    expected = expected_records(ws, g)
     assert expected, "the default grid has no cells"
     bad = {}
     for path, cell in expected.items():
@@ -41,15 +52,18 @@ def test_the_embedded_default_runs_and_builds_its_tables_figures_and_report(tmp_
         if rec["status"] not in allowed(cell):
             bad[path] = (rec["status"], rec["reason"], rec.get("log_tail", "")[-1500:])
     assert not bad, bad
-    # every record the run left is one the config asked for (probes apart)
+    # every record the run left is one its config asked for (probes apart): the default's,
+    # and the tests' where they ran with it
+    asked = expected_records(ws, grid.load(ws / run.config, ws)) if run.config != run.part else expected
+    assert set(expected) <= set(asked)
     left = {str(p.relative_to(ws)) for p in (ws / r / "runs").rglob("record.json") if "/runs/search/" not in str(p)}
-    assert left == set(expected)
+    assert left == set(asked)
     for table in catalog.names("table"):
         for ext in ("csv", "md", "html"):
             assert (ws / r / f"tables/{table}.{ext}").stat().st_size > 0, (table, ext)
     for fig in catalog.names("figure"):
         for ext in ("html", "svg", "png"):
             assert (ws / r / f"figures/{fig}.{ext}").stat().st_size > 0, (fig, ext)
-    res = snakemake(ws, "--report", f"{r}/report.html")
+    res = run.report()
     assert res.returncode == 0, res.stderr[-4000:]
     assert (ws / r / "report.html").stat().st_size > 0

@@ -26,8 +26,8 @@ def test_a_cpu_cell_holds_a_core_per_rank():
     """A 2-process CPU cell beside a 1-core cell would share cores and measure contention,
     not scaling (it measured 61% instead of 99%); serving and micro cells take the machine."""
     threads = plan()
-    assert threads[".test/results/runs/pretrain/cpu/tiny/deepspeed/Q/bs1-g2/record.json"] == 2
-    assert threads[".test/results/runs/pretrain/cpu/tiny/deepspeed/Q/bs1-g1/record.json"] == 1
+    assert threads[".test/results/runs/pretrain/cpu/tiny/deepspeed/Q/bs2-g2/record.json"] == 2
+    assert threads[".test/results/runs/pretrain/cpu/tiny/deepspeed/Q/bs2-g1/record.json"] == 1
     assert all(t == min(2, os.cpu_count()) for p, t in threads.items() if "/serve/" in p or "/micro/" in p)
 
 

@@ -36,7 +36,8 @@ SERVING = "Serving (Figs. 6-10)"
 MICRO = "Microbenchmarks (Figs. 11-15, Table XII)"
 PROFILES = "Profiles (Tables V-VIII, X, XI, XIII-XVI, Fig. 5)"
 MEMORY = "Memory model and advice (beyond the paper)"
-SECTIONS = (VERDICT, PRETRAIN, FINETUNE, SERVING, MICRO, PROFILES, MEMORY)
+STACKS = "Today's training stack: FSDP2 beside DeepSpeed (beyond the paper)"
+SECTIONS = (VERDICT, PRETRAIN, FINETUNE, SERVING, MICRO, PROFILES, MEMORY, STACKS)
 
 #: The tidy table and the per-row tables (name -> path under the results folder).
 SOURCES = {"tidy": "tables/records.csv", "superseded": "tables/records-superseded.csv", "requests": "tables/requests.parquet",
@@ -149,6 +150,8 @@ TABLES: tuple[Entry, ...] = (
        "tidy:pretrain", "tidy:finetune", "reference:table3", "reference:table9"),
     _t("advice", MEMORY, "Advice: the methods ranked per platform, model and stage, measured here or by the "
        "paper where measured, predicted with an interval elsewhere (llmbench.report.advice)", "tidy"),
+    _t("stacks", STACKS, "The paper's stack and today's: every cell PyTorch FSDP2 ran, beside DeepSpeed's cell of the "
+       "same method (llmbench.report.stacks)", "tidy", "superseded"),
 )
 
 #: Every figure; each answers one question and reads the table(s) it plots.

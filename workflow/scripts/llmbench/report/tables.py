@@ -16,7 +16,7 @@ import pandas as pd
 
 from . import catalog, findings as verdicts, micro as micro_tables, paper_tables, profile as profile_tables, render
 from . import advice as advice_table, memory_model as memory_table, scaling as scaling_table, search as search_table
-from . import coverage as coverage_table, serving as serving_table
+from . import coverage as coverage_table, serving as serving_table, stacks as stacks_table
 
 
 class Inputs:
@@ -181,6 +181,10 @@ def memory_model(inputs: Inputs) -> render.Table:
 
 def memory_model_heldout(inputs: Inputs) -> render.Table:
     return memory_table.heldout_table(*memory_table.build_heldout(inputs.tidy, inputs.root, inputs.paths("searches")))
+
+
+def stacks(inputs: Inputs) -> render.Table:
+    return stacks_table.table(stacks_table.build(inputs.tidy, inputs.superseded))
 
 
 def coverage(inputs: Inputs) -> render.Table:

@@ -1,0 +1,54 @@
+"""The stacks table (llmbench.report.stacks): FSDP2's cells beside DeepSpeed's of the same
+method, the ratio paired as the verdicts pair, DeepSpeed's out-of-memory cell shown as '-'."""
+
+import pandas as pd
+import pytest
+
+from llmbench.report import catalog, stacks
+
+
+def row(backend, tech, runs, *, pset=None, machine="m1", run="r1", status="ok", mem=10.0, gpus=1):
+    vals = [float(x) for x in runs]
+    return {"stage": "pretrain", "platform": "h200", "gpus": gpus, "model": "llama2-7b", "technique": tech,
+            "batch_size": 1, "backend": backend, "status": status, "kind": "cell",
+            "tokens_per_s_mean": sum(vals) / len(vals) if vals else None,
+            "tokens_per_s_runs": ";".join(str(v) for v in vals), "mfu": 0.02, "peak_mem_allocated_gib": mem,
+            "peak_mem_reserved_gib": mem + 1, "run": run, "machine": machine, "paired_set": pset,
+            "record_path": f"{run}/{backend}/{tech}"}
+
+
+def test_fsdp2_beside_deepspeed_pairs_rounds_of_one_set_and_says_which():
+    tidy = pd.DataFrame([
+        row("deepspeed", "Z3", [500, 480, 490], pset="s", machine="m1", run="a", mem=107.0),
+        row("fsdp2", "Z3", [1000, 1000, 1000], pset="s", machine="m1", run="a", mem=101.0),
+    ])
+    # a second DeepSpeed Z3 record on another machine, superseded: the set's own one is chosen
+    superseded = pd.DataFrame([row("deepspeed", "Z3", [250, 250], machine="m2", run="b")])
+    df = stacks.build(tidy, superseded)
+    r = df.iloc[0]
+    assert r.pairing == "set" and r.deepspeed_run == "a"
+    per_round = [1000 / 500, 1000 / 480, 1000 / 490]
+    assert r.ratio == pytest.approx((per_round[0] * per_round[1] * per_round[2]) ** (1 / 3))
+    assert r.ratio_lo < r.ratio < r.ratio_hi
+    assert r.memory_ratio == pytest.approx(101.0 / 107.0)
+
+
+def test_another_machines_deepspeed_cell_is_paired_across_machines_and_an_oom_shows_as_dash():
+    tidy = pd.DataFrame([
+        row("deepspeed", "R+Z3", [420, 430], machine="m2", run="b"),
+        row("fsdp2", "R+Z3", [800, 760], machine="m1", run="a"),
+        row("deepspeed", "Z2", [], status="oom", machine="m1", run="a"),
+        row("fsdp2", "Z2", [1180, 1190], machine="m1", run="a"),
+    ])
+    df = stacks.build(tidy).set_index("technique")
+    assert df.loc["R+Z3", "pairing"] == "machines"
+    assert df.loc["Z2", "deepspeed_status"] == "oom" and pd.isna(df.loc["Z2", "ratio"])
+    shown = stacks.table(df.reset_index()).parts[0].frame.set_index("Method")
+    assert shown.loc["Z2", "DeepSpeed tok/s/GPU"] == "- (out of memory)"
+    assert shown.loc["R+Z3", "FSDP2 tok/s/GPU"].startswith("780.0")
+
+
+def test_the_table_is_in_the_catalog_and_empty_without_fsdp2_cells():
+    assert catalog.get("table", "stacks").reads == ("tidy", "superseded")
+    df = stacks.build(pd.DataFrame([row("deepspeed", "Z3", [500, 480])]))
+    assert df.empty and list(df.columns) == stacks.COLUMNS

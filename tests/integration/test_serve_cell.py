@@ -20,19 +20,23 @@ from llmbench import record
 from llmbench.cells import ServeCell
 from llmbench.models import ModelSpec
 from llmbench.platforms import Platform
-from llmbench.serve import bench, engines
+from llmbench.serve import bench, engines, telemetry
 from llmbench.procs import free_port
 from llmbench.serve.server import ServerError, serve
 
 FAKE = str(Path(__file__).resolve().parents[1] / "fixtures" / "fake_servers.py")
+sys.path.insert(0, str(Path(FAKE).parent))
+from fake_nvml import fake_pynvml  # noqa: E402
 
 
-def fake_engine(knobs: dict | None = None, exit_after: int = 0, argv: list[str] | None = None) -> engines.Engine:
-    """The transformers engine's entry, its command replaced by the fake server."""
+def fake_engine(knobs: dict | None = None, exit_after: int = 0, argv: list[str] | None = None,
+                stats_file: Path | None = None) -> engines.Engine:
+    """The transformers engine's entry, its command replaced by the fake server (which keeps
+    what it saw in ``stats_file`` where one is given)."""
     def command(x: engines.Launch) -> list[str]:
         return argv or [sys.executable, FAKE, "--dialect", "openai", "--port", str(x.port),
                         "--knobs", json.dumps({"flavour": "transformers", **(knobs or {})}),
-                        "--exit-after", str(exit_after)]
+                        "--exit-after", str(exit_after), *(["--stats-file", str(stats_file)] if stats_file else [])]
     return dataclasses.replace(engines.ENGINES["transformers"], command=command, env=lambda x: {})
 
 
@@ -182,3 +186,39 @@ def test_the_engine_sizes_its_own_thread_pools(tmp_path, monkeypatch):
         pass
     assert "OMP=[]" in (tmp_path / "s.log").read_text()
     assert no_orphans()
+
+
+def test_a_concurrency_load_of_shared_prefix_prompts_says_so_in_its_record(tmp_path, monkeypatch):
+    """A closed loop of 3 in flight over prompts sharing 6 of their 8 tokens: the limit holds
+    at the engine (the fake server counts what it had open at once), the record keeps the
+    load kind, P, N and the suffix length, goodput, and says there was no GPU to sample."""
+    stats = tmp_path / "stats.json"
+    rec = run(tmp_path, monkeypatch, fake_engine({"token_delay_s": 0.01, "gate_inflight": 3}, stats_file=stats),
+              n=12, mode="concurrency", max_concurrency=3, prefix_len=6, warmup_requests=2)
+    assert rec.status == "ok", rec.reason
+    assert json.loads(stats.read_text())["max_in_flight"] == 3
+    sv = rec.summary
+    assert rec.cell["load_spec"]["mode"] == "concurrency" and sv["num_requests"] == 12
+    assert (sv["prefix_len"], sv["suffix_len"], sv["warmup_requests"]) == (6, 2, 2)
+    assert sv["goodput_requests"] is not None and sv["goodput_ttft_target_s"] == 2.0
+    assert sv["gpu_telemetry_source"] is None and "CPU" in sv["gpu_telemetry_unavailable"]
+    assert not (tmp_path / telemetry.FILE).exists()
+
+
+def test_gpu_telemetry_goes_beside_the_record(tmp_path, monkeypatch):
+    """With a GPU to read (a stand-in for NVML), the measured window is sampled: the summary
+    per GPU in the record, every sample in a file beside it."""
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(clocks=(1410,), power_mw=(250_000,),
+                                                           used_bytes=(2**31,), util=(50,)))
+    sampler = telemetry.Telemetry  # a GPU to sample on this CPU platform: the stand-in's GPU 0
+    monkeypatch.setattr(telemetry, "Telemetry", lambda ids, **kw: sampler(["0"], **kw))
+    rec = run(tmp_path, monkeypatch, fake_engine(), n=4)
+    assert rec.status == "ok", rec.reason
+    sv = rec.summary
+    assert (sv["gpu_telemetry_source"], sv["gpu_telemetry_gpus"], sv["gpu_telemetry_file"]) == (
+        "nvml", "0", telemetry.FILE)
+    assert (sv["gpu0_sm_clock_mhz_max"], sv["gpu0_power_w_mean"], sv["gpu0_mem_used_gib_max"],
+            sv["gpu0_util_pct_mean"]) == (1410, 250.0, 2.0, 50)
+    rows = (tmp_path / telemetry.FILE).read_text().splitlines()
+    assert rows[0] == "t_s,gpu,sm_clock_mhz,power_w,mem_used_gib,util_pct"
+    assert len(rows) - 1 == sv["gpu_telemetry_samples"] >= 2

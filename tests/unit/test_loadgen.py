@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from llmbench.serve import dialects as d
-from llmbench.serve.loadgen import (LoadResult, LoadSpec, RequestSample, SSEParser, make_prompts, prompt_text, run,
-                                    schedule)
+from llmbench.serve.loadgen import (LoadResult, LoadSpec, RequestSample, SSEParser, make_prompts,
+                                    make_shared_prefix_prompts, prompt_text, run, schedule)
 from llmbench.serve.metrics import cdf, goodput, summarize
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "fixtures"))
@@ -53,6 +53,10 @@ def test_prompts_use_the_whole_range_and_skip_special_ids():
     ({"mode": "poisson"}, "rate_per_s"), ({"rate_per_s": 2.0}, "rate_per_s"),
     ({"max_concurrency": 0}, "max_concurrency"),
     ({"warmup_requests": -1}, "warmup_requests"), ({"request_timeout_s": 0}, "request_timeout_s"),
+    ({"mode": "concurrency"}, "max_concurrency"), ({"mode": "concurrency", "max_concurrency": 2, "rate_per_s": 1.0},
+                                                   "rate_per_s"),
+    ({"ramp_up_s": 5.0}, "ramp_up_s"), ({"mode": "poisson", "rate_per_s": 1.0, "ramp_up_s": -1}, "ramp_up_s"),
+    ({"prefix_len": 512}, "prefix_len"), ({"prefix_len": -1}, "prefix_len"),
 ])
 def test_load_spec_validation_names_the_field(kw, field):
     with pytest.raises(ValueError, match=field):
@@ -324,3 +328,55 @@ def test_goodput_counts_requests_within_both_targets_over_all_measured():
         goodput(res, 0.0, 1.0)
     with pytest.raises(ValueError, match="tpot_target_s"):
         LoadSpec(output_len=4, tpot_target_s=0)
+
+
+# ---- load kinds: concurrency, shared prefix, ramp-up ----
+
+@pytest.mark.parametrize("level", [3, 8])
+def test_a_concurrency_load_holds_its_level(level):
+    """The closed loop keeps ``level`` requests in flight: the gate holds every request until
+    that many are open (so the level is reached), the limiter must keep it from going past."""
+    with FakeServer("openai", gate_inflight=level, token_delay_s=0.001) as srv:
+        res = load(srv, VLLM, mode="concurrency", max_concurrency=level, num_requests=4 * level, output_len=4)
+    assert srv.stats.max_in_flight == level and srv.stats.received == 4 * level
+    assert all(s.ok for s in res.samples) and {s.scheduled_s for s in res.samples} == {0.0}
+    assert max(s.queued_s for s in res.samples) > 0  # the later requests waited for a slot
+
+
+def test_goodput_is_counted_for_a_concurrency_load():
+    with FakeServer("openai") as srv:
+        res = load(srv, VLLM, mode="concurrency", max_concurrency=4, num_requests=12, output_len=4)
+    assert summarize(res, 4, ttft_target_s=600.0, tpot_target_s=600.0)["goodput_requests"] == 12
+    assert summarize(res, 4, ttft_target_s=1e-12, tpot_target_s=600.0)["goodput_requests"] == 0
+
+
+def test_shared_prefix_prompts_share_exactly_the_prefix():
+    prompts = make_shared_prefix_prompts(50, 16, 6, vocab_size=1000, seed=1)
+    assert all(len(p) == 22 for p in prompts) and min(min(p) for p in prompts) >= 3
+    assert len({tuple(p[:16]) for p in prompts}) == 1
+    assert len({p[16] for p in prompts}) == 50  # every suffix is its own from its first id
+    # no prefix: the prompts of before (make_prompts), so unshared loads are unchanged
+    assert make_shared_prefix_prompts(50, 0, 22, 1000, seed=1) == make_prompts(50, 22, 1000, seed=1)
+
+
+def test_a_shared_prefix_load_sends_the_prefix_in_every_request_warmup_included():
+    with FakeServer("openai") as srv:
+        res = load(srv, VLLM, num_requests=6, warmup_requests=2, input_len=12, prefix_len=9, output_len=3)
+    sent = [b["prompt"] for b in srv.stats.bodies]
+    assert len(sent) == 8 and all(len(p) == 12 for p in sent)
+    assert len({tuple(p[:9]) for p in sent}) == 1 and len({tuple(p[9:]) for p in sent}) == 8
+    assert all(s.ok and s.input_tokens == 12 for s in res.samples)
+
+
+def test_a_ramp_moves_the_steady_arrivals_by_the_inverse_of_its_expected_count():
+    """Rate R·t/k over the first k s: an arrival of the steady process at s lands at
+    sqrt(2ks) while s <= k/2, at s + k/2 after; so the first k s get half the arrivals."""
+    kw = dict(mode="poisson", num_requests=3000, output_len=1, rate_per_s=100.0, seed=5)
+    steady = np.array(schedule(LoadSpec(**kw)))
+    ramped = np.array(schedule(LoadSpec(**kw, ramp_up_s=10.0)))
+    early = steady <= 5.0
+    assert ramped[early] == pytest.approx(np.sqrt(20.0 * steady[early]))
+    assert ramped[~early] == pytest.approx(steady[~early] + 5.0)
+    assert (np.diff(ramped) > 0).all() and ramped[0] == 0.0
+    # expected 500 of 1000 in the first 10 s (Poisson sd about 22)
+    assert 400 < (ramped < 10.0).sum() < 600 and (steady < 10.0).sum() > 900

@@ -92,6 +92,17 @@ def test_gpu_engines_default_to_the_node_and_single_gpu_engines_to_one():
     (dict(loads={"b": {**BURST, "output_tokens": 3}}), "serve[0].loads.b: unknown key(s) 'output_tokens'"),
     (dict(models=["gpt2"]), "serve[0].models[0]: unknown model 'gpt2'"),
     (dict(engines=["transformers"], gpus=2), "serve[0].gpus: engine 'transformers' has no tensor parallelism"),
+    (dict(loads={"c": {**BURST, "mode": "concurrency"}}),
+     "serve[0].loads.c.max_concurrency: required when mode is 'concurrency'"),
+    (dict(loads={"c": {**BURST, "mode": "closed-loop"}}), "serve[0].loads.c.mode: 'closed-loop' is not allowed"),
+    (dict(loads={"c": {**BURST, "mode": "concurrency", "max_concurrency": 0}}),
+     "serve[0].loads.c.max_concurrency: 0 is less than the minimum of 1"),
+    (dict(loads={"b": {**BURST, "rate_per_s": 4}}), "serve[0].loads.b.rate_per_s: applies to mode 'poisson' only"),
+    (dict(loads={"b": {**BURST, "ramp_up_s": 5}}), "serve[0].loads.b.ramp_up_s: applies to mode 'poisson' only"),
+    (dict(loads={"s": {**BURST, "prefix_len": 512}}), "serve[0].loads.s.prefix_len: 512 must be below input_len 512"),
+    (dict(loads={"s": {**BURST, "prefix_length": 8}}), "serve[0].loads.s: unknown key(s) 'prefix_length'"),
+    (dict(prefix_caching=False), "serve[0].prefix_caching: engine 'transformers' has no prefix-cache switch"),
+    (dict(prefix_caching="off"), "serve[0].prefix_caching: 'off' is not of type"),
 ])
 def test_bad_serving_config_names_the_key(edit, needle):
     with pytest.raises(ConfigError) as exc:
@@ -224,3 +235,30 @@ def test_vllm_reports_its_kv_cache_and_the_record_takes_it(tmp_path):
     assert s["gpu_memory_utilization"] == 0.83  # what SGLang resolved, in place of the flag
     s = engine_settings("vllm", argv, {}, "cuda", {"observe_error": "URLError: refused"})
     assert s["kv_cache_tokens"] is None and s["kv_cache_source"] is None and "refused" in s["engine_observe_error"]
+
+
+@pytest.mark.parametrize("on, flag", [(True, "--enable-prefix-caching"), (False, "--no-enable-prefix-caching")])
+def test_a_block_sets_prefix_caching_and_the_settings_read_it_back(on, flag, tmp_path):
+    """The block's prefix_caching goes into the cell's engine arguments (ahead of its own,
+    which still win), so the launch command sets it and the record's settings say it."""
+    cells = grid.expand(cfg(engines=["vllm"], prefix_caching=on, engine_args={"vllm": ["--seed", "1"]})).cells
+    assert {c.engine_args for c in cells} == {(flag, "--seed", "1")}
+    x = Launch(model_dir=tmp_path, served_name="tiny", host="127.0.0.1", port=1, gpus=1, accelerator="cpu",
+               python="/py", dummy_weights=False, max_model_len=8, max_num_seqs=1, extra_args=cells[0].engine_args)
+    argv = ENGINES["vllm"].command(x)
+    assert ENGINES["vllm"].settings(argv, {}, "cpu")["prefix_caching"] is on
+    assert ENGINES["sglang"].settings(["--tp", "1", *ENGINES["sglang"].prefix_caching_args(on)], {}, "cuda")[
+        "prefix_caching"] is on
+    # null: the engine's own default, no argument added (the cells of before are unchanged)
+    assert {c.engine_args for c in grid.expand(cfg(engines=["vllm"])).cells} == {()}
+
+
+def test_concurrency_shared_prefix_and_ramped_loads_expand_with_their_keys():
+    loads = {"c4": {**BURST, "mode": "concurrency", "max_concurrency": 4, "prefix_len": 256},
+             "c16": {**BURST, "mode": "concurrency", "max_concurrency": 16, "prefix_len": 256},
+             "ramp": {**BURST, "mode": "poisson", "rate_per_s": 4, "ramp_up_s": 30}}
+    cells = {c.load: c for c in grid.expand(cfg(engines=["vllm"], loads=loads)).cells}
+    assert set(cells) == {"c4", "c16", "ramp"}
+    assert (cells["c4"].load_spec["max_concurrency"], cells["c16"].load_spec["max_concurrency"]) == (4, 16)
+    assert cells["c4"].load_spec["prefix_len"] == 256 and cells["ramp"].load_spec["ramp_up_s"] == 30
+    assert "prefix_len" not in cells["ramp"].load_spec  # absent keys stay absent: other cells' specs unchanged

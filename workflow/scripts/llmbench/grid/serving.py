@@ -12,6 +12,23 @@ from .base import Builder
 from .paired import check_block
 
 
+def check_load(load: dict, where: str) -> None:
+    """The rules between a load's keys that its schema cannot say (llmbench.serve.loadgen.LoadSpec
+    checks them again), named by key."""
+    mode = load["mode"]
+    if mode == "poisson" and load["rate_per_s"] is None:
+        raise ConfigError(f"{where}.rate_per_s: required when mode is 'poisson'")
+    if mode != "poisson" and load["rate_per_s"] is not None:
+        raise ConfigError(f"{where}.rate_per_s: applies to mode 'poisson' only (mode {mode!r} sends all at t=0)")
+    if mode == "concurrency" and load["max_concurrency"] is None:
+        raise ConfigError(f"{where}.max_concurrency: required when mode is 'concurrency' (the requests kept in flight)")
+    if load.get("ramp_up_s") and mode != "poisson":
+        raise ConfigError(f"{where}.ramp_up_s: applies to mode 'poisson' only, not {mode!r}")
+    if load.get("prefix_len", 0) >= load["input_len"]:
+        raise ConfigError(f"{where}.prefix_len: {load['prefix_len']} must be below input_len {load['input_len']} "
+                          "(each prompt keeps a unique suffix)")
+
+
 def expand(b: Builder) -> None:
     """Add every serve block's cells to ``b`` (engine x platform checks named by key)."""
     from ..serve.engines import ENGINES  # no heavy imports there
@@ -23,14 +40,21 @@ def expand(b: Builder) -> None:
         b.check_names(block["models"], "model", f"{where}.models")
         check_block(block, where)
         for name, load in block["loads"].items():
-            if load["mode"] == "poisson" and load["rate_per_s"] is None:
-                raise ConfigError(f"{where}.loads.{name}.rate_per_s: required when mode is 'poisson'")
+            check_load(load, f"{where}.loads.{name}")
         for e, engine_name in enumerate(block["engines"]):
             engine = ENGINES[engine_name]
             if block["weights"] == "dummy" and not engine.dummy_weights:
                 can = ", ".join(n for n, x in ENGINES.items() if x.dummy_weights)
                 raise ConfigError(f"{where}.weights: 'dummy' needs an engine that makes its own weights "
                                   f"({can}); engine {engine_name!r} loads them (use weights: random)")
+            args = list(block["engine_args"].get(engine_name, ()))
+            if block["prefix_caching"] is not None:
+                if engine.prefix_caching_args is None:
+                    can = ", ".join(n for n, x in ENGINES.items() if x.prefix_caching_args is not None)
+                    raise ConfigError(f"{where}.prefix_caching: engine {engine_name!r} has no prefix-cache switch "
+                                      f"here ({can} have); leave it null for this engine")
+                # before the block's engine_args, so an explicit engine argument still wins
+                args = engine.prefix_caching_args(block["prefix_caching"]) + args
             for plat_name, platform in b.block_platforms(block):
                 if platform.accelerator not in engine.accelerators:
                     raise ConfigError(
@@ -48,7 +72,7 @@ def expand(b: Builder) -> None:
                     cell = ServeCell(
                         platform=plat_name, model=model_name, engine=engine_name, load=load_name, gpus=gpus,
                         load_spec=dict(load), weights=block["weights"],
-                        engine_args=tuple(block["engine_args"].get(engine_name, ())),
+                        engine_args=tuple(args),
                         ready_timeout_s=block["ready_timeout_s"], timeout_s=block["timeout_s"],
                         seed=config["protocol"]["seed"],
                     )

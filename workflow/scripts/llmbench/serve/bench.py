@@ -24,7 +24,7 @@ from ..aggregate import Outcome, provenance_of
 from ..procs import free_port, last_error, log_says_oom, stop_groups_on_signal, tail
 from ..record import Record, write
 from ..spec import RunSpec
-from . import metrics
+from . import metrics, telemetry
 from .dialects import DIALECTS
 from .engines import ENGINES, Launch
 from .loadgen import LoadResult, LoadSpec, run_load
@@ -88,19 +88,23 @@ def engine_settings(engine_name: str, argv: list[str], env: dict[str, str], acce
 
 def run_cell(spec: RunSpec | dict, model_dir: Path, record_path: Path, log: Path, server_log: Path,
              gpu_busy: gpus.BusyPolicy | None = None) -> Record:
-    """Run one serving cell end to end and write its Record (never raises for a bad engine).
-    No engine starts on busy GPUs (``gpu_busy``: what to do then, llmbench.gpus). ``spec``:
-    its run spec (llmbench.spec.RunSpec, or its JSON form)."""
-    record = measure(spec, model_dir, log, server_log, gpu_busy)
+    """Run one serving cell end to end and write its Record (never raises for a bad engine),
+    its GPU telemetry samples beside it (llmbench.serve.telemetry.FILE). No engine starts on
+    busy GPUs (``gpu_busy``: what to do then, llmbench.gpus). ``spec``: its run spec
+    (llmbench.spec.RunSpec, or its JSON form)."""
+    record = measure(spec, model_dir, log, server_log, gpu_busy,
+                     telemetry_path=Path(record_path).parent / telemetry.FILE)
     write(record, record_path)
     return record
 
 
 def measure(spec: RunSpec | dict, model_dir: Path, log: Path, server_log: Path,
-            gpu_busy: gpus.BusyPolicy | None = None) -> Record:
+            gpu_busy: gpus.BusyPolicy | None = None, telemetry_path: Path | None = None) -> Record:
     """One serving cell end to end, its engine started and always stopped: its Record, not
     written (run_cell writes it; a paired set writes its records together at its end,
-    llmbench.serve.paired). Never raises for a bad engine."""
+    llmbench.serve.paired). Never raises for a bad engine. The cell's GPUs are sampled
+    over the measured window (llmbench.serve.telemetry); the samples go to
+    ``telemetry_path`` where there are any and it is given, their summary to the record."""
     started = datetime.now(UTC).isoformat()
     spec = RunSpec.of(spec)
     cell, model, platform = spec.cell, spec.model, spec.platform
@@ -123,6 +127,7 @@ def measure(spec: RunSpec | dict, model_dir: Path, log: Path, server_log: Path,
     status, reason, result, serving, observed, exit_code = "ok", "", None, {}, {}, None
     check = gpus.check_cell(spec, cell.gpus, gpu_busy, log)  # first: it may claim the job's GPUs
     gpu_ids = gpus.cell_gpu_ids(cell.gpus, platform.accelerator)
+    sampler = telemetry.Telemetry(gpu_ids)
     with stop_groups_on_signal():
         try:
             if check.refused:
@@ -135,7 +140,7 @@ def measure(spec: RunSpec | dict, model_dir: Path, log: Path, server_log: Path,
                 # backstop bounds the warm-up too
                 coro = run_load(server.base_url, dialect, load, model=cell.model if engine.name != "transformers"
                                 else str(launch.model_dir), vocab_size=model.vocab_size, token_offset=TOKEN_OFFSET,
-                                deadline_s=cell.timeout_s)
+                                deadline_s=cell.timeout_s, window=sampler)
                 try:
                     result = asyncio.run(asyncio.wait_for(coro, timeout=cell.timeout_s + BACKSTOP_S))
                 except TimeoutError:
@@ -163,12 +168,18 @@ def measure(spec: RunSpec | dict, model_dir: Path, log: Path, server_log: Path,
     requests: dict[str, list] = {}
     if result is not None:
         serving.update(metrics.summarize(result, load.output_len, load.ttft_target_s, load.tpot_target_s))
-        serving.update(warmup_failed=result.warmup_failed)
+        serving.update(warmup_failed=result.warmup_failed, warmup_requests=load.warmup_requests,
+                       prefix_len=load.prefix_len, suffix_len=load.suffix_len)
         requests = request_columns(result)
         failed = [s for s in result.samples if not s.ok]
         if status == "ok" and failed:
             status = "oom" if log_says_oom(server_log) else "error"
             reason = f"{len(failed)} of {len(result.samples)} requests failed; first: {failed[0].error}"
+    written = None
+    if sampler.samples and telemetry_path is not None:
+        sampler.write(Path(telemetry_path))
+        written = Path(telemetry_path).name
+    serving.update(sampler.summary(file=written))
     serving.update(engine_settings(cell.engine, argv, env, platform.accelerator, observed))
     serving.update(engine=cell.engine, dialect=engine.dialect,
                    prompts="token ids" if engine.token_id_prompts else "text (word-level tokenizer, same ids)",

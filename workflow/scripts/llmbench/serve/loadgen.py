@@ -1,10 +1,20 @@
-"""The load generator: synthetic prompts, a burst or Poisson arrivals, one streamed request each.
+"""The load generator: synthetic prompts, a burst, Poisson arrivals or a fixed concurrency,
+one streamed request each.
 
 Paper: a burst of 1000 synthetic requests of 512 input tokens sent at once by an asyncio
 HTTP client; throughput and latency CDFs. One aiohttp session with an unlimited
 connector, so every request really is in flight at once (aiohttp's default caps a
 session at 100 connections). A failed request is a sample with ok=False and its reason,
 never an exception out of run_load.
+
+The load kinds follow ``vllm bench serve``: a burst is its ``--request-rate inf``; poisson its
+``--request-rate R`` (with ``ramp_up_s``, the rate grows linearly from 0 to R over the first
+ramp_up_s seconds, as its ``--ramp-up-strategy linear`` does over the whole run); concurrency
+its ``--max-concurrency C`` with every request due at t0, so C requests are in flight while
+any are left (SGLang's bench_serving and GuideLLM's ``concurrent`` profile are the same
+closed loop). ``prefix_len`` gives every prompt (warm-up included) the same first prefix_len
+tokens and a unique suffix, as vLLM's prefix-repetition dataset with one prefix does: the
+workload a prefix cache is for.
 
 Times are ``time.perf_counter()`` seconds relative to t0, the start of the measured load.
 """
@@ -40,8 +50,9 @@ class LoadSpec:
     has no default, as for the paper's burst size, the default below is stated in that
     entry's description)."""
 
-    mode: Literal["burst", "poisson"] = _DEFAULTS["mode"]
-    """burst: every request scheduled at t0; poisson: exponential inter-arrival gaps."""
+    mode: Literal["burst", "poisson", "concurrency"] = _DEFAULTS["mode"]
+    """burst: every request scheduled at t0; poisson: exponential inter-arrival gaps;
+    concurrency: every request due at t0, max_concurrency of them in flight at a time."""
     num_requests: int = 1000
     """Measured requests (the paper's burst: 1000; the config must say)."""
     input_len: int = 512
@@ -51,7 +62,11 @@ class LoadSpec:
     rate_per_s: float | None = _DEFAULTS["rate_per_s"]
     """Mean arrival rate of the Poisson mode (required there, not allowed in a burst)."""
     max_concurrency: int | None = _DEFAULTS["max_concurrency"]
-    """Requests in flight at most (None: unlimited)."""
+    """Requests in flight at most (None: unlimited; required by the concurrency mode)."""
+    prefix_len: int = 0
+    """Leading tokens every prompt shares (0: none); the other input_len - prefix_len are its own."""
+    ramp_up_s: float = 0.0
+    """Poisson mode: seconds over which the arrival rate grows linearly from 0 to rate_per_s (0: none)."""
     warmup_requests: int = _DEFAULTS["warmup_requests"]
     """Requests sent and awaited before the measured load, not counted (compilation, caches)."""
     seed: int = 0
@@ -67,8 +82,20 @@ class LoadSpec:
         check_schema(asdict(self), _SCHEMA, "load.")
         if self.mode == "poisson" and self.rate_per_s is None:
             raise ValueError(f"load.rate_per_s must be > 0 in poisson mode, got {self.rate_per_s}")
-        if self.mode == "burst" and self.rate_per_s is not None:
-            raise ValueError("load.rate_per_s applies to poisson mode only (a burst sends all at t0)")
+        if self.mode != "poisson" and self.rate_per_s is not None:
+            raise ValueError(f"load.rate_per_s applies to poisson mode only ({self.mode} sends all at t0)")
+        if self.mode == "concurrency" and self.max_concurrency is None:
+            raise ValueError("load.max_concurrency is required in concurrency mode (the requests kept in flight)")
+        if self.ramp_up_s and self.mode != "poisson":
+            raise ValueError(f"load.ramp_up_s applies to poisson mode only, got mode {self.mode!r}")
+        if self.prefix_len >= self.input_len:
+            raise ValueError(f"load.prefix_len must be < input_len (each prompt keeps a unique suffix), "
+                             f"got prefix_len={self.prefix_len} input_len={self.input_len}")
+
+    @property
+    def suffix_len(self) -> int:
+        """Tokens of each prompt after the shared prefix (its own)."""
+        return self.input_len - self.prefix_len
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -169,17 +196,36 @@ def make_prompts(n: int, input_len: int, vocab_size: int, seed: int, offset: int
     return ids.tolist()
 
 
+def make_shared_prefix_prompts(n: int, prefix_len: int, suffix_len: int, vocab_size: int, seed: int,
+                               offset: int = 3) -> list[list[int]]:
+    """n prompts of one shared prefix of prefix_len random ids, then suffix_len ids of their own
+    (make_prompts's: each suffix starts with its own first id, so the prompts part there)."""
+    if prefix_len < 0:
+        raise ValueError(f"need prefix_len >= 0, got {prefix_len=}")
+    suffixes = make_prompts(n, suffix_len, vocab_size, seed, offset)
+    prefix = np.random.default_rng((seed, 2)).integers(offset, vocab_size, size=prefix_len).tolist()
+    return [prefix + s for s in suffixes]
+
+
 def prompt_text(ids: list[int]) -> str:
     """The text whose WordLevel tokenization (word ``t<i>`` for id i, split on spaces) is ``ids``."""
     return " ".join(f"t{i}" for i in ids)
 
 
 def schedule(spec: LoadSpec) -> tuple[float, ...]:
-    """Arrival time of each measured request, relative to t0 (deterministic in the seed)."""
-    if spec.mode == "burst":
+    """Arrival time of each measured request, relative to t0 (deterministic in the seed).
+
+    A ramp of k seconds is a Poisson process of rate R·min(t/k, 1): the arrivals of the
+    steady process (at times s) moved to the t where its expected count R·t²/(2k), then
+    R·(t - k/2), reaches R·s. Past the ramp each arrival is the steady one plus k/2."""
+    if spec.mode != "poisson":
         return (0.0,) * spec.num_requests
     gaps = np.random.default_rng((spec.seed, 1)).exponential(1.0 / spec.rate_per_s, spec.num_requests - 1)
-    return (0.0, *np.cumsum(gaps).tolist())
+    steady = np.concatenate(([0.0], np.cumsum(gaps)))
+    if spec.ramp_up_s:
+        k = spec.ramp_up_s
+        steady = np.where(steady <= k / 2, np.sqrt(2 * k * steady), steady + k / 2)
+    return tuple(steady.tolist())
 
 
 class SSEParser:
@@ -344,13 +390,17 @@ def _raise_fd_limit(needed: int) -> None:
 
 
 async def run_load(base_url: str, dialect: Dialect, spec: LoadSpec, model: str, vocab_size: int,
-                   token_offset: int = 3, deadline_s: float | None = None) -> LoadResult:
+                   token_offset: int = 3, deadline_s: float | None = None,
+                   window: contextlib.AbstractContextManager | None = None) -> LoadResult:
     """Send the warm-up, then the measured load, to ``base_url``; one sample per measured
     request. ``deadline_s`` after the measured load's start whatever is unfinished is cut
-    (cancelled, a failed sample each; ``cut_at_s`` says when)."""
+    (cancelled, a failed sample each; ``cut_at_s`` says when). ``window`` is entered once the
+    warm-up is done, just before t0, and left when the measured load ends (a GPU sampler,
+    llmbench.serve.telemetry)."""
     n_all = spec.warmup_requests + spec.num_requests
     _raise_fd_limit(spec.num_requests if spec.max_concurrency is None else spec.max_concurrency)
-    prompts = make_prompts(n_all, spec.input_len, vocab_size, spec.seed, token_offset)
+    prompts = make_shared_prefix_prompts(n_all, spec.prefix_len, spec.suffix_len, vocab_size, spec.seed,
+                                         token_offset)
     arrivals = (0.0,) * spec.warmup_requests + schedule(spec)
     # Bodies are encoded before t0 so the measured load pays only for sending them.
     reqs = []
@@ -372,16 +422,17 @@ async def run_load(base_url: str, dialect: Dialect, spec: LoadSpec, model: str, 
             log.warning("%d of %d warm-up requests failed: %s", warmup_failed, len(warmup),
                         next(s.error for s, _ in done if not s.ok))
         started_at = datetime.now(UTC).isoformat(timespec="seconds")
-        # Thread CPU time: the event loop runs in this thread; other threads of the process
-        # (an in-process test server, a DNS resolver) are not the load generator's cost.
-        cpu0, t0 = time.thread_time(), time.perf_counter()
-        tasks = [asyncio.ensure_future(_send(session, r, dialect, t0, limit, timeout)) for r in measured]
-        _, pending = await asyncio.wait(tasks, timeout=deadline_s)
-        cut_at = time.perf_counter() - t0 if pending else None
-        for task in pending:
-            task.cancel()
-        results = [await task for task in tasks]  # a cut request returns its failed sample
-        cpu = time.thread_time() - cpu0
+        with window if window is not None else contextlib.nullcontext():
+            # Thread CPU time: the event loop runs in this thread; other threads of the process
+            # (an in-process test server, a DNS resolver) are not the load generator's cost.
+            cpu0, t0 = time.thread_time(), time.perf_counter()
+            tasks = [asyncio.ensure_future(_send(session, r, dialect, t0, limit, timeout)) for r in measured]
+            _, pending = await asyncio.wait(tasks, timeout=deadline_s)
+            cut_at = time.perf_counter() - t0 if pending else None
+            for task in pending:
+                task.cancel()
+            results = [await task for task in tasks]  # a cut request returns its failed sample
+            cpu = time.thread_time() - cpu0
     samples = tuple(s for s, _ in results)
     return LoadResult(
         samples=samples, duration_s=max(end for _, end in results), started_at=started_at,

@@ -32,6 +32,7 @@ from ..grid.paired import serving_points
 from ..ledger import deadline_from_env, deadline_stop, spec_digest, stop_at_deadline
 from ..record import Record, write, write_json_atomic
 from ..spec import RunSpec
+from . import telemetry
 from .bench import measure
 
 #: A finished ok run of a set, kept beside its record until the set's records are written
@@ -91,7 +92,8 @@ def run_set(specs: Sequence[RunSpec | dict], model_dirs: Sequence[Path], record_
                                  log, mark="=== ")
             _say(log, f"\n=== {plan['cells'][i]}")
             t0 = time.monotonic()
-            records[i] = measure(specs[i], Path(model_dirs[i]), log, Path(server_logs[i]), gpu_busy)
+            records[i] = measure(specs[i], Path(model_dirs[i]), log, Path(server_logs[i]), gpu_busy,
+                                 Path(record_paths[i]).parent / telemetry.FILE)
             walls.setdefault(point[i], []).append(time.monotonic() - t0)
             order[-1].append(i)
             if records[i].status == "ok":

@@ -39,6 +39,8 @@ class ModelSpec:
     """RoPE base."""
     tie_word_embeddings: bool = False
     """Share embedding and lm_head weights."""
+    rope_scaling: dict | None = None
+    """RoPE frequency scaling (Llama 3.1's rope_type llama3 and its factors); None: plain RoPE."""
 
     def __post_init__(self) -> None:
         # types and bounds as the model schema says (a spec made without the workflow's
@@ -55,6 +57,15 @@ class ModelSpec:
         if heads % kv:
             raise ValueError(f"num_key_value_heads: {kv} does not divide num_attention_heads {heads} "
                              "(grouped-query attention shares each key/value head among a whole group)")
+        if self.rope_scaling is not None:
+            rs = self.rope_scaling
+            if rs["high_freq_factor"] <= rs["low_freq_factor"]:
+                raise ValueError(f"rope_scaling.high_freq_factor: {rs['high_freq_factor']} is not above "
+                                 f"low_freq_factor {rs['low_freq_factor']} (the band between them is interpolated)")
+            if rs["original_max_position_embeddings"] >= self.max_position_embeddings:
+                raise ValueError(f"rope_scaling.original_max_position_embeddings: "
+                                 f"{rs['original_max_position_embeddings']} is not below max_position_embeddings "
+                                 f"{self.max_position_embeddings} (scaling extends the original context)")
 
     @classmethod
     def load(cls, name: str, root: Path = REPO_ROOT) -> ModelSpec:
@@ -71,8 +82,23 @@ class ModelSpec:
         return cls(**data)
 
     def to_dict(self) -> dict:
-        """Plain-data form."""
-        return {f: getattr(self, f) for f in self.__slots__}
+        """Plain-data form. Without RoPE scaling the key is left out, so the run specs (and the
+        records) of models that have none read as they did before the key existed."""
+        out = {f: getattr(self, f) for f in self.__slots__}
+        if out["rope_scaling"] is None:
+            del out["rope_scaling"]
+        else:
+            out["rope_scaling"] = dict(out["rope_scaling"])
+        return out
+
+    @property
+    def family(self) -> str:
+        """The model family as calibrations tell families apart: the architecture, and its RoPE
+        scaling where it has one (Llama 3.1: 'llama+rope-llama3'; Llama 2: 'llama'). Width,
+        depth, heads and vocabulary are dimensions of their own, not part of the family."""
+        if self.rope_scaling is None:
+            return self.architecture
+        return f"{self.architecture}+rope-{self.rope_scaling['rope_type']}"
 
     @property
     def head_dim(self) -> int:
@@ -114,6 +140,7 @@ class ModelSpec:
             rms_norm_eps=self.rms_norm_eps,
             rope_theta=self.rope_theta,
             tie_word_embeddings=self.tie_word_embeddings,
+            rope_scaling=dict(self.rope_scaling) if self.rope_scaling else None,
             attention_bias=False,
             mlp_bias=False,
             use_cache=False,

@@ -281,7 +281,18 @@ def _frozen_base_bytes(counts: dict[str, int], quant4: bool) -> float:
 
 def layer_activation_bytes(model: ModelSpec, seq_len: int, flash: bool, tp: int = 1) -> float:
     """Korthikanti et al. 2022, eq. 1 (tp = 1) and eq. 2 (no sequence parallelism): bytes
-    per token and decoder layer, 2-byte activations, before the backend's scale."""
+    per token and decoder layer, 2-byte activations, before the backend's scale.
+
+    Grouped-query attention is left out on purpose: the formula counts keys and values h
+    wide (multi-head attention's 2h bytes each), also where num_key_value_heads x head_dim is
+    narrower. Eager attention (no F) repeats them to every query head before its matmuls
+    (transformers' repeat_kv), so it does save h-wide copies; FlashAttention could save them
+    kv wide, 4(h - kv) fewer bytes, but the records of the one GQA model measured say it
+    does not: llama2-70b QL+F on one H100 grew 13.20 GiB from batch 1 to 2, 13.27 with h-wide
+    keys and values, 12.54 with kv-wide ones, and at batch 6 on one H200 held 125.17 GiB,
+    125.24 predicted h wide and 120.88 (3.4 % short) kv wide. GQA enters the model through
+    the parameter counts (ModelSpec.param_counts, LINEAR_SHAPES: k_proj and v_proj are kv
+    wide), which set the model states and the adapters' sizes."""
     h, a = model.hidden_size, model.num_attention_heads
     return h * (10 + 24 / tp) + (0.0 if flash else 5.0 * a * seq_len / tp)
 

@@ -102,9 +102,13 @@ def _write_random_weights(spec: ModelSpec, out: Path, seed: int, threads: int) -
 
 
 def _legacy_keys(out: Path) -> None:
-    """Also write the config keys older engines read (transformers 5 nests rope_theta in
-    rope_parameters and renamed torch_dtype; LightLLM 2024 and TGI read the old names)."""
+    """Also write the config keys older engines read (transformers 5 nests rope_theta and the
+    RoPE scaling in rope_parameters and renamed torch_dtype; LightLLM 2024, TGI and
+    transformers 4 read rope_theta and rope_scaling)."""
     cfg = json.loads((out / "config.json").read_text())
-    cfg.setdefault("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    rope = cfg.get("rope_parameters") or {}
+    cfg.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+    if rope.get("rope_type", "default") != "default":  # Llama 3.1's llama3 scaling
+        cfg.setdefault("rope_scaling", {k: v for k, v in rope.items() if k != "rope_theta"})
     cfg.setdefault("torch_dtype", cfg.get("dtype", "bfloat16"))
     (out / "config.json").write_text(json.dumps(cfg, indent=2))

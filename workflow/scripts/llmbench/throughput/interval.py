@@ -174,8 +174,8 @@ def outside(cell: TrainCell, covered: dict, root: Path = REPO_ROOT) -> dict[str,
     if not _within(m.vocab_size, covered["vocab_size"]):
         lo, hi = covered["vocab_size"]
         out["vocab_size"] = f"vocabulary {m.vocab_size} is outside the records' {lo}-{hi}"
-    if m.architecture not in covered["architecture"]:
-        out["architecture"] = (f"model family {m.architecture} is not among the records' "
+    if m.family not in covered["architecture"]:  # the architecture and its RoPE scaling (ModelSpec.family)
+        out["architecture"] = (f"model family {m.family} is not among the records' "
                                f"{', '.join(covered['architecture'])}")
     params_b = m.param_counts()["total"] / 1e9
     if not _within(round(params_b, 1), covered["params"]):
@@ -246,7 +246,7 @@ def covered_by(records: pd.DataFrame, root: Path = REPO_ROOT) -> dict:
         "gpus": [int(records["gpus"].min()), int(records["gpus"].max())],
         "seq_len": [int(records["seq_len"].min()), int(records["seq_len"].max())],
         "vocab_size": [min(m.vocab_size for m in models), max(m.vocab_size for m in models)],
-        "architecture": sorted({m.architecture for m in models}),
+        "architecture": sorted({m.family for m in models}),
         "params": [min(params), max(params)],
         "flags": sorted({f for t in techs for f in t.flags}),
         "adapters": sorted({t.adapter for t in techs if t.adapter is not None}),

@@ -58,6 +58,26 @@ from . import contract, scenario
 RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
 
 
+#: The llama3 RoPE scaling megatron-core applies (its RotaryEmbedding._apply_scaling defaults):
+#: only the factor is an argument of GPTModel.
+MEGATRON_ROPE_SCALING = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192}
+
+
+def rope_scaling_kwargs(model_spec) -> dict[str, Any]:
+    """GPTModel's RoPE scaling arguments for a model's rope_scaling (none without it). Megatron
+    fixes every llama3 constant but the factor, so a model that sets another value is refused
+    rather than built with different frequencies than transformers would give it."""
+    rs = model_spec.rope_scaling
+    if not rs:
+        return {}
+    other = {k: rs[k] for k in MEGATRON_ROPE_SCALING if rs[k] != MEGATRON_ROPE_SCALING[k]}
+    if other:
+        raise ValueError(f"rope_scaling: megatron-core's GPTModel takes only the factor and fixes "
+                         f"{MEGATRON_ROPE_SCALING}; model {model_spec.name} sets {other}")
+    return {"rope_scaling": True, "rope_scaling_factor": float(rs["factor"])}
+
+
 def transformer_config(model_spec, tech, parallel: dict[str, Any], accelerator: str, dtype):
     """Megatron's TransformerConfig for a Llama 2 ModelSpec, a technique, a layout and the
     platform's compute dtype (bf16 with fp32 main weights, or fp32 throughout)."""
@@ -199,6 +219,7 @@ class MegatronBackend:
             pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
             share_embeddings_and_output_weights=model_spec.tie_word_embeddings,
             position_embedding_type="rope", rotary_base=int(model_spec.rope_theta),
+            **rope_scaling_kwargs(model_spec),
         )
         model.to(self.device)
         ddp_config = DistributedDataParallelConfig(

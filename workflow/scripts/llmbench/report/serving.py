@@ -23,10 +23,12 @@ COLUMNS = KEY + [
     "server_peak_gpu_mem_gib", "server_peak_rss_gib", "server_ready_s", "rate_per_s", "max_concurrency",
     "goodput_share", "goodput_requests_per_s", "goodput_ttft_target_s", "goodput_tpot_target_s",
     "max_num_seqs", "max_batch_tokens", "kv_cache_tokens", "kv_cache_source", "gpu_memory_utilization",
-    "cuda_graphs", "chunked_prefill", "run", "reason",
+    "cuda_graphs", "chunked_prefill", "prefix_caching", "tensor_parallel", "prefix_len", "ramp_up_s",
+    "gpu0_sm_clock_mhz_mean", "gpu0_power_w_mean", "run", "reason",
 ]
 #: what makes two serving cells runs of one point (llmbench.serve.runs pools them)
-LOAD_SPEC = ["mode", "num_requests", "input_len", "output_len", "rate_per_s", "max_concurrency"]
+LOAD_SPEC = ["mode", "num_requests", "input_len", "output_len", "rate_per_s", "max_concurrency", "prefix_len",
+             "ramp_up_s"]
 #: engines no longer maintained upstream: kept, labelled
 LEGACY = {"tgi": "TGI: archived upstream in March 2026 (maintenance mode from December 2025); its launch spec and "
                  "HTTP test doubles are kept, no GPU time goes to it."}
@@ -40,8 +42,11 @@ NOTES = (
     "a load cut at the cell's timeout_s is status timeout, its failed requests those unfinished then, its "
     "numbers from the requests that completed before the cut. Goodput: the share of requests whose TTFT and "
     "TPOT both meet the load's targets (MLPerf's Llama-2-70B server targets by default: 2 s and 0.2 s). "
-    "Settings: the engine's batch cap (max_num_seqs), KV-cache tokens, GPU memory share, CUDA graphs (graphs) "
-    "and chunked prefill (chunked), as its launch command and, where it reports them, its API say. "
+    "Settings: the engine's batch cap (max_num_seqs), KV-cache tokens, GPU memory share, CUDA graphs (graphs), "
+    "chunked prefill (chunked) and prefix caching (prefix cache), as its launch command and, where it reports "
+    "them, its API say. Load: burst (all at t=0), poisson (its rate, and its ramp-up where it has one), "
+    "concurrency (that many requests in flight until all are done); a shared prefix of P tokens is 'prefix P'. "
+    "GPU: the first GPU's mean SM clock and power over the measured window (NVML), where there is one. "
     + " ".join(LEGACY.values())
 )
 POINTS_LEAD = ("Points over runs: cells of one platform, model, engine, GPU count and load that differ only in "
@@ -78,11 +83,16 @@ def _settings(r) -> str:
         v = getattr(r, col)
         if v is not None and not pd.isna(v):
             parts.append(f"{label} {format(float(v), spec)}")
-    for col, label in (("cuda_graphs", "graphs"), ("chunked_prefill", "chunked")):
+    for col, label in (("cuda_graphs", "graphs"), ("chunked_prefill", "chunked"), ("prefix_caching", "prefix cache")):
         v = getattr(r, col)
         if v is not None and not pd.isna(v):
             parts.append(label if str(v).lower() in ("true", "1") else f"no {label}")
     return ", ".join(parts)
+
+
+def _given(v) -> bool:
+    """A value that is there and not zero (a load key a record lacks reads as 0)."""
+    return v is not None and not pd.isna(v) and v != 0
 
 
 def table(df: pd.DataFrame) -> render.Table:
@@ -90,7 +100,7 @@ def table(df: pd.DataFrame) -> render.Table:
     points pooled over their runs."""
     head = ["Platform", "Model", "Engine", "Load", "GPUs", "Status", "Requests (failed)", "req/s", "out tok/s",
             "TTFT p50/p90/p99 s", "TPOT p50/p90/p99 s", "ITL p50/p90/p99 s", "E2E p50/p90/p99 s",
-            "goodput", "server mem GiB", "settings"]
+            "goodput", "server mem GiB", "settings", "GPU MHz / W"]
     rows = []
     for r in df.itertuples():
         def pct(m: str, spec: str = ".3f", r=r) -> str:
@@ -100,6 +110,9 @@ def table(df: pd.DataFrame) -> render.Table:
         status = r.status if r.status != "oom" else "- (oom)"
         engine = r.engine + (" (legacy)" if r.engine in LEGACY else "")
         rate = f", {fmt(r.rate_per_s, 'g')}/s" if r.mode == "poisson" else ""
+        rate += f" ramp {fmt(r.ramp_up_s, 'g')} s" if r.mode == "poisson" and _given(r.ramp_up_s) else ""
+        rate += f" {fmt(r.max_concurrency, '.0f')} in flight" if r.mode == "concurrency" else ""
+        rate += f", prefix {fmt(r.prefix_len, '.0f')}" if _given(r.prefix_len) else ""
         rows.append([
             r.platform, r.model, engine,
             f"{r.load} ({r.mode}{rate}, {fmt(r.input_len, '.0f')} in / {fmt(r.output_len, '.0f')} out)",
@@ -107,6 +120,8 @@ def table(df: pd.DataFrame) -> render.Table:
             fmt(r.request_throughput_per_s, ".2f"), fmt(r.output_tokens_per_s, ".1f"),
             pct("ttft_s"), pct("tpot_s", ".4f"), pct("itl_s", ".4f"), pct("e2e_latency_s"),
             fmt(r.goodput_share, ".3f"), fmt(mem, ".2f"), _settings(r),
+            "" if not _given(r.gpu0_power_w_mean) and not _given(r.gpu0_sm_clock_mhz_mean)
+            else f"{fmt(r.gpu0_sm_clock_mhz_mean, '.0f')} / {fmt(r.gpu0_power_w_mean, '.0f')}",
         ])
     t = render.simple("serving", df, head, rows, NOTES)
     pooled = points(df)

@@ -48,7 +48,9 @@ COLUMNS = [
 #: Serving cells' columns (empty for training rows): the load, then llmbench.serve.metrics
 #: names (units in the names), then the server's memory and start-up.
 SERVE_LOAD_COLUMNS = ["engine", "engine_version", "load", "mode", "num_requests", "input_len", "output_len",
-                      "rate_per_s", "max_concurrency"]
+                      "rate_per_s", "max_concurrency", "prefix_len", "ramp_up_s", "warmup_requests"]
+#: load keys a record's load spec may lack (added after it was written): their value then
+LOAD_ABSENT = {"prefix_len": 0, "ramp_up_s": 0}
 SERVE_METRIC_COLUMNS = [
     "completed", "failed", "duration_s", "request_throughput_per_s", "output_tokens_per_s",
     "total_tokens_per_s", "output_tokens_total", "output_shortfall_requests", "one_read_requests",
@@ -57,7 +59,10 @@ SERVE_METRIC_COLUMNS = [
     # goodput (llmbench.serve.metrics.goodput) and the engine's settings (llmbench.serve.engines.SETTINGS)
     "goodput_share", "goodput_requests_per_s", "goodput_ttft_target_s", "goodput_tpot_target_s",
     "max_num_seqs", "max_batch_tokens", "kv_cache_tokens", "kv_cache_source", "gpu_memory_utilization",
-    "cuda_graphs", "chunked_prefill",
+    "cuda_graphs", "chunked_prefill", "prefix_caching", "tensor_parallel",
+    # GPU telemetry over the measured window (llmbench.serve.telemetry), its first GPU's
+    "gpu_telemetry_source", "gpu0_sm_clock_mhz_mean", "gpu0_power_w_mean", "gpu0_power_w_max",
+    "gpu0_util_pct_mean",
 ]
 #: Microbenchmark cells' columns (empty elsewhere): what ran and its headline numbers.
 MICRO_COLUMNS = ["bench", "case", "points", "all_correct", "best_tflops", "best_pct_of_peak"]
@@ -98,8 +103,9 @@ def serve_row(record: Record, path: str) -> dict:
         stage="serve", platform=c["platform"], model=c["model"], backend=c["engine"], technique=None,
         engine_version=engine_version(c["engine"], record.provenance.get("engine_versions") or {}),
         gpus=c["gpus"], status=record.status, reason=record.reason, engine=c["engine"], load=c["load"],
-        **{k: load.get(k) for k in ("mode", "num_requests", "input_len", "output_len", "rate_per_s",
-                                    "max_concurrency")},
+        **{k: load.get(k, LOAD_ABSENT.get(k)) for k in ("mode", "num_requests", "input_len", "output_len",
+                                                        "rate_per_s", "max_concurrency", "prefix_len", "ramp_up_s",
+                                                        "warmup_requests")},
         **{k: sv.get(k) for k in SERVE_METRIC_COLUMNS},
         peak_mem_gib=gpu if gpu is not None else sv.get("server_peak_rss_gib"),
         peak_mem_kind=("gpu_used" if gpu is not None else "host_rss" if sv.get("server_peak_rss_gib") else None),

@@ -1,0 +1,75 @@
+"""The serving load kinds and engine settings in the tidy table and the serving table: a
+concurrency sweep, a shared-prefix load with prefix caching on and off, a ramped rate,
+GPU telemetry; and a record written before those keys existed reads as before."""
+
+import pandas as pd
+
+from llmbench import grid, record
+from llmbench.record import Record
+from llmbench.report import render, serving, tidy
+
+BASE = {"num_requests": 8, "input_len": 16, "output_len": 4}
+LOADS = {"c2": {**BASE, "mode": "concurrency", "max_concurrency": 2},
+         "c4": {**BASE, "mode": "concurrency", "max_concurrency": 4},
+         "shared": {**BASE, "prefix_len": 12},
+         "ramp": {**BASE, "mode": "poisson", "rate_per_s": 2, "ramp_up_s": 5}}
+
+
+def md_rows(md: str) -> list[dict]:
+    lines = [l for l in md.splitlines() if l.startswith("|")]
+    head = [h.strip() for h in lines[0].strip("|").split("|")]
+    return [dict(zip(head, (c.strip() for c in l.strip("|").split("|")))) for l in lines[2:]]
+
+
+def write_records(tmp_path, caching: bool) -> list:
+    g = grid.expand({"protocol": {}, "serve": [{"platforms": ["cpu"], "models": ["tiny"], "engines": ["vllm"],
+                                                 "loads": LOADS, "prefix_caching": caching}]})
+    paths = []
+    for cell in g.cells:
+        summary = {"num_requests": 8, "completed": 8, "failed": 0, "output_tokens_per_s": 10.0,
+                   "prefix_caching": caching, "tensor_parallel": cell.gpus, "goodput_share": 1.0,
+                   "gpu_telemetry_source": "nvml", "gpu0_sm_clock_mhz_mean": 1755.0, "gpu0_power_w_mean": 412.4,
+                   "gpu0_power_w_max": 500.0, "gpu0_util_pct_mean": 88.0}
+        path = tmp_path / cell.record_path("results")
+        record.write(Record(cell=cell.to_dict(), status="ok", summary=summary), path)
+        paths.append(path)
+    return paths
+
+
+def test_load_kinds_and_prefix_caching_reach_the_tidy_and_serving_tables(tmp_path):
+    df = tidy.build(write_records(tmp_path, caching=False)).set_index("load")
+    assert (df.loc["c4", "mode"], df.loc["c4", "max_concurrency"]) == ("concurrency", 4)
+    assert (df.loc["shared", "prefix_len"], df.loc["c2", "prefix_len"], df.loc["ramp", "ramp_up_s"]) == (12, 0, 5)
+    assert not df["prefix_caching"].any() and (df["tensor_parallel"] == 1).all()
+    assert (df["gpu0_power_w_mean"] == 412.4).all() and (df["warmup_requests"] == 4).all()
+    rows = {r["Load"].split()[0]: r for r in md_rows(render.markdown(serving.table(serving.build(df.reset_index()))))}
+    assert rows["c4"]["Load"] == "c4 (concurrency 4 in flight, 16 in / 4 out)"
+    assert rows["shared"]["Load"] == "shared (burst, prefix 12, 16 in / 4 out)"
+    assert rows["ramp"]["Load"] == "ramp (poisson, 2/s ramp 5 s, 16 in / 4 out)"
+    assert all("no prefix cache" in r["settings"] for r in rows.values())
+    assert rows["c2"]["GPU MHz / W"] == "1755 / 412"
+
+
+def test_concurrency_levels_are_points_of_their_own():
+    """Two levels of one sweep never pool, nor prefix caching on with off (their cells differ)."""
+    rows = []
+    for load, level in (("c2", 2), ("c4", 4)):
+        rows.append({k: None for k in tidy.ALL_COLUMNS} | dict(
+            stage="serve", platform="cpu", model="tiny", engine="vllm", load=load, gpus=1, status="ok",
+            mode="concurrency", num_requests=8, input_len=16, output_len=4, max_concurrency=level,
+            prefix_len=0, ramp_up_s=0, output_tokens_per_s=10.0 * level))
+    pooled = serving.points(pd.DataFrame(rows))
+    assert len(pooled) == 2 and sorted(pooled["output_tokens_per_s_mean"]) == [20.0, 40.0]
+
+
+def test_a_record_from_before_the_new_keys_reads_as_no_prefix_no_ramp(tmp_path):
+    [cell] = grid.expand({"protocol": {}, "serve": [{"platforms": ["cpu"], "models": ["tiny"],
+                                                      "engines": ["transformers"], "loads": {"burst": BASE}}]}).cells
+    assert "prefix_len" not in cell.load_spec
+    path = tmp_path / cell.record_path("results")
+    record.write(Record(cell=cell.to_dict(), status="ok", summary={"completed": 8}), path)
+    row = tidy.build([path]).iloc[0]
+    assert (row["prefix_len"], row["ramp_up_s"], row["prefix_caching"], row["gpu_telemetry_source"]) == (
+        0, 0, None, None)
+    [r] = md_rows(render.markdown(serving.table(serving.build(tidy.build([path])))))
+    assert r["Load"] == "burst (burst, 16 in / 4 out)" and r["GPU MHz / W"] == ""

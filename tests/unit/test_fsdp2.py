@@ -58,7 +58,7 @@ def test_the_grid_accepts_every_flag_fsdp2_runs(stage, techniques):
 
 
 @pytest.mark.parametrize("stage,technique,needle", [
-    ("pretrain", "Q+Z3", r"pretrain\[0\]\.techniques\[0\]: backend 'fsdp2' supports the flags F, R, Z2, Z3, O, C; "
+    ("pretrain", "Q+Z3", r"pretrain\[0\]\.techniques\[0\]: backend 'fsdp2' supports the flags F, R, Z2, Z3, O, C, FP8, FP8R; "
                          r"'Q\+Z3' asks for Q \(4-bit .*FSDP2 cannot shard"),
     ("finetune", "QL+Z3", r"finetune\[0\]\.techniques\[0\]: backend 'fsdp2' .* asks for Q \(4-bit \(Q, and so QL\)"),
     ("finetune", "DORA+Z3", r"finetune\[0\]\.techniques\[0\]: backend 'fsdp2' runs the fine-tuning methods L, LFA; "

@@ -84,6 +84,13 @@ def build_record(spec: RunSpec | dict, outcomes: list[Outcome], started: str, co
         fpt = flops_per_token(spec.model, cell.protocol.seq_len, frozen_base=tech.adapter is not None)
         mfu = tps.mean * fpt / (cell.gpus * peak * 1e12)
         formula = f"{MFU_FORMULA}; peak {peak} TFLOP/s per GPU ({spec.platform.peak_source})"
+    mfu_fp8 = None
+    if mfu is not None and tech.fp8 is not None and spec.platform.peak_fp8_tflops:
+        # the bf16 peak stays the headline (torchtitan's convention for FP8 runs): comparable
+        # with every bf16 cell; against the FP8 peak it says what the FP8 tensor cores could give
+        mfu_fp8 = mfu * peak / spec.platform.peak_fp8_tflops
+        formula += (f"; mfu_fp8_peak: the same against the dense FP8 peak, {spec.platform.peak_fp8_tflops} "
+                    f"TFLOP/s per GPU ({spec.platform.peak_fp8_source})")
     last = results[-1]
     metrics = Metrics(
         tokens_per_s_mean=tps.mean, tokens_per_s_std=tps.std, tokens_per_s_runs=tps.values,
@@ -91,7 +98,7 @@ def build_record(spec: RunSpec | dict, outcomes: list[Outcome], started: str, co
         peak_mem_allocated_gib=_max([r["peak_mem_allocated_gib"] for r in results]),
         peak_mem_reserved_gib=_max([r["peak_mem_reserved_gib"] for r in results]),
         peak_rss_gib=_max([r["peak_rss_gib"] for r in results]),
-        mfu=mfu, mfu_formula=formula,
+        mfu=mfu, mfu_formula=formula, mfu_fp8_peak=mfu_fp8,
         total_params=last["total_params"], trainable_params=last["trainable_params"],
         trainable_desc=last["trainable_desc"], attention=last["attention"],
         compute_dtype=last.get("compute_dtype"),

@@ -82,6 +82,12 @@ class Backend:
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend(name="deepspeed", stages=("pretrain", "finetune", "profile"), default_for=("pretrain", "finetune"),
             worker="llmbench.train.deepspeed_worker", profile="communication", paper_methods=True,
+            flags=("F", "R", "Z2", "Z3", "O", "Q", "C"),
+            flags_why="FP8 training (torchao.float8) runs with backend fsdp2: torchao builds and tests it on "
+                      "FSDP2's DTensor shards (FP8 all-gather, one all-reduce of the weights' scales) and under "
+                      "torch.compile; DeepSpeed's ZeRO partitions parameters outside DTensor, its bf16 optimizer "
+                      "keeps master weights of its own, and its ZeRO-3 does not run C, so FP8 under DeepSpeed would "
+                      "be untested on both sides",
             rejects=((("Z3", "C"), "ZeRO-3's parameter hooks on every module split each compiled layer (13 graphs "
                                    "and 37 breaks for the tiny model's 2 layers); use C with Z2 or no ZeRO, or "
                                    "backend fsdp2"),),
@@ -91,16 +97,19 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             flags_why="ZeRO, offload and 4-bit run with backend deepspeed",
             worker="llmbench.train.megatron_worker",
             description="Megatron-LM's megatron-core (pretrain, Table II)"),
-    Backend(name="fsdp2", stages=("pretrain", "finetune"), flags=("F", "R", "Z2", "Z3", "O", "C"),
+    Backend(name="fsdp2", stages=("pretrain", "finetune"), flags=("F", "R", "Z2", "Z3", "O", "C", "FP8", "FP8R"),
             adapters=("L", "LFA"),
+            rejects=((("FP8", "O"), "torchao's FP8 all-gather casts each shard where it lives, which CPUOffloadPolicy "
+                                    "puts on the host; FP8 with offload is neither built nor tested by torchao"),
+                     (("FP8R", "O"), "FP8 training with CPU offload is neither built nor tested by torchao")),
             flags_why="4-bit (Q, and so QL) needs bitsandbytes' NF4 weights, which FSDP2 cannot shard (its "
                       "4-bit path is torchao's NF4 tensor, not built here); DoRA's magnitude and prompt "
                       "tuning's virtual tokens are initialised from the whole base model, which FSDP2 cells "
                       "never hold (they build it sharded from the meta device)",
             worker="llmbench.train.fsdp2_worker",
             description="PyTorch FSDP2 (torch.distributed.fsdp.fully_shard; pretrain, finetune): Z3 = "
-                        "reshard after forward, Z2 = no reshard after forward, Naive = full replication "
-                        "(llmbench.train.fsdp2_worker)"),
+                        "reshard after forward, Z2 = no reshard after forward, Naive = full replication; FP8, "
+                        "FP8R = torchao float8 training of the decoder's linears (llmbench.train.fsdp2_worker)"),
     Backend(name="torch", stages=("profile",), default_for=("profile",), flags=("F", "R"),
             flags_why="profile: communication profiles a DeepSpeed step's communication and copies for any "
                       "pre-training technique",

@@ -12,7 +12,7 @@ DTYPE_NAMES = {"bfloat16": "bf16", "float32": "fp32"}
 
 
 #: Optional fields that a cell spec carries only where a platform file sets them.
-_OMIT_UNSET = ("gpu_name",)
+_OMIT_UNSET = ("gpu_name", "peak_fp8_tflops", "peak_fp8_source")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -33,6 +33,11 @@ class Platform:
     """Dense bf16 peak per GPU in TFLOP/s (None: no MFU)."""
     peak_source: str
     """Datasheet row the peak comes from."""
+    peak_fp8_tflops: float | None = None
+    """Dense FP8 (e4m3, FP32 accumulate) tensor peak per GPU in TFLOP/s; None: the platform
+    has no FP8 tensor cores (before SM 8.9), and FP8 cells are refused on it."""
+    peak_fp8_source: str | None = None
+    """Datasheet row the FP8 peak comes from (required with peak_fp8_tflops)."""
     interconnect: str
     """GPU-GPU link."""
     compute_dtype: str = "bfloat16"
@@ -48,6 +53,18 @@ class Platform:
     """Environment variables for every process of a cell."""
     slurm: dict = field(default_factory=dict)
     """Slurm defaults: partition, gres, cpus_per_task, mem_mb."""
+
+    def __post_init__(self) -> None:
+        if self.peak_fp8_tflops is not None and not self.peak_fp8_source:
+            raise ValueError(f"platform {self.name!r}: peak_fp8_tflops needs peak_fp8_source (its datasheet row)")
+        if self.peak_fp8_tflops is not None and self.accelerator != "cuda":
+            raise ValueError(f"platform {self.name!r}: peak_fp8_tflops is for CUDA GPUs with FP8 tensor cores, "
+                             f"not accelerator {self.accelerator!r}")
+
+    @property
+    def supports_fp8(self) -> bool:
+        """FP8 tensor cores (SM 8.9+): FP8 training cells and FP8 GEMMs run here."""
+        return self.peak_fp8_tflops is not None
 
     @classmethod
     def load(cls, name: str, root: Path = REPO_ROOT) -> Platform:

@@ -49,6 +49,9 @@ class Metrics:
     """Model FLOPs utilisation against the platform's peak (formula in mfu_formula)."""
     mfu_formula: str | None = None
     """How mfu was computed, or why it is absent."""
+    mfu_fp8_peak: float | None = None
+    """FP8 cells (techniques FP8, FP8R): the same model FLOP/s against the platform's dense FP8
+    peak (peak_fp8_tflops), beside mfu against the bf16 peak; None for other cells."""
     total_params: int | None = None
     """Parameters of the model as built."""
     trainable_params: int | None = None

@@ -10,6 +10,9 @@ Flags (paper, Section IV-A):
   Q   4-bit NF4 weights with double quantization (bitsandbytes, as QLoRA)
   C   torch.compile of every decoder layer (inductor; beyond the paper: fuses the norms,
       RoPE, SwiGLU and residual adds that run as separate memory-bound kernels otherwise)
+  FP8   FP8 training of the decoder's linears, tensorwise scaling (torchao.float8; beyond the
+        paper: FP8 tensor cores, SM 8.9+: Ada, Hopper and later)
+  FP8R  the same with rowwise scaling (one scale per row: finer, slower casts)
 Fine-tuning methods (paper Section V, Table IX; one per technique, written first):
   L     LoRA (PEFT) on a bf16 base
   QL    QLoRA: LoRA on a 4-bit NF4 base (Q implied; "L+Q" means the same)
@@ -20,7 +23,9 @@ Fine-tuning methods (paper Section V, Table IX; one per technique, written first
 the canonical name orders flags as the paper prints them (F+R+Z3+O, R+Q, QL+F+R).
 The flags are DeepSpeed's terms; another backend states what each means on it and which
 flags and combinations it does not run (llmbench.backends: FSDP2's Z3 is resharding after
-forward, its Z2 no resharding; DeepSpeed does not run C with Z3).
+forward, its Z2 no resharding; DeepSpeed does not run C with Z3). FP8 and FP8R are one
+choice (the scaling recipe), exclusive, and pre-training only: float8 training converts the
+trained full-precision linears, which neither a 4-bit base (Q) nor an adapter's frozen base is.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from dataclasses import dataclass
 
 NAIVE = "Naive"
 #: Canonical order of flags in names and paths (the paper's Tables III and IV order).
-FLAG_ORDER: tuple[str, ...] = ("F", "R", "Z2", "Z3", "O", "Q", "C")
+FLAG_ORDER: tuple[str, ...] = ("F", "R", "Z2", "Z3", "O", "Q", "C", "FP8", "FP8R")
+#: FP8 flags -> torchao's float8 recipe name (Float8LinearConfig.from_recipe_name).
+FP8_RECIPES: dict[str, str] = {"FP8": "tensorwise", "FP8R": "rowwise"}
 #: Fine-tuning method tokens -> (adapter kind, implies 4-bit base).
 ADAPTERS: dict[str, tuple[str, bool]] = {
     "L": ("lora", False),
@@ -47,6 +54,8 @@ FLAG_MEANING: dict[str, str] = {
     "O": "CPU offload (Z2: optimizer state; Z3: optimizer state and parameters)",
     "Q": "4-bit NF4 weights with double quantization",
     "C": "torch.compile of every decoder layer (inductor)",
+    "FP8": "FP8 training of the decoder's linears, tensorwise scaling (torchao.float8)",
+    "FP8R": "FP8 training of the decoder's linears, rowwise scaling (torchao.float8)",
 }
 
 
@@ -72,8 +81,12 @@ class Technique:
     """Decoder layers compiled by torch.compile (regional compilation)."""
     adapter: str | None = None
     """Fine-tuning method: lora | lora_fa | dora | prompt_tuning (None: full parameters)."""
+    fp8: str | None = None
+    """FP8 training recipe of the decoder's linears: tensorwise | rowwise (None: no FP8)."""
 
     def __post_init__(self) -> None:
+        if self.fp8 is not None and self.fp8 not in FP8_RECIPES.values():
+            raise TechniqueError(f"fp8 must be one of {sorted(FP8_RECIPES.values())} or None, got {self.fp8!r}")
         if self.adapter is not None and self.adapter not in {a for a, _ in ADAPTERS.values()}:
             raise TechniqueError(f"unknown adapter {self.adapter!r}")
         if self.zero_stage not in (0, 2, 3):
@@ -92,6 +105,7 @@ class Technique:
             "O": self.offload,
             "Q": self.quant4,
             "C": self.compiled,
+            **{flag: self.fp8 == recipe for flag, recipe in FP8_RECIPES.items()},
         }
         return tuple(f for f in FLAG_ORDER if on[f])
 
@@ -143,6 +157,17 @@ def parse(text: str) -> Technique:
     if len(adapters) > 1:
         raise TechniqueError(f"technique {text!r} names several fine-tuning methods {adapters}; choose one")
     adapter, implies_q = ADAPTERS[adapters[0]] if adapters else (None, False)
+    fp8 = sorted(seen & set(FP8_RECIPES))
+    if len(fp8) > 1:
+        raise TechniqueError(f"technique {text!r} asks for both FP8 (tensorwise) and FP8R (rowwise); choose one "
+                             "FP8 recipe")
+    if fp8 and ("Q" in seen or implies_q):
+        raise TechniqueError(f"technique {text!r}: {fp8[0]} (FP8 training) and 4-bit weights (Q) are two formats "
+                             "of one weight; choose one")
+    if fp8 and adapter is not None:
+        raise TechniqueError(f"technique {text!r}: {fp8[0]} (FP8 training) converts the trained full-precision "
+                             f"linears; fine-tuning methods train adapters on a frozen base, so {fp8[0]} goes in "
+                             "pretrain blocks only")
     if {"Z2", "Z3"} <= seen:
         raise TechniqueError(f"technique {text!r} asks for both Z2 and Z3; choose one ZeRO stage")
     if "O" in seen and not seen & {"Z2", "Z3"}:
@@ -157,6 +182,7 @@ def parse(text: str) -> Technique:
         quant4="Q" in seen or implies_q,
         compiled="C" in seen,
         adapter=adapter,
+        fp8=FP8_RECIPES[fp8[0]] if fp8 else None,
     )
 
 

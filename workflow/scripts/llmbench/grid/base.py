@@ -92,6 +92,11 @@ class Grid:
         # where a job is queued is not part of the experiment: a partition edit must not
         # change the spec (the params rerun trigger) of every cell of the platform
         platform.pop("slurm")
+        if not _computes_fp8(cell):
+            # only FP8 cells read the FP8 peak: adding it to a platform file changes no other
+            # cell's spec (the params rerun trigger), so no measured bf16 cell runs again
+            for key in ("peak_fp8_tflops", "peak_fp8_source"):
+                platform.pop(key, None)
         spec = {"cell": cell.to_dict(), "platform": platform}
         if not isinstance(cell, MicroCell):
             spec["model"] = self.models[cell.model].to_dict()
@@ -166,3 +171,10 @@ class Builder:
         return Grid(results_dir=self.results_dir, cells=tuple(self.cells.values()), platforms=self.platforms,
                     models=self.models, engine_python=self.config["engine_python"], searches=tuple(self.searches),
                     sets=self.paired.sets())
+
+
+def _computes_fp8(cell: AnyCell) -> bool:
+    """Whether a cell computes in FP8: a training cell with an FP8 flag, a GEMM in float8."""
+    if isinstance(cell, MicroCell):
+        return str(cell.params.get("dtype", "")).startswith("float8")
+    return isinstance(cell, Cell) and cell.tech.fp8 is not None

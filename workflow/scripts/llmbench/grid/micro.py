@@ -30,16 +30,22 @@ def _cells(block: dict[str, Any], where: str, plat_name: str, platform: Platform
     common = dict(platform=plat_name, warmup=block["warmup"], iters=block["iters"], timeout_s=block["timeout_s"])
     cells = []
     gemm = block.get("gemm")
+    if gemm is not None and gemm["dtype"].startswith("float8") and not platform.supports_fp8:
+        raise ConfigError(f"{where}.gemm.dtype: {gemm['dtype']} runs on FP8 tensor cores (torch._scaled_mm, CUDA "
+                          f"SM 8.9+: Ada, Hopper, Blackwell); platform {plat_name!r} has none (no peak_fp8_tflops "
+                          f"in config/platforms/{plat_name}.yaml)")
     if gemm is not None:
         for name, c in gemm["curves"].items():
             if c["m_start"] > c["m_stop"]:
                 raise ConfigError(f"{where}.gemm.curves.{name}: m_start {c['m_start']} > m_stop {c['m_stop']}")
             shapes = [list(s) for s in shapes_of.sweep(**c)]
+            _check_fp8_dims(gemm["dtype"], shapes, f"{where}.gemm.curves.{name}")
             cells.append(MicroCell(bench="gemm", case=name, gpus=1, params={"dtype": gemm["dtype"], "shapes": shapes},
                                    **common))
         for name, shapes in gemm["shapes"].items():
             if name in gemm["curves"]:
                 raise ConfigError(f"{where}.gemm.shapes.{name}: also a curve name; names share one path")
+            _check_fp8_dims(gemm["dtype"], shapes, f"{where}.gemm.shapes.{name}")
             # a shape set is also timed as plain back-to-back torch.matmul: the bar the
             # harness is held to (within 3%), in the same process and clock state
             cells.append(MicroCell(bench="gemm", case=name, gpus=1, params={
@@ -68,3 +74,11 @@ def _cells(block: dict[str, Any], where: str, plat_name: str, platform: Platform
                                            "sizes_bytes": shapes_of.sizes(coll["min_bytes"], coll["max_bytes"])},
                                    **common))
     return cells
+
+
+def _check_fp8_dims(dtype: str, shapes: list, key: str) -> None:
+    """An FP8 GEMM's N and K are multiples of 16 (torch._scaled_mm), or ConfigError naming ``key``."""
+    bad = next((s for s in shapes if s[1] % 16 or s[2] % 16), None) if dtype.startswith("float8") else None
+    if bad is not None:
+        raise ConfigError(f"{key}: dtype {dtype} needs N and K multiples of 16 (torch._scaled_mm); "
+                          f"[M, N, K] = {list(bad)} is not")

@@ -55,6 +55,11 @@ def _block(b: Builder, stage: str, block: dict[str, Any], where: str, protocol: 
             if techniques.parse(tech).quant4 and not platform.supports_4bit:
                 raise ConfigError(f"{where}: technique {tech!r} needs bitsandbytes 4-bit, which "
                                   f"platform {plat_name!r} does not support (supports_4bit: false)")
+            if techniques.parse(tech).fp8 and not platform.supports_fp8:
+                raise ConfigError(
+                    f"{where}: cell {stage}/{plat_name}/{model_name}/{backend}/{tech} asks for FP8 training, which "
+                    f"needs FP8 tensor cores (SM 8.9+: Ada, Hopper, Blackwell); platform {plat_name!r} has none "
+                    f"(no peak_fp8_tflops in config/platforms/{plat_name}.yaml)")
             model = b.model(model_name)
             if protocol.seq_len > model.max_position_embeddings:
                 key = f"{where}.protocol.seq_len" if own_seq_len else "protocol.seq_len"

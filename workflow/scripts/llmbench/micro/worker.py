@@ -40,9 +40,10 @@ def run(spec: RunSpec | dict, out: Path) -> None:
     elif cell.bench == "gemm":
         from . import gemm
 
+        # each GEMM against the peak of its own dtype: bf16's, or FP8's (float8 cells' specs carry it)
+        peak = {"bfloat16": spec.platform.peak_bf16_tflops, gemm.FP8: spec.platform.peak_fp8_tflops}.get(p["dtype"])
         rows = gemm.run([tuple(s) for s in p["shapes"]], dtype=p["dtype"], accelerator=accelerator,
-                        warmup=cell.warmup, iters=cell.iters, peak_tflops=spec.platform.peak_bf16_tflops
-                        if p["dtype"] == "bfloat16" else None, plain_check=p.get("plain_check", False))
+                        warmup=cell.warmup, iters=cell.iters, peak_tflops=peak, plain_check=p.get("plain_check", False))
     else:
         from . import memcpy
 

@@ -120,8 +120,13 @@ def micro_row(record: Record, path: str) -> dict:
     out = {k: None for k in ALL_COLUMNS}
     out.update(stage="micro", platform=c["platform"], gpus=c["gpus"], status=record.status, reason=record.reason,
                bench=c["bench"], case=c["case"], **{k: sm.get(k) for k in MICRO_COLUMNS[2:]},
+               compute_dtype=GEMM_DTYPES.get((c.get("params") or {}).get("dtype")),
                git_sha=(record.provenance.get("git") or {}).get("sha"), record_path=path)
     return out
+
+
+#: A GEMM cell's dtype (its params) as the compute_dtype column writes dtypes.
+GEMM_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8"}
 
 
 ROWS = {"serve": serve_row, "micro": micro_row}
@@ -219,9 +224,10 @@ def _mfu(record: Record, tflops: float | None) -> float | None:
 def _gemm_ceiling(df: pd.DataFrame) -> pd.DataFrame:
     """mfu_vs_gemm: model FLOP/s per GPU against the best bf16 GEMM the platform's GEMM
     microbenchmark measured (DESIGN: MFU against the measured ceiling, beside the peak; of the
-    GEMM records the report uses, not those another run superseded)."""
+    GEMM records the report uses, not those another run superseded; never an FP8 GEMM's, whose
+    ceiling is another dtype's)."""
     gemm = df[(df["stage"] == "micro") & (df["bench"] == "gemm") & (df["status"] == "ok")
-              & df["superseded_by"].isna()]
+              & df["superseded_by"].isna() & (df["compute_dtype"] != "fp8")]
     best = gemm.groupby("platform")["best_tflops"].max()
     df["mfu_vs_gemm"] = df["model_tflops_per_gpu"] / df["platform"].map(best)
     return df

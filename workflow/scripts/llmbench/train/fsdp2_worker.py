@@ -30,6 +30,17 @@ What runs, as torchtitan's parallelize_llama does it:
   flash-attn, selected as for the other backends (build.attention_choice). C: each decoder
   layer compiled (build.compile_layers) before it is sharded; dynamo leaves FSDP2's hooks
   outside the graph, so C runs with Z3 here.
+- FP8, FP8R: torchao's float8 training (torchao.float8.convert_to_float8_training) swaps the
+  decoder layers' linears for Float8Linear on the meta model, before compilation and
+  sharding, as torchtitan's float8 converter does: ``fp8_filter`` keeps the LM head (and the
+  embeddings, which are no linears) in bf16 and skips any linear whose dims are not multiples
+  of 16 (the FP8 tensor cores' requirement). FP8 is the tensorwise recipe with FSDP2's FP8
+  all-gather (each shard cast to float8 before it is gathered: half the bytes of bf16) and,
+  after every optimizer step, one all-reduce for the scales of all weights
+  (precompute_float8_dynamic_scale_for_fsdp), torchtitan's tensorwise settings; FP8R the
+  rowwise recipe (weights gathered in bf16, cast per row). The GEMMs run in FP8 through
+  torch._scaled_mm, which needs CUDA SM 8.9+ (checked before the build); the casts around them
+  are separate kernels unless C compiles them into the layers, so FP8 is fast with C only.
 - Fine-tuning (L, LFA): LoRA through PEFT on a frozen base in the platform's compute dtype,
   adapters in fp32 (PEFT keeps adapter weights fp32 on a bf16 base), sharded as above; the
   adapters are re-initialised as PEFT does (A Kaiming-uniform, B zero) once materialised.
@@ -51,6 +62,11 @@ from . import contract, scenario
 #: AdamW as the DeepSpeed and Megatron-LM cells run it.
 ADAMW = {"lr": 1e-5, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0}
 CLIP_NORM = 1.0
+#: Linears FP8 training leaves in bf16 by name (torchtitan filters its output projection):
+#: the LM head, whose softmax input is the most sensitive to rounding.
+FP8_SKIP_FQNS = ("lm_head",)
+#: Every dim of an FP8 GEMM's operands must be a multiple of this (16 bytes of float8).
+FP8_DIM_MULTIPLE = 16
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -70,6 +86,13 @@ class Plan:
     """Activation checkpointing of each decoder layer."""
     compiled: bool
     """torch.compile of each decoder layer."""
+    fp8: str | None = None
+    """torchao float8 recipe of the decoder's linears: tensorwise | rowwise (None: bf16)."""
+    fp8_all_gather: bool = False
+    """FSDP2 all-gathers the FP8 linears' weights in float8 (tensorwise only)."""
+    fp8_precompute_scales: bool = False
+    """One all-reduce computes every FP8 weight's scale after each optimizer step (tensorwise
+    with FP8 all-gather; torchao's precompute_float8_dynamic_scale_for_fsdp)."""
     description: str
     """What the mapping means, in words (kept in provenance)."""
 
@@ -93,8 +116,74 @@ def plan(tech: Technique, ranks: int) -> Plan:
                 "all-reduced (DDP, DeepSpeed's ZeRO stage 0)")
     if tech.offload:
         what += "; sharded parameters, gradients and optimizer state on the host (CPUOffloadPolicy)"
+    if tech.fp8 is not None and tech.offload:
+        raise ValueError("FSDP2 cells do not run FP8 training with CPU offload (llmbench.backends: fsdp2)")
+    tensorwise = tech.fp8 == "tensorwise"
+    if tech.fp8 is not None:
+        what += (f"; decoder linears in FP8 (torchao float8, {tech.fp8} scaling"
+                 + (", weights all-gathered in float8, their scales precomputed after each optimizer step)"
+                    if tensorwise else ", weights all-gathered in bf16)"))
     return Plan(sharding=sharding, mesh_shape=shape, reshard_after_forward=reshard, cpu_offload=tech.offload,
-                recompute=tech.recompute, compiled=tech.compiled, description=what)
+                recompute=tech.recompute, compiled=tech.compiled, fp8=tech.fp8, fp8_all_gather=tensorwise,
+                fp8_precompute_scales=tensorwise, description=what)
+
+
+def fp8_filter(module, fqn: str) -> bool:
+    """Whether FP8 training converts ``module`` (torchao's module_filter_fn, torchtitan's rule):
+    an nn.Linear not named in FP8_SKIP_FQNS whose dims are both multiples of FP8_DIM_MULTIPLE."""
+    import torch
+
+    if not isinstance(module, torch.nn.Linear):
+        return False
+    if any(skip in fqn.split(".") for skip in FP8_SKIP_FQNS):
+        return False
+    out_features, in_features = module.weight.shape
+    return out_features % FP8_DIM_MULTIPLE == 0 and in_features % FP8_DIM_MULTIPLE == 0
+
+
+def convert_fp8(model, plan_: Plan, *, emulate: bool = False) -> list[str]:
+    """Swap the linears ``fp8_filter`` keeps for torchao's Float8Linear, in place (meta model,
+    before compilation and fully_shard); the names of those converted. ``emulate``: torchao's
+    FP8 arithmetic in high precision, where torch._scaled_mm cannot run (tests on a CPU); a
+    cell never emulates."""
+    import dataclasses
+
+    import torch
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    config = Float8LinearConfig.from_recipe_name(plan_.fp8)
+    if plan_.fp8_all_gather:
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+    if emulate:
+        config = dataclasses.replace(config, emulate=True)
+    if plan_.fp8 == "rowwise":
+        # torchtitan's setting for rowwise under compile: inductor rounds the casts as eager
+        # does (pytorch/pytorch#150859), so compiled and eager scales agree
+        torch._inductor.config.emulate_precision_casts = True
+    converted: list[str] = []
+
+    def keep(module, fqn: str) -> bool:
+        ok = fp8_filter(module, fqn)
+        if ok:
+            converted.append(fqn)
+        return ok
+
+    convert_to_float8_training(model, config=config, module_filter_fn=keep)
+    return converted
+
+
+def check_fp8_device(accelerator: str, device) -> None:
+    """Refuse FP8 training where torch._scaled_mm has no FP8 tensor cores (CPU, CUDA before
+    SM 8.9): ValueError naming the device."""
+    if accelerator != "cuda":
+        raise ValueError(f"FP8 training needs a CUDA GPU with FP8 tensor cores (SM 8.9+); this cell runs on "
+                         f"{accelerator!r}")
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        raise ValueError(f"FP8 training needs FP8 tensor cores (SM 8.9+: Ada, Hopper, Blackwell); "
+                         f"{torch.cuda.get_device_name(device)} is SM {major}.{minor}")
 
 
 def _local(p) -> Any:
@@ -120,6 +209,7 @@ class FSDP2Backend:
         self.params: list = []
         self.trainable_desc = "all parameters"
         self.compiled_layers = 0
+        self.fp8_linears: list[str] = []
         self.frozen_before: float | None = None
         self.total_params = int(model_spec.param_counts()["total"])
         self.trainable_params = 0
@@ -137,6 +227,8 @@ class FSDP2Backend:
         from . import adapters, build
 
         tech, plan_ = self.cell.tech, self.plan
+        if plan_.fp8 is not None:
+            check_fp8_device(self.accelerator, self.device)
         attn_impl, self.attn_ctx, self.attn_label = build.attention_choice(tech, self.accelerator)
         config = self.model_spec.hf_config(attn_implementation=attn_impl)
         # pre-training: fp32 parameters (the master weights); fine-tuning: the frozen base in
@@ -147,6 +239,8 @@ class FSDP2Backend:
         model.config.use_cache = False
         if tech.adapter:
             model, self.trainable_desc = adapters.apply(model, tech, self.cell.adapter)
+        if plan_.fp8 is not None:
+            self.fp8_linears = convert_fp8(model, plan_)
         if plan_.recompute:
             build.enable_recompute(model)
         layers = _decoder_layers(model)
@@ -206,6 +300,10 @@ class FSDP2Backend:
             loss.backward()
         torch.nn.utils.clip_grad_norm_(self.params, CLIP_NORM)
         self.optimizer.step()
+        if self.plan.fp8_precompute_scales:
+            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+            precompute_float8_dynamic_scale_for_fsdp(self.model)  # the next forward's all-gather uses them
         self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
 
@@ -240,7 +338,19 @@ class FSDP2Backend:
             "optimizer": f"torch.optim.AdamW (fused) {dict(ADAMW, betas=list(ADAMW['betas']))}, clip_grad_norm {CLIP_NORM}",
             "attention": self.attn_label,
             "process_group": "gloo" if self.accelerator == "cpu" else "nccl",
+            **({"fp8": {"recipe": self.plan.fp8, "torchao": _torchao_version(),
+                        "linears_converted": len(self.fp8_linears),
+                        "linears_bf16": sorted(n for n, m in self.model.named_modules()
+                                               if isinstance(m, torch.nn.Linear) and n not in self.fp8_linears)}}
+               if self.plan.fp8 is not None else {}),
         }
+
+
+def _torchao_version() -> str:
+    """torchao's version (FP8 cells only import it)."""
+    from importlib.metadata import version
+
+    return version("torchao")
 
 
 def run(spec: RunSpec | dict, out: Path) -> dict | None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A wheelhouse for an offline GPU node (Python 3.12, x86-64) that already has torch,
 # transformers, peft and pandas: the workflow (snakemake and what it imports), DeepSpeed,
-# bitsandbytes and megatron-core, at the versions of envs/requirements.txt. This is how the
+# bitsandbytes, megatron-core and torchao (FP8 training; 3.4 MB, abi3, its C++ ops built
+# for torch >= 2.11, the GPU machines' torch), at the versions of envs/requirements.txt. This is how the
 # reference runs under results/reference/ ran on the lent GPU machines, which reach no
 # package index:
 #
@@ -40,7 +41,7 @@ done
 # the workflow's own pins (envs/requirements.txt) and the closure of snakemake and
 # deepspeed beyond what a CUDA PyTorch image holds, as verified on the GPU machines
 pkgs=(
-    snakemake==9.27.1 deepspeed==0.19.8 bitsandbytes==0.50.2 megatron-core==0.16.1 jsonschema==4.26.0
+    snakemake==9.27.1 deepspeed==0.19.8 bitsandbytes==0.50.2 megatron-core==0.16.1 torchao==0.18.0 jsonschema==4.26.0
     nvidia-ml-py==13.615.71
     annotated-types==0.8.0 argparse-dataclass==2.0.0 attrs==26.1.0 conda-inject==1.3.2 configargparse==1.9.0
     connection-pool==0.0.3 docutils==0.22.4 dpath==2.2.0 einops==0.8.2 fastjsonschema==2.22.3 gitdb==4.0.12

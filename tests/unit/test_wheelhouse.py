@@ -19,7 +19,7 @@ def test_wheelhouse_pins_agree_with_the_requirements(repo):
     script = (repo / "envs/wheelhouse.sh").read_text()
     wheel, req = _pins(script), _pins((repo / "envs/requirements.txt").read_text())
     shared = set(wheel) & set(req)
-    assert {"snakemake", "deepspeed", "bitsandbytes", "megatron-core", "altair", "vl-convert-python"} <= shared
+    assert {"snakemake", "deepspeed", "bitsandbytes", "megatron-core", "torchao", "altair", "vl-convert-python"} <= shared
     assert {k: wheel[k] for k in shared} == {k: req[k] for k in shared}
     figures = script.split('if [[ "${FIGURES:-0}" == 1 ]]; then', 1)[1].split("fi\n", 1)[0]
     assert {"altair", "vl-convert-python"} <= set(_pins(figures))

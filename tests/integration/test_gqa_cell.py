@@ -1,6 +1,7 @@
-"""A real DeepSpeed training cell of the Llama 3.1 shape family on the CPU: tiny-gqa, with
+"""Real training cells of the Llama 3.1 shape family on the CPU: tiny-gqa, with
 grouped-query attention (4 query heads on 2 key/value heads), a vocabulary of 128256 and
-llama3 RoPE scaling, through llmbench.launch. Its model spec and builds: tests/unit/test_llama31.py."""
+llama3 RoPE scaling, through llmbench.launch under DeepSpeed and Megatron-LM. Its model spec and
+builds: tests/unit/test_llama31.py."""
 
 import math
 
@@ -30,3 +31,15 @@ def test_a_gqa_cell_with_the_llama3_vocabulary_trains_under_deepspeed(tmp_path):
     # random weights over 128256 ids: the loss starts near ln(128256), not ln(32000)
     assert math.log(32000) < m.loss_last < math.log(128256) + 1.0
     assert rec.provenance["ds_config"]["zero_optimization"]["stage"] == 0 and m.attention == "sdpa[default]"
+
+
+def test_a_gqa_cell_with_llama3_rope_scaling_trains_under_megatron(tmp_path):
+    # megatron-core takes the scaling as rope_scaling=True and its factor (train/megatron_worker.py)
+    g = grid.expand({"protocol": PROTOCOL, "pretrain": [
+        {"backend": "megatron", "platforms": ["cpu"], "models": ["tiny-gqa"], "techniques": ["Naive"],
+         "batch_sizes": [1]}]})
+    (cell,) = g.cells
+    rec = launch.run_cell(g.spec(cell), tmp_path / "record.json", tmp_path / "run.log", threads=1)
+    assert rec.status == "ok", (rec.reason, rec.log_tail[-3000:])
+    assert rec.metrics.total_params == g.models["tiny-gqa"].param_counts()["total"]
+    assert math.log(32000) < rec.metrics.loss_last < math.log(128256) + 1.0

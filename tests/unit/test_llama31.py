@@ -45,6 +45,7 @@ def test_llama31_files_carry_the_llama3_rope_scaling_and_round_trip(name):
     assert m.rope_scaling == LLAMA3_ROPE and m.rope_theta == 500000.0 and m.vocab_size == 128256
     assert m.num_key_value_heads < m.num_attention_heads and not m.tie_word_embeddings
     assert ModelSpec.from_dict(m.to_dict()) == m and m.to_dict()["rope_scaling"] == LLAMA3_ROPE
+    assert hash(ModelSpec.from_dict(m.to_dict())) == hash(m) != hash(replace(m, rope_scaling=None))
     assert m.family == "llama+rope-llama3"
 
 

@@ -5,6 +5,7 @@ No weights are downloaded: a model is built from its config with random weights.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +91,10 @@ class ModelSpec:
         else:
             out["rope_scaling"] = dict(out["rope_scaling"])
         return out
+
+    def __hash__(self) -> int:
+        # the dataclass's own hash would hash the rope_scaling dict, and fail
+        return hash(json.dumps(self.to_dict(), sort_keys=True))
 
     @property
     def family(self) -> str:

@@ -191,3 +191,34 @@ def test_a_platform_with_an_fp8_peak_names_its_source_and_is_a_gpu():
     with pytest.raises(ValueError, match="not accelerator 'cpu'"):
         Platform(**{**Platform.load("cpu").to_dict(), "peak_fp8_tflops": 100.0, "peak_fp8_source": "x"})
     assert not Platform.load("a800").supports_fp8 and Platform.load("rtx4090").supports_fp8
+
+
+def test_an_fp8_gemm_is_never_the_ceiling_of_mfu_vs_gemm(tmp_path):
+    """mfu_vs_gemm divides by the best bf16 GEMM measured on the platform: an FP8 GEMM twice as
+    fast on the same machine must not halve every bf16 cell's share."""
+    from llmbench import record
+    from llmbench.record import Metrics, Record
+    from llmbench.report import tidy
+
+    g = grid.expand({"protocol": {"repeats": 1, "seq_len": 350},
+                     "pretrain": [{"platforms": ["h200"], "models": ["llama2-7b"], "techniques": ["Z3"],
+                                   "batch_sizes": [1], "gpus": [1]}],
+                     "micro": [{"platforms": ["h200"], "gemm": {"shapes": {"bf16-mlp": [[2800, 11008, 4096]]}}},
+                               {"platforms": ["h200"], "gemm": {"dtype": "float8_e4m3fn",
+                                                                "shapes": {"fp8-mlp": [[2800, 11008, 4096]]}}}]})
+    paths = []
+    for cell in g.cells:
+        spec = g.spec(cell)
+        if cell.stage == "micro":
+            best = 1400.0 if cell.params["dtype"] == "float8_e4m3fn" else 700.0
+            r = Record(cell=cell.to_dict(), status="ok", summary={"best_tflops": best}, provenance={"spec": spec})
+        else:
+            r = Record(cell=cell.to_dict(), status="ok", metrics=Metrics(tokens_per_s_mean=1000.0),
+                       provenance={"spec": spec})
+        paths.append(tmp_path / cell.record_path("results"))
+        record.write(r, paths[-1])
+    df = tidy.build(paths)
+    micro = df[df["stage"] == "micro"].set_index("case")
+    assert micro.loc["fp8-mlp", "compute_dtype"] == "fp8" and micro.loc["bf16-mlp", "compute_dtype"] == "bf16"
+    cell = df[df["stage"] == "pretrain"].iloc[0]
+    assert cell["mfu_vs_gemm"] == pytest.approx(cell["model_tflops_per_gpu"] / 700.0)

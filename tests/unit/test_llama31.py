@@ -181,3 +181,11 @@ def test_throughput_interval_flags_the_vocabulary_and_the_family_of_llama31():
     assert any("vocabulary 128256" in n for n in p.notes) and any("llama+rope-llama3" in n for n in p.notes)
     assert p.width > notes("llama2-7b").width and notes("llama2-7b").outside == ()
     assert "params" in notes("llama3.1-70b").outside  # 70.6B beyond Llama 2 70B's 69.0
+
+
+def test_the_advisor_predicts_llama31_through_its_cached_throughput_call():
+    # predicted_tokens is memoised on its arguments, the model spec among them: it must hash
+    from llmbench.report import advice
+
+    p = advice.predicted_tokens("h200", ModelSpec.load("llama3.1-8b"), "finetune", "L", 1, 4)
+    assert p.value > 0 and any("vocabulary 128256" in n for n in p.notes)

@@ -53,13 +53,14 @@ def test_load_kinds_and_prefix_caching_reach_the_tidy_and_serving_tables(tmp_pat
 def test_concurrency_levels_are_points_of_their_own():
     """Two levels of one sweep never pool, nor prefix caching on with off (their cells differ)."""
     rows = []
-    for load, level in (("c2", 2), ("c4", 4)):
+    for load, level in (("c16", 16), ("c4", 4)):
         rows.append({k: None for k in tidy.ALL_COLUMNS} | dict(
             stage="serve", platform="cpu", model="tiny", engine="vllm", load=load, gpus=1, status="ok",
             mode="concurrency", num_requests=8, input_len=16, output_len=4, max_concurrency=level,
             prefix_len=0, ramp_up_s=0, output_tokens_per_s=10.0 * level))
     pooled = serving.points(pd.DataFrame(rows))
-    assert len(pooled) == 2 and sorted(pooled["output_tokens_per_s_mean"]) == [20.0, 40.0]
+    assert list(pooled["point"]) == ["c4", "c16"]  # by level, not by name
+    assert list(pooled["output_tokens_per_s_mean"]) == [40.0, 160.0]
 
 
 def test_a_record_from_before_the_new_keys_reads_as_no_prefix_no_ramp(tmp_path):

@@ -57,13 +57,16 @@ def over_runs(df: pd.DataFrame) -> pd.DataFrame:
         ok = g[g["status"] == "ok"]
         row = {**g.iloc[0][KEY].to_dict(), "point": _point(g["load"].sort_values()),
                "mode": json.loads(g.iloc[0]["load_spec"])["mode"], "runs": len(g), "ok": len(ok),
-               "rate_per_s": json.loads(g.iloc[0]["load_spec"]).get("rate_per_s")}
+               "rate_per_s": json.loads(g.iloc[0]["load_spec"]).get("rate_per_s"),
+               "max_concurrency": json.loads(g.iloc[0]["load_spec"]).get("max_concurrency")}
         for m in METRICS:
             vals = pd.to_numeric(ok[m], errors="coerce")
             row[f"{m}_mean"], row[f"{m}_std"] = vals.mean(), vals.std(ddof=1)
         pooled.append(row)
     out = pd.DataFrame(pooled)
-    return out.sort_values(KEY + ["mode", "rate_per_s", "point"], ignore_index=True) if len(out) else out
+    # a sweep's levels in order (a rate, or requests in flight), not by their names
+    return out.sort_values(KEY + ["mode", "rate_per_s", "max_concurrency", "point"], ignore_index=True) if len(out) \
+        else out
 
 
 def display(pooled: pd.DataFrame) -> pd.DataFrame:

@@ -96,6 +96,35 @@ def test_a_bad_findings_file_stops_the_workflow_before_any_job(tmp_path):
     assert not (work / "results").exists()
 
 
+def test_our_own_findings_load_without_quotes_and_a_papers_finding_needs_its_quote(tmp_path):
+    ours = findings.load(REPO / "config" / "findings-ours.yaml")
+    assert ours and all(f.quote == "" for f in ours)
+    path = tmp_path / "findings.yaml"
+    entry = {k: v for k, v in finding(id="no-quote").items() if k != "quote"}
+    path.write_text(yaml.safe_dump({"source": "ours", "findings": [entry]}))
+    assert [f.id for f in findings.load(path)] == ["no-quote"]
+    path.write_text(yaml.safe_dump({"findings": [entry]}))  # the paper's (the default source)
+    with pytest.raises(ConfigError, match="quote"):
+        findings.load(path)
+
+
+def test_our_findings_table_judges_fsdp2_against_deepspeed_without_a_paper_side(tmp_path):
+    from llmbench.report import tables
+
+    frame = pd.concat([rows(("h200", "llama2-7b", "Z3", 1, 1, "ok", 500.0, 107.0)),
+                       rows(("h200", "llama2-7b", "Z3", 1, 1, "ok", 1000.0, 101.0)).assign(backend="fsdp2")],
+                      ignore_index=True)
+    path = tmp_path / "ours.yaml"
+    entry = {k: v for k, v in finding(id="fsdp2-faster", where={"batch_size": 1}, checks=[
+        {"metric": "tokens_per_s_per_gpu", "relation": "ratio", "a": {"backend": "fsdp2", "technique": "Z3"},
+         "b": {"backend": "deepspeed", "technique": "Z3"}, "expect": {"min": 1.0}}]).items() if k != "quote"}
+    path.write_text(yaml.safe_dump({"source": "ours", "findings": [entry]}))
+    table = tables.findings_ours(tables.Inputs({"tidy": frame, "findings-ours": str(path)}))
+    shown = table.parts[0].frame
+    assert "paper_value" not in shown and list(shown["verdict"]) == ["holds"]
+    assert shown["ours_value"].iloc[0].startswith("tokens_per_s_per_gpu backend=fsdp2 Z3 / backend=deepspeed Z3: 2")
+
+
 def test_holds_and_the_papers_own_value_beside_it(tmp_path):
     frame = rows(("h100", "llama2-7b", "Z2", 1, 1, "ok", 100.0, 30.0), ("h100", "llama2-7b", "Naive", 1, 1, "ok", 110.0, 60.0))
     t = judge(tmp_path, frame, finding(where={"batch_size": 1, "backend": "deepspeed", "model": "llama2-7b"}))

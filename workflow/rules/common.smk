@@ -21,7 +21,8 @@ from llmbench.report import runs as lbruns  # noqa: E402
 try:
     GRID = lbgrid.expand(config, Path(workflow.basedir), source="config")
     # the findings are data: a bad entry stops the workflow here, naming it
-    lbfindings.load(Path(workflow.basedir) / lbcatalog.FINDINGS_FILE)
+    for _findings_file in lbcatalog.FINDINGS_FILES.values():
+        lbfindings.load(Path(workflow.basedir) / _findings_file)
     # the serving engines' interpreters exist (what the grid can say without running)
     lbgrid.check_engine_python(GRID)
 except ConfigError as exc:

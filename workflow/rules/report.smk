@@ -84,6 +84,10 @@ rule build_table:
         md=f"{R}/tables/{{table}}.md",
         html=report(f"{R}/tables/{{table}}.html", category=table_section, subcategory="Tables",
                     labels={"table": "{table}"}),
+    params:
+        # our own findings (findings-ours) judge the models and plan for the machines the paper's do
+        models=config.get("findings_models"),
+        machines=config.get("findings_machines"),
     log:
         f"{R}/logs/report/build_table-{{table}}.log",
     conda:

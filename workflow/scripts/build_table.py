@@ -7,7 +7,8 @@ from llmbench.report import render, tables
 
 def main(smk) -> None:
     logging.basicConfig(filename=smk.log[0], level=logging.INFO)
-    table = tables.build(smk.wildcards.table, tables.Inputs(dict(smk.input.items())))
+    table = tables.build(smk.wildcards.table, tables.Inputs(dict(smk.input.items()), findings_models=smk.params.models,
+                                                            findings_machines=smk.params.machines))
     render.write(table, smk.output.csv, smk.output.md, smk.output.html)
     logging.info("%s: %d rows", smk.wildcards.table, len(table.long))
 

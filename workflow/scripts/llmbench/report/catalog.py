@@ -17,6 +17,7 @@ What an entry reads (``reads``) is named in one vocabulary, turned into paths by
   searches                         the max-batch searches' folders and the records they measured
                                    (known to the grid only: the workflow supplies them)
   findings                         config/reference/findings.yaml
+  findings-ours                    config/findings-ours.yaml (our own findings)
   reference:<file>                 config/reference/<file>.csv
   table:<name>                     tables/<name>.csv, another table of this catalog, or a CSV
                                    its rule writes beside it (BESIDE) (figures)
@@ -57,6 +58,10 @@ KINDS = ("table", "figure")
 BESIDE = {"findings-checks": "findings", "findings-missing": "findings"}
 #: The paper's findings, as data (llmbench.report.findings).
 FINDINGS_FILE = "config/reference/findings.yaml"
+#: Our own findings (today's stack against the paper's), judged by the same engine.
+OURS_FILE = "config/findings-ours.yaml"
+#: A findings vocabulary item -> its file.
+FINDINGS_FILES = {"findings": FINDINGS_FILE, "findings-ours": OURS_FILE}
 _REF = tuple(f"reference:{r}" for r in PAPER_FRAME)
 
 
@@ -82,7 +87,7 @@ class Entry:
             raise ValueError(f"{self.name}: section {self.section!r} is not one of SECTIONS")
         for r in self.reads:
             head, _, tail = r.partition(":")
-            if not (r in SOURCES or r in ("searches", "findings") or (head in ("reference", "table") and tail)
+            if not (r in SOURCES or r in ("searches", *FINDINGS_FILES) or (head in ("reference", "table") and tail)
                     or (head == "tidy" and tail in SLICES)):
                 raise ValueError(f"{self.name}: reads {r!r}, which is not in the catalog's vocabulary")
 
@@ -152,6 +157,8 @@ TABLES: tuple[Entry, ...] = (
        "paper where measured, predicted with an interval elsewhere (llmbench.report.advice)", "tidy"),
     _t("stacks", STACKS, "The paper's stack and today's: every cell PyTorch FSDP2 ran, beside DeepSpeed's cell of the "
        "same method (llmbench.report.stacks)", "tidy", "superseded"),
+    _t("findings-ours", STACKS, "Our findings: claims of this project about today's stack, judged by the verdicts' "
+       "engine (config/findings-ours.yaml)", "tidy", "superseded", "findings-ours"),
 )
 
 #: Every figure; each answers one question and reads the table(s) it plots.
@@ -217,8 +224,8 @@ def inputs(entry: Entry, results_dir: str) -> dict[str, str | list[str]]:
     for r in entry.reads:
         if r in SOURCES:
             out[r] = f"{results_dir}/{SOURCES[r]}"
-        elif r == "findings":
-            out[r] = FINDINGS_FILE
+        elif r in FINDINGS_FILES:
+            out[r] = FINDINGS_FILES[r]
         elif r.startswith("table:"):
             out[input_key(r)] = f"{results_dir}/tables/{r.split(':', 1)[1]}.csv"
         elif r.startswith("tidy:"):

@@ -253,7 +253,8 @@ def _check(raw: dict, where: str, tolerance: float) -> Check:
 
 
 def load(path: Path | str = REPO_ROOT / "config" / "reference" / "findings.yaml") -> list[Finding]:
-    """Load and validate the findings file. A bad entry raises ConfigError naming its id."""
+    """Load and validate a findings file (the paper's, or our own: ``source: ours``, no
+    quotes). A bad entry raises ConfigError naming its id."""
     raw = load_yaml(Path(path))
     validate(raw, "findings", str(path))
     out, seen = [], set()
@@ -266,7 +267,7 @@ def load(path: Path | str = REPO_ROOT / "config" / "reference" / "findings.yaml"
         tol = entry.get("tolerance", DEFAULT_TOLERANCE)
         checks = tuple(_check(c, f"{where}.checks[{j}]", tol) for j, c in enumerate(entry["checks"]))
         group_by = entry.get("group_by") or DEFAULT_GROUP.get(entry["stage"], ["platform", "model", "gpus"])
-        out.append(Finding(id=fid, section=entry["section"], claim=entry["claim"], quote=entry["quote"],
+        out.append(Finding(id=fid, section=entry["section"], claim=entry["claim"], quote=entry.get("quote", ""),
                            how=entry["how"], stage=entry["stage"], checks=checks,
                            where=_canonical_selection(entry.get("where") or {}, f"{where}.where"),
                            group_by=tuple(group_by), platforms=entry.get("platforms") or {},
@@ -1215,18 +1216,29 @@ MISSING_LEAD = ("Per undecided finding, its smallest paired set on the machine k
 MISSING_SHOWN = 15
 
 
-def report_table(table: pd.DataFrame, missing: pd.DataFrame):
+#: Our own findings (catalog table findings-ours) have no paper side: these columns are left out.
+PAPER_SHOWN = ("paper_value", "paper_check")
+NOTE_OURS = ("Claims of this project, not of the paper (config/findings-ours.yaml), judged by the same engine as "
+             "the paper's findings: the same intervals, pairing and verdicts (the verdict table's note says how to "
+             "read them); there is no paper value.")
+
+
+def report_table(table: pd.DataFrame, missing: pd.DataFrame, name: str = "findings"):
     """The findings as the report shows them (llmbench.report.render): the counts per
-    verdict first, every row, then the cells that would decide the most."""
+    verdict first, every row, then the cells that would decide the most. ``name``: the
+    catalog table (findings, or findings-ours: our own, shown without the paper's side)."""
     from . import catalog, render
 
     spread = ""
     if "machine_spread" in table.attrs:
         spread = f" Machine-to-machine spread of a cell's throughput: {table.attrs['machine_spread']}."
-    parts = [render.Part(frame=table.reindex(columns=SHOWN), lead=summary_line(table) + "." + spread, note=NOTE)]
+    ours = name != "findings"
+    shown = [c for c in SHOWN if not (ours and c in PAPER_SHOWN)]
+    parts = [render.Part(frame=table.reindex(columns=shown), lead=summary_line(table) + "." + spread,
+                         note=NOTE_OURS if ours else NOTE)]
     if len(missing):
         parts.append(render.Part(frame=missing.head(MISSING_SHOWN), heading=MISSING_HEADING, lead=MISSING_LEAD))
-    return render.Table(title=catalog.get("table", "findings").title, long=table[COLUMNS], parts=tuple(parts))
+    return render.Table(title=catalog.get("table", name).title, long=table[COLUMNS], parts=tuple(parts))
 
 
 def build(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None, micro_rows: pd.DataFrame | None = None,

@@ -97,7 +97,7 @@ def test_a_bad_findings_file_stops_the_workflow_before_any_job(tmp_path):
 
 
 def test_our_own_findings_load_without_quotes_and_a_papers_finding_needs_its_quote(tmp_path):
-    ours = findings.load(REPO / "config" / "findings-ours.yaml")
+    ours = findings.load(REPO / "config" / "findings" / "ours.yaml")
     assert ours and all(f.quote == "" for f in ours)
     path = tmp_path / "findings.yaml"
     entry = {k: v for k, v in finding(id="no-quote").items() if k != "quote"}

@@ -17,7 +17,7 @@ What an entry reads (``reads``) is named in one vocabulary, turned into paths by
   searches                         the max-batch searches' folders and the records they measured
                                    (known to the grid only: the workflow supplies them)
   findings                         config/reference/findings.yaml
-  findings-ours                    config/findings-ours.yaml (our own findings)
+  findings-ours                    config/findings/ours.yaml (our own findings)
   reference:<file>                 config/reference/<file>.csv
   table:<name>                     tables/<name>.csv, another table of this catalog, or a CSV
                                    its rule writes beside it (BESIDE) (figures)
@@ -59,7 +59,7 @@ BESIDE = {"findings-checks": "findings", "findings-missing": "findings"}
 #: The paper's findings, as data (llmbench.report.findings).
 FINDINGS_FILE = "config/reference/findings.yaml"
 #: Our own findings (today's stack against the paper's), judged by the same engine.
-OURS_FILE = "config/findings-ours.yaml"
+OURS_FILE = "config/findings/ours.yaml"
 #: A findings vocabulary item -> its file.
 FINDINGS_FILES = {"findings": FINDINGS_FILE, "findings-ours": OURS_FILE}
 _REF = tuple(f"reference:{r}" for r in PAPER_FRAME)
@@ -158,7 +158,7 @@ TABLES: tuple[Entry, ...] = (
     _t("stacks", STACKS, "The paper's stack and today's: every cell PyTorch FSDP2 ran, beside DeepSpeed's cell of the "
        "same method (llmbench.report.stacks)", "tidy", "superseded"),
     _t("findings-ours", STACKS, "Our findings: claims of this project about today's stack, judged by the verdicts' "
-       "engine (config/findings-ours.yaml)", "tidy", "superseded", "findings-ours"),
+       "engine (config/findings/ours.yaml)", "tidy", "superseded", "findings-ours"),
 )
 
 #: Every figure; each answers one question and reads the table(s) it plots.

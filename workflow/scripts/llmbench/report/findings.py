@@ -1218,7 +1218,7 @@ MISSING_SHOWN = 15
 
 #: Our own findings (catalog table findings-ours) have no paper side: these columns are left out.
 PAPER_SHOWN = ("paper_value", "paper_check")
-NOTE_OURS = ("Claims of this project, not of the paper (config/findings-ours.yaml), judged by the same engine as "
+NOTE_OURS = ("Claims of this project, not of the paper (config/findings/ours.yaml), judged by the same engine as "
              "the paper's findings: the same intervals, pairing and verdicts (the verdict table's note says how to "
              "read them); there is no paper value.")
 

@@ -102,7 +102,7 @@ def findings(inputs: Inputs) -> render.Table:
 
 
 def findings_ours(inputs: Inputs) -> render.Table:
-    """Our own findings (config/findings-ours.yaml), judged as the paper's are."""
+    """Our own findings (config/findings/ours.yaml), judged as the paper's are."""
     table, missing = verdicts.build(inputs.tidy, path=inputs.path("findings-ours"), superseded=inputs.superseded,
                                     models=inputs.findings_models, machines=inputs.findings_machines, **inputs.kw)
     return verdicts.report_table(table, missing, "findings-ours")

@@ -39,7 +39,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow" / "scripts"))
 sys.path.insert(0, str(REPO / "tests"))
 
-from bench_overhead import cv, median, platform_for, run_cell  # noqa: E402  (the same launch path and statistics)
+# the launch path, statistics and output of the DeepSpeed overhead benchmark
+from bench_overhead import cv, emit, failures, median, platform_for, print_table, run_cell  # noqa: E402
 
 #: AdamW as the cells step (llmbench.train.fsdp2_worker.ADAMW, written out: the loop shares nothing with it).
 ADAMW = dict(lr=1e-5, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
@@ -187,8 +188,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch < 1 or args.gpus < 1:
         ap.error(f"--batch and --gpus: at least 1; got {args.batch} and {args.gpus}")
 
-    import pandas as pd
-
     try:
         platform, gpu_state = platform_for(args.device, args.platform)
     except ValueError as e:
@@ -206,24 +205,17 @@ def main(argv: list[str] | None = None) -> int:
                 cell.append(run_cell(spec, workdir, index, args.threads))
                 index += 1
             p_tps, c_tps = median(plain, "tokens_per_s"), median(cell, "tokens_per_s")
-            status = "; ".join(f"{side} {r['status']}: {' '.join(r['reason'])} ({r['log']})"
-                               for side, rs in (("plain", plain), ("cell", cell)) for r in rs if r["status"] != "ok")
+            status = failures(plain, cell)
             rows.append({"technique": technique, "batch": batch, "gpus": args.gpus, "plain_tokens_per_s": p_tps,
                          "cell_tokens_per_s": c_tps, "cell_over_plain": c_tps / p_tps if p_tps and c_tps else None,
                          "plain_cv": cv(plain), "cell_cv": cv(cell),
                          "plain_peak_gib": median(plain, peak_key), "cell_peak_gib": median(cell, peak_key),
                          "attention": next((r["attention"] for r in cell + plain if r["status"] == "ok"), None),
                          "status": status or "ok", "plain_rounds": plain, "cell_rounds": cell})
-            print(json.dumps({k: v for k, v in rows[-1].items() if not k.endswith("_rounds")}), file=sys.stderr,
-                  flush=True)
-            if args.json:  # after every point: a benchmark stopped by its time limit keeps what it measured
-                args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                 "platform": platform, "gpus": gpu_state, "rows": rows}, indent=2))
-    table = pd.DataFrame(rows).drop(columns=["plain_rounds", "cell_rounds"])
-    print(f"model {args.model}, platform {platform}, {args.gpus} rank(s), seq {args.seq_len}, {args.warmup} warm-up + "
-          f"{args.steps} measured steps, {args.rounds} round(s), medians; peak: {peak_key}; logs in {workdir}")
-    with pd.option_context("display.width", 200, "display.max_colwidth", 80, "display.float_format", "{:.3f}".format):
-        print(table.to_string(index=False))
+            emit(rows, args, platform, gpu_state)
+    print_table(rows, f"model {args.model}, platform {platform}, {args.gpus} rank(s), seq {args.seq_len}, "
+                f"{args.warmup} warm-up + {args.steps} measured steps, {args.rounds} round(s), medians; peak: "
+                f"{peak_key}; logs in {workdir}")
     return 0
 
 

@@ -291,6 +291,31 @@ def cv(rounds: list[dict], key: str = "tokens_per_s") -> float | None:
     return s.std / s.mean
 
 
+def failures(plain: list[dict], cell: list[dict]) -> str:
+    """Each round that was not ok, side by side: its status, reason and log ('' where all were)."""
+    return "; ".join(f"{side} {r['status']}: {' '.join(r['reason'])} ({r['log']})"
+                     for side, rs in (("plain", plain), ("cell", cell)) for r in rs if r["status"] != "ok")
+
+
+def emit(rows: list[dict], args: argparse.Namespace, platform: str, gpu_state: list[dict]) -> None:
+    """The last point on stderr, and every point so far to --json: a benchmark stopped by its
+    time limit keeps what it measured."""
+    print(json.dumps({k: v for k, v in rows[-1].items() if not k.endswith("_rounds")}), file=sys.stderr, flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "platform": platform,
+                                         "gpus": gpu_state, "rows": rows}, indent=2))
+
+
+def print_table(rows: list[dict], header: str) -> None:
+    """The points as a table under ``header`` (the rounds are in --json)."""
+    import pandas as pd
+
+    table = pd.DataFrame(rows).drop(columns=["plain_rounds", "cell_rounds"])
+    print(header)
+    with pd.option_context("display.width", 200, "display.max_colwidth", 80, "display.float_format", "{:.3f}".format):
+        print(table.to_string(index=False))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plain-child", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
@@ -326,8 +351,6 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(plain_loop(spec, variants)))
         return 0
 
-    import pandas as pd
-
     try:
         platform, gpu_state = platform_for(args.device, args.platform)
     except ValueError as e:
@@ -354,8 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                 cell.append(run_cell(spec, workdir, index, args.threads))
                 index += 1
             p_tps, c_tps = median(plain, "tokens_per_s"), median(cell, "tokens_per_s")
-            status = "; ".join(f"{side} {r['status']}: {' '.join(r['reason'])} ({r['log']})"
-                               for side, rs in (("plain", plain), ("cell", cell)) for r in rs if r["status"] != "ok")
+            status = failures(plain, cell)
             # each variant's tokens/s over the plain loop's in the same child, median over rounds
             shares = {f"{v}_over_plain": statistics.median(r["variants_tokens_per_s"][v] / r["tokens_per_s"]
                                                            for r in plain if r["status"] == "ok")
@@ -368,17 +390,9 @@ def main(argv: list[str] | None = None) -> int:
                          "plain_peak_gib": median(plain, peak_key), "cell_peak_gib": median(cell, peak_key),
                          "attention": next((r["attention"] for r in cell + plain if r["status"] == "ok"), None),
                          "status": status or "ok", "plain_rounds": plain, "cell_rounds": cell})
-            print(json.dumps({k: v for k, v in rows[-1].items() if not k.endswith("_rounds")}), file=sys.stderr,
-                  flush=True)
-            if args.json:  # after every point: a benchmark stopped by its time limit keeps what it measured
-                args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                 "platform": platform, "gpus": gpu_state,
-                                                 "rows": rows}, indent=2))
-    table = pd.DataFrame(rows).drop(columns=["plain_rounds", "cell_rounds"])
-    print(f"model {args.model}, platform {platform}, seq {args.seq_len}, {args.warmup} warm-up + {args.steps} "
-          f"measured steps, {args.rounds} round(s), medians; peak: {peak_key}; logs in {workdir}")
-    with pd.option_context("display.width", 200, "display.max_colwidth", 80, "display.float_format", "{:.3f}".format):
-        print(table.to_string(index=False))
+            emit(rows, args, platform, gpu_state)
+    print_table(rows, f"model {args.model}, platform {platform}, seq {args.seq_len}, {args.warmup} warm-up + "
+                f"{args.steps} measured steps, {args.rounds} round(s), medians; peak: {peak_key}; logs in {workdir}")
     return 0
 
 

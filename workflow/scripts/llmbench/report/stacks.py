@@ -44,10 +44,10 @@ def _ok(frame: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def _repeats(row: pd.Series) -> list[float]:
-    """Tokens/s per GPU of each repeat of one tidy row."""
-    runs = row.get("tokens_per_s_runs")
-    vals = [float(x) for x in runs.split(";") if x] if isinstance(runs, str) and runs else [float(row["tokens_per_s_mean"])]
-    return [v / float(row["gpus"]) for v in vals if v > 0]
+    """Tokens/s per GPU of each repeat of one tidy row (as the verdicts read it)."""
+    per_gpu = row.copy()
+    per_gpu["tokens_per_s_per_gpu"] = float(row["tokens_per_s_mean"]) / float(row["gpus"])
+    return [v for v in evidence.repeat_values(per_gpu, "tokens_per_s_per_gpu") if v > 0]
 
 
 def _side(row: pd.Series) -> evidence.Side:

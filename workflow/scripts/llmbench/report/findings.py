@@ -7,13 +7,9 @@ selection runs at all (``runs``: 1 if ok, 0 if out of memory), and states the in
 claim implies (``expect``: ``min``/``max``, or ``about`` with the finding's relative
 ``tolerance``). The engine evaluates every check per group of cells (by default platform,
 model and GPU count), on our records and, the same way, on the paper's own numbers
-(llmbench.report.paper_frame), and gives each group one verdict:
-
-- ``holds``: every check is inside its interval;
-- ``contradicts``: no check is, and at least one was decided;
-- ``partly``: some checks hold and others contradict, or some hold and others could not be
-  decided;
-- ``untestable``: no check could be decided; ``missing`` names the cells that would.
+(llmbench.report.paper_frame), and gives each group one verdict from its checks' verdicts:
+``holds``, ``contradicts``, ``partly``, ``inconclusive`` or ``untestable``, as ``COMBINE``
+below says (the one statement of the rule; ``combine`` applies it).
 
 Comparisons across hardware go through per-GPU throughput, MFU and ratios of two cells of
 the same platform and model, never through platform names alone; a finding that names

@@ -11,6 +11,7 @@ from llmbench import grid
 from llmbench.aggregate import Outcome, build_record
 from llmbench.config import ConfigError
 from llmbench.platforms import Platform
+from llmbench.report import tidy
 from llmbench.techniques import TechniqueError, parse
 from llmbench.train import fsdp2_worker
 
@@ -155,6 +156,11 @@ def test_an_fp8_record_has_mfu_against_the_bf16_peak_and_beside_it_against_the_f
     assert fp8.mfu_fp8_peak == pytest.approx(fp8.mfu * h200.peak_bf16_tflops / h200.peak_fp8_tflops)
     assert bf16.mfu_fp8_peak is None and "mfu_fp8_peak" not in bf16.mfu_formula
     assert f"{h200.peak_fp8_tflops} TFLOP/s" in fp8.mfu_formula
+    # the tidy table carries both, recomputed by today's formula as its mfu is
+    rows = {t: tidy.row(r, f"runs/{t}/record.json") for t, r in recs.items()}
+    assert rows["Z3+C+FP8"]["mfu_fp8_peak"] == pytest.approx(
+        rows["Z3+C+FP8"]["mfu"] * h200.peak_bf16_tflops / h200.peak_fp8_tflops)
+    assert rows["Z3+C"]["mfu_fp8_peak"] is None
 
 
 def micro(platform, dtype="float8_e4m3fn", shapes=((4096, 4096, 4096),)):

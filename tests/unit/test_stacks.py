@@ -7,14 +7,14 @@ import pytest
 from llmbench.report import catalog, stacks
 
 
-def row(backend, tech, runs, *, pset=None, machine="m1", run="r1", status="ok", mem=10.0, gpus=1):
+def row(backend, tech, runs, *, pset=None, machine="m1", run="r1", status="ok", mem=10.0, gpus=1, mfu_fp8=None):
     vals = [float(x) for x in runs]
     return {"stage": "pretrain", "platform": "h200", "gpus": gpus, "model": "llama2-7b", "technique": tech,
             "batch_size": 1, "backend": backend, "status": status, "kind": "cell",
             "tokens_per_s_mean": sum(vals) / len(vals) if vals else None,
             "tokens_per_s_runs": ";".join(str(v) for v in vals), "mfu": 0.02, "peak_mem_allocated_gib": mem,
             "peak_mem_reserved_gib": mem + 1, "run": run, "machine": machine, "paired_set": pset,
-            "record_path": f"{run}/{backend}/{tech}"}
+            "record_path": f"{run}/{backend}/{tech}", "mfu_fp8_peak": mfu_fp8}
 
 
 def test_fsdp2_beside_deepspeed_pairs_rounds_of_one_set_and_says_which():
@@ -52,3 +52,22 @@ def test_the_table_is_in_the_catalog_and_empty_without_fsdp2_cells():
     assert catalog.get("table", "stacks").reads == ("tidy", "superseded")
     df = stacks.build(pd.DataFrame([row("deepspeed", "Z3", [500, 480])]))
     assert df.empty and list(df.columns) == stacks.COLUMNS
+
+
+def test_an_fp8_cell_is_set_over_its_bf16_cell_of_the_same_stack_and_shows_both_peaks():
+    tidy = pd.DataFrame([
+        row("fsdp2", "F+Z3+C", [8100, 8550], pset="f", run="a"),
+        row("fsdp2", "F+Z3+C+FP8", [7300, 5620], pset="f", run="a", mfu_fp8=0.131),
+        row("fsdp2", "F+Z3+C+FP8R", [7290, 7540], run="a", mfu_fp8=0.151),
+    ])
+    df = stacks.build(tidy).set_index("technique")
+    fp8 = df.loc["F+Z3+C+FP8"]
+    assert fp8.fp8_pairing == "set"
+    assert fp8.fp8_ratio == pytest.approx((7300 / 8100 * 5620 / 8550) ** 0.5)
+    assert fp8.fp8_ratio_lo < fp8.fp8_ratio < fp8.fp8_ratio_hi
+    assert df.loc["F+Z3+C+FP8R", "fp8_pairing"] == "machine"  # not in the set: one machine
+    assert pd.isna(df.loc["F+Z3+C", "fp8_ratio"])  # a bf16 cell has no FP8 ratio
+    shown = stacks.table(df.reset_index()).parts[0].frame.set_index("Method")
+    assert shown.loc["F+Z3+C+FP8", "FSDP2 MFU %"] == "2.0 (FP8 peak 13.1)"
+    assert shown.loc["F+Z3+C+FP8", "FP8 / bf16 tok/s [95 %]"].endswith("(set)")
+    assert shown.loc["F+Z3+C", "FP8 / bf16 tok/s [95 %]"] == ""

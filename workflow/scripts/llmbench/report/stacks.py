@@ -3,11 +3,13 @@ that PyTorch FSDP2 ran, beside DeepSpeed's cell of the same method, model, platf
 count and batch (the paper's framework, the baseline: 1.00).
 
 Per side: tokens/s per GPU (mean ± sample std over its repeats, n), MFU against the bf16
-peak, and the allocated and reserved peak GPU memory. Then FSDP2 over DeepSpeed in tokens/s
+peak (an FP8 cell's against the FP8 peak too), and the allocated and reserved peak GPU memory. Then FSDP2 over DeepSpeed in tokens/s
 with a 95 % interval and in allocated memory, paired as the findings pair two cells
 (llmbench.report.evidence): both from one paired set (per-round ratios), else from one
 machine, else from two machines with the machine-to-machine spread added. A method FSDP2 ran
 that DeepSpeed did not shows its one side, and '-' where DeepSpeed's cell ran out of memory.
+An FP8 cell (FP8, FP8R) is also set over the same stack's cell of its method in bf16 (the
+FP8 flag dropped), paired the same way.
 
 The technique names map onto FSDP2 as docs/methods.md says (Z3: resharding after forward,
 Z2: no resharding, no Z flag: replication): a row compares the two frameworks' realisation of
@@ -16,11 +18,13 @@ one method name, not identical algorithms.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 
 import pandas as pd
 
+from .. import techniques
 from . import evidence, render
 from .render import fmt
 
@@ -30,8 +34,10 @@ BASELINE = "deepspeed"
 #: One comparison: the cell but its backend.
 KEY = ["stage", "platform", "gpus", "model", "technique", "batch_size"]
 COLUMNS = KEY + [f"{s}_{m}" for s in STACKS for m in ("status", "tokens_per_s_per_gpu", "sd", "n", "mfu",
-                                                      "allocated_gib", "reserved_gib", "run")] + [
-    "ratio", "ratio_lo", "ratio_hi", "pairing", "method", "memory_ratio"]
+                                                      "mfu_fp8_peak", "allocated_gib", "reserved_gib", "run")] + [
+    "ratio", "ratio_lo", "ratio_hi", "pairing", "method", "memory_ratio",
+    # an FP8 cell over the same stack's cell of its method in bf16 (the FP8 flag dropped)
+    "fp8_ratio", "fp8_ratio_lo", "fp8_ratio_hi", "fp8_pairing"]
 
 
 def _ok(frame: pd.DataFrame | None) -> pd.DataFrame:
@@ -88,8 +94,22 @@ def _fill(out: dict, stack: str, row: pd.Series | None) -> None:
     vals = _repeats(row)
     out.update({f"{stack}_status": "ok", f"{stack}_tokens_per_s_per_gpu": statistics.fmean(vals),
                 f"{stack}_sd": statistics.stdev(vals) if len(vals) > 1 else None, f"{stack}_n": len(vals),
-                f"{stack}_mfu": row.get("mfu"), f"{stack}_allocated_gib": row.get("peak_mem_allocated_gib"),
+                f"{stack}_mfu": row.get("mfu"), f"{stack}_mfu_fp8_peak": row.get("mfu_fp8_peak"),
+                f"{stack}_allocated_gib": row.get("peak_mem_allocated_gib"),
                 f"{stack}_reserved_gib": row.get("peak_mem_reserved_gib"), f"{stack}_run": row.get("run")})
+
+
+def _bf16_of(rows: pd.DataFrame, other: pd.Series) -> pd.DataFrame:
+    """The records of ``other``'s cell in bf16 (its FP8 flag dropped; same stack, method,
+    model, platform, GPUs and batch); empty where ``other`` is no FP8 cell."""
+    tech = techniques.parse(other["technique"])
+    if tech.fp8 is None:
+        return rows.iloc[0:0]
+    mask = (rows["backend"] == other["backend"]) & (rows["technique"] == dataclasses.replace(tech, fp8=None).name)
+    for k in KEY:
+        if k != "technique":
+            mask &= rows[k] == other[k]
+    return rows[mask]
 
 
 def build(tidy: pd.DataFrame, superseded: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -121,6 +141,11 @@ def build(tidy: pd.DataFrame, superseded: pd.DataFrame | None = None) -> pd.Data
             a, b = other.get("peak_mem_allocated_gib"), base.get("peak_mem_allocated_gib")
             row.update({"ratio": est.value, "ratio_lo": est.lo, "ratio_hi": est.hi, "pairing": est.pairing,
                         "method": est.method, "memory_ratio": a / b if a and b and a == a and b == b else None})
+        bf16 = _pick(_bf16_of(rows, other), other, used_paths)
+        if bf16 is not None:
+            est = evidence.ratio(_side(other), _side(bf16[0]), bf16[1], pooled, spread)
+            row.update({"fp8_ratio": est.value, "fp8_ratio_lo": est.lo, "fp8_ratio_hi": est.hi,
+                        "fp8_pairing": est.pairing})
         out.append(row)
     return pd.DataFrame(out).reindex(columns=COLUMNS)
 
@@ -140,27 +165,40 @@ def _gib(r: pd.Series, s: str) -> str:
     return "" if a is None or a != a else f"{a:.2f} / {b:.2f}"
 
 
+def _mfu(r: pd.Series, s: str) -> str:
+    """MFU % against the bf16 peak, and against the FP8 peak beside it for an FP8 cell."""
+    bf16, fp8 = r.get(f"{s}_mfu"), r.get(f"{s}_mfu_fp8_peak")
+    text = fmt(100 * bf16 if bf16 is not None and bf16 == bf16 else None, ".1f")
+    return text + (f" (FP8 peak {100 * fp8:.1f})" if fp8 is not None and fp8 == fp8 else "")
+
+
+def _ratio(r: pd.Series, col: str) -> str:
+    v = r.get(col)
+    return "" if v is None or v != v else f"{v:.2f} [{r[col + '_lo']:.2f}, {r[col + '_hi']:.2f}]"
+
+
 def table(df: pd.DataFrame) -> render.Table:
     rows = []
     for _, r in df.iterrows():
-        ratio = "" if r["ratio"] is None or r["ratio"] != r["ratio"] else (
-            f"{r['ratio']:.2f} [{r['ratio_lo']:.2f}, {r['ratio_hi']:.2f}]")
+        ratio = _ratio(r, "ratio")
+        fp8 = _ratio(r, "fp8_ratio")
+        if fp8:
+            fp8 += f" ({r['fp8_pairing']})"
         rows.append([r["stage"], r["platform"], fmt(r["gpus"], ".0f"), r["model"], r["technique"],
                      fmt(r["batch_size"], ".0f")]
-                    + [x for s in STACKS for x in (_tps(r, s), fmt(100 * r[f"{s}_mfu"] if r[f"{s}_mfu"] == r[f"{s}_mfu"]
-                                                                    and r[f"{s}_mfu"] is not None else None, ".1f"),
-                                                   _gib(r, s))]
+                    + [x for s in STACKS for x in (_tps(r, s), _mfu(r, s), _gib(r, s))]
                     + [ratio, r["pairing"] if isinstance(r["pairing"], str) else "",
-                       fmt(r["memory_ratio"], ".2f")])
+                       fmt(r["memory_ratio"], ".2f"), fp8])
     head = ["Stage", "Platform", "GPUs", "Model", "Method", "BS"] + [
         x for s in STACKS.values() for x in (f"{s} tok/s/GPU", f"{s} MFU %", f"{s} GiB alloc / rsv")] + [
-        "FSDP2 / DeepSpeed tok/s [95 %]", "pairing", "FSDP2 / DeepSpeed memory"]
+        "FSDP2 / DeepSpeed tok/s [95 %]", "pairing", "FSDP2 / DeepSpeed memory", "FP8 / bf16 tok/s [95 %]"]
     return render.simple(
         "stacks", df, head, rows,
         "Every training cell PyTorch FSDP2 ran, beside DeepSpeed's cell of the same method, model, platform, GPU "
         "count and batch (the paper's framework; the baseline). tok/s/GPU: mean ± sample std over repeats (n); MFU "
-        "against the bf16 peak; memory: allocated / reserved peak a GPU. The ratio's interval pairs as the verdicts "
+        "against the bf16 peak (an FP8 cell's against the FP8 peak beside it); memory: allocated / reserved peak a GPU. The ratio's interval pairs as the verdicts "
         "do: 'set' (one paired set, per-round ratios), 'machine' (one machine), 'machines' (two machines, their "
         "spread added). The method names map onto FSDP2 as docs/methods.md says (Z3: reshard after forward; Z2: no "
         "resharding, parameters still sharded at rest; no Z flag: replication): a row compares each framework's "
-        "realisation of one method, not identical algorithms. '-': out of memory (the paper's '-').")
+        "realisation of one method, not identical algorithms. '-': out of memory (the paper's '-'). FP8 / bf16: an "
+        "FP8 cell over the same stack's cell of its method without the FP8 flag, paired the same way.")

@@ -27,6 +27,7 @@ COLUMNS = [
     "peak_mem_reserved_gib", "peak_rss_gib",
     "host_mem_gib",  # the host memory of the machine the cell ran on (its provenance)
     "mfu", "model_tflops_per_gpu", "mfu_vs_gemm",
+    "mfu_fp8_peak",  # FP8 cells: the same model FLOP/s against the platform's dense FP8 peak
     "total_params", "trainable_params",
     "attention", "compute_dtype", "warmup_steps", "measured_steps", "repeats", "git_sha", "record_path",
     "layout",  # Megatron-LM cells' parallel layout (llmbench.cells.layout_name); empty otherwise
@@ -154,7 +155,7 @@ def row(record: Record, path: str) -> dict:
         "peak_mem_allocated_gib": m.peak_mem_allocated_gib,
         "peak_mem_reserved_gib": m.peak_mem_reserved_gib, "peak_rss_gib": m.peak_rss_gib,
         "host_mem_gib": (record.provenance.get("host") or {}).get("mem_total_gib"),
-        "mfu": _mfu(record, tflops), "model_tflops_per_gpu": tflops,
+        "mfu": _mfu(record, tflops), "model_tflops_per_gpu": tflops, "mfu_fp8_peak": _mfu_fp8(record, tflops),
         "total_params": m.total_params, "trainable_params": m.trainable_params,
         "attention": m.attention, "compute_dtype": m.compute_dtype, "warmup_steps": proto["warmup_steps"],
         "measured_steps": proto["measured_steps"], "repeats": proto["repeats"],
@@ -219,6 +220,18 @@ def _mfu(record: Record, tflops: float | None) -> float | None:
     record lacks what the formula needs. ``tflops``: the record's _model_tflops_per_gpu."""
     peak = ((record.provenance.get("spec") or {}).get("platform") or {}).get("peak_bf16_tflops")
     return tflops / peak if tflops is not None and peak else record.metrics.mfu
+
+
+def _mfu_fp8(record: Record, tflops: float | None) -> float | None:
+    """An FP8 cell's model FLOP/s against its platform's dense FP8 peak (beside ``mfu``,
+    which is against the bf16 peak as for every cell); None for cells without FP8."""
+    from .. import techniques
+
+    technique = record.cell.get("technique")
+    if not technique or techniques.parse(technique).fp8 is None:
+        return None
+    peak = ((record.provenance.get("spec") or {}).get("platform") or {}).get("peak_fp8_tflops")
+    return tflops / peak if tflops is not None and peak else record.metrics.mfu_fp8_peak
 
 
 def _gemm_ceiling(df: pd.DataFrame) -> pd.DataFrame:

@@ -90,7 +90,10 @@ def test_deepspeed_loads_through_the_guard(tmp_path):
         print(ShareMemCommBuilder().load(verbose=False).__name__)
     """)
     env = {**os.environ, "PYTHONPATH": str(SCRIPTS), "DS_ACCELERATOR": "cpu"}
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))  # as launch.worker_env
+    # the op folder and this interpreter's ninja first, as every worker has them
+    # (launch.worker_env): another ninja would rebuild the op for this load, and then again
+    # for the next worker that loads it
+    jit_ops.op_env(env)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "removed the JIT build lock of op deepspeed_shm_comm" in out.stdout

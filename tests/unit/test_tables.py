@@ -589,3 +589,33 @@ def test_serving_runs_of_one_point_pool_and_a_poisson_sweep_is_plotted(tmp_path)
     assert sorted(r["rate_per_s"] for r in data) == [5.0, 10.0]  # the bursts are not a sweep
     figures.save(figures.serve_sweep_chart({"serving": render.read_csv(tmp_path / "serving.csv")}), tmp_path / "sweep")
     assert (tmp_path / "sweep.svg").stat().st_size > 0
+
+
+def test_a_concurrency_sweep_is_plotted_against_requests_in_flight_beside_the_rate_sweep(tmp_path):
+    """Concurrency loads (that many requests in flight) are a sweep of their own: a second row
+    of the sweep figure, its x the requests in flight on a log scale; alone, the only row."""
+    from llmbench.report import figures, render, serving
+
+    base = dict(stage="serve", platform="h200", model="llama2-7b", engine="vllm", gpus=1, status="ok",
+                num_requests=256, input_len=512, output_len=128, p50_e2e_latency_s=2.0, p50_ttft_s=0.1,
+                p50_tpot_s=0.01, goodput_share=1.0)
+    conc = [{**base, "load": f"conc-{c}", "mode": "concurrency", "max_concurrency": c, "rate_per_s": None,
+             "output_tokens_per_s": 100.0 * c} for c in (1, 8, 64)]
+    rate = [{**base, "load": f"poisson-{r}", "mode": "poisson", "rate_per_s": float(r), "max_concurrency": None,
+             "output_tokens_per_s": 60.0 * r} for r in (5, 10)]
+
+    def chart(cells):
+        render.write(serving.table(serving.build(pd.DataFrame(cells))), tmp_path / "serving.csv",
+                     tmp_path / "serving.md", tmp_path / "serving.html")
+        return figures.serve_sweep_chart({"serving": render.read_csv(tmp_path / "serving.csv")})
+
+    both = chart(conc + rate).to_dict()
+    assert len(both["vconcat"]) == 2  # the rate sweep's row, then the concurrency sweep's
+    xs = [row["hconcat"][0]["encoding"]["x"] for row in both["vconcat"]]
+    assert [x["field"] for x in xs] == ["rate_per_s", "max_concurrency"]
+    assert xs[1]["scale"] == {"type": "log", "base": 2} and "scale" not in xs[0]
+    alone = chart(conc).to_dict()
+    assert [c["encoding"]["x"]["field"] for c in alone["hconcat"]] == [
+        "max_concurrency", "output_tokens_per_s", "max_concurrency"]
+    figures.save(chart(conc + rate), tmp_path / "sweep")
+    assert (tmp_path / "sweep.svg").stat().st_size > 0

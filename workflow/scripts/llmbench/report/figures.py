@@ -359,35 +359,47 @@ def serve_throughput_chart(tables: Tables | None = None) -> alt.FacetChart:
         title=_title("serve-throughput"))
 
 
-SWEEP = ["platform", "model", "engine", "load", "gpus", "status", "mode", "rate_per_s", "output_tokens_per_s",
-         "p50_ttft_s", "p50_tpot_s", "p50_e2e_latency_s", "p99_e2e_latency_s", "goodput_share"]
+SWEEP = ["platform", "model", "engine", "load", "gpus", "status", "mode", "rate_per_s", "max_concurrency",
+         "output_tokens_per_s", "p50_ttft_s", "p50_tpot_s", "p50_e2e_latency_s", "p99_e2e_latency_s", "goodput_share"]
+#: the load kinds a sweep is made of: mode -> (the column its points vary, axis title, log axis)
+SWEEPS = {"poisson": ("rate_per_s", "offered requests/s", False),
+          "concurrency": ("max_concurrency", "requests in flight", True)}
 
 
-def serve_sweep_chart(tables: Tables | None = None) -> alt.HConcatChart | alt.Chart:
-    """Beyond the paper: a Poisson sweep per engine. How much does it serve as the offered
-    rate grows (saturation), what does that cost in median end-to-end latency (the
-    throughput-latency curve), and which share of requests still meets the TTFT and TPOT
-    targets (goodput)? One line per engine, platform and model."""
-    df = _get(tables, "serving", SWEEP)
-    df = df[(df["mode"] == "poisson") & df["status"].isin(MEASURED_LOADS)].copy()
-    if df.empty:
-        return _empty(_title("serve-sweep"), "requests/s offered", "no Poisson load ran")
-    df["series"] = df["engine"].astype(str) + " · " + df["platform"].astype(str) + " · " + df["model"].astype(str)
-    df = df.sort_values(["series", "rate_per_s"])
-    tip = ["series", "load", alt.Tooltip("rate_per_s:Q", title="offered req/s"),
+def _sweep_row(df: pd.DataFrame, col: str, label: str, log: bool) -> alt.HConcatChart:
+    """One sweep's three panels: output tokens/s, the throughput-latency curve and goodput."""
+    tip = ["series", "load", alt.Tooltip(f"{col}:Q", title=label),
            alt.Tooltip("output_tokens_per_s:Q", format=",.1f"), alt.Tooltip("p50_ttft_s:Q", format=".3f"),
            alt.Tooltip("p50_tpot_s:Q", format=".4f"), alt.Tooltip("p50_e2e_latency_s:Q", format=".2f"),
            alt.Tooltip("goodput_share:Q", format=".3f")]
     base = alt.Chart(df).mark_line(point=True).encode(color=alt.Color("series:N", title="engine · platform · model"),
                                                       tooltip=tip)
-    rate = alt.X("rate_per_s:Q", title="offered requests/s")
-    served = base.encode(x=rate, y=alt.Y("output_tokens_per_s:Q", title="output tokens/s"))
+    x = alt.X(f"{col}:Q", title=label, scale=alt.Scale(type="log", base=2) if log else alt.Undefined)
+    served = base.encode(x=x, y=alt.Y("output_tokens_per_s:Q", title="output tokens/s"))
     curve = base.encode(x=alt.X("output_tokens_per_s:Q", title="output tokens/s"),
-                        y=alt.Y("p50_e2e_latency_s:Q", title="median end-to-end latency (s)"), order="rate_per_s:Q")
-    good = base.encode(x=rate, y=alt.Y("goodput_share:Q", title="goodput (share meeting TTFT and TPOT targets)",
-                                        scale=alt.Scale(domain=[0, 1])))
-    return alt.hconcat(*(c.properties(width=260, height=220) for c in (served, curve, good))).properties(
-        title=_title("serve-sweep"))
+                        y=alt.Y("p50_e2e_latency_s:Q", title="median end-to-end latency (s)"), order=f"{col}:Q")
+    good = base.encode(x=x, y=alt.Y("goodput_share:Q", title="goodput (share meeting TTFT and TPOT targets)",
+                                    scale=alt.Scale(domain=[0, 1])))
+    return alt.hconcat(*(c.properties(width=260, height=220) for c in (served, curve, good)))
+
+
+def serve_sweep_chart(tables: Tables | None = None) -> alt.VConcatChart | alt.HConcatChart | alt.Chart:
+    """Beyond the paper: the sweeps serving users run (vLLM's bench sweep, SGLang's
+    bench_serving), per engine: against the offered rate (Poisson arrivals) and against the
+    requests kept in flight (a concurrency load), one row each where it ran. How much does
+    it serve as the load grows (saturation), what does that cost in median end-to-end
+    latency (the throughput-latency curve), and which share of requests still meets the
+    TTFT and TPOT targets (goodput)? One line per engine, platform and model."""
+    df = _get(tables, "serving", SWEEP)
+    df = df[df["mode"].isin(list(SWEEPS)) & df["status"].isin(MEASURED_LOADS)].copy()
+    if df.empty:
+        return _empty(_title("serve-sweep"), "requests/s offered, or requests in flight",
+                      "no Poisson or concurrency load ran")
+    df["series"] = df["engine"].astype(str) + " · " + df["platform"].astype(str) + " · " + df["model"].astype(str)
+    rows = [_sweep_row(df[df["mode"] == mode].sort_values(["series", col]), col, label, log)
+            for mode, (col, label, log) in SWEEPS.items() if (df["mode"] == mode).any()]
+    chart = rows[0] if len(rows) == 1 else alt.vconcat(*rows)
+    return chart.properties(title=_title("serve-sweep"))
 
 
 def serve_latency_cdf_chart(tables: Tables | None = None) -> alt.FacetChart:

@@ -3,11 +3,12 @@ that PyTorch FSDP2 ran, beside DeepSpeed's cell of the same method, model, platf
 count and batch (the paper's framework, the baseline: 1.00).
 
 Per side: tokens/s per GPU (mean ± sample std over its repeats, n), MFU against the bf16
-peak (an FP8 cell's against the FP8 peak too), and the allocated and reserved peak GPU memory. Then FSDP2 over DeepSpeed in tokens/s
-with a 95 % interval and in allocated memory, paired as the findings pair two cells
-(llmbench.report.evidence): both from one paired set (per-round ratios), else from one
-machine, else from two machines with the machine-to-machine spread added. A method FSDP2 ran
-that DeepSpeed did not shows its one side, and '-' where DeepSpeed's cell ran out of memory.
+peak (an FP8 cell's against the FP8 peak too), and the allocated and reserved peak GPU
+memory. Then FSDP2 over DeepSpeed in tokens/s with a 95 % interval and in allocated memory,
+paired as the findings pair two cells (llmbench.report.evidence): both from one paired set
+(per-round ratios), else from one machine, else from two machines with the machine-to-machine
+spread added. A method FSDP2 ran that DeepSpeed did not shows its one side, and '-' where
+DeepSpeed's cell ran out of memory.
 An FP8 cell (FP8, FP8R) is also set over the same stack's cell of its method in bf16 (the
 FP8 flag dropped), paired the same way.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import fp8
 from ..cells import MICRO_BENCHES, MicroCell
 from ..config import ConfigError
 from ..platforms import Platform
@@ -78,7 +79,7 @@ def _cells(block: dict[str, Any], where: str, plat_name: str, platform: Platform
 
 def _check_fp8_dims(dtype: str, shapes: list, key: str) -> None:
     """An FP8 GEMM's N and K are multiples of 16 (torch._scaled_mm), or ConfigError naming ``key``."""
-    bad = next((s for s in shapes if s[1] % 16 or s[2] % 16), None) if dtype.startswith("float8") else None
+    bad = next((s for s in shapes if not fp8.dims_ok(s[1], s[2])), None) if dtype.startswith("float8") else None
     if bad is not None:
         raise ConfigError(f"{key}: dtype {dtype} needs N and K multiples of 16 (torch._scaled_mm); "
                           f"[M, N, K] = {list(bad)} is not")

@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from .. import fp8
 from .shapes import sweep  # noqa: F401 - the GEMM shapes of a curve live there (torch-free)
 from .timing import device_of, summary, time_fn
 
@@ -161,16 +162,10 @@ def best_matmul_tflops(
 
 
 def check_fp8(accelerator: str, shapes: list[tuple[int, int, int]]) -> None:
-    """Refuse an FP8 GEMM where torch._scaled_mm cannot run it: ValueError naming why (no
-    CUDA; a GPU before SM 8.9; N or K not a multiple of 16)."""
-    if accelerator != "cuda":
-        raise ValueError(f"dtype {FP8}: torch._scaled_mm needs a CUDA GPU with FP8 tensor cores (SM 8.9+: Ada, "
-                         f"Hopper, Blackwell); this cell runs on {accelerator!r}")
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) < (8, 9):
-        raise ValueError(f"dtype {FP8}: torch._scaled_mm needs FP8 tensor cores (SM 8.9+); "
-                         f"{torch.cuda.get_device_name()} is SM {major}.{minor}")
-    bad = [s for s in shapes if s[1] % 16 or s[2] % 16]
+    """Refuse an FP8 GEMM where torch._scaled_mm cannot run it: ValueError naming why (no FP8
+    tensor cores, llmbench.fp8; N or K not a multiple of 16)."""
+    fp8.check_device(f"dtype {FP8}: torch._scaled_mm", accelerator)
+    bad = [s for s in shapes if not fp8.dims_ok(s[1], s[2])]
     if bad:
         raise ValueError(f"dtype {FP8}: N and K must be multiples of 16 (torch._scaled_mm); {bad[0]} is not")
 

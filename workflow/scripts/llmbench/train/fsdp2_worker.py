@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import fp8
 from ..spec import RunSpec
 from ..techniques import Technique
 from . import contract, scenario
@@ -65,8 +66,6 @@ CLIP_NORM = 1.0
 #: Linears FP8 training leaves in bf16 by name (torchtitan filters its output projection):
 #: the LM head, whose softmax input is the most sensitive to rounding.
 FP8_SKIP_FQNS = ("lm_head",)
-#: Every dim of an FP8 GEMM's operands must be a multiple of this (16 bytes of float8).
-FP8_DIM_MULTIPLE = 16
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -130,15 +129,14 @@ def plan(tech: Technique, ranks: int) -> Plan:
 
 def fp8_filter(module, fqn: str) -> bool:
     """Whether FP8 training converts ``module`` (torchao's module_filter_fn, torchtitan's rule):
-    an nn.Linear not named in FP8_SKIP_FQNS whose dims are both multiples of FP8_DIM_MULTIPLE."""
+    an nn.Linear not named in FP8_SKIP_FQNS whose dims are both multiples of 16 (llmbench.fp8)."""
     import torch
 
     if not isinstance(module, torch.nn.Linear):
         return False
     if any(skip in fqn.split(".") for skip in FP8_SKIP_FQNS):
         return False
-    out_features, in_features = module.weight.shape
-    return out_features % FP8_DIM_MULTIPLE == 0 and in_features % FP8_DIM_MULTIPLE == 0
+    return fp8.dims_ok(*module.weight.shape)
 
 
 def convert_fp8(model, plan_: Plan, *, emulate: bool = False) -> list[str]:
@@ -173,17 +171,8 @@ def convert_fp8(model, plan_: Plan, *, emulate: bool = False) -> list[str]:
 
 
 def check_fp8_device(accelerator: str, device) -> None:
-    """Refuse FP8 training where torch._scaled_mm has no FP8 tensor cores (CPU, CUDA before
-    SM 8.9): ValueError naming the device."""
-    if accelerator != "cuda":
-        raise ValueError(f"FP8 training needs a CUDA GPU with FP8 tensor cores (SM 8.9+); this cell runs on "
-                         f"{accelerator!r}")
-    import torch
-
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < (8, 9):
-        raise ValueError(f"FP8 training needs FP8 tensor cores (SM 8.9+: Ada, Hopper, Blackwell); "
-                         f"{torch.cuda.get_device_name(device)} is SM {major}.{minor}")
+    """Refuse FP8 training where torch._scaled_mm has no FP8 tensor cores (llmbench.fp8)."""
+    fp8.check_device("FP8 training", accelerator, device)
 
 
 def _local(p) -> Any:

@@ -7,8 +7,10 @@ from pathlib import Path
 
 from .config import REPO_ROOT, load_named
 
-#: Short names of the compute dtypes a platform may ask for (its compute_dtype).
-DTYPE_NAMES = {"bfloat16": "bf16", "float32": "fp32"}
+#: Short names of dtypes, as records, tables and docs write them.
+DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8"}
+#: The compute dtypes a platform may ask for (its compute_dtype), by short name.
+DTYPE_NAMES = {name: DTYPE_SHORT[name] for name in ("bfloat16", "float32")}
 
 
 #: Optional fields that a cell spec carries only where a platform file sets them.

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import cells
+from ..platforms import DTYPE_SHORT
 from ..profile import kernels
 from ..record import Record, RecordError, read
 from ..search import measured_batch, read_summary
@@ -121,13 +122,9 @@ def micro_row(record: Record, path: str) -> dict:
     out = {k: None for k in ALL_COLUMNS}
     out.update(stage="micro", platform=c["platform"], gpus=c["gpus"], status=record.status, reason=record.reason,
                bench=c["bench"], case=c["case"], **{k: sm.get(k) for k in MICRO_COLUMNS[2:]},
-               compute_dtype=GEMM_DTYPES.get((c.get("params") or {}).get("dtype")),
+               compute_dtype=DTYPE_SHORT.get((c.get("params") or {}).get("dtype")),
                git_sha=(record.provenance.get("git") or {}).get("sha"), record_path=path)
     return out
-
-
-#: A GEMM cell's dtype (its params) as the compute_dtype column writes dtypes.
-GEMM_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8"}
 
 
 ROWS = {"serve": serve_row, "micro": micro_row}

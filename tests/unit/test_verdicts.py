@@ -177,6 +177,19 @@ def test_layouts_are_never_averaged(tmp_path):
     assert "megatron-tp1pp1-distopt 101" in r.ours_value and "megatron-tp2pp1 21.5" in r.ours_value
 
 
+def test_a_value_over_several_techniques_judges_each(tmp_path):
+    """A value check naming a list of techniques ('a DeepSpeed offload step': Z2+O, Z3+O)
+    judges each technique's cell; two cells are not pooled as if they were repeats."""
+    e = entry([{"metric": "peak_mem_gb", "relation": "value", "a": {"technique": ["Z2+O", "Z3+O"]},
+                "expect": {"max": 40}}])
+    both = judge(tmp_path, [row("Z2+O", mem=30.0), row("Z3+O", mem=33.0)], e).iloc[0]
+    assert both.verdict == "holds" and "Z2+O 32.2" in both.ours_value and "Z3+O 35.4" in both.ours_value
+    mixed = judge(tmp_path, [row("Z2+O", mem=30.0), row("Z3+O", mem=50.0)], e).iloc[0]
+    assert mixed.verdict == "inconclusive"  # one holds, one contradicts: no mean of the two
+    none = judge(tmp_path, [row("Z2+O", mem=45.0), row("Z3+O", mem=50.0), row("Z2", mem=10.0)], e).iloc[0]
+    assert none.verdict == "contradicts"
+
+
 def test_two_out_of_memory_cells_bound_nothing(tmp_path):
     rows = [row("R", status="oom", reason=OOM), row("Naive", status="oom", reason=OOM)]
     r = judge(tmp_path, rows, entry([ratio("R", "Naive", metric="peak_mem_gb", min=0.9)])).iloc[0]

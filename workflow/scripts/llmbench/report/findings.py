@@ -655,18 +655,35 @@ def _layouts(check: Check, finding: Finding, grp: pd.DataFrame) -> list[str]:
     return sorted({str(v) for v in rows["layout"].dropna() if str(v)})
 
 
+def _techniques(check: Check, finding: Finding, grp: pd.DataFrame) -> list[str]:
+    """The techniques a value check reads in a group where its selection names several (a
+    claim about 'a DeepSpeed offload step', judged on Z2+O and Z3+O)."""
+    if check.relation != "value" or not isinstance({**finding.where, **check.a}.get("technique"), list):
+        return []
+    rows = _used(_match(grp, {**finding.where, **check.a}))
+    if "technique" not in rows or check.metric not in rows:
+        return []
+    rows = rows[(rows["status"] == "ok") & rows[check.metric].notna()]
+    return sorted({str(v) for v in rows["technique"].dropna()})
+
+
 def evaluate_check(check: Check, finding: Finding, grp: pd.DataFrame, group: dict,
                    ctx: Context = PAPER) -> Outcome:
     """One check on one group of cells. Cells of several parallel layouts (Megatron-LM's DP2
-    with its distributed optimizer beside TP2) are never averaged: the check is evaluated on
-    each layout (with the cells that have none), holds where every layout holds, contradicts
-    where every layout contradicts, and is inconclusive otherwise."""
+    with its distributed optimizer beside TP2), or of several techniques where a value check
+    names a list of them, are never averaged: the check is evaluated on each layout (with the
+    cells that have none) or technique, holds where every one holds, contradicts where every
+    one contradicts, and is inconclusive otherwise."""
     layouts = _layouts(check, finding, grp)
-    if len(layouts) < 2:
+    if len(layouts) >= 2:
+        plain = grp["layout"].isna() | (grp["layout"].astype(object) == "")
+        parts = [(lay, _evaluate_one(check, finding, grp[plain | (grp["layout"].astype(object) == lay)], group,
+                                     ctx)) for lay in layouts]
+    elif len(techs := _techniques(check, finding, grp)) >= 2:
+        parts = [(t, _evaluate_one(check, finding, grp[grp["technique"].astype(object) == t], group, ctx))
+                 for t in techs]
+    else:
         return _evaluate_one(check, finding, grp, group, ctx)
-    plain = grp["layout"].isna() | (grp["layout"].astype(object) == "")
-    parts = [(lay, _evaluate_one(check, finding, grp[plain | (grp["layout"].astype(object) == lay)], group, ctx))
-             for lay in layouts]
     verdicts = {o.verdict for _, o in parts}
     verdict = (verdicts.pop() if len(verdicts) == 1 else
                "inconclusive" if verdicts & {"holds", "contradicts", "inconclusive"} else "missing")

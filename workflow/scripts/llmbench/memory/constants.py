@@ -72,14 +72,16 @@ DEEPSPEED: dict[tuple[int, bool], StateRow] = {
     # DeepSpeed's estimate_zero3_model_states_mem_needs says 18N/g: 6.9 GiB over one H200's
     # llama2-7b Z3, R+Z3, F+Z3 and F+R+Z3 at g = 1 (107.06 GiB each).
     (3, False): StateRow(fb=StateBytes(0, 16), step=StateBytes(0, 16)),
-    # ZeRO-3 + O: part of the bf16 gradient partition stays on the GPU (1.1, fitted to the
-    # H200 pair's 7.32 GiB at batch 1, its activations taking ZERO3_ACT_SCALE); the host
-    # holds the rest (24, fitted to its 77.9 GiB RSS per rank).
+    # ZeRO-3 + O: part of the bf16 gradient partition stays on the GPU (0.59, the mean of
+    # the H200 pair's 7.32 GiB at batch 1 over two ranks and F+Z3+O's 36.36 GiB at batch 16
+    # on one GPU, about 1 and 0.2 apiece; activations taking ZERO3_ACT_SCALE): more a
+    # buffer of a few GB than bytes per parameter. The host holds the rest (24, fitted to the pair's
+    # 77.9 GiB RSS per rank and the one-GPU cell's 153.8 GiB).
     # offload_param partitions every parameter, a frozen adapter base included, and keeps
     # the partitions in pinned host memory: 3.17 bytes per frozen parameter (fitted to the
     # four LoRA Z3+O rows of llama2-7b and -13b on one H100, 2.86 and 3.47 apiece: bf16's 2
     # plus pinned-buffer rounding and staging copies), none of the base on the GPU.
-    (3, True): StateRow(fb=StateBytes(0, 1.1), step=StateBytes(0, 1.1), host=StateBytes(0, 24), frozen_host=3.17),
+    (3, True): StateRow(fb=StateBytes(0, 0.59), step=StateBytes(0, 0.59), host=StateBytes(0, 24), frozen_host=3.17),
 }
 
 #: Megatron-LM (megatron-core) bf16 with fp32 main gradients, per local parameter (the
@@ -148,11 +150,12 @@ COMPILED_ACT_SCALE = 0.58
 #: llama2-7b and -13b L+Z3 and L+Z3+O rows on one H100 and one H200 at batch 1 and up to each
 #: row's largest batch, 1.38-1.54 (1.40-1.43 from batch 6), LoRA's dropout copies included,
 #: with or without offload; one H200's llama2-7b Z3 and F+Z3 searches at batch 9-17, 1.34 and
-#: 1.38 at every batch). Full-parameter cells take it too: without it the model falls 4.8-6.7 %
-#: (6-9 GiB) short of those Z3 and F+Z3 rows. DeepSpeed's ZeRO-3 linear wrapper is the likely
+#: 1.38 at every batch; the H200 pair's llama2-7b and -13b ZeRO-3 cells at batch 1, and
+#: llama2-7b F+Z3+O at batch 16 on one GPU). Full-parameter cells take it too: without it
+#: the model falls 4.8-6.7 % (6-9 GiB) short of those Z3 and F+Z3 rows. DeepSpeed's ZeRO-3 linear wrapper is the likely
 #: holder of the extra copies (not traced). LoRA's dropout copies are counted on their own
 #: (adapter_dropout_bytes); left in this scale, the adapter rows would give 2.16.
-ZERO3_ACT_SCALE = 1.40
+ZERO3_ACT_SCALE = 1.44
 
 #: Saved activations of a 4-bit full-parameter cell (Q: frozen NF4 decoder linears, the
 #: embeddings, norms and output layer trained) over the backend's (fitted: llmbench.memory.fit,

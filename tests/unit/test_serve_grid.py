@@ -9,7 +9,7 @@ import pytest
 from llmbench import grid
 from llmbench.config import ConfigError
 from llmbench.cells import ServeCell, cell_from_dict
-from llmbench.serve.engines import ENGINES, SETTINGS, Launch
+from llmbench.serve.engines import ENGINES, SETTINGS, Launch, with_extra
 
 BURST = {"mode": "burst", "num_requests": 1000, "input_len": 512, "output_len": 64}
 BASE = {
@@ -183,6 +183,11 @@ def test_each_engine_settings_come_from_its_launch_command_as_its_parser_reads_i
     assert s == {"max_num_seqs": 1000, "max_batch_tokens": 15000, "kv_cache_tokens": 90000,
                  "gpu_memory_utilization": None, "cuda_graphs": False, "chunked_prefill": False,
                  "prefix_caching": None, "tensor_parallel": 1}
+    # a config's engine_args take the place of the command's own flag: the recorded command says it once
+    argv = light.command(_launch(tmp_path, extra=("--max_total_token_num", "90000")))
+    assert argv.count("--max_total_token_num") == 1 and argv[argv.index("--max_total_token_num") + 1] == "90000"
+    assert with_extra(["e", "--a", "1", "--b", "--c=2", "--d", "3"], ("--b", "--c", "4", "--a=5")) == [
+        "e", "--d", "3", "--b", "--c", "4", "--a=5"]
     s = light.settings(light.command(_launch(tmp_path, extra=("--max_total_token_num", "1200"))), {}, "cuda")
     assert s["max_batch_tokens"] == 640  # a sixth of 1200 is below --max_req_total_len
     sg = ENGINES["sglang"]

@@ -125,7 +125,7 @@ def _vllm(x: Launch) -> list[str]:
         argv += ["--dtype", "float32", "--enforce-eager"]
     else:
         argv += ["--dtype", "bfloat16"]
-    return argv + list(x.extra_args)
+    return with_extra(argv, x.extra_args)
 
 
 def _vllm_env(x: Launch) -> dict[str, str]:
@@ -133,6 +133,23 @@ def _vllm_env(x: Launch) -> dict[str, str]:
     if x.accelerator == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = "2"  # GiB of KV cache; its default takes most of RAM
     return env
+
+
+def with_extra(argv: list[str], extra: tuple[str, ...] | list[str]) -> list[str]:
+    """``argv`` with a config's ``engine_args`` after it, each flag of theirs in place of the
+    same flag of argv (its value too): an engine's parser takes the last occurrence, so the
+    result is what it would do anyway, and the recorded command says each flag once."""
+    given = {a.split("=", 1)[0] for a in extra if a.startswith("--")}
+    out, i = [], 0
+    while i < len(argv):
+        flag = argv[i].split("=", 1)[0]
+        if argv[i].startswith("--") and flag in given:
+            takes_value = "=" not in argv[i] and i + 1 < len(argv) and not argv[i + 1].startswith("--")
+            i += 2 if takes_value else 1
+            continue
+        out.append(argv[i])
+        i += 1
+    return out + list(extra)
 
 
 def _parse(argv: list[str], *flags: tuple[str, dict[str, Any]]) -> argparse.Namespace:
@@ -205,20 +222,20 @@ def _lightllm_settings(argv: list[str], env: dict[str, str], accelerator: str) -
 def _lightllm(x: Launch) -> list[str]:
     # lightllm.server.api_server of the 2024 release (PyPI lightllm 0.0.1) and later
     tokens = x.max_model_len * x.max_num_seqs
-    return [x.python, "-m", "lightllm.server.api_server", "--model_dir", str(x.model_dir),
-            "--host", x.host, "--port", str(x.port), "--tp", str(x.gpus),
-            "--max_total_token_num", str(min(tokens, 400_000)),
-            "--max_req_input_len", str(x.max_model_len - 1), "--max_req_total_len", str(x.max_model_len),
-            *x.extra_args]
+    return with_extra([x.python, "-m", "lightllm.server.api_server", "--model_dir", str(x.model_dir),
+                       "--host", x.host, "--port", str(x.port), "--tp", str(x.gpus),
+                       "--max_total_token_num", str(min(tokens, 400_000)),
+                       "--max_req_input_len", str(x.max_model_len - 1), "--max_req_total_len", str(x.max_model_len)],
+                      x.extra_args)
 
 
 def _tgi(x: Launch) -> list[str]:
     # text-generation-launcher from TGI's container (ghcr.io/huggingface/text-generation-inference)
-    return ["text-generation-launcher", "--model-id", str(x.model_dir), "--hostname", x.host,
-            "--port", str(x.port), "--num-shard", str(x.gpus),
-            "--max-input-tokens", str(x.max_model_len - 1), "--max-total-tokens", str(x.max_model_len),
-            "--max-concurrent-requests", str(max(128, x.max_num_seqs)), "--dtype", "bfloat16",
-            *x.extra_args]
+    return with_extra(["text-generation-launcher", "--model-id", str(x.model_dir), "--hostname", x.host,
+                       "--port", str(x.port), "--num-shard", str(x.gpus),
+                       "--max-input-tokens", str(x.max_model_len - 1), "--max-total-tokens", str(x.max_model_len),
+                       "--max-concurrent-requests", str(max(128, x.max_num_seqs)), "--dtype", "bfloat16"],
+                      x.extra_args)
 
 
 #: SGLang's share of GPU memory for weights and KV cache (--mem-fraction-static). Its activations
@@ -239,7 +256,7 @@ def _sglang(x: Launch) -> list[str]:
             "--dtype", "bfloat16", "--random-seed", "0", "--incremental-streaming-output"]
     if x.dummy_weights:
         argv += ["--load-format", "dummy"]
-    return argv + list(x.extra_args)
+    return with_extra(argv, x.extra_args)
 
 
 def _sglang_settings(argv: list[str], env: dict[str, str], accelerator: str) -> dict[str, Any]:
@@ -292,7 +309,7 @@ def _transformers(x: Launch) -> list[str]:
     if x.accelerator == "cpu":
         # its default KV cache takes a share of all memory (10 GB on the CI machine)
         argv += ["--cb-max-memory-percent", "0.1"]
-    return argv + list(x.extra_args)
+    return with_extra(argv, x.extra_args)
 
 
 ENGINES: dict[str, Engine] = {

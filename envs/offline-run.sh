@@ -13,6 +13,8 @@
 # their checksums, gathered in the wheelhouse from as many transfers as it took), is
 # checked, reassembled (envs/pieces.sh) and installed to /tmp/site-vllm, and
 # .venv-vllm-gpu/bin/python starts vLLM with it in front (config engine_python.vllm).
+# SGLang's GPU set (SGLANG_GPU=1: sglang/ or sglang.tar.part-*) goes the same way to
+# /tmp/site-sglang and .venv-sglang-gpu/bin/python (config engine_python.sglang).
 # Snakemake runs with the greedy scheduler (pulp, its ILP solver, is not in the wheelhouse).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,15 +37,27 @@ if [[ -d $whl/lightllm && ! -x .venv-lightllm/bin/python ]]; then
         > .venv-lightllm/bin/python
     chmod +x .venv-lightllm/bin/python
 fi
-if [[ ( -d $whl/vllm || -f $whl/vllm.tar.parts ) && ! -x .venv-vllm-gpu/bin/python ]]; then
-    [[ -d $whl/vllm ]] || bash envs/pieces.sh unpack "$whl" vllm
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-vllm \
-        "$whl"/vllm/*.whl
-    mkdir -p .venv-vllm-gpu/bin
-    # vLLM's fastapi (< 0.137), starlette and pydantic come before the workflow's; flashinfer
-    # is not in the set, so vLLM must not pick its top-k/top-p sampler
-    printf '#!/bin/sh\nexport PYTHONPATH=/tmp/site-vllm:%s\nexport VLLM_USE_FLASHINFER_SAMPLER=0\nexec python3 "$@"\n' \
-        "$PYTHONPATH" > .venv-vllm-gpu/bin/python
-    chmod +x .venv-vllm-gpu/bin/python
-fi
+gpu_set() {  # gpu_set NAME [VAR=VALUE...]: the wheelhouse's NAME/ (or its pieces) into /tmp/site-NAME,
+    # and .venv-NAME-gpu/bin/python, which runs python3 with those wheels in front of the
+    # workflow's and with the variables given
+    local name=$1 kv
+    shift
+    [[ ( -d $whl/$name || -f $whl/$name.tar.parts ) && ! -x .venv-$name-gpu/bin/python ]] || return 0
+    [[ -d $whl/$name ]] || bash envs/pieces.sh unpack "$whl" "$name"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "/tmp/site-$name" \
+        "$whl/$name"/*.whl
+    mkdir -p ".venv-$name-gpu/bin"
+    {
+        printf '#!/bin/sh\nexport PYTHONPATH=/tmp/site-%s:%s\n' "$name" "$PYTHONPATH"
+        for kv in "$@"; do printf 'export %s\n' "$kv"; done
+        printf 'exec python3 "$@"\n'
+    } > ".venv-$name-gpu/bin/python"
+    chmod +x ".venv-$name-gpu/bin/python"
+}
+# vLLM's fastapi (< 0.137), starlette and pydantic come before the workflow's; flashinfer
+# is not in its set, so vLLM must not pick its top-k/top-p sampler
+gpu_set vllm VLLM_USE_FLASHINFER_SAMPLER=0
+# SGLang's transformers (5.12.1), tokenizers, openai and xgrammar pins come before the
+# workflow's and the image's
+gpu_set sglang
 exec python3 -m snakemake --scheduler greedy "$@"

@@ -21,10 +21,14 @@
 # SLIM_VLLM=1 drops vLLM's FlashAttention 2 library (129 of the wheel's 304 MB): on Hopper
 # vLLM runs FlashAttention 3 and imports FA2 only where it is present. Only for a transfer
 # limit, and never for pre-Hopper GPUs (A800, RTX 4090/3090 run FA2).
-# PIECES_MIB=N packs vllm/ into one tar split into N-MiB pieces (vllm.tar.part-000, ...),
-# with the checksums of the pieces (vllm.tar.parts) and of the whole (vllm.tar.sha256), for
-# a node that can be sent only so much at a time; envs/offline-run.sh reassembles, checks
-# and installs them.
+# SGLANG_GPU=1 adds SGLang 0.5.17 for NVIDIA GPUs, its kernels (sglang-kernel 0.4.5, CUDA 13,
+# 383 MB) and what it needs beyond a CUDA PyTorch 2.11 image (envs/requirements-sglang-gpu.txt),
+# in a folder of its own, sglang/ (see below). SGLang's wheel is manylinux_2_34: glibc 2.34
+# or newer on the node.
+# PIECES_MIB=N packs each of vllm/ and sglang/ that was fetched into one tar split into N-MiB
+# pieces (vllm.tar.part-000, ..., sglang.tar.part-000, ...), with the checksums of the pieces
+# (NAME.tar.parts) and of the whole (NAME.tar.sha256), for a node that can be sent only so
+# much at a time; envs/offline-run.sh reassembles, checks and installs them.
 # SLIM_BNB=1 keeps only bitsandbytes' CUDA 13.0 and CPU libraries (43 MB -> 3.6 MB; the
 # GPU machines have torch cu130): only for a transfer limit, never for a shared cluster.
 # pulp (16 MB, Snakemake's ILP scheduler) is left out: run with --scheduler greedy.
@@ -114,8 +118,22 @@ if [[ "${VLLM_GPU:-0}" == 1 ]]; then
     if [[ "${SLIM_VLLM:-0}" == 1 ]]; then
         slim_wheel "$(ls "$out"/vllm/vllm-0.26.0-*.whl)" 'vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so'
     fi
-    if [[ -n "${PIECES_MIB:-}" ]]; then
-        bash "$(dirname "$0")/pieces.sh" pack "$out" vllm "$PIECES_MIB"
-    fi
+fi
+if [[ "${SGLANG_GPU:-0}" == 1 ]]; then
+    # Into sglang/, which offline-run.sh installs to /tmp/site-sglang behind the interpreter
+    # wrapper .venv-sglang-gpu/bin/python (config engine_python.sglang): its transformers
+    # (5.12.1), openai and xgrammar pins must come before the workflow's. What differs from
+    # pip's own resolution of sglang==0.5.17 is in the requirements file and said there.
+    # sglang ships manylinux_2_34 wheels only, llguidance manylinux_2_31.
+    platforms=(--platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64 "${platforms[@]}")
+    mapfile -t sglang_pkgs < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$(dirname "$0")/requirements-sglang-gpu.txt")
+    fetch "$out/sglang" "${sglang_pkgs[@]}"
+fi
+if [[ -n "${PIECES_MIB:-}" ]]; then
+    for gpu_set in vllm sglang; do  # the engines' GPU sets, each the size of several transfers
+        if [[ -d $out/$gpu_set ]]; then
+            bash "$(dirname "$0")/pieces.sh" pack "$out" "$gpu_set" "$PIECES_MIB"
+        fi
+    done
 fi
 du -sh "$out"

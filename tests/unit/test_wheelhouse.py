@@ -2,7 +2,8 @@
 reference runs ran from it, so a version bumped in one file only would make them run
 another stack than the one CI tests. Its FIGURES=1 part carries the figure rule's closure.
 Its VLLM_GPU=1 set (envs/requirements-vllm-gpu.txt) keeps the pins that made vLLM run on the
-GPU machines, and envs/pieces.sh moves it in checked pieces."""
+GPU machines, its SGLANG_GPU=1 set (envs/requirements-sglang-gpu.txt) SGLang's own, and
+envs/pieces.sh moves each in checked pieces."""
 
 import random
 import re
@@ -47,17 +48,51 @@ def test_the_vllm_gpu_set_pins_its_fixes_and_leaves_out_the_image_and_the_kernel
     assert all(re.fullmatch(r"[^=\s]+==[^=\s]+", ln) for ln in text.splitlines() if ln and not ln.startswith("#"))
 
 
+def _block(script: str, opening: str) -> str:
+    return script.split(opening, 1)[1].split("\nfi\n", 1)[0]
+
+
 def test_the_wheelhouse_fetches_that_set_and_the_offline_run_starts_vllm_without_flashinfer(repo):
     script = (repo / "envs/wheelhouse.sh").read_text()
-    block = script.split('if [[ "${VLLM_GPU:-0}" == 1 ]]; then', 1)[1].split("\nfi\n", 1)[0]
-    assert "requirements-vllm-gpu.txt" in block and 'fetch "$out/vllm"' in block
-    assert "pieces.sh\" pack" in block and "_vllm_fa2_C" in block
+    block = _block(script, 'if [[ "${VLLM_GPU:-0}" == 1 ]]; then')
+    assert "requirements-vllm-gpu.txt" in block and 'fetch "$out/vllm"' in block and "_vllm_fa2_C" in block
+    pieces = _block(script, 'if [[ -n "${PIECES_MIB:-}" ]]; then')
+    assert "for gpu_set in vllm sglang;" in pieces and 'pieces.sh" pack "$out" "$gpu_set"' in pieces
     run = (repo / "envs/offline-run.sh").read_text()
-    wrapper = next(ln for ln in run.splitlines() if "site-vllm" in ln and "printf" in ln)
-    assert "export PYTHONPATH=/tmp/site-vllm:" in wrapper and "VLLM_USE_FLASHINFER_SAMPLER=0" in wrapper
-    assert "pieces.sh unpack" in run
+    assert "\ngpu_set vllm VLLM_USE_FLASHINFER_SAMPLER=0\n" in run
+    assert "export PYTHONPATH=/tmp/site-%s:" in run and 'bash envs/pieces.sh unpack "$whl" "$name"' in run
     serve = (repo / "results/reference/2026-11-24-h100-serve-vllm/config.yaml").read_text()
-    assert "vllm: .venv-vllm-gpu/bin/python" in serve and ".venv-vllm-gpu/bin/python" in run
+    assert "vllm: .venv-vllm-gpu/bin/python" in serve and ".venv-$name-gpu/bin/python" in run
+
+
+#: SGLang's GPU-kernel packages that a dense bf16 Llama on Hopper does not run, and the
+#: image's torch (its torchvision is carried: SGLang imports it at start-up)
+NOT_CARRIED_SGLANG = {"torch", "torchaudio", "torchcodec", "triton", "flash-attn-4", "helion", "humming-kernels",
+                      "nvidia-cutlass-dsl", "nvidia-mathdx", "quack-kernels", "sgl-deep-gemm", "tilelang",
+                      "tokenspeed-mla", "nvidia-cudnn-frontend", "numba"}
+
+
+def test_the_sglang_gpu_set_pins_sglang_and_its_kernels_and_leaves_out_the_image(repo):
+    text = (repo / "envs/requirements-sglang-gpu.txt").read_text()
+    pins, names = _pins(text), _names(text)
+    assert pins["sglang"] == "0.5.17"            # pins torch==2.11.0, the GPU image's torch
+    assert pins["sglang-kernel"] == "0.4.5" and pins["flashinfer-python"] == "0.6.15.post1"  # its own pins
+    assert pins["transformers"] == "5.12.1" and pins["torchvision"] == "0.26.0"  # SGLang's pin; torch 2.11's
+    assert {"ipython", "gguf", "soundfile", "dill"} <= set(names)  # imported at start-up, some undeclared
+    assert len(names) == len(set(names)), "one version of each, or pip stops the whole install"
+    assert not NOT_CARRIED_SGLANG & set(names)
+    assert not [n for n in names if n.startswith(("nvidia-cu", "nvidia-nccl", "cuda-tile"))]
+    assert all(re.fullmatch(r"[^=\s]+==[^=\s]+", ln) for ln in text.splitlines() if ln and not ln.startswith("#"))
+
+
+def test_the_wheelhouse_fetches_the_sglang_set_and_the_offline_run_installs_it(repo):
+    script = (repo / "envs/wheelhouse.sh").read_text()
+    block = _block(script, 'if [[ "${SGLANG_GPU:-0}" == 1 ]]; then')
+    assert "requirements-sglang-gpu.txt" in block and 'fetch "$out/sglang"' in block
+    assert "manylinux_2_34_x86_64" in block     # sglang 0.5.17 ships no older tag
+    assert "SGLANG_GPU=1" in script.split("set -euo pipefail", 1)[0]  # documented in the header
+    run = (repo / "envs/offline-run.sh").read_text()
+    assert "\ngpu_set sglang\n" in run and "/tmp/site-$name" in run
 
 
 def _pieces(repo, *args):
@@ -68,28 +103,38 @@ def _tree(root):
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture
-def packed(repo, tmp_path):
+def _pack(repo, box, name):
     """A folder of 2.5 MiB of random wheels-to-be, packed into 1 MiB pieces."""
-    src = tmp_path / "box" / "vllm"
+    src = box / name
     src.mkdir(parents=True)
     rng = random.Random(0)
     for i, size in enumerate((1_500_000, 1_100_000, 10)):
         (src / f"w{i}.whl").write_bytes(rng.randbytes(size))
     want = _tree(src)
-    res = _pieces(repo, "pack", tmp_path / "box", "vllm", 1)
+    res = _pieces(repo, "pack", box, name, 1)
     assert res.returncode == 0, res.stderr
-    return tmp_path / "box", want
+    return want
 
 
-def test_pieces_reassemble_to_the_same_files(repo, packed):
-    box, want = packed
-    parts = sorted(p.name for p in box.glob("vllm.tar.part-*"))
-    assert parts == ["vllm.tar.part-000", "vllm.tar.part-001", "vllm.tar.part-002"]
-    assert all((box / p).stat().st_size <= 2**20 for p in parts) and not (box / "vllm").exists()
-    res = _pieces(repo, "unpack", box, "vllm")
+@pytest.fixture
+def packed(repo, tmp_path):
+    return tmp_path / "box", _pack(repo, tmp_path / "box", "vllm")
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_pieces_reassemble_to_the_same_files(repo, tmp_path, name):
+    box = tmp_path / "box"
+    want = _pack(repo, box, name)
+    if name == "sglang":  # both sets side by side in one wheelhouse, as SGLANG_GPU=1 VLLM_GPU=1 leave them
+        other = _pack(repo, box, "vllm")
+    parts = sorted(p.name for p in box.glob(f"{name}.tar.part-*"))
+    assert parts == [f"{name}.tar.part-000", f"{name}.tar.part-001", f"{name}.tar.part-002"]
+    assert all((box / p).stat().st_size <= 2**20 for p in parts) and not (box / name).exists()
+    res = _pieces(repo, "unpack", box, name)
     assert res.returncode == 0, res.stderr
-    assert _tree(box / "vllm") == want
+    assert _tree(box / name) == want
+    if name == "sglang":
+        assert _pieces(repo, "unpack", box, "vllm").returncode == 0 and _tree(box / "vllm") == other
 
 
 def test_a_missing_piece_is_named_and_nothing_is_unpacked(repo, packed):

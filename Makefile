@@ -8,8 +8,10 @@
 #   make test-integration  tests/integration: real workers on the CPU, the fork server, torch.compile, Megatron-LM
 #   make test-e2e          tests/e2e: the workflow on .test/config.yaml (+ Slurm, where installed)
 #   make test-smoke        tests/smoke: the embedded default (config/config.yaml), statuses only
-#   make test              lint, then all of them over CORES pytest-xdist processes (CI: .ci/run),
-#                          a file's tests on one process; the Slurm modules after, alone. The smoke
+#   make test              lint, then all of them over CORES + 1 pytest-xdist processes (CI: .ci/run),
+#                          a file's tests on one process; the Slurm modules are one unit (one
+#                          test cluster), which spends most of its time waiting on the cluster's
+#                          daemons: the process more than CORES fills that time. The smoke
 #                          module and tests/e2e/test_workflow.py are one unit there: they read one
 #                          run of the two grids together (tests/conftest.py, grid_runs)
 #   make lint              ruff (pyproject.toml's [tool.ruff]) and `snakemake --lint`
@@ -66,8 +68,7 @@ test: setup
 	$(MAKE) --no-print-directory lint
 	bash envs/install-slurm.sh
 	bash envs/install-chromium.sh
-	$(PYTEST) -n $(CORES) --dist loadfile --no-loadscope-reorder -m "not slurm" --durations=15
-	$(PYTEST) -m slurm --durations=5
+	$(PYTEST) -n $$(( $(CORES) + 1 )) --dist loadfile --no-loadscope-reorder --durations=15
 
 dry-run-paper: setup
 	.venv/bin/snakemake --configfile config/paper.yaml -n --quiet rules

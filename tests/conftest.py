@@ -36,7 +36,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(TIERS[folder])
         # `make test` spreads the test files over pytest-xdist processes (--dist loadfile: a
         # file's tests on one process, in order); the Slurm modules (one test cluster, its
-        # daemons) run after the others, alone (-m slurm)
+        # daemons) are one unit of work there (pytest_xdist_make_scheduler), and -m slurm
+        # selects them alone
         if folder == "e2e" and "slurm" in Path(item.path).stem:
             item.add_marker(pytest.mark.slurm)
     # the modules of one run in ONE_RUN's order, wherever the command line named them
@@ -59,7 +60,8 @@ def _one_run(item) -> int | None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """Under `--dist loadfile` (make test) the ONE_RUN modules are one unit of work: one
-    process runs both, so grid_runs makes their run once."""
+    process runs both, so grid_runs makes their run once. So are the Slurm modules: they
+    share one test cluster, so one process runs them one after the other."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -67,7 +69,10 @@ def pytest_xdist_make_scheduler(config, log):
     class OneRunScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)
-            return ONE_RUN[0] if scope in ONE_RUN else scope
+            if scope in ONE_RUN:
+                return ONE_RUN[0]
+            path = Path(scope)
+            return "tests/e2e/slurm" if path.parent.as_posix() == "tests/e2e" and "slurm" in path.stem else scope
 
     return OneRunScheduling(config, log)
 

@@ -38,7 +38,7 @@ def pytest_collection_modifyitems(config, items):
         # file's tests on one process, in order); the Slurm modules (one test cluster, its
         # daemons) are one unit of work there (pytest_xdist_make_scheduler), and -m slurm
         # selects them alone
-        if folder == "e2e" and "slurm" in Path(item.path).stem:
+        if _slurm_module(Path(item.path).resolve().relative_to(TESTS)):
             item.add_marker(pytest.mark.slurm)
     # the modules of one run in ONE_RUN's order, wherever the command line named them
     module = {item: _one_run(item) for item in items}
@@ -46,6 +46,11 @@ def pytest_collection_modifyitems(config, items):
     ordered = sorted((items[i] for i in slots), key=lambda item: module[item])  # stable: in-module order kept
     for i, item in zip(slots, ordered):
         items[i] = item
+
+
+def _slurm_module(path: Path) -> bool:
+    """Whether a test module (its path under tests/) needs the test Slurm cluster."""
+    return path.parent.as_posix() == "e2e" and "slurm" in path.stem
 
 
 def _one_run(item) -> int | None:
@@ -72,7 +77,8 @@ def pytest_xdist_make_scheduler(config, log):
             if scope in ONE_RUN:
                 return ONE_RUN[0]
             path = Path(scope)
-            return "tests/e2e/slurm" if path.parent.as_posix() == "tests/e2e" and "slurm" in path.stem else scope
+            return "tests/e2e/slurm" if path.parts[:1] == ("tests",) and _slurm_module(path.relative_to("tests")) \
+                else scope
 
     return OneRunScheduling(config, log)
 

@@ -75,8 +75,8 @@ DEEPSPEED: dict[tuple[int, bool], StateRow] = {
     # ZeRO-3 + O: part of the bf16 gradient partition stays on the GPU (0.59, the mean of
     # the H200 pair's 7.32 GiB at batch 1 over two ranks and F+Z3+O's 36.36 GiB at batch 16
     # on one GPU, about 1 and 0.2 apiece; activations taking ZERO3_ACT_SCALE): more a
-    # buffer of a few GB than bytes per parameter. The host holds the rest (24, fitted to the pair's
-    # 77.9 GiB RSS per rank and the one-GPU cell's 153.8 GiB).
+    # buffer of a few GB than bytes per parameter. The host holds the rest (24, fitted to
+    # the pair's 77.9 GiB RSS per rank and the one-GPU cell's 153.8 GiB).
     # offload_param partitions every parameter, a frozen adapter base included, and keeps
     # the partitions in pinned host memory: 3.17 bytes per frozen parameter (fitted to the
     # four LoRA Z3+O rows of llama2-7b and -13b on one H100, 2.86 and 3.47 apiece: bf16's 2
@@ -152,8 +152,8 @@ COMPILED_ACT_SCALE = 0.58
 #: with or without offload; one H200's llama2-7b Z3 and F+Z3 searches at batch 9-17, 1.34 and
 #: 1.38 at every batch; the H200 pair's llama2-7b and -13b ZeRO-3 cells at batch 1, and
 #: llama2-7b F+Z3+O at batch 16 on one GPU). Full-parameter cells take it too: without it
-#: the model falls 4.8-6.7 % (6-9 GiB) short of those Z3 and F+Z3 rows. DeepSpeed's ZeRO-3 linear wrapper is the likely
-#: holder of the extra copies (not traced). LoRA's dropout copies are counted on their own
+#: the model falls 4.8-6.7 % (6-9 GiB) short of those Z3 and F+Z3 rows. DeepSpeed's ZeRO-3
+#: linear wrapper is the likely holder of the extra copies (not traced). LoRA's dropout copies are counted on their own
 #: (adapter_dropout_bytes); left in this scale, the adapter rows would give 2.16.
 ZERO3_ACT_SCALE = 1.44
 

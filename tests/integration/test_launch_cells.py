@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from llmbench import backends, grid, launch, ledger
+from llmbench.report import tidy
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 
@@ -180,6 +181,9 @@ def test_a_repeat_kept_on_another_machine_counts_and_the_log_says_so(spec_for, t
     assert rec.status == "ok" and len(rec.metrics.tokens_per_s_runs) == 2
     assert rec.provenance["resumed_repeats"][0]["boot_id"] == "another-boot"
     assert "repeat(s) [0] ran on another machine or boot" in (tmp_path / "run.log").read_text()
+    here = launch.provenance.host()["boot_id"]  # the tidy table names each repeat's machine
+    assert tidy.repeat_machines(rec) == f"another-boot;{here}"
+    assert tidy.machine_of(rec, "r") == "+".join(sorted(["another-boot", here]))
 
 
 def test_kept_repeats_of_another_spec_do_not_count(spec_for, tmp_path, monkeypatch):

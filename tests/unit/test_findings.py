@@ -329,3 +329,6 @@ def test_a_scaling_efficiency_measured_in_one_set_pairs_its_rounds(tmp_path):
     r = judge(tmp_path, apart, entry)
     r = r[r.gpus == 4].iloc[0]
     assert r.pairing != "set" and "pooled" in r.method
+    resumed = frame.assign(machine=["m1", "m0+m1"], repeat_machines=[None, "m0;m1;m1"])  # its round 0 on m0
+    r = judge(tmp_path, resumed, entry)
+    assert r[r.gpus == 4].iloc[0].method.startswith("paired rounds (2)")  # rounds 1 and 2 only

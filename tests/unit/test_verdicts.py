@@ -231,6 +231,19 @@ def test_every_check_is_kept_as_numbers(tmp_path):
     assert (second.verdict, second.value, second.lo, second.claim_hi) == ("contradicts", 2.0, 2.0, 0.7)
 
 
+def test_a_set_resumed_on_another_machine_pairs_only_rounds_on_one(tmp_path):
+    """A set stopped at a lent call's deadline and resumed on another boot: its round 0 ran F
+    on machine A (slow) and Naive on B; that round is left out, the three on B pair."""
+    f = row("F", [700, 1200, 1320, 1080], paired_set="s1", machine="mA+mB")
+    f["repeat_machines"] = "mA;mB;mB;mB"
+    naive = row("Naive", [1000, 1000, 1100, 900], paired_set="s1", machine="mB")
+    r = judge(tmp_path, [f, naive], entry([ratio("F", "Naive", min=1.1)])).iloc[0]
+    assert r.pairing == "set" and "paired rounds (3)" in r.method and "1 round(s) across machines left out" in r.method
+    assert r.verdict == "holds"  # 1.2 in each of the three rounds on one machine
+    same = row("F", [700, 1200, 1320, 1080], paired_set="s1", machine="mB")  # as if all four ran on B
+    assert judge(tmp_path, [same, naive], entry([ratio("F", "Naive", min=1.1)])).iloc[0].verdict == "inconclusive"
+
+
 def test_a_serving_set_pairs_its_bursts_round_by_round(tmp_path):
     """vLLM and LightLLM alternating burst after burst in one set: each round's ratio, so a
     machine that slowed in round 2 slows both."""

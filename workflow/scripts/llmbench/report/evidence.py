@@ -9,7 +9,9 @@ machines (a host-bound batch-1 cell by 10-20 % between two lent machines of one 
   and 95 %, with Student's t on its degrees of freedom.
 - **One set** (both sides measured in one paired set, llmbench.launch.run_set: repeats
   interleaved round by round on one machine): the per-round log ratios, their mean and
-  t-interval (n - 1 degrees of freedom). Slow drifts of the machine cancel round by round.
+  t-interval (n - 1 degrees of freedom). Slow drifts of the machine cancel round by round. A
+  set resumed on another boot (a lent call's machine is not the next call's) pairs only the
+  rounds whose two repeats ran on one machine; the method says how many it left out.
 - **One machine** (both sides on one boot, not in one set): Welch's interval of the
   difference of the two sides' mean log values (Welch-Satterthwaite degrees of freedom).
 - **Two machines**: as one machine, and each side carries the machine-to-machine spread
@@ -97,8 +99,10 @@ class Side:
     """Deterministic (memory), or the paper's printed number."""
     lower_bound: bool = False
     """An out-of-memory cell: the value is a lower bound (memory only)."""
-    rounds: list[int] = field(default_factory=list)
-    """The repeat index of each value (to pair rounds of one set)."""
+    rounds: list = field(default_factory=list)
+    """The round of each value, to pair rounds of one set: (repeat index, machine), so that a
+    round pairs only repeats that ran on one machine (a set resumed on another boot has rounds
+    whose repeats did not)."""
     noisy: bool = True
     """A throughput (NOISY): a value measured once takes the pooled repeat CV. Other metrics
     measured once (a microbenchmark's best point, a profile's share) have no spread of their
@@ -232,6 +236,11 @@ def _side_var(side: Side, pooled: Spread) -> tuple[float, float, str]:
     return pooled.sd ** 2, pooled.df, "one repeat: pooled CV"
 
 
+def _index(round_key) -> object:
+    """A round key's repeat index ((index, machine), or a bare index)."""
+    return round_key[0] if isinstance(round_key, tuple) else round_key
+
+
 def ratio(a: Side, b: Side, pairing: str, pooled: Spread = NO_SPREAD, spread: Spread = NO_SPREAD) -> Estimate:
     """a / b with its 95 % interval (module docstring), ``pairing`` as the caller found it."""
     machines = tuple(sorted({a.machine, b.machine} - {""}))
@@ -248,14 +257,17 @@ def ratio(a: Side, b: Side, pairing: str, pooled: Spread = NO_SPREAD, spread: Sp
     if pairing == "set":
         by_a = dict(zip(a.rounds, a.logs))
         by_b = dict(zip(b.rounds, b.logs))
-        common = sorted(set(by_a) & set(by_b))
+        common = sorted(set(by_a) & set(by_b), key=str)
         if len(common) >= 2:
             d = [by_a[r] - by_b[r] for r in common]
             m, se = statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d))
             t = t975(len(d) - 1)
+            across = len({_index(r) for r in by_a} & {_index(r) for r in by_b}) - len(common)
+            note = f"; {across} round(s) across machines left out" if across > 0 else ""
             return Estimate(math.exp(m), math.exp(m - t * se), math.exp(m + t * se), n, "set",
-                            f"paired rounds ({len(d)}), t({len(d) - 1})", machines)
-        pairing = "machine"  # fewer than two common rounds: as two sides of one machine
+                            f"paired rounds ({len(d)}), t({len(d) - 1}){note}", machines)
+        # fewer than two common rounds: as two sides of one machine, or of two
+        pairing = "machine" if a.machine == b.machine and "+" not in a.machine else "machines"
     va, dfa, na = _side_var(a, pooled)
     vb, dfb, nb = _side_var(b, pooled)
     parts = [(va, dfa), (vb, dfb)]

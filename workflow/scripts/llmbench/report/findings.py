@@ -406,11 +406,21 @@ def facts(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None,
     return derive(df)
 
 
+def _repeat_machines(row: pd.Series, n: int) -> list[str]:
+    """The machine each of a row's ``n`` repeats ran on: its tidy ``repeat_machines`` where a
+    set resumed on another boot, else the row's one machine for all."""
+    own = str(row.get("machine") or "")
+    per = row.get("repeat_machines")
+    boots = str(per).split(";") if isinstance(per, str) and per else []
+    return [boots[i] if i < len(boots) else own for i in range(n)]
+
+
 def _paired_efficiency_runs(df: pd.DataFrame) -> pd.Series:
     """The scaling efficiency of each round (';'-joined) where a cell and its series' base
     (the fewest GPUs) ran in one paired set with as many repeats: round r's tokens/s per GPU
     over the base's in round r, so that its interval pairs the rounds as a set's ratio does
-    (llmbench.report.evidence.ratio). None elsewhere: the efficiency is one value."""
+    (llmbench.report.evidence.ratio); a round whose two repeats ran on different machines (a
+    set resumed on another boot) is left out. None elsewhere: the efficiency is one value."""
     out = pd.Series(None, index=df.index, dtype=object)
     if "tokens_per_s_runs" not in df:
         return out
@@ -423,8 +433,9 @@ def _paired_efficiency_runs(df: pd.DataFrame) -> pd.Series:
             continue
         a = [float(x) / row["gpus"] for x in str(row["tokens_per_s_runs"]).split(";") if x]
         b = [float(x) / base["gpus"].iloc[0] for x in str(base["tokens_per_s_runs"].iloc[0]).split(";") if x]
-        if len(a) == len(b) >= 2 and all(v > 0 for v in a + b):
-            out[i] = ";".join(f"{x / y:.6g}" for x, y in zip(a, b))
+        same = [p == q for p, q in zip(_repeat_machines(row, len(a)), _repeat_machines(base.iloc[0], len(b)))]
+        if len(a) == len(b) and sum(same) >= 2 and all(v > 0 for v in a + b):  # rounds on one machine only
+            out[i] = ";".join(f"{x / y:.6g}" for x, y, k in zip(a, b, same) if k)
     return out
 
 
@@ -547,15 +558,15 @@ def _side(rows: pd.DataFrame, metric: str, ctx: Context) -> evidence.Side | None
         exact = ctx.exact or metric in evidence.EXACT  # the paper's number, or a deterministic peak
         vals = [float(r[metric])] if exact else [v for v in evidence.repeat_values(r, metric) if v > 0]
         logs += [math.log(v) for v in vals if v > 0]
-        rounds += list(range(len(vals)))
+        rounds += list(zip(range(len(vals)), _repeat_machines(r, len(vals))))
     if not logs:
         return None
     r = ok.iloc[0]
     machines = {str(m) for m in ok["machine"].dropna()} if "machine" in ok else set()
     if len(ok) > 1:  # several cells pooled (a serving point's bursts): their rounds, where a set ran them
         known = ok["paired_round"].tolist() if "paired_round" in ok else []
-        rounds = [int(x) for x in known] if known and all(x == x and x is not None for x in known) \
-            and len(known) == len(logs) else []
+        rounds = [(int(x), str(m)) for x, m in zip(known, ok["machine"] if "machine" in ok else [""] * len(known))] \
+            if known and all(x == x and x is not None for x in known) and len(known) == len(logs) else []
     paired_rounds = (metric == "scaling_efficiency" and len(ok) == 1 and not ctx.exact
                      and isinstance(r.get("scaling_efficiency_runs"), str))
     return evidence.Side(logs, machine="+".join(sorted(machines)), paired_set=r.get("paired_set"),

@@ -40,6 +40,9 @@ COLUMNS = [
     # them all; without a boot id, its results folder) and the paired set it was measured in
     # (llmbench.launch.run_set), which the findings pair comparisons by
     "machine", "paired_set",
+    # a record whose repeats ran on several boots (a set resumed on another lent machine): the
+    # boot of each repeat, ';'-joined in repeat order; empty where one boot ran them all
+    "repeat_machines",
     "paired_round",  # serving cells of a paired set: the round the cell ran in (its burst's place)
     # training cells: the largest batch a max-batch search of the same method found (empty
     # where none ran: Table IV then says "not maximised"), and whether that search stopped at
@@ -269,6 +272,21 @@ def machine_of(record: Record, run: str) -> str:
     return "+".join(sorted(boots))
 
 
+def repeat_machines(record: Record) -> str | None:
+    """The boot each repeat ran on (';'-joined, repeat order) where kept repeats of an earlier
+    run came from another boot than the record's own (the others ran on its own); None where
+    one boot ran them all, or the record names no boot."""
+    from .. import provenance
+
+    prov = record.provenance
+    boot = (prov.get("machine") or provenance.machine(prov)).get("boot_id")
+    kept = {r.get("index"): r.get("boot_id") for r in prov.get("resumed_repeats") or () if r.get("boot_id")}
+    if not boot or not kept or set(kept.values()) == {boot}:
+        return None
+    n = max(len(record.metrics.tokens_per_s_runs), 1 + max(i for i in kept if isinstance(i, int)))
+    return ";".join(str(kept.get(i, boot)) for i in range(n))
+
+
 def paired_round(record: Record, path: str) -> int | None:
     """The round a serving cell of a paired set ran in (a training cell's repeats are its rounds
     0, 1, ...: None), from its set's ``cells`` and ``order``; None outside a set."""
@@ -352,6 +370,7 @@ def build_all(paths: Iterable[str | Path]) -> pd.DataFrame:
             r["run"], r["kind"] = origin(p)
         r["machine"], r["paired_set"] = machine_of(rec, r["run"]), (rec.provenance.get("paired_set") or {}).get("id")
         r["paired_round"] = paired_round(rec, str(p))
+        r["repeat_machines"] = repeat_machines(rec)
         rows.append(r)
         with _fields_of(p):
             candidates.append(runs.candidate(rec, str(p), r["run"]))

@@ -5,6 +5,7 @@ threads are checked) keeps these fast; the real preload runs in tests/e2e."""
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -136,12 +137,19 @@ def test_a_gpu_server_preloads_nothing_that_initialises_cuda():
     assert cpu["DS_ACCELERATOR"] == "cpu" and "PYTORCH_NVML_BASED_CUDA_CHECK" not in cpu
 
 
-def test_a_gpu_server_whose_import_initialised_cuda_refuses_naming_it(tmp_path):
+def test_a_gpu_server_whose_import_initialised_cuda_leaves_it_to_the_ranks(tmp_path, monkeypatch):
     base = env()
     envs = [{**base, **launch.rank_env(0, 1, 29999)}]
+    monkeypatch.setattr(forkserver, "_FOUND_INITIALISING", {})
     with pytest.raises(forkserver.Unavailable, match="importing cuda_initialising initialised CUDA"):
-        forkserver.launch("fork_probe", ["--out", str(tmp_path)], envs, cwd=tmp_path, log=tmp_path / "run.log",
-                          server_env=base, accelerator="cuda", preload=("torch", "cuda_initialising"))
+        forkserver._ensure_server(forkserver.socket_path("refused"), sys.executable, "cuda",
+                                  ("torch", "cuda_initialising"), base, 60, 5)
+    # the launcher starts a server without it, and says so in the cell's log
+    proc = forkserver.launch("fork_probe", ["--out", str(tmp_path)], envs, cwd=tmp_path, log=tmp_path / "run.log",
+                             server_env=base, accelerator="cuda", preload=("torch", "cuda_initialising"), idle_s=5)
+    assert proc.wait(timeout=60) == 0 and ranks_seen(tmp_path, 1)[0]["rank"] == 0
+    assert "importing cuda_initialising initialised CUDA; each rank imports it" in (tmp_path / "run.log").read_text()
+    assert forkserver._FOUND_INITIALISING[(sys.executable, "cuda")] == {"cuda_initialising"}
     # the same import in a CPU server is no reason to refuse
     proc = forkserver.launch("fork_probe", ["--out", str(tmp_path)], envs, cwd=tmp_path, log=tmp_path / "run.log",
                              server_env=base, accelerator="cpu", preload=("torch", "cuda_initialising"), idle_s=5)

@@ -14,8 +14,10 @@ probe for an accelerator) and transformers does not initialise it; importing PEF
 imports bitsandbytes, which reads the GPU's compute capability. So a GPU platform's server
 preloads everything but PEFT (``preload_for``) with torch's NVML-based device count
 (``PYTORCH_NVML_BASED_CUDA_CHECK``), and checks after each import that CUDA is still
-uninitialised; a server whose imports initialised it refuses to start, naming the module,
-and the launcher execs instead.
+uninitialised; a server whose imports initialised it refuses to start, naming the module.
+The launcher then starts one without that module (each rank imports it: where torchao is
+installed, transformers' Llama imports it, and it asks for the compute capability), and execs
+only where a server cannot start at all.
 
 What stays as it was: each repeat is its own process (a fork), in its own session (the
 launcher stops it with ``os.killpg`` as before), with its own environment (``os.environ``
@@ -60,6 +62,7 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import runpy
 import select
 import selectors
@@ -85,6 +88,11 @@ PRELOAD = ("torch", "torch.distributed", "deepspeed", "transformers", "peft",
 #: which asks torch for the GPU's compute capability): a GPU platform's server leaves them
 #: to each rank
 CUDA_INITIALISING = ("peft",)
+#: modules a GPU server's import found to initialise CUDA, per (python, accelerator), beyond
+#: CUDA_INITIALISING (one that imports torchao where it is installed: its import asks for the
+#: GPU's compute capability); learnt once per launcher process (launch), then left to each rank
+_FOUND_INITIALISING: dict[tuple[str, str], set[str]] = {}
+_INITIALISED = re.compile(r"\[fork server\] importing (\S+) initialised CUDA")
 IDLE_S = 60.0
 START_TIMEOUT_S = 300.0
 #: returncode of a repeat whose server went away while it ran (its exit code is unknown)
@@ -259,9 +267,21 @@ def launch(module: str, args: list[str], envs: list[dict[str, str]], *, cwd: Pat
     warm server for ``accelerator`` (cpu | cuda), all in one new session; output appended to
     ``log``. ``server_env``: the environment a new server starts with (its import_env part
     of the server's key); a new server exits after ``idle_s`` without work."""
-    preload = tuple(preload_for(accelerator) if preload is None else preload)
-    path = socket_path(_key(python, accelerator, preload, server_env))
-    sock = _ensure_server(path, python, accelerator, preload, server_env, start_timeout_s, idle_s)
+    wanted = tuple(preload_for(accelerator) if preload is None else preload)
+    while True:  # a preload that initialised CUDA is left to the ranks, and the server started without it
+        found = _FOUND_INITIALISING.setdefault((python, accelerator), set())
+        preload = tuple(m for m in wanted if m not in found)
+        path = socket_path(_key(python, accelerator, preload, server_env))
+        try:
+            sock = _ensure_server(path, python, accelerator, preload, server_env, start_timeout_s, idle_s)
+            break
+        except Unavailable as exc:
+            hit = _INITIALISED.search(str(exc))
+            if hit is None or hit.group(1) not in preload:
+                raise
+            found.add(hit.group(1))
+            with open(log, "a") as fh:
+                fh.write(f"=== fork server: importing {hit.group(1)} initialised CUDA; each rank imports it\n")
     try:
         # absolute: the server's working directory is not the launcher's
         request = {"module": module, "args": list(args), "envs": envs, "cwd": str(Path(cwd).absolute()),

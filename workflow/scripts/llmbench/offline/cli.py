@@ -4,10 +4,9 @@ what envs/offline-batch.sh and a person planning a lent machine's calls run."""
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
-from .planner import NEVER_STARTS, estimate_s, measured_target, plan, recorded_in
+from .planner import NEVER_STARTS, estimate_s, measured_target, plan, recorded_in, whole_s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "estimate":
         est = estimate_s(args.target, args.config, args.earlier)
         if est is not None:
-            print(math.ceil(est.repeat_s), est.left, est.start_s, est.source)
+            print(whole_s(est.repeat_s), est.left, est.start_s, est.source)
         return 0
     if args.command == "measured-target":
         try:

@@ -30,6 +30,12 @@ from ..record import wall_s
 from ..search.runner import measured_batch, measured_record, read_json
 
 
+def whole_s(seconds: float) -> int:
+    """Whole seconds, rounded up, that an estimate asks for: a product of floats that lands a
+    hair above an integer (0.1 x 200) is that integer, not one more."""
+    return math.ceil(round(seconds, 6))
+
+
 def measured_target(folder: Path | str) -> str | None:
     """The record path (for ``snakemake``) of the cell a finished search measures: the
     search's cell at measured_batch (the largest batch that fit, below any where the
@@ -76,14 +82,14 @@ class Estimate:
         a cell stops only between repeats. A cell whose repeats are all kept runs none: 20 s."""
         from ..ledger import REPEAT_MARGIN
 
-        repeat = math.ceil(self.repeat_s) if self.left else 0
+        repeat = whole_s(self.repeat_s) if self.left else 0
         if self.source == "probe":
             repeat = repeat * 5 // 4
         elif self.source in (KEPT_SOURCE, STOPPED_SOURCE):
-            repeat = math.ceil(repeat * REPEAT_MARGIN)
+            repeat = whole_s(repeat * REPEAT_MARGIN)
         if self.source == PREDICTED_SOURCE and self.untimed_need_s is not None:
             # what the cell's own check wants before an untimed repeat: else it would stop at once
-            repeat = max(repeat, math.ceil(self.untimed_need_s))
+            repeat = max(repeat, whole_s(self.untimed_need_s))
         return repeat + 20
 
 
@@ -342,14 +348,14 @@ def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path 
             if est is None:
                 out.append((target, None, "a search: no earlier record of its cell times it"))
                 continue
-            out.append((target, math.ceil(est[0]), f"a search: {est[1]}"
+            out.append((target, whole_s(est[0]), f"a search: {est[1]}"
                         + _start_clause(est[2], call_s, "its cell at that batch ", "will want")))
             continue
         est = estimate_s(target, configfile, earlier)
         if est is None:
             out.append((target, None, "no probe at its batch nor an earlier record of the cell"))
         else:
-            repeat = math.ceil(est.repeat_s)  # whole seconds, as estimate prints it
+            repeat = whole_s(est.repeat_s)  # whole seconds, as estimate prints it
             kept = f"; {est.kept} of {est.repeats} repeats kept beside it" if est.kept else ""
             out.append((target, repeat * est.left, f"{est.left} x {repeat} s from {est.source}{kept}"
                         + _start_clause(est, call_s, "", "wants")))

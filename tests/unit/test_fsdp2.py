@@ -87,24 +87,26 @@ def test_fsdp2_cells_are_not_the_papers_methods():
     assert backends.for_stage("pretrain")[0] == backends.for_stage("finetune")[0] == "deepspeed"
 
 
-def test_the_memory_and_throughput_models_say_no_prediction_and_the_planner_runs_on(tmp_path):
+def test_the_memory_model_predicts_fsdp2_but_its_offload_and_the_throughput_model_says_none(tmp_path):
     config = cfg(platforms=["h200"], models=["llama2-7b"], techniques=["Z3", "F+R+Z3+O"], gpus=1,
                  max_batch={"start": 1, "max": 8})
     config["pretrain"].append({**config["pretrain"][0], "backend": "deepspeed"})
     g = grid.expand(config)
     mine = [c for c in g.cells if c.backend == "fsdp2"]
-    assert mine and all(memory.check(g.spec(c)) is None for c in mine)
+    verdicts = {c.technique: memory.check(g.spec(c)) for c in mine}
+    assert verdicts["Z3"].fits and verdicts["Z3"].prediction.family == "fsdp2"  # 16 bytes a parameter: 101 GiB
+    assert verdicts["F+R+Z3+O"] is None  # CPU offload: no record to model it by
     assert all(memory.check(g.spec(c)) is not None for c in g.cells if c.backend == "deepspeed")
     for c in mine:
         est = estimate.repeat(c, ModelSpec.load("llama2-7b"))
         assert not est.predicted and est.note == "backend 'fsdp2' is not modelled"
         assert est.bound_s(2.0) == c.protocol.timeout_s
-    search = next(s for s in g.searches if s.cell.backend == "fsdp2")
-    assert memory.start_hint(g.spec(search)) is None
+    hints = {s.cell.technique: memory.start_hint(g.spec(s)) for s in g.searches if s.cell.backend == "fsdp2"}
+    assert hints["Z3"] >= 1 and hints["F+R+Z3+O"] is None
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     planned, _ = memory.cells.plan(path)
-    assert set(planned["backend"]) == {"deepspeed"}  # the fsdp2 cells: no verdict, no row
+    assert set(planned.loc[planned["backend"] == "fsdp2", "technique"]) == {"Z3"}  # the offload cell: no verdict
     targets = [c.record_path() for c in mine]
     timed = offline.plan(targets, path)  # the batch planner: nothing times an fsdp2 cell it has no record of
     assert [(t, s, why) for t, s, why in timed] == [(t, None, "no probe at its batch nor an earlier record of the cell")
@@ -126,7 +128,7 @@ def _as_fsdp2(src, results, run):
     return dest
 
 
-def test_the_memory_report_leaves_fsdp2_records_out(tmp_path):
+def test_the_memory_report_scores_fsdp2_records_but_those_with_offload(tmp_path):
     from llmbench.config import REPO_ROOT
     from llmbench.memory import fit, replay, validate
     from llmbench.report import tidy
@@ -135,10 +137,13 @@ def test_the_memory_report_leaves_fsdp2_records_out(tmp_path):
     ds = run / "runs" / "pretrain" / "h200" / "llama2-7b" / "deepspeed" / "Z3" / "bs1-g1" / "record.json"
     mine = _as_fsdp2(ds, tmp_path, "fsdp2-run")
     assert "/fsdp2/Z3/bs1-g1/record.json" in mine.as_posix()
-    df = tidy.build_all([ds, mine])
-    assert sorted(df["backend"]) == ["deepspeed", "fsdp2"]
-    assert [r["backend"] for r, _ in fit.rows(df)] == ["deepspeed"]
-    assert list(validate.build(df, estimators=False)["backend"]) == ["deepspeed"]
+    offload = REPO_ROOT / "results/reference/2026-11-25-h200-offload/runs/pretrain/h200/llama2-7b/deepspeed/Z3+O/bs1-g1"
+    theirs = _as_fsdp2(offload / "record.json", tmp_path, "fsdp2-offload")
+    df = tidy.build_all([ds, mine, theirs])
+    assert sorted(df["backend"]) == ["deepspeed", "fsdp2", "fsdp2"]
+    assert [(r["backend"], r["technique"]) for r, _ in fit.rows(df)] == [("deepspeed", "Z3"), ("fsdp2", "Z3")]
+    scored = validate.build(df, estimators=False)
+    assert list(zip(scored["backend"], scored["family"])) == [("deepspeed", "zero3"), ("fsdp2", "fsdp2")]
     searches = [p for p in sorted((REPO_ROOT / "results" / "reference").glob("*/runs/search/pretrain/*/*/deepspeed/*/search.json"))
                 if "Q" not in p.parent.name and '"status": "ok"' in p.read_text()]
     folder = searches[0].parent
@@ -149,5 +154,5 @@ def test_the_memory_report_leaves_fsdp2_records_out(tmp_path):
     import shutil
 
     shutil.copytree(folder, tmp_path / "ds-run" / "/".join(folder.parts[folder.parts.index("runs"):]))
-    # the DeepSpeed search replayed, the FSDP2 one left out: the memory model hints no start for it
-    assert list(replay.replay_all(tmp_path)["run"]) == ["ds-run"]
+    # both searches replayed: the memory model hints FSDP2's start too
+    assert sorted(replay.replay_all(tmp_path)["run"]) == ["ds-run", "fsdp2-run"]

@@ -424,3 +424,33 @@ def test_lora_dropout_copies_by_hand():
     assert adapter_dropout_bytes(L7, {"kind": "lora", "rank": 64, "dropout": 0.0, "target_modules": targets}) == 0
     assert adapter_dropout_bytes(L7, {"kind": "prompt_tuning", "num_virtual_tokens": 20, "dropout": 0.05}) == 0
     assert adapter_dropout_bytes(L7, None) == 0
+
+
+def test_fsdp2_states_by_hand():
+    """FSDP2 (constants.FSDP2_*): fp32 shards and AdamW's moments through forward/backward (12
+    bytes a trained parameter), the fp32 gradients at the step (16 and its 0.17); the gathered
+    bf16 copies of every layer without resharding (Z2), of the root and two layers with it
+    (Z3); a LoRA cell (no Z: replicated) holds its frozen bf16 base twice."""
+    root = 2 * 32000 * 4096 + 4096
+    layer = (N7 - root) / 32
+    z3 = state_bytes(w("Z3", backend="fsdp2"))
+    assert z3[0] == pytest.approx(12 * N7 + 2 * (root + 2 * layer)) and z3[1] == pytest.approx(16.17 * N7)
+    z2 = state_bytes(w("Z2", backend="fsdp2"))
+    assert z2[0] == pytest.approx(12 * N7 + 2 * N7) and z2[1] == z3[1]
+    assert state_bytes(w("Z3", gpus=2, backend="fsdp2"))[1] == pytest.approx(16.17 * N7 / 2)  # sharded
+    assert state_bytes(w("Naive", gpus=2, backend="fsdp2"))[1] == pytest.approx(16.17 * N7)  # replicated
+    n_lora = adapter_params(L7, LORA_ALL)[0]
+    lora = state_bytes(w("L", backend="fsdp2", adapter=LORA_ALL))
+    assert lora[0] == pytest.approx(2 * N7 + 2 * (N7 + n_lora) + 12 * n_lora)
+    p = predict(w("Z3", backend="fsdp2"))
+    assert (p.family, p.phase) == ("fsdp2", "optimizer step")
+    # the activations are DeepSpeed's, without DeepSpeed's ZeRO-3 copies (constants.ZERO3_ACT_SCALE)
+    assert activation_bytes(w("Z3", backend="fsdp2"))[0] == pytest.approx(activation_bytes(w("Naive"))[0])
+
+
+def test_fsdp2_with_cpu_offload_is_not_modelled():
+    from llmbench.memory.model import modelled
+
+    assert modelled("fsdp2", "Z3") and not modelled("fsdp2", "Z3+O") and modelled("deepspeed", "Z3+O")
+    with pytest.raises(ValueError, match="not modelled"):
+        w("Z3+O", backend="fsdp2")

@@ -24,8 +24,9 @@ from ..cells import Cell
 from ..config import REPO_ROOT, ConfigError
 from ..platforms import Platform
 from ..spec import RunSpec
-from .constants import BACKENDS, margin_for
-from .model import Prediction, Workload, batch_slope_gib, fits, host_memory_gib, predict, predicted_max_batch
+from .constants import margin_for
+from .model import (Prediction, Workload, batch_slope_gib, fits, host_memory_gib, modelled, predict,
+                    predicted_max_batch)
 
 #: the stages whose cells the model predicts (training steps)
 STAGES = ("pretrain", "finetune", "profile")
@@ -62,11 +63,11 @@ def _host_capacity(platform: Platform, root: Path) -> float | None:
 def check(spec: RunSpec | dict[str, Any], margin: float | None = None, root: Path = REPO_ROOT) -> Verdict | None:
     """The verdict on one training cell's run spec (llmbench.spec.RunSpec, or its JSON form),
     with ``margin`` (None: the cell's technique family's); None for a cell the model does not
-    predict (serving, microbenchmarks, backends other than DeepSpeed and Megatron-LM)."""
+    predict (serving, microbenchmarks, backends it does not model: model.modelled)."""
     spec = RunSpec.of(spec)
     cell, platform = spec.cell, spec.platform
-    if not isinstance(cell, Cell) or cell.stage not in STAGES or cell.backend not in BACKENDS:
-        return None  # profile cells of the plain-torch and inference backends are not modelled
+    if not isinstance(cell, Cell) or cell.stage not in STAGES or not modelled(cell.backend, cell.technique):
+        return None  # profile cells of the plain-torch and inference backends, FSDP2's offload: not modelled
     pred = predict(Workload.from_spec(spec))
     margin = margin_for(pred.family) if margin is None else margin
     if platform.accelerator == "cuda":

@@ -71,11 +71,11 @@ from ..config import REPO_ROOT, ConfigError
 from ..models import ModelSpec
 from ..platforms import Platform
 from ..spec import RunSpec
-from .constants import (BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK,
+from .constants import (ACTIVATIONS_OF, BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK,
                         ZERO3_ACT_SCALE, ZERO3_RECOMPUTED_ADAPTER_SCALE)
 from .model import (GIB, Workload, activation_bytes, adapter_dropout_bytes, adapter_params,
-                    beside_activations_bytes, buffer_bytes, layer_activation_bytes, predict, quant4_full_parameter,
-                    state_bytes)
+                    beside_activations_bytes, buffer_bytes, layer_activation_bytes, modelled, predict,
+                    quant4_full_parameter, state_bytes)
 
 TRAIN_STAGES = ("pretrain", "finetune")
 #: The rows the allocator's slack is fitted on: an allocated peak at least this share of
@@ -128,9 +128,11 @@ def record_spec(path: Path, root: Path = REPO_ROOT) -> RunSpec:
 
 def rows(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> list[tuple[pd.Series, Row]]:
     """The tidy table's training rows (cells and probes) of the backends the model predicts
-    (BACKENDS: an FSDP2 record has no workload here), with their workloads."""
+    (model.modelled: not FSDP2's with CPU offload), with their workloads."""
     out = []
     for _, r in tidy[tidy["stage"].isin(TRAIN_STAGES) & tidy["backend"].isin(list(BACKENDS))].iterrows():
+        if not modelled(r["backend"], r["technique"]):
+            continue
         path = Path(r["record_path"])
         full = path if path.is_absolute() else root / path
         spec = record_spec(full, root)
@@ -211,6 +213,8 @@ def fit_rows(training: list[Row], root: Path = REPO_ROOT) -> dict[str, Any]:
     #    the larger rows leave over states, buckets, logits and overhead (the activations
     #    and the logits grow together with the tokens: see 1.)
     for backend in BACKENDS:
+        if backend in ACTIVATIONS_OF:  # another backend's activations (constants.ACTIVATIONS_OF)
+            continue
         mine = [r for r in ok if r.workload.backend == backend]
         small, plain, xs, ys = [], [], [], []
         for r in mine:
@@ -385,6 +389,8 @@ def applied(values: dict[str, Any]) -> Iterator[None]:
         ds[(z, True)] = replace(row, fb=fb, step=replace(row.step, sharded=fb.sharded),
                                 host=replace(row.host, sharded=v["offload_host_bytes"][f"Z{z}+O"]),
                                 frozen_host=v["offload_frozen_host_bytes"]["Z3+O"] if z == 3 else row.frozen_host)
+    for b, of in C.ACTIVATIONS_OF.items():
+        v[b] = {**v[b], "act_scale": v[of]["act_scale"]}
     names = {
         "BACKENDS": {b: C.BackendConstants(act_scale=v[b]["act_scale"], logits_bytes=v["logits_bytes"],
                                            overhead_gib=v[b]["overhead_gib"], host_base_gib=v[b]["host_base_gib"])

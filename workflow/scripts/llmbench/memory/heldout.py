@@ -40,7 +40,7 @@ import pandas as pd
 from ..config import REPO_ROOT
 from .constants import MARGIN
 from .fit import Row, applied, fit_from_scratch, platform_file, record_spec, rows
-from .model import FAMILIES, Workload, family, predict, predicted_max_batch
+from .model import FAMILIES, Workload, family, modelled, predict, predicted_max_batch
 
 #: The share of the records (by start time) the ``time`` split fits on.
 TIME_SHARE = 0.7
@@ -184,7 +184,7 @@ def load_searches(folders: list[str | Path], root: Path = REPO_ROOT) -> list[dic
         if s.get("status") != "ok" or not s.get("largest_ok") or not first:
             continue
         spec = record_spec(first[0], root)
-        if spec.cell.backend not in ("deepspeed", "megatron") or spec.platform.accelerator != "cuda":
+        if not modelled(spec.cell.backend, spec.cell.technique) or spec.platform.accelerator != "cuda":
             continue
         w = Workload.from_spec(spec)
         started = min(filter(None, ((json.loads(p.read_text()).get("provenance") or {}).get("started")

@@ -70,7 +70,8 @@ from ..models import ModelSpec
 from ..platforms import Platform
 from ..spec import RunSpec
 from .constants import (BACKENDS, BUCKETS, CACHED_ACTIVATION_FRACTION, CACHED_LOGITS_BYTES, COMPILED_ACT_SCALE,
-                        DEEPSPEED, MEGATRON,
+                        DEEPSPEED, FSDP2_GATHERED_BYTES, FSDP2_LIVE_LAYERS, FSDP2_REDUCE_BYTES, FSDP2_REPLICATED,
+                        FSDP2_SHARDED, MEGATRON,
                         MEGATRON_DISTOPT, QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK, ZERO3_ACT_SCALE,
                         ZERO2_STEP_CACHED_GRAD_BYTES, ZERO3_MAX_LIVE_PARAMETERS, ZERO3_RECOMPUTED_ADAPTER_SCALE,
                         ZERO3_STEP_GRAD_COPY_BYTES, ZERO3_SUB_GROUP_SIZE, margin_for)
@@ -108,7 +109,7 @@ class Workload:
     gpus: int = 1
     """Ranks of the cell."""
     backend: str = "deepspeed"
-    """deepspeed or megatron."""
+    """deepspeed, megatron or fsdp2 (BACKENDS; ``modelled``)."""
     parallel: dict[str, Any] | None = None
     """Megatron-LM's layout (tensor_parallel, pipeline_parallel, distributed_optimizer)."""
     adapter: dict[str, Any] | None = None
@@ -123,6 +124,8 @@ class Workload:
             raise ValueError(f"gpus must be >= 1, got {self.gpus}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {self.backend!r}")
+        if not modelled(self.backend, self.technique):
+            raise ValueError(f"{self.backend} {self.technique}: not modelled (FSDP2's CPU offload has no record)")
 
     @property
     def tech(self) -> techniques.Technique:
@@ -182,19 +185,27 @@ class Prediction:
 #: margin is set per (llmbench.memory.heldout, constants.FAMILY_MARGINS): each groups the
 #: cells whose memory the same terms and fitted constants decide. A cell takes the first that
 #: applies, in this order.
-FAMILIES = ("megatron", "qlora", "lora", "4-bit", "offload", "zero3", "recompute", "zero2", "naive")
+FAMILIES = ("megatron", "fsdp2", "qlora", "lora", "4-bit", "offload", "zero3", "recompute", "zero2", "naive")
+
+
+def modelled(backend: str, technique: str) -> bool:
+    """Whether the model predicts a training cell of ``backend`` and ``technique``: DeepSpeed's
+    and Megatron-LM's, and FSDP2's but with CPU offload (no record to fit or check it by)."""
+    if backend not in BACKENDS:
+        return False
+    return not (backend == "fsdp2" and techniques.parse(technique).offload)
 
 
 def family(w: Workload) -> str:
-    """A workload's technique family (FAMILIES): Megatron-LM; DeepSpeed's adapters on a 4-bit
+    """A workload's technique family (FAMILIES): Megatron-LM; FSDP2; DeepSpeed's adapters on a 4-bit
     base (QLoRA) or on a bf16 one (LoRA, LoRA-FA, DoRA, prompt tuning); then full-parameter
     cells by the term that sets them apart: 4-bit (Q: QUANT4_ACT_SCALE), offload (+O: the
     offload rows' fitted GPU and host bytes), ZeRO-3 (ZERO3_ACT_SCALE and its sub-group copy),
     recomputation (R: layer inputs, a recomputed layer), ZeRO-2 (sharded optimizer, buckets),
     and the rest (ZeRO-0, with or without F and C)."""
     tech = w.tech
-    if w.backend == "megatron":
-        return "megatron"
+    if w.backend in ("megatron", "fsdp2"):
+        return w.backend
     if tech.adapter is not None:
         return "qlora" if tech.quant4 else "lora"
     if tech.quant4:
@@ -247,6 +258,8 @@ def state_bytes(w: Workload) -> tuple[float, float, float]:
         row = MEGATRON_DISTOPT if distopt else MEGATRON
         local = n / (tp * pp)
         return row.fb.per_rank(local, dp), row.step.per_rank(local, dp), 0.0
+    if w.backend == "fsdp2":
+        return _fsdp2_state_bytes(w)
     row = DEEPSPEED[(tech.zero_stage, tech.offload)]
     g = w.gpus
     if tech.adapter is not None:
@@ -270,6 +283,49 @@ def state_bytes(w: Workload) -> tuple[float, float, float]:
     if tech.zero_stage == 3 and not tech.offload:  # one optimizer sub-group's gradient copy
         step += ZERO3_STEP_GRAD_COPY_BYTES * min(ZERO3_SUB_GROUP_SIZE, trainable / g)
     return base + row.fb.per_rank(trainable, g), step, host
+
+
+def _fsdp2_state_bytes(w: Workload) -> tuple[float, float, float]:
+    """FSDP2's model states of one rank (constants.FSDP2_*): the trained parameters' row,
+    sharded or (no Z flag) replicated; an adapter's frozen bf16 base in bf16 shards; and
+    through forward/backward the all-gathered bf16 copies (fsdp2_gathered_bytes)."""
+    tech = w.tech
+    shard = 1 if tech.zero_stage == 0 else w.gpus
+    row = FSDP2_REPLICATED if tech.zero_stage == 0 else FSDP2_SHARDED
+    if tech.adapter is not None:
+        trainable, frozen_extra = adapter_params(w.model, w.adapter)
+        base = WEIGHTS_BF16 * (w.model.param_counts()["total"] + frozen_extra) / shard
+    else:
+        trainable, base = w.model.param_counts()["total"], 0.0
+    fb = base + fsdp2_gathered_bytes(w) + row.fb.per_rank(trainable, shard)
+    return fb, base + row.step.per_rank(trainable, shard), 0.0
+
+
+def fsdp2_gathered_bytes(w: Workload) -> float:
+    """FSDP2's all-gathered bf16 parameters alive at the forward pass's end: every layer's
+    without resharding after forward (Z2, no Z flag), else the root's and FSDP2_LIVE_LAYERS
+    decoder layers' (constants.FSDP2_GATHERED_BYTES); 0 for another backend."""
+    if w.backend != "fsdp2":
+        return 0.0
+    counts = w.model.param_counts()
+    total = counts["total"] + (sum(adapter_params(w.model, w.adapter)) if w.tech.adapter is not None else 0)
+    if w.tech.zero_stage != 3:
+        return FSDP2_GATHERED_BYTES * total
+    root = 2 * w.model.vocab_size * w.model.hidden_size + w.model.hidden_size
+    layer = (total - root) / w.model.num_hidden_layers
+    return FSDP2_GATHERED_BYTES * (root + FSDP2_LIVE_LAYERS * layer)
+
+
+def fsdp2_step_cached_bytes(w: Workload, beyond_states: float) -> float:
+    """What FSDP2's caching allocator keeps reserved through the optimizer step beyond what it
+    allocates: what the forward/backward peak held beyond the trained states (``beyond_states``:
+    activations, logits, gathered copies) and FSDP2_LIVE_LAYERS layers' reduce-scatter buffers
+    (constants.FSDP2_REDUCE_BYTES per parameter of a layer)."""
+    counts = w.model.param_counts()
+    root = 2 * w.model.vocab_size * w.model.hidden_size + w.model.hidden_size
+    layer = (counts["total"] - root) / w.model.num_hidden_layers
+    trains_layers = w.tech.adapter is None  # an adapter's layers reduce only the adapters' gradients
+    return beyond_states + (FSDP2_LIVE_LAYERS * FSDP2_REDUCE_BYTES * layer if trains_layers else 0.0)
 
 
 def _frozen_base_bytes(counts: dict[str, int], quant4: bool) -> float:
@@ -333,7 +389,7 @@ def activation_bytes(w: Workload) -> tuple[float, float, float]:
     tp = _layout(w)[0] if w.backend == "megatron" else 1
     seq = w.seq_len + (int((w.adapter or {}).get("num_virtual_tokens", 0)) if tech.adapter == "prompt_tuning" else 0)
     tokens = w.batch_size * seq
-    zero3 = zero3_scale(tech)
+    zero3 = zero3_scale(tech) if w.backend == "deepspeed" else 1.0  # DeepSpeed's ZeRO-3 wrapper's copies
     scale = (k.act_scale * (COMPILED_ACT_SCALE if tech.compiled else 1.0) * zero3
              * (QUANT4_ACT_SCALE if quant4_full_parameter(tech) else 1.0))
     per_layer = tokens * (scale * layer_activation_bytes(w.model, seq, tech.flash, tp)
@@ -411,6 +467,8 @@ def predict(w: Workload) -> Prediction:
     fb = fb_states + acts + beside + overhead
     step = step_states + (0.0 if buckets_in_backward_only(w) else buffers) + overhead
     cached, cached_step = cached_bytes(w, acts), step_cached_bytes(w)
+    if w.backend == "fsdp2":
+        cached_step = fsdp2_step_cached_bytes(w, acts + beside + fsdp2_gathered_bytes(w))
     terms = {"states_fb": fb_states, "states_step": step_states, "activations": acts, "recomputed_layer": layer,
              "logits": logits, "buffers": buffers, "beside": beside, "overhead": overhead, "host_offload": host,
              "cached": cached, "cached_step": cached_step}

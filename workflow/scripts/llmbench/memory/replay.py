@@ -32,9 +32,8 @@ import pandas as pd
 
 from ..config import REPO_ROOT
 from ..search import ALGORITHM, Probe, State, next_probe
-from .constants import BACKENDS
 from .fit import record_spec
-from .model import Workload, batch_slope_gib, predicted_max_batch
+from .model import Workload, batch_slope_gib, modelled, predicted_max_batch
 
 
 def oracle(summary: dict[str, Any]):
@@ -100,7 +99,7 @@ def replay_all(results: Path | str = "results/reference", root: Path = REPO_ROOT
         if first is None or not s.get("probes") or s.get("status") != "ok":
             continue
         spec = record_spec(first)
-        if spec.cell.backend not in BACKENDS:  # an FSDP2 search: the model gives it no hint
+        if not modelled(spec.cell.backend, spec.cell.technique):  # the model gives it no hint
             continue
         w = Workload.from_spec(spec)
         start = hinted_start(w, s["capacity_gib"], s["max_batch"])

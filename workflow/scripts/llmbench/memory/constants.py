@@ -172,8 +172,12 @@ FSDP2_LIVE_LAYERS = 2
 #: The backward's reduce-scatter per layer: the layer's unsharded bf16 gradients (2) and
 #: their fp32 copy to reduce (4), for FSDP2_LIVE_LAYERS layers at a time; with what the
 #: forward/backward peak held beyond the states (activations, logits, gathered copies), the
-#: caching allocator keeps them reserved through the step (fitted to the same records'
-#: reserved peaks: 104.29-118.46 GiB, predicted within -4.4 % (F+Z3+C+FP8 at batch 8) and +0.9 %).
+#: caching allocator keeps them reserved through the step. A compiled layer (C) saves fewer
+#: activations (COMPILED_ACT_SCALE) but its graphs allocate and free the eager-sized ones, so
+#: its blocks count at eager size: F+Z3+C's reserved-over-allocated grew from 14.4 GiB at batch
+#: 8 to 30.8 at batch 16, 2.05 GiB a sample where its saved activations are 0.76. Against one
+#: H200's nine full-parameter FSDP2 records (104.29-132.41 GiB reserved): within -2.1 % (F+Z3+C
+#: at batch 16) and +4.1 % (F+Z3+C+FP8R at batch 8).
 FSDP2_REDUCE_BYTES = 6.0
 
 #: Saved activations under torch.compile (C) over eager (fitted: the H200 pair's F+Z2+C

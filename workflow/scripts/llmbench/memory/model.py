@@ -467,8 +467,9 @@ def predict(w: Workload) -> Prediction:
     fb = fb_states + acts + beside + overhead
     step = step_states + (0.0 if buckets_in_backward_only(w) else buffers) + overhead
     cached, cached_step = cached_bytes(w, acts), step_cached_bytes(w)
-    if w.backend == "fsdp2":
-        cached_step = fsdp2_step_cached_bytes(w, acts + beside + fsdp2_gathered_bytes(w))
+    if w.backend == "fsdp2":  # a compiled layer's freed blocks are eager-sized (constants.FSDP2_REDUCE_BYTES)
+        eager = acts / COMPILED_ACT_SCALE if w.tech.compiled else acts
+        cached_step = fsdp2_step_cached_bytes(w, eager + beside + fsdp2_gathered_bytes(w))
     terms = {"states_fb": fb_states, "states_step": step_states, "activations": acts, "recomputed_layer": layer,
              "logits": logits, "buffers": buffers, "beside": beside, "overhead": overhead, "host_offload": host,
              "cached": cached, "cached_step": cached_step}

@@ -9,7 +9,10 @@ def test_mean_summary_averages_numbers_and_keeps_the_rest():
 
     s = mean_summary([{"comm_s_per_iter": 1.0, "traces": ["a"], "memcpy_s_per_iter": None},
                       {"comm_s_per_iter": 3.0, "traces": ["b"], "memcpy_s_per_iter": None}])
-    assert s == {"comm_s_per_iter": 2.0, "traces": ["b"], "memcpy_s_per_iter": None}
+    # the kernel breakdown of each repeat is kept beside the mean (a comparison's spread)
+    assert s == {"comm_s_per_iter": 2.0, "traces": ["b"], "memcpy_s_per_iter": None,
+                 "kernel_runs": {"comm_s_per_iter": [1.0, 3.0]}}
+    assert mean_summary([{"comm_s_per_iter": 1.0}]) == {"comm_s_per_iter": 1.0}  # one repeat: no runs
     assert mean_summary([{}, {}]) == {}
 
 

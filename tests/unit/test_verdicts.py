@@ -2,6 +2,7 @@
 checks combine, how a comparison is paired (one set, one machine, two machines), the claim's
 scope, strict bounds, and an out-of-memory cell as a bound, on fixture rows."""
 
+import json
 import math
 
 import pandas as pd
@@ -242,6 +243,23 @@ def test_a_set_resumed_on_another_machine_pairs_only_rounds_on_one(tmp_path):
     assert r.verdict == "holds"  # 1.2 in each of the three rounds on one machine
     same = row("F", [700, 1200, 1320, 1080], paired_set="s1", machine="mB")  # as if all four ran on B
     assert judge(tmp_path, [same, naive], entry([ratio("F", "Naive", min=1.1)])).iloc[0].verdict == "inconclusive"
+
+
+def test_a_profiled_pair_of_several_repeats_has_the_interval_of_its_rounds(tmp_path):
+    """Communication time of two profiled cells of one set, two repeats each: the kernel
+    breakdown of every repeat (the record's kernel_runs) pairs round by round, where the mean
+    alone was one measurement without a spread."""
+    def prof(tech, comm, runs=None):
+        r = row(tech, [1000, 1000], paired_set="s1", stage="profile")
+        r.update(comm_s_per_iter=comm, kernel_runs=json.dumps({"comm_s_per_iter": runs}) if runs else None)
+        return r
+    e = entry([{"metric": "comm_s_per_iter", "relation": "ratio", "a": {"technique": "Z3"}, "b": {"technique": "Z2"},
+                "expect": {"min": 1.0}}], stage="profile")
+    r = judge(tmp_path, [prof("Z3", 0.6, [0.5, 0.7]), prof("Z2", 0.15, [0.14, 0.16])], e).iloc[0]
+    assert r.pairing == "set" and r.method.startswith("paired rounds (2)") and r.verdict == "holds"
+    assert "[" in r.ours_value  # an interval, not a bare value
+    r = judge(tmp_path, [prof("Z3", 0.6), prof("Z2", 0.15)], e).iloc[0]  # means only
+    assert "one measurement, no spread measured" in r.method
 
 
 def test_a_serving_set_pairs_its_bursts_round_by_round(tmp_path):

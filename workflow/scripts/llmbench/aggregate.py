@@ -14,6 +14,7 @@ from typing import Any
 
 from . import provenance
 from .models import MFU_FORMULA, flops_per_token
+from .profile.kernels import COLUMNS as KERNEL_COLUMNS
 from .protocol import summarize
 from .record import Metrics, Record
 from .spec import RunSpec, raw_of
@@ -127,10 +128,17 @@ def step_samples(results: list[dict[str, Any]]) -> dict[str, list]:
 
 
 def mean_summary(summaries: list[dict[str, Any]]) -> dict[str, Any]:
-    """A worker's summaries over repeats: numbers averaged, everything else the last's."""
+    """A worker's summaries over repeats: numbers averaged, everything else the last's; with
+    several repeats, each repeat's kernel breakdown too (``kernel_runs``: metric -> one value a
+    repeat, llmbench.profile.kernels.COLUMNS), so that a comparison of two profiled cells has
+    the spread of its repeats (llmbench.report.evidence)."""
     out: dict[str, Any] = {}
     for key in dict.fromkeys(k for s in summaries for k in s):
         vals = [s[key] for s in summaries if key in s]
         nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
         out[key] = sum(nums) / len(nums) if nums and len(nums) == len(vals) else vals[-1]
+    runs = {key: [s[key] for s in summaries] for key in KERNEL_COLUMNS
+            if all(isinstance(s.get(key), (int, float)) and not isinstance(s.get(key), bool) for s in summaries)}
+    if len(summaries) > 1 and runs:
+        out["kernel_runs"] = runs
     return out

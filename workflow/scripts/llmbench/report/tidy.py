@@ -3,6 +3,8 @@ hold a cell, the record llmbench.report.runs chooses), flat columns with units i
 
 from __future__ import annotations
 
+import json
+
 import statistics
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -74,7 +76,8 @@ MICRO_COLUMNS = ["bench", "case", "points", "all_correct", "best_tflops", "best_
 #: Profile cells' phase times (empty elsewhere; their module rows are in the per-row table).
 PROFILE_COLUMNS = [f"{p}_{k}_s" for p in ("forward", "backward", "optimizer", "prefill", "decode")
                    for k in ("wall", "profiled_wall", "kernel", "gemm", "device")] + [
-    "wall_basis", "profiled_step_time_s", "unaccounted_s", "decode_steps"] + kernels.COLUMNS
+    "wall_basis", "profiled_step_time_s", "unaccounted_s", "decode_steps"] + kernels.COLUMNS + [
+    "kernel_runs"]  # a profiled cell of several repeats: each repeat's kernel breakdown (JSON: metric -> values)
 ALL_COLUMNS = COLUMNS + SERVE_LOAD_COLUMNS + SERVE_METRIC_COLUMNS + MICRO_COLUMNS + PROFILE_COLUMNS
 #: Per-sample tables (one row per request, or per microbenchmark point): the cell's path
 #: fields, then the record's samples columns.
@@ -162,6 +165,7 @@ def row(record: Record, path: str) -> dict:
         "git_sha": (record.provenance.get("git") or {}).get("sha"), "record_path": path,
         "layout": cells.layout_name(c.get("parallel")),
         **{k: record.summary.get(k) for k in PROFILE_COLUMNS},
+        "kernel_runs": json.dumps(record.summary["kernel_runs"], sort_keys=True) if record.summary.get("kernel_runs") else None,
     }
 
 

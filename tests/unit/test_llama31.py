@@ -170,22 +170,28 @@ def test_lora_on_gqa_key_value_projections_is_kv_wide():
     assert trainable == 32 * r * ((4096 + 4096) + 2 * (4096 + 1024))
 
 
-def test_throughput_interval_flags_the_vocabulary_and_the_family_of_llama31():
-    def notes(name):
-        c = TrainCell(stage="pretrain", platform="h200", model=ModelSpec.load(name),
+def test_throughput_interval_flags_what_the_calibration_has_not_seen():
+    def notes(model):
+        c = TrainCell(stage="pretrain", platform="h200", model=model,
                       technique=techniques.parse("F+Z3"), batch_size=4, gpus=1, seq_len=350)
         return interval.predict(c)
 
-    p = notes("llama3.1-8b")
-    assert set(p.outside) == {"vocab_size", "architecture"}
-    assert any("vocabulary 128256" in n for n in p.notes) and any("llama+rope-llama3" in n for n in p.notes)
-    assert p.width > notes("llama2-7b").width and notes("llama2-7b").outside == ()
-    assert "params" in notes("llama3.1-70b").outside  # 70.6B beyond Llama 2 70B's 69.0
+    l8 = ModelSpec.load("llama3.1-8b")
+    assert notes(l8).outside == ()  # a llama3.1-8b record calibrates: its vocabulary and family are in range
+    wider = notes(replace(l8, vocab_size=256000))  # a vocabulary no record has
+    assert wider.outside == ("vocab_size",) and any("vocabulary 256000" in n for n in wider.notes)
+    # a family the records lack: Llama 3.1's RoPE scaling against records of Llama 2 alone
+    cell = TrainCell(stage="pretrain", platform="h200", model=l8, technique=techniques.parse("F+Z3"),
+                     batch_size=4, gpus=1, seq_len=350)
+    covered = {**interval.load()["covered"], "architecture": ["llama"]}
+    assert "llama+rope-llama3" in interval.outside(cell, covered)["architecture"]
+    assert wider.width > notes(ModelSpec.load("llama2-7b")).width and notes(ModelSpec.load("llama2-7b")).outside == ()
+    assert "params" in notes(ModelSpec.load("llama3.1-70b")).outside  # 70.6B beyond Llama 2 70B's 69.0
 
 
 def test_the_advisor_predicts_llama31_through_its_cached_throughput_call():
     # predicted_tokens is memoised on its arguments, the model spec among them: it must hash
     from llmbench.report import advice
 
-    p = advice.predicted_tokens("h200", ModelSpec.load("llama3.1-8b"), "finetune", "L", 1, 4)
-    assert p.value > 0 and any("vocabulary 128256" in n for n in p.notes)
+    p = advice.predicted_tokens("h200", ModelSpec.load("llama3.1-70b"), "finetune", "L", 1, 4)
+    assert p.value > 0 and any("70.6" in n or "param" in n for n in p.notes)  # beyond the records' sizes

@@ -619,3 +619,11 @@ def test_a_concurrency_sweep_is_plotted_against_requests_in_flight_beside_the_ra
         "max_concurrency", "output_tokens_per_s", "max_concurrency"]
     figures.save(chart(conc + rate), tmp_path / "sweep")
     assert (tmp_path / "sweep.svg").stat().st_size > 0
+    # still growing at 64 in flight: no knee; saturated from 64 on: the knee at 64, a diamond
+    assert figures.sweep_knees(pd.DataFrame(conc).assign(series="s"), "max_concurrency").empty
+    flat = conc + [{**conc[-1], "load": f"conc-{c}", "max_concurrency": c, "output_tokens_per_s": v}
+                   for c, v in ((256, 6600.0), (512, 6500.0))]
+    knee = figures.sweep_knees(pd.DataFrame(flat).assign(series="s"), "max_concurrency")
+    assert list(knee["max_concurrency"]) == [64]
+    served = chart(flat).to_dict()["hconcat"][0]
+    assert served["layer"][1]["mark"]["shape"] == "diamond"

@@ -364,6 +364,23 @@ SWEEP = ["platform", "model", "engine", "load", "gpus", "status", "mode", "rate_
 #: the load kinds a sweep is made of: mode -> (the column its points vary, axis title, log axis)
 SWEEPS = {"poisson": ("rate_per_s", "offered requests/s", False),
           "concurrency": ("max_concurrency", "requests in flight", True)}
+#: A sweep's knee: the lightest load whose output tokens/s reaches this share of the most the
+#: series served, where a heavier load follows it (saturation reached, not the last point)
+KNEE_SHARE = 0.9
+
+
+def sweep_knees(df: pd.DataFrame, col: str) -> pd.DataFrame:
+    """Each series' knee (KNEE_SHARE) over ``col``; none for a series of fewer than three
+    points or one still growing at its heaviest load."""
+    out = []
+    for _, g in df.dropna(subset=[col, "output_tokens_per_s"]).groupby("series"):
+        g = g.sort_values(col)
+        if len(g) < 3:
+            continue
+        at = g[g["output_tokens_per_s"] >= KNEE_SHARE * g["output_tokens_per_s"].max()].iloc[0]
+        if at[col] < g[col].max():
+            out.append(at)
+    return pd.DataFrame(out, columns=df.columns)
 
 
 def _sweep_row(df: pd.DataFrame, col: str, label: str, log: bool) -> alt.HConcatChart:
@@ -376,6 +393,12 @@ def _sweep_row(df: pd.DataFrame, col: str, label: str, log: bool) -> alt.HConcat
                                                       tooltip=tip)
     x = alt.X(f"{col}:Q", title=label, scale=alt.Scale(type="log", base=2) if log else alt.Undefined)
     served = base.encode(x=x, y=alt.Y("output_tokens_per_s:Q", title="output tokens/s"))
+    knees = sweep_knees(df, col)
+    if len(knees):  # each series' knee, a diamond on its line
+        served = alt.layer(served, alt.Chart(knees).mark_point(shape="diamond", size=150, filled=True).encode(
+            x=x, y="output_tokens_per_s:Q", color=alt.Color("series:N"),
+            tooltip=["series", alt.Tooltip(f"{col}:Q", title=f"knee: {label}"),
+                     alt.Tooltip("output_tokens_per_s:Q", format=",.1f")]))
     curve = base.encode(x=alt.X("output_tokens_per_s:Q", title="output tokens/s"),
                         y=alt.Y("p50_e2e_latency_s:Q", title="median end-to-end latency (s)"), order=f"{col}:Q")
     good = base.encode(x=x, y=alt.Y("goodput_share:Q", title="goodput (share meeting TTFT and TPOT targets)",
@@ -387,9 +410,11 @@ def serve_sweep_chart(tables: Tables | None = None) -> alt.VConcatChart | alt.HC
     """Beyond the paper: the sweeps serving users run (vLLM's bench sweep, SGLang's
     bench_serving), per engine: against the offered rate (Poisson arrivals) and against the
     requests kept in flight (a concurrency load), one row each where it ran. How much does
-    it serve as the load grows (saturation), what does that cost in median end-to-end
-    latency (the throughput-latency curve), and which share of requests still meets the
-    TTFT and TPOT targets (goodput)? One line per engine, platform and model."""
+    it serve as the load grows (saturation, its knee a diamond: the lightest load that reaches
+    KNEE_SHARE of the most the series served, where a heavier one follows), what does that
+    cost in median end-to-end latency (the throughput-latency curve), and which share of
+    requests still meets the TTFT and TPOT targets (goodput)? One line per engine, platform
+    and model."""
     df = _get(tables, "serving", SWEEP)
     df = df[df["mode"].isin(list(SWEEPS)) & df["status"].isin(MEASURED_LOADS)].copy()
     if df.empty:

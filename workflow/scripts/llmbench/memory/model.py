@@ -307,13 +307,19 @@ def fsdp2_gathered_bytes(w: Workload) -> float:
     decoder layers' (constants.FSDP2_GATHERED_BYTES); 0 for another backend."""
     if w.backend != "fsdp2":
         return 0.0
-    counts = w.model.param_counts()
-    total = counts["total"] + (sum(adapter_params(w.model, w.adapter)) if w.tech.adapter is not None else 0)
+    extra = sum(adapter_params(w.model, w.adapter)) if w.tech.adapter is not None else 0
     if w.tech.zero_stage != 3:
-        return FSDP2_GATHERED_BYTES * total
-    root = 2 * w.model.vocab_size * w.model.hidden_size + w.model.hidden_size
-    layer = (total - root) / w.model.num_hidden_layers
+        return FSDP2_GATHERED_BYTES * (w.model.param_counts()["total"] + extra)
+    root, layer = _fsdp2_units(w.model, extra)
     return FSDP2_GATHERED_BYTES * (root + FSDP2_LIVE_LAYERS * layer)
+
+
+def _fsdp2_units(model: ModelSpec, extra: float = 0.0) -> tuple[float, float]:
+    """Parameters of FSDP2's root unit (embeddings, final norm, lm_head) and of one decoder
+    layer's unit (``extra``: an adapter's, spread over the layers)."""
+    counts = model.param_counts()
+    root = counts["embedding"] + counts["lm_head"] + model.hidden_size
+    return root, (counts["total"] + extra - root) / model.num_hidden_layers
 
 
 def fsdp2_step_cached_bytes(w: Workload, beyond_states: float) -> float:
@@ -321,9 +327,7 @@ def fsdp2_step_cached_bytes(w: Workload, beyond_states: float) -> float:
     allocates: what the forward/backward peak held beyond the trained states (``beyond_states``:
     activations, logits, gathered copies) and FSDP2_LIVE_LAYERS layers' reduce-scatter buffers
     (constants.FSDP2_REDUCE_BYTES per parameter of a layer)."""
-    counts = w.model.param_counts()
-    root = 2 * w.model.vocab_size * w.model.hidden_size + w.model.hidden_size
-    layer = (counts["total"] - root) / w.model.num_hidden_layers
+    layer = _fsdp2_units(w.model)[1]
     trains_layers = w.tech.adapter is None  # an adapter's layers reduce only the adapters' gradients
     return beyond_states + (FSDP2_LIVE_LAYERS * FSDP2_REDUCE_BYTES * layer if trains_layers else 0.0)
 

@@ -244,6 +244,11 @@ def _side_var(side: Side, pooled: Spread) -> tuple[float, float, str]:
     return pooled.sd ** 2, pooled.df, "one repeat: pooled CV"
 
 
+def _index(round_key) -> object:
+    """A round key's repeat index ((index, machine), or a bare index)."""
+    return round_key[0] if isinstance(round_key, tuple) else round_key
+
+
 def ratio(a: Side, b: Side, pairing: str, pooled: Spread = NO_SPREAD, spread: Spread = NO_SPREAD) -> Estimate:
     """a / b with its 95 % interval (module docstring), ``pairing`` as the caller found it."""
     machines = tuple(sorted({a.machine, b.machine} - {""}))
@@ -265,7 +270,7 @@ def ratio(a: Side, b: Side, pairing: str, pooled: Spread = NO_SPREAD, spread: Sp
             d = [by_a[r] - by_b[r] for r in common]
             m, se = statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d))
             t = t975(len(d) - 1)
-            across = len({i for i, _ in by_a} & {i for i, _ in by_b}) - len(common)  # same round, two machines
+            across = len({_index(r) for r in by_a} & {_index(r) for r in by_b}) - len(common)
             note = f"; {across} round(s) across machines left out" if across > 0 else ""
             return Estimate(math.exp(m), math.exp(m - t * se), math.exp(m + t * se), n, "set",
                             f"paired rounds ({len(d)}), t({len(d) - 1}){note}", machines)

@@ -33,6 +33,15 @@ def test_fsdp2_beside_deepspeed_pairs_rounds_of_one_set_and_says_which():
     assert r.memory_ratio == pytest.approx(101.0 / 107.0)
 
 
+def test_a_set_resumed_on_another_machine_pairs_only_the_rounds_of_one_machine():
+    ds = row("deepspeed", "Z3", [500, 480, 490], pset="s", machine="m1+m2", run="a")
+    fs = row("fsdp2", "Z3", [1000, 900, 1000], pset="s", machine="m1+m2", run="a")
+    ds["repeat_machines"], fs["repeat_machines"] = "m2;m1;m1", "m1;m1;m1"  # DeepSpeed's round 0 ran elsewhere
+    r = stacks.build(pd.DataFrame([ds, fs])).iloc[0]
+    assert r.pairing == "set"
+    assert r.ratio == pytest.approx((900 / 480 * 1000 / 490) ** 0.5)
+
+
 def test_another_machines_deepspeed_cell_is_paired_across_machines_and_an_oom_shows_as_dash():
     tidy = pd.DataFrame([
         row("deepspeed", "R+Z3", [420, 430], machine="m2", run="b"),

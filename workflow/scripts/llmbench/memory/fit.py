@@ -71,8 +71,8 @@ from ..config import REPO_ROOT, ConfigError
 from ..models import ModelSpec
 from ..platforms import Platform
 from ..spec import RunSpec
-from .constants import (ACTIVATIONS_OF, BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK,
-                        ZERO3_ACT_SCALE, ZERO3_RECOMPUTED_ADAPTER_SCALE)
+from .constants import (ACTIVATIONS_OF, BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, QUANT4_ACT_SCALE,
+                        RECOMPUTED_LAYER_PEAK, ZERO3_ACT_SCALE, ZERO3_RECOMPUTED_ADAPTER_SCALE)
 from .model import (GIB, Workload, activation_bytes, adapter_dropout_bytes, adapter_params,
                     beside_activations_bytes, buffer_bytes, layer_activation_bytes, modelled, predict,
                     quant4_full_parameter, state_bytes)

@@ -154,6 +154,20 @@ def _g(v: float) -> str:
     return "inf" if math.isinf(v) else f"{v:.3g}"
 
 
+def repeat_machines(row: pd.Series, n: int) -> list[str]:
+    """The machine each of a tidy row's ``n`` repeats ran on: its ``repeat_machines`` where a
+    set resumed on another boot, else the row's one machine for all."""
+    own = str(row.get("machine") or "")
+    per = row.get("repeat_machines")
+    boots = str(per).split(";") if isinstance(per, str) and per else []
+    return [boots[i] if i < len(boots) else own for i in range(n)]
+
+
+def round_keys(row: pd.Series, n: int) -> list[tuple[int, str]]:
+    """Side.rounds for a tidy row's ``n`` repeat values: (repeat index, machine) each."""
+    return list(zip(range(n), repeat_machines(row, n)))
+
+
 def repeat_values(row: pd.Series, metric: str) -> list[float]:
     """The metric per repeat of one tidy row: the record's tokens/s of each repeat scaled to
     the metric (per GPU, MFU: both proportional to tokens/s), else the row's one value."""
@@ -244,11 +258,6 @@ def _side_var(side: Side, pooled: Spread) -> tuple[float, float, str]:
     return pooled.sd ** 2, pooled.df, "one repeat: pooled CV"
 
 
-def _index(round_key) -> object:
-    """A round key's repeat index ((index, machine), or a bare index)."""
-    return round_key[0] if isinstance(round_key, tuple) else round_key
-
-
 def ratio(a: Side, b: Side, pairing: str, pooled: Spread = NO_SPREAD, spread: Spread = NO_SPREAD) -> Estimate:
     """a / b with its 95 % interval (module docstring), ``pairing`` as the caller found it."""
     machines = tuple(sorted({a.machine, b.machine} - {""}))
@@ -270,7 +279,7 @@ def ratio(a: Side, b: Side, pairing: str, pooled: Spread = NO_SPREAD, spread: Sp
             d = [by_a[r] - by_b[r] for r in common]
             m, se = statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d))
             t = t975(len(d) - 1)
-            across = len({_index(r) for r in by_a} & {_index(r) for r in by_b}) - len(common)
+            across = len({i for i, _ in by_a} & {i for i, _ in by_b}) - len(common)  # same round, two machines
             note = f"; {across} round(s) across machines left out" if across > 0 else ""
             return Estimate(math.exp(m), math.exp(m - t * se), math.exp(m + t * se), n, "set",
                             f"paired rounds ({len(d)}), t({len(d) - 1}){note}", machines)

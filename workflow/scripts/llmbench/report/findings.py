@@ -406,15 +406,6 @@ def facts(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None,
     return derive(df)
 
 
-def _repeat_machines(row: pd.Series, n: int) -> list[str]:
-    """The machine each of a row's ``n`` repeats ran on: its tidy ``repeat_machines`` where a
-    set resumed on another boot, else the row's one machine for all."""
-    own = str(row.get("machine") or "")
-    per = row.get("repeat_machines")
-    boots = str(per).split(";") if isinstance(per, str) and per else []
-    return [boots[i] if i < len(boots) else own for i in range(n)]
-
-
 def _paired_efficiency_runs(df: pd.DataFrame) -> pd.Series:
     """The scaling efficiency of each round (';'-joined) where a cell and its series' base
     (the fewest GPUs) ran in one paired set with as many repeats: round r's tokens/s per GPU
@@ -433,7 +424,7 @@ def _paired_efficiency_runs(df: pd.DataFrame) -> pd.Series:
             continue
         a = [float(x) / row["gpus"] for x in str(row["tokens_per_s_runs"]).split(";") if x]
         b = [float(x) / base["gpus"].iloc[0] for x in str(base["tokens_per_s_runs"].iloc[0]).split(";") if x]
-        same = [p == q for p, q in zip(_repeat_machines(row, len(a)), _repeat_machines(base.iloc[0], len(b)))]
+        same = [p == q for p, q in zip(evidence.repeat_machines(row, len(a)), evidence.repeat_machines(base.iloc[0], len(b)))]
         if len(a) == len(b) and sum(same) >= 2 and all(v > 0 for v in a + b):  # rounds on one machine only
             out[i] = ";".join(f"{x / y:.6g}" for x, y, k in zip(a, b, same) if k)
     return out
@@ -558,7 +549,7 @@ def _side(rows: pd.DataFrame, metric: str, ctx: Context) -> evidence.Side | None
         exact = ctx.exact or metric in evidence.EXACT  # the paper's number, or a deterministic peak
         vals = [float(r[metric])] if exact else [v for v in evidence.repeat_values(r, metric) if v > 0]
         logs += [math.log(v) for v in vals if v > 0]
-        rounds += list(zip(range(len(vals)), _repeat_machines(r, len(vals))))
+        rounds += evidence.round_keys(r, len(vals))
     if not logs:
         return None
     r = ok.iloc[0]

@@ -61,7 +61,7 @@ def _side(row: pd.Series) -> evidence.Side:
     vals = _repeats(row)
     return evidence.Side([math.log(v) for v in vals], machine=str(row.get("machine") or ""),
                          paired_set=row.get("paired_set") if isinstance(row.get("paired_set"), str) else None,
-                         run=str(row.get("run") or ""), rounds=list(range(len(vals))))
+                         run=str(row.get("run") or ""), rounds=evidence.round_keys(row, len(vals)))
 
 
 def _pick(base: pd.DataFrame, other: pd.Series, used: set[str]) -> tuple[pd.Series, str] | None:

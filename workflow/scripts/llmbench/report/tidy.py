@@ -4,7 +4,6 @@ hold a cell, the record llmbench.report.runs chooses), flat columns with units i
 from __future__ import annotations
 
 import json
-
 import statistics
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -266,25 +265,27 @@ def machine_of(record: Record, run: str) -> str:
     """Which machine a record ran on: its boot id (lent machines and cluster nodes share
     hostnames), every boot's where kept repeats of an earlier run came from another (joined by
     '+', so it equals no single machine), or ``run:<results folder>`` for a record without one."""
+    boot, kept = _boots(record)
+    if not boot:
+        return f"run:{run}"
+    return "+".join(sorted({boot, *kept.values()}))
+
+
+def _boots(record: Record) -> tuple[str | None, dict[int, str]]:
+    """(the boot id the record was written on, repeat index -> boot id of each kept repeat an
+    earlier run of it made)."""
     from .. import provenance
 
     prov = record.provenance
     boot = (prov.get("machine") or provenance.machine(prov)).get("boot_id")  # an older record: from its host
-    if not boot:
-        return f"run:{run}"
-    boots = {boot, *(r.get("boot_id") for r in prov.get("resumed_repeats") or () if r.get("boot_id"))}
-    return "+".join(sorted(boots))
+    return boot, {r.get("index"): r["boot_id"] for r in prov.get("resumed_repeats") or () if r.get("boot_id")}
 
 
 def repeat_machines(record: Record) -> str | None:
     """The boot each repeat ran on (';'-joined, repeat order) where kept repeats of an earlier
     run came from another boot than the record's own (the others ran on its own); None where
     one boot ran them all, or the record names no boot."""
-    from .. import provenance
-
-    prov = record.provenance
-    boot = (prov.get("machine") or provenance.machine(prov)).get("boot_id")
-    kept = {r.get("index"): r.get("boot_id") for r in prov.get("resumed_repeats") or () if r.get("boot_id")}
+    boot, kept = _boots(record)
     if not boot or not kept or set(kept.values()) == {boot}:
         return None
     n = max(len(record.metrics.tokens_per_s_runs), 1 + max(i for i in kept if isinstance(i, int)))

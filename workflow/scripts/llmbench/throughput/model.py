@@ -50,6 +50,8 @@ CALIBRATED = {
     "host_layer_recompute_s": ("recompute", "s", "extra host time per layer with recomputation (checkpoint replay)"),
     "host_layer_quant_s": ("dequant", "s", "extra host time per layer with 4-bit weights (bitsandbytes kernels)"),
     "zero3_s_per_gparam": ("zero3", "s per 1e9 params per pass", "ZeRO-3 hook cost per gathered parameter"),
+    "zero3_s_per_tensor": ("zero3", "s per tensor per pass",
+                           "ZeRO-3 cost per gathered parameter tensor (fetch and release hooks, whatever its size)"),
     "act_bytes_per_token_layer_unit": ("memory", "B", "HBM bytes per token, layer and hidden unit (fwd+bwd)"),
     "attn_eager_bytes_per_score": ("memory", "B", "HBM bytes per attention score (token x head x key) without F"),
     "cpu_adam_s_per_gparam_thread": ("optimizer", "s per 1e9 params per host thread", "DeepSpeed CPU Adam"),
@@ -280,6 +282,14 @@ def trainable_params(model: ModelSpec, tech: Technique, lora_rank: int) -> int:
     return counts["total"]
 
 
+def param_tensors(model: ModelSpec, tech: Technique) -> int:
+    """Parameter tensors of the model as a framework holds them: per decoder layer the seven
+    linears and two norms, then the embedding, the final norm and the output layer; LoRA adds
+    its A and B to each of the seven linears (trainable_params's targets)."""
+    L = model.num_hidden_layers
+    return L * 9 + 3 + (L * 7 * 2 if tech.adapter is not None else 0)
+
+
 def features(cell: TrainCell, hw: Hardware, work: dict) -> list[tuple[str, str | None, float]]:
     """The step's pieces as (term, calibrated constant or None, value): value is seconds where
     the constant is None, else the feature that the constant multiplies (see CALIBRATED)."""
@@ -323,6 +333,9 @@ def features(cell: TrainCell, hw: Hardware, work: dict) -> list[tuple[str, str |
         comm = ring * n_train * w["grad_bytes"] / hw.bus_bytes_per_s  # reduce-scatter only
         comm += passes * ring * counts["total"] * w["param_bytes"] / hw.bus_bytes_per_s
         out.append(("zero3", "zero3_s_per_gparam", passes * counts["total"] / 1e9))
+        # ZeRO-3 hooks every tensor, however small: LoRA's 14 adapters a layer more than double
+        # the tensors it gathers, at about the same bytes
+        out.append(("zero3", "zero3_s_per_tensor", passes * param_tensors(m, t)))
         if t.offload:  # weights live on the host: each rank fetches its shard every pass
             out.append(("offload", None, passes * counts["total"] / G * w["param_bytes"] / hw.pcie_bytes_per_s))
     out.append(("communication", None, comm))

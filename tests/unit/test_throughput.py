@@ -81,7 +81,7 @@ def test_communication_only_across_gpus_and_more_for_zero3():
 def test_zero3_hooks_count_lora_adapters_as_tensors_of_their_own():
     """ZeRO-3 gathers each parameter tensor however small: LoRA's A and B on seven linears a
     layer (llama2-7b: 291 tensors of the base, 448 of the adapters) cost hooks at about the
-    same bytes, so L+Z3 pays more ZeRO-3 time than Z3, and as much with a frozen 4-bit base."""
+    same bytes, so L+Z3 pays more ZeRO-3 time than Z3."""
     m = ModelSpec.load("llama2-7b")
     assert model.param_tensors(m, techniques.parse("Z3")) == 32 * 9 + 3
     assert model.param_tensors(m, techniques.parse("L+Z3")) == 32 * 9 + 3 + 32 * 14

@@ -21,7 +21,7 @@ the largest batch.
 
     # one GPU (the GPU image's torch, transformers and peft suffice)
     python3 tests/bench_fsdp2.py --model llama2-7b --device cuda --techniques Z3,Z2,F+Z3 --batch 8 --rounds 3
-    # the searched largest batch alone (FSDP2's: Z3 9, F+Z3 12 on one H200)
+    # a searched largest batch alone (the search's answer for the technique on that GPU)
     python3 tests/bench_fsdp2.py --model llama2-7b --device cuda --techniques Z3 --batch 9 --no-batch-1
     # the CPU smoke run (gloo, fp32)
     .venv/bin/python tests/bench_fsdp2.py --model tiny --device cpu --batch 2 --warmup 1 --steps 2

@@ -142,6 +142,10 @@ def test_a_serving_set_stopped_at_its_deadline_resumes_with_the_runs_it_kept(ser
     assert not list((tmp_path / "res").rglob("record.json"))
     assert len(list((tmp_path / "res").rglob(serve_paired.KEPT))) == 2
     assert no_orphans()
+    kept_logs = {i: (tmp_path / "logs" / f"{i}.server.log").read_text() for i in (0, 3)}  # as_run: cells 0, 3 ran
+    assert all(kept_logs.values())
+    for i in kept_logs:  # Snakemake removes a job's logs before it runs the job again
+        (tmp_path / "logs" / f"{i}.server.log").unlink()
 
     ran.clear()
     monkeypatch.setenv("LLMBENCH_DEADLINE", str(clock[0] + 1000))
@@ -150,7 +154,8 @@ def test_a_serving_set_stopped_at_its_deadline_resumes_with_the_runs_it_kept(ser
     assert [r.status for r in records] == ["ok"] * 6 and all(p.exists() for p in paths)
     assert as_run(records) == [0, 3, 4, 1, 2, 5]
     assert records[0].provenance["paired_set"]["order"] == [[0, 3], [4, 1], [2, 5]]
-    assert not list(tmp_path.rglob(serve_paired.KEPT))
+    assert {i: (tmp_path / "logs" / f"{i}.server.log").read_text() for i in kept_logs} == kept_logs  # put back
+    assert not list(tmp_path.rglob(serve_paired.KEPT)) and not list(tmp_path.rglob(serve_paired.KEPT_SERVER_LOG))
 
 
 SET_CONFIG = """

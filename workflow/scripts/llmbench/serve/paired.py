@@ -11,12 +11,15 @@ on. A finished ok run is kept beside its record (KEPT, with its spec's digest) u
 is written; a set stopped at the job's deadline (``LLMBENCH_DEADLINE``, llmbench.ledger:
 no run starts where the time left is under REPEAT_MARGIN times the longest run of its point
 so far, or of the set's where the point has none) writes no record, and its next run keeps
-the runs of the very same specs and runs the rest, in the same order.
+the runs of the very same specs and runs the rest, in the same order. A kept run's engine log
+is kept beside it too (KEPT_SERVER_LOG) and put back in its place when the set resumes:
+Snakemake empties a job's logs before it runs the job again.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import sys
 import time
@@ -37,6 +40,8 @@ from .bench import measure
 
 #: A finished ok run of a set, kept beside its record until the set's records are written
 KEPT = ".paired-run.json"
+#: Its engine's log, kept with it (module docstring)
+KEPT_SERVER_LOG = ".paired-run.server.log"
 
 
 def run_set(specs: Sequence[RunSpec | dict], model_dirs: Sequence[Path], record_paths: Sequence[Path], log: Path,
@@ -70,6 +75,7 @@ def run_set(specs: Sequence[RunSpec | dict], model_dirs: Sequence[Path], record_
     walls: dict[int, list[float]] = {}  # a point's runs, seconds
     for i in range(n):
         if (kept := _kept(Path(record_paths[i]), parsed[i])) is not None:
+            _restore_server_log(Path(record_paths[i]), Path(server_logs[i]))
             records[i] = kept[0]
             walls.setdefault(point[i], []).append(kept[1])
             _say(log, f"=== {plan['cells'][i]}: kept from an earlier run of the set, finished "
@@ -97,7 +103,7 @@ def run_set(specs: Sequence[RunSpec | dict], model_dirs: Sequence[Path], record_
             walls.setdefault(point[i], []).append(time.monotonic() - t0)
             order[-1].append(i)
             if records[i].status == "ok":
-                _keep(Path(record_paths[i]), parsed[i], records[i], walls[point[i]][-1])
+                _keep(Path(record_paths[i]), parsed[i], records[i], walls[point[i]][-1], Path(server_logs[i]))
             else:
                 failed.setdefault(point[i], i)
     paired = {"id": plan["id"], "cells": list(plan["cells"]), "order": order, "ordering": plan["ordering"],
@@ -109,8 +115,9 @@ def run_set(specs: Sequence[RunSpec | dict], model_dirs: Sequence[Path], record_
         out.append(replace(records[i], provenance=prov))
     for path, record in zip(record_paths, out):
         write(record, path)
-    for path in record_paths:  # the records hold them now
+    for path in record_paths:  # the records and the server logs hold them now
         (Path(path).parent / KEPT).unlink(missing_ok=True)
+        (Path(path).parent / KEPT_SERVER_LOG).unlink(missing_ok=True)
     return out
 
 
@@ -130,11 +137,23 @@ def _skipped(spec: RunSpec, plan: dict[str, Any], failed: Record) -> Record:
     return Record(cell=cell.to_dict(), status="skipped", reason=reason, provenance=prov)
 
 
-def _keep(record_path: Path, spec: RunSpec, record: Record, wall_s: float) -> None:
-    """Keep a finished ok run beside its record (KEPT) until the set's records are written."""
+def _keep(record_path: Path, spec: RunSpec, record: Record, wall_s: float, server_log: Path) -> None:
+    """Keep a finished ok run beside its record (KEPT), and its engine's log
+    (KEPT_SERVER_LOG), until the set's records are written."""
+    if server_log.exists():
+        record_path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(server_log, record_path.parent / KEPT_SERVER_LOG)
     write_json_atomic(record_path.parent / KEPT, {
         "spec_sha256": spec_digest(spec), "record": record.to_dict(), "wall_s": wall_s,
         "hostname": socket.gethostname(), "boot_id": provenance.boot_id()})
+
+
+def _restore_server_log(record_path: Path, server_log: Path) -> None:
+    """Put a kept run's engine log back where its job's log is (Snakemake removed it)."""
+    kept = record_path.parent / KEPT_SERVER_LOG
+    if kept.exists():
+        server_log.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(kept, server_log)
 
 
 def _kept(record_path: Path, spec: RunSpec) -> tuple[Record, float] | None:
@@ -146,8 +165,10 @@ def _kept(record_path: Path, spec: RunSpec) -> tuple[Record, float] | None:
         record = Record.from_dict(data["record"])
     except (OSError, ValueError, KeyError, TypeError):
         path.unlink(missing_ok=True)
+        (record_path.parent / KEPT_SERVER_LOG).unlink(missing_ok=True)
         return None
     if data.get("spec_sha256") != spec_digest(spec) or record.status != "ok":
         path.unlink(missing_ok=True)
+        (record_path.parent / KEPT_SERVER_LOG).unlink(missing_ok=True)
         return None
     return record, float(data.get("wall_s") or 0.0)

@@ -62,7 +62,8 @@ def test_a_sharded_build_is_per_rank_and_a_whole_copy_is_not():
 @pytest.mark.parametrize("c, why", [
     (cell(platform="cpu", model="tiny", technique="Naive"), "platform 'cpu'"),
     (cell(platform="a800", gpus=8), "platform 'a800'"),
-    (cell(backend="fsdp2"), "backend 'fsdp2'"),
+    (cell(backend="fsdp2", technique="Z3+O"), "FSDP2 with CPU offload"),
+    (cell(backend="fsdp2", technique="F+Z3+FP8"), "FP8 training"),
     (cell(technique="F+C"), "torch.compile"),
     (cell(technique="DORA"), "adapter 'dora'"),
     (cell(gpus=2, nodes=2), "several nodes"),

@@ -15,7 +15,7 @@ from .. import techniques
 from ..config import REPO_ROOT
 from ..models import ModelSpec
 from . import calibrate, interval, score, widths
-from .model import CALIBRATED_MARKER, CONSTANTS_FILE, TERMS, TrainCell, calibrated_constants, terms
+from .model import BACKENDS, CALIBRATED_MARKER, CONSTANTS_FILE, TERMS, TrainCell, calibrated_constants, terms
 
 
 def _calibrate(args) -> int:
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--gpus", type=int, default=1)
     p.add_argument("--seq-len", type=int, default=350)
-    p.add_argument("--backend", default="deepspeed", choices=["deepspeed", "megatron"])
+    p.add_argument("--backend", default="deepspeed", choices=list(BACKENDS))
     args = ap.parse_args(argv)
     return {"calibrate": _calibrate, "score": _score, "interval": _interval,
             "predict": _predict}[args.cmd](args)

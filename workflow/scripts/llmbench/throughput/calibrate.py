@@ -21,7 +21,7 @@ import pandas as pd
 from .. import techniques
 from ..config import REPO_ROOT
 from ..models import ModelSpec
-from .model import CALIBRATED, Hardware, TrainCell, features, hardware, load_constants
+from .model import BACKENDS, CALIBRATED, Hardware, TrainCell, features, hardware, load_constants
 
 #: The tidy table calibration reads (relative to the repository root).
 RECORDS_CSV = Path("results") / "reference" / "combined" / "tables" / "records.csv"
@@ -31,16 +31,18 @@ CALIBRATION_PLATFORMS = ("h100", "h200", "h200x4", "h200x8")
 
 def select(df: pd.DataFrame) -> pd.DataFrame:
     """The records calibration uses: measured training cells that ran (ok), on our platforms,
-    with the Llama 2 models; not search probes (2 steps, 1 repeat), not torch.compile (not
-    modelled), not Megatron-LM with tensor parallelism (modelled as data parallel only)."""
+    with the Llama models; not search probes (2 steps, 1 repeat), not torch.compile or FP8 (not
+    modelled), not Megatron-LM with tensor parallelism (modelled as data parallel only), not
+    FSDP2 with CPU offload (not modelled)."""
     df = df[df["stage"].isin(["pretrain", "finetune"]) & (df["status"] == "ok")]
     df = df[df["platform"].isin(CALIBRATION_PLATFORMS) & df["model"].astype(str).str.startswith("llama")]
     if "kind" in df.columns:
         df = df[df["kind"].fillna("cell") == "cell"]
-    df = df[df["backend"].isin(["deepspeed", "megatron"])]
+    df = df[df["backend"].isin(BACKENDS)]
     if "layout" in df.columns:
         df = df[~df["layout"].fillna("").astype(str).str.startswith("tp2")]
-    df = df[~df["technique"].map(lambda t: techniques.parse(t).compiled)]
+    df = df[~df["technique"].map(lambda t: techniques.parse(t).compiled or techniques.parse(t).fp8 is not None)]
+    df = df[~((df["backend"] == "fsdp2") & df["technique"].map(lambda t: techniques.parse(t).offload))]
     df = df[df["tokens_per_s_mean"].notna() & (df["tokens_per_s_mean"] > 0)]
     return df.reset_index(drop=True)
 

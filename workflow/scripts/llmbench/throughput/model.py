@@ -39,6 +39,8 @@ from ..techniques import Technique
 CONSTANTS_FILE = Path("config") / "throughput" / "constants.yaml"
 #: Line after which the calibrated block starts (rewritten by ``calibrate --write``).
 CALIBRATED_MARKER = "# --- calibrated:"
+#: Training backends the model times.
+BACKENDS = ("deepspeed", "megatron", "fsdp2")
 #: Terms of a step, in report order.
 TERMS = ("gemm", "recompute", "memory", "optimizer", "communication", "offload", "dequant", "zero3", "host")
 #: Calibrated constants: name -> (term it belongs to, unit, meaning).
@@ -46,6 +48,8 @@ CALIBRATED = {
     "host_step_s": ("host", "s", "host time per optimizer step (engine step, logging, data)"),
     "host_layer_s": ("host", "s", "DeepSpeed host time per decoder layer per step (launches, hooks, autograd)"),
     "host_layer_megatron_s": ("host", "s", "Megatron-LM host time per decoder layer per step"),
+    "host_layer_fsdp2_s": ("host", "s", "PyTorch FSDP2 host time per decoder layer per step (launches, autograd, "
+                           "its per-layer all-gather and reduce-scatter calls)"),
     "host_layer_adapter_s": ("host", "s", "extra host time per layer with adapters (PEFT wrappers, small kernels)"),
     "host_layer_recompute_s": ("recompute", "s", "extra host time per layer with recomputation (checkpoint replay)"),
     "host_layer_quant_s": ("dequant", "s", "extra host time per layer with 4-bit weights (bitsandbytes kernels)"),
@@ -77,7 +81,9 @@ class TrainCell:
     seq_len: int
     """Tokens per sequence."""
     backend: str = "deepspeed"
-    """'deepspeed' or 'megatron' (data parallel with the distributed optimizer)."""
+    """'deepspeed', 'megatron' (data parallel with the distributed optimizer) or 'fsdp2'
+    (PyTorch's fully_shard per decoder layer: Z3 reshards after forward, Z2 does not, no Z
+    flag replicates)."""
     host_cpus: int | None = None
     """Logical CPUs of the host (None: the platform's, from the constants file)."""
 
@@ -85,8 +91,10 @@ class TrainCell:
         for name in ("batch_size", "gpus", "seq_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.backend not in ("deepspeed", "megatron"):
-            raise ValueError(f"backend must be 'deepspeed' or 'megatron', got {self.backend!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.backend == "fsdp2" and (self.technique.offload or self.technique.fp8 is not None):
+            raise ValueError("FSDP2 with CPU offload (PyTorch's AdamW on the host) or FP8 is not modelled")
 
     @property
     def tokens_per_step(self) -> int:
@@ -313,9 +321,11 @@ def features(cell: TrainCell, hw: Hardware, work: dict) -> list[tuple[str, str |
     out.append(("memory", "act_bytes_per_token_layer_unit", T * L * d * replay / hw.hbm_bytes_per_s))
     scores = 0.0 if t.flash else T * L * m.num_attention_heads * s * replay
     out.append(("memory", "attn_eager_bytes_per_score", scores / hw.hbm_bytes_per_s))
-    # optimizer over the trainable shard (ZeRO and Megatron's distributed optimizer shard it)
+    # optimizer over the trainable shard (ZeRO, FSDP2's Z2/Z3 and Megatron's distributed
+    # optimizer shard it)
     n_train = trainable_params(m, t, int(w["lora_rank"]))
     sharded = t.zero_stage >= 1 or cell.backend == "megatron"
+    fsdp2 = cell.backend == "fsdp2"
     shard = n_train / G if sharded else n_train
     if t.offload:
         threads = cell.host_cpus or hw.host_cpus
@@ -329,7 +339,15 @@ def features(cell: TrainCell, hw: Hardware, work: dict) -> list[tuple[str, str |
     ring = (G - 1) / G
     comm = 2 * ring * n_train * w["grad_bytes"] / hw.bus_bytes_per_s
     passes = 2.0 + r  # ZeRO-3 gathers weights for forward, backward and a replayed forward
-    if t.zero_stage == 3:
+    if fsdp2 and t.zero_stage >= 2:
+        # FSDP2 shards the weights at rest with Z2 too: each layer is gathered in forward and,
+        # resharded after it (Z3), again in backward, where a recomputed layer reuses that
+        # gather; gradients are reduce-scattered in fp32 (MixedPrecisionPolicy's reduce_dtype)
+        comm = ring * n_train * w["fsdp2_reduce_bytes"] / hw.bus_bytes_per_s
+        comm += (2.0 if t.zero_stage == 3 else 1.0) * ring * counts["total"] * w["param_bytes"] / hw.bus_bytes_per_s
+    elif fsdp2:  # replicated (no Z flag): an fp32 all-reduce of the gradients
+        comm = 2 * ring * n_train * w["fsdp2_reduce_bytes"] / hw.bus_bytes_per_s
+    elif t.zero_stage == 3:
         comm = ring * n_train * w["grad_bytes"] / hw.bus_bytes_per_s  # reduce-scatter only
         comm += passes * ring * counts["total"] * w["param_bytes"] / hw.bus_bytes_per_s
         out.append(("zero3", "zero3_s_per_gparam", passes * counts["total"] / 1e9))
@@ -347,6 +365,8 @@ def features(cell: TrainCell, hw: Hardware, work: dict) -> list[tuple[str, str |
     out.append(("host", "host_step_s", 1.0))
     if cell.backend == "megatron":
         out.append(("host", "host_layer_megatron_s", L))
+    elif fsdp2:
+        out.append(("host", "host_layer_fsdp2_s", L))
     else:
         out.append(("host", "host_layer_s", L))
     if t.adapter is not None:

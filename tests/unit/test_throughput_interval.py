@@ -18,9 +18,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def cell(platform="h200", model_name="llama2-7b", technique="F+Z3", batch_size=8, gpus=1, seq_len=350,
-         stage="pretrain"):
+         stage="pretrain", backend="deepspeed"):
     return TrainCell(stage=stage, platform=platform, model=ModelSpec.load(model_name, REPO),
-                     technique=techniques.parse(technique), batch_size=batch_size, gpus=gpus, seq_len=seq_len)
+                     technique=techniques.parse(technique), batch_size=batch_size, gpus=gpus, seq_len=seq_len,
+                     backend=backend)
 
 
 def test_width_is_the_quantile_of_log_errors():
@@ -84,6 +85,19 @@ def test_outside_reads_what_the_records_cover():
     out = interval.outside(cell(platform="h100", model_name="llama2-70b", technique="L", stage="finetune",
                                 seq_len=1024), covered, REPO)
     assert set(out) == {"params", "flags"} and "lora" in out["flags"]
+
+
+def test_a_backend_on_more_gpus_than_its_own_records_gets_the_gpu_width():
+    """FSDP2 records from one GPU only: an FSDP2 cell on 2 GPUs is outside (its collectives
+    are untested), a DeepSpeed one on 2 GPUs is not."""
+    records = pd.DataFrame({"platform": ["h200"] * 3, "model": ["llama2-7b"] * 3, "technique": ["Z3"] * 3,
+                            "gpus": [1, 4, 1], "seq_len": [350] * 3, "backend": ["deepspeed", "deepspeed", "fsdp2"]})
+    covered = interval.covered_by(records, REPO)
+    assert covered["gpus_by_backend"] == {"deepspeed": [1, 4], "fsdp2": [1, 1]}
+    assert "gpus" not in interval.outside(cell(platform="h200", technique="Z3", gpus=2), covered, REPO)
+    out = interval.outside(cell(platform="h200", technique="Z3", gpus=2, backend="fsdp2"), covered, REPO)
+    assert set(out) == {"gpus"} and "more than the 1 of the fsdp2 calibration records" in out["gpus"]
+    assert interval.outside(cell(platform="h200", technique="Z3", gpus=1, backend="fsdp2"), covered, REPO) == {}
 
 
 def test_covered_by_fixture_records():

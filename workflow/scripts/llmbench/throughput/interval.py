@@ -167,6 +167,10 @@ def outside(cell: TrainCell, covered: dict, root: Path = REPO_ROOT) -> dict[str,
     if not _within(cell.gpus, covered["gpus"]):
         lo, hi = covered["gpus"]
         out["gpus"] = f"{cell.gpus} GPUs is outside the {lo}-{hi} GPUs of the calibration records"
+    elif (own := covered.get("gpus_by_backend", {}).get(cell.backend)) and cell.gpus > own[1]:
+        # a backend's collectives follow its own volumes, which only its multi-GPU records test
+        out["gpus"] = (f"{cell.gpus} GPUs is more than the {own[1]} of the {cell.backend} "
+                       "calibration records")
     if not _within(cell.seq_len, covered["seq_len"]):
         lo, hi = covered["seq_len"]
         out["seq_len"] = f"sequence length {cell.seq_len} is outside the records' {lo}-{hi}"
@@ -244,6 +248,8 @@ def covered_by(records: pd.DataFrame, root: Path = REPO_ROOT) -> dict:
     return {
         "platforms": sorted(records["platform"].unique()),
         "gpus": [int(records["gpus"].min()), int(records["gpus"].max())],
+        "gpus_by_backend": ({str(b): [int(g.min()), int(g.max())] for b, g in records.groupby("backend")["gpus"]}
+                            if "backend" in records.columns else {}),
         "seq_len": [int(records["seq_len"].min()), int(records["seq_len"].max())],
         "vocab_size": [min(m.vocab_size for m in models), max(m.vocab_size for m in models)],
         "architecture": sorted({m.family for m in models}),

@@ -100,13 +100,12 @@ def why_not(cell: Cell | ServeCell | MicroCell) -> str | None:
     """Why the throughput model does not predict ``cell`` (module docstring), or None where it does."""
     if not isinstance(cell, Cell) or cell.stage not in SEARCH_STAGES:
         return f"a {cell.stage} cell: the throughput model predicts pre-training and fine-tuning steps only"
-    from .throughput.model import BACKENDS
+    from .throughput.model import not_modelled
 
     tech = cell.tech
+    scope = not_modelled(cell.backend, tech)
     reasons = [
-        (cell.backend not in BACKENDS, f"backend {cell.backend!r} is not modelled"),
-        (cell.backend == "fsdp2" and tech.offload, "FSDP2 with CPU offload (AdamW on the host) is not modelled"),
-        (tech.fp8 is not None, "FP8 training is not modelled"),
+        (scope is not None, scope),
         (cell.parallel is not None and (cell.parallel.get("tensor_parallel", 1) > 1
                                         or cell.parallel.get("pipeline_parallel", 1) > 1),
          "Megatron-LM with tensor or pipeline parallelism is not modelled"),

@@ -21,7 +21,7 @@ import pandas as pd
 from .. import techniques
 from ..config import REPO_ROOT
 from ..models import ModelSpec
-from .model import BACKENDS, CALIBRATED, Hardware, TrainCell, features, hardware, load_constants
+from .model import CALIBRATED, Hardware, TrainCell, features, hardware, load_constants, not_modelled
 
 #: The tidy table calibration reads (relative to the repository root).
 RECORDS_CSV = Path("results") / "reference" / "combined" / "tables" / "records.csv"
@@ -38,11 +38,11 @@ def select(df: pd.DataFrame) -> pd.DataFrame:
     df = df[df["platform"].isin(CALIBRATION_PLATFORMS) & df["model"].astype(str).str.startswith("llama")]
     if "kind" in df.columns:
         df = df[df["kind"].fillna("cell") == "cell"]
-    df = df[df["backend"].isin(BACKENDS)]
+    df = df[pd.Series([not_modelled(b, techniques.parse(t)) is None for b, t in zip(df["backend"], df["technique"])],
+                      index=df.index, dtype=bool)]
     if "layout" in df.columns:
         df = df[~df["layout"].fillna("").astype(str).str.startswith("tp2")]
-    df = df[~df["technique"].map(lambda t: techniques.parse(t).compiled or techniques.parse(t).fp8 is not None)]
-    df = df[~((df["backend"] == "fsdp2") & df["technique"].map(lambda t: techniques.parse(t).offload))]
+    df = df[~df["technique"].map(lambda t: techniques.parse(t).compiled)]
     df = df[df["tokens_per_s_mean"].notna() & (df["tokens_per_s_mean"] > 0)]
     return df.reset_index(drop=True)
 

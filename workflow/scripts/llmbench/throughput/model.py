@@ -41,6 +41,20 @@ CONSTANTS_FILE = Path("config") / "throughput" / "constants.yaml"
 CALIBRATED_MARKER = "# --- calibrated:"
 #: Training backends the model times.
 BACKENDS = ("deepspeed", "megatron", "fsdp2")
+
+
+def not_modelled(backend: str, tech: Technique) -> str | None:
+    """Why the model does not time a cell of this backend and technique, or None where it
+    does (what llmbench.estimate says and what calibration leaves out)."""
+    if backend not in BACKENDS:
+        return f"backend {backend!r} is not modelled"
+    if backend == "fsdp2" and tech.offload:
+        return "FSDP2 with CPU offload (AdamW on the host) is not modelled"
+    if tech.fp8 is not None:
+        return "FP8 training is not modelled"
+    return None
+
+
 #: Terms of a step, in report order.
 TERMS = ("gemm", "recompute", "memory", "optimizer", "communication", "offload", "dequant", "zero3", "host")
 #: Calibrated constants: name -> (term it belongs to, unit, meaning).

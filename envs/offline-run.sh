@@ -9,11 +9,11 @@
 # The wheels go to /tmp/site (added to PYTHONPATH); LightLLM's pinned set, where the
 # wheelhouse has it (SERVING=1), goes to /tmp/site-lightllm, and .venv-lightllm/bin/python
 # starts the engine with it in front (config engine_python.lightllm). vLLM's GPU set, where
-# the wheelhouse has it (VLLM_GPU=1: a vllm/ folder, or its pieces vllm.tar.part-* with
+# the wheelhouse has it (VLLM_GPU=1: a vllm/ folder, or its pieces vllm.txz.part-* with
 # their checksums, gathered in the wheelhouse from as many transfers as it took), is
 # checked, reassembled (envs/pieces.sh) and installed to /tmp/site-vllm, and
 # .venv-vllm-gpu/bin/python starts vLLM with it in front (config engine_python.vllm).
-# SGLang's GPU set (SGLANG_GPU=1: sglang/ or sglang.tar.part-*) goes the same way to
+# SGLang's GPU set (SGLANG_GPU=1: sglang/ or sglang.txz.part-*) goes the same way to
 # /tmp/site-sglang and .venv-sglang-gpu/bin/python (config engine_python.sglang).
 # Snakemake runs with the greedy scheduler (pulp, its ILP solver, is not in the wheelhouse).
 set -euo pipefail
@@ -42,7 +42,7 @@ gpu_set() {  # gpu_set NAME [VAR=VALUE...]: the wheelhouse's NAME/ (or its piece
     # workflow's and with the variables given
     local name=$1 kv
     shift
-    [[ ( -d $whl/$name || -f $whl/$name.tar.parts ) && ! -x .venv-$name-gpu/bin/python ]] || return 0
+    [[ ( -d $whl/$name || -f $whl/$name.txz.parts ) && ! -x .venv-$name-gpu/bin/python ]] || return 0
     [[ -d $whl/$name ]] || bash envs/pieces.sh unpack "$whl" "$name"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "/tmp/site-$name" \
         "$whl/$name"/*.whl

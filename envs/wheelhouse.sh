@@ -25,10 +25,11 @@
 # 383 MB) and what it needs beyond a CUDA PyTorch 2.11 image (envs/requirements-sglang-gpu.txt),
 # in a folder of its own, sglang/ (see below). SGLang's wheel is manylinux_2_34: glibc 2.34
 # or newer on the node.
-# PIECES_MIB=N packs each of vllm/ and sglang/ that was fetched into one tar split into N-MiB
-# pieces (vllm.tar.part-000, ..., sglang.tar.part-000, ...), with the checksums of the pieces
-# (NAME.tar.parts) and of the whole (NAME.tar.sha256), for a node that can be sent only so
-# much at a time; envs/offline-run.sh reassembles, checks and installs them.
+# PIECES_MIB=N packs each of vllm/ and sglang/ that was fetched into one xz-compressed tar
+# split into N-MiB pieces (vllm.txz.part-000, ..., sglang.txz.part-000, ...), with the
+# checksums of the pieces (NAME.txz.parts) and of the whole (NAME.txz.sha256), for a node
+# that can be sent only so much at a time; envs/offline-run.sh reassembles, checks and
+# installs them. Packing takes minutes (xz over the kernel libraries, envs/pieces.sh).
 # SLIM_BNB=1 keeps only bitsandbytes' CUDA 13.0 and CPU libraries (43 MB -> 3.6 MB; the
 # GPU machines have torch cu130): only for a transfer limit, never for a shared cluster.
 # pulp (16 MB, Snakemake's ILP scheduler) is left out: run with --scheduler greedy.

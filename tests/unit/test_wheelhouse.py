@@ -127,8 +127,8 @@ def test_pieces_reassemble_to_the_same_files(repo, tmp_path, name):
     want = _pack(repo, box, name)
     if name == "sglang":  # both sets side by side in one wheelhouse, as SGLANG_GPU=1 VLLM_GPU=1 leave them
         other = _pack(repo, box, "vllm")
-    parts = sorted(p.name for p in box.glob(f"{name}.tar.part-*"))
-    assert parts == [f"{name}.tar.part-000", f"{name}.tar.part-001", f"{name}.tar.part-002"]
+    parts = sorted(p.name for p in box.glob(f"{name}.txz.part-*"))
+    assert parts == [f"{name}.txz.part-000", f"{name}.txz.part-001", f"{name}.txz.part-002"]
     assert all((box / p).stat().st_size <= 2**20 for p in parts) and not (box / name).exists()
     res = _pieces(repo, "unpack", box, name)
     assert res.returncode == 0, res.stderr
@@ -139,18 +139,39 @@ def test_pieces_reassemble_to_the_same_files(repo, tmp_path, name):
 
 def test_a_missing_piece_is_named_and_nothing_is_unpacked(repo, packed):
     box, _ = packed
-    (box / "vllm.tar.part-001").unlink()
+    (box / "vllm.txz.part-001").unlink()
     res = _pieces(repo, "unpack", box, "vllm")
-    assert res.returncode != 0 and "vllm.tar.part-001" in res.stderr
-    assert not (box / "vllm").exists() and not (box / "vllm.tar").exists()
+    assert res.returncode != 0 and "vllm.txz.part-001" in res.stderr
+    assert not (box / "vllm").exists() and not (box / "vllm.txz").exists()
 
 
 def test_a_damaged_piece_is_named_and_nothing_is_unpacked(repo, packed):
     box, _ = packed
-    piece = box / "vllm.tar.part-002"
+    piece = box / "vllm.txz.part-002"
     data = bytearray(piece.read_bytes())
     data[7] ^= 0xFF
     piece.write_bytes(bytes(data))
     res = _pieces(repo, "unpack", box, "vllm")
-    assert res.returncode != 0 and "vllm.tar.part-002" in res.stdout + res.stderr
+    assert res.returncode != 0 and "vllm.txz.part-002" in res.stdout + res.stderr
     assert not (box / "vllm").exists()
+
+
+def test_a_packed_wheel_comes_back_stored_with_the_same_members(repo, tmp_path):
+    """Wheels travel uncompressed inside the xz stream: the same members, byte for byte."""
+    import zipfile
+
+    box = tmp_path / "box"
+    (box / "sglang").mkdir(parents=True)
+    whl = box / "sglang" / "k-1.0-py3-none-any.whl"
+    members = {"k/__init__.py": b"x = 1\n" * 1000, "k/ops.so": random.Random(1).randbytes(300_000) * 4,
+               "k-1.0.dist-info/RECORD": b"k/__init__.py,,\n"}
+    with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    assert _pieces(repo, "pack", box, "sglang", 1).returncode == 0
+    assert sum(p.stat().st_size for p in box.glob("sglang.txz.part-*")) < 400_000  # the repeats seen across 300 kB
+    res = _pieces(repo, "unpack", box, "sglang")
+    assert res.returncode == 0, res.stderr
+    with zipfile.ZipFile(whl) as z:
+        assert {i.filename: z.read(i) for i in z.infolist()} == members
+        assert {i.compress_type for i in z.infolist()} == {zipfile.ZIP_STORED}

@@ -123,7 +123,8 @@ def test_launch_commands_are_argument_lists_with_the_cell_settings(tmp_path):
     assert sg[:3] == ["/py", "-m", "sglang.launch_server"] and sg[-2:] == ["--foo", "a b"]
     flag = {k: v for k, v in zip(sg, sg[1:]) if k.startswith("--")}
     assert (flag["--model-path"], flag["--tp-size"], flag["--context-length"], flag["--max-running-requests"],
-            flag["--load-format"], flag["--served-model-name"]) == (str(tmp_path), "2", "576", "1000", "dummy", "tiny")
+            flag["--load-format"], flag["--served-model-name"]) == (str(tmp_path), "2", "578", "1000", "dummy", "tiny")
+    # SGLang clips a request's new tokens to context - input - 2: two positions more than input + output
     assert "--incremental-streaming-output" in sg  # the dialect counts each chunk's own ids
     random = ENGINES["sglang"].command(dataclasses.replace(x, dummy_weights=False))
     assert "--load-format" not in random  # the model directory's safetensors

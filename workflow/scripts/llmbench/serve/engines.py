@@ -242,6 +242,12 @@ def _tgi(x: Launch) -> list[str]:
 #: and CUDA-graph buffers come on top, where vLLM's 0.9 includes them: 0.85 leaves them room.
 SGLANG_MEM_FRACTION = 0.85
 
+#: Positions SGLang's scheduler keeps out of a request's budget: it clips max_new_tokens to
+#: context_len - input_len - 2 (scheduler.py: max_req_len - input_len - 1, with max_req_len =
+#: context_len - 1; 0.5.17). A context of exactly input + output tokens gave every request of the
+#: paper's burst 126 of its 128 tokens on the H200; the context is widened by these two instead.
+SGLANG_RESERVED_POSITIONS = 2
+
 
 def _sglang(x: Launch) -> list[str]:
     # sglang.launch_server; flags checked against SGLang's server_args.py (0.5 series, the one that
@@ -251,7 +257,7 @@ def _sglang(x: Launch) -> list[str]:
     # /generate chunk carries only its new ids (else every chunk repeats all of them so far).
     argv = [x.python, "-m", "sglang.launch_server", "--model-path", str(x.model_dir),
             "--served-model-name", x.served_name, "--host", x.host, "--port", str(x.port),
-            "--tp-size", str(x.gpus), "--context-length", str(x.max_model_len),
+            "--tp-size", str(x.gpus), "--context-length", str(x.max_model_len + SGLANG_RESERVED_POSITIONS),
             "--max-running-requests", str(x.max_num_seqs), "--mem-fraction-static", str(SGLANG_MEM_FRACTION),
             "--dtype", "bfloat16", "--random-seed", "0", "--incremental-streaming-output"]
     if x.dummy_weights:

@@ -74,3 +74,17 @@ def test_a_record_from_before_the_new_keys_reads_as_no_prefix_no_ramp(tmp_path):
         0, 0, None, None)
     [r] = md_rows(render.markdown(serving.table(serving.build(tidy.build([path])))))
     assert r["Load"] == "burst (burst, 16 in / 4 out)" and r["GPU MHz / W"] == ""
+
+
+def test_requests_that_ended_short_of_the_output_length_are_counted_in_the_table(tmp_path):
+    """An engine that stops ignore_eos requests early (SGLang at its context length) says so."""
+    [cell] = grid.expand({"protocol": {}, "serve": [{"platforms": ["cpu"], "models": ["tiny"],
+                                                      "engines": ["vllm"], "loads": {"burst": BASE}}]}).cells
+    rows = []
+    for short in (0, 8):
+        path = tmp_path / str(short) / cell.record_path("results")
+        record.write(Record(cell=cell.to_dict(), status="ok", summary={
+            "num_requests": 8, "completed": 8, "failed": 0, "output_shortfall_requests": short}), path)
+        [r] = md_rows(render.markdown(serving.table(serving.build(tidy.build([path])))))
+        rows.append(r["Requests (failed)"])
+    assert rows == ["8 (0)", "8 (0), 8 short"]

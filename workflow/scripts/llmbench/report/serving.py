@@ -39,6 +39,8 @@ NOTES = (
     "Throughput: completed requests' tokens over the load's wall time (first send to last token). "
     "Memory: GPU memory in use on the engine's GPUs minus before start (NVML), or the "
     "engine's process-tree RSS on a CPU platform. Failed > 0 makes a cell status error; "
+    "'N short': completed requests that streamed fewer tokens than the load's output length (with EOS ignored, "
+    "the engine stopped them early, e.g. at its context length; its tok/s counts the tokens it made); "
     "a load cut at the cell's timeout_s is status timeout, its failed requests those unfinished then, its "
     "numbers from the requests that completed before the cut. Goodput: the share of requests whose TTFT and "
     "TPOT both meet the load's targets (MLPerf's Llama-2-70B server targets by default: 2 s and 0.2 s). "
@@ -95,6 +97,12 @@ def _given(v) -> bool:
     return v is not None and not pd.isna(v) and v != 0
 
 
+def _requests(r) -> str:
+    """Requests (failed), and how many of the completed ones ended short of output_len."""
+    text = f"{fmt(r.num_requests, '.0f')} ({fmt(r.failed, '.0f')})"
+    return text + (f", {fmt(r.output_shortfall_requests, '.0f')} short" if _given(r.output_shortfall_requests) else "")
+
+
 def table(df: pd.DataFrame) -> render.Table:
     """One row per serving cell (latencies in seconds, throughput per second), then the
     points pooled over their runs."""
@@ -116,7 +124,7 @@ def table(df: pd.DataFrame) -> render.Table:
         rows.append([
             r.platform, r.model, engine,
             f"{r.load} ({r.mode}{rate}, {fmt(r.input_len, '.0f')} in / {fmt(r.output_len, '.0f')} out)",
-            fmt(r.gpus, ".0f"), status, f"{fmt(r.num_requests, '.0f')} ({fmt(r.failed, '.0f')})",
+            fmt(r.gpus, ".0f"), status, _requests(r),
             fmt(r.request_throughput_per_s, ".2f"), fmt(r.output_tokens_per_s, ".1f"),
             pct("ttft_s"), pct("tpot_s", ".4f"), pct("itl_s", ".4f"), pct("e2e_latency_s"),
             fmt(r.goodput_share, ".3f"), fmt(mem, ".2f"), _settings(r),

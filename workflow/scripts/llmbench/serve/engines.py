@@ -13,8 +13,9 @@ Where each one runs:
                 local test double (tests/fixtures/fake_servers.py), never the engine.
   tgi           GPU only, from its container or `text-generation-launcher`; same as
                 lightllm: protocol-tested here, the launch spec below is the real one.
-  sglang        GPU only (envs/sglang.yaml); same as lightllm and tgi: on the CPU machines only
-                its HTTP protocol and launch spec are tested, against a local test double.
+  sglang        GPU only (envs/sglang.yaml; on the lent H200 from the wheelhouse's SGLANG_GPU
+                set); same as lightllm: on the CPU machines only its HTTP protocol and launch
+                spec are tested, against a local test double.
 """
 
 from __future__ import annotations

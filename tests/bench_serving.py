@@ -137,7 +137,7 @@ def main() -> None:
     rows = []
     with serve(engine.command(launch), env=engine.env(launch), host="127.0.0.1", port=port,
                health_path=engine.health_path, log=work / "server.log", ready_timeout_s=args.ready_timeout_s,
-               gpu_ids=[0] if args.accelerator == "cuda" else None) as server:
+               gpu_ids=["0"] if args.accelerator == "cuda" else None) as server:
         print(f"server ready in {server.ready_s:.1f} s; log {work / 'server.log'}", flush=True)
         for r in range(args.rounds):
             res = loadgen.run(server.base_url, dialect_for(args.engine), spec, model=args.model,

@@ -60,7 +60,7 @@ def _run_client(argv: list[str]) -> float:
     # this environment's PATH: the engine's interpreter wrapper (.venv-*-gpu) execs python3
     proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if proc.returncode != 0:
-        raise RuntimeError(f"{argv[1:3]} exited with {proc.returncode}: {proc.stderr[-2000:]}")
+        raise RuntimeError(f"the engine's own client exited with {proc.returncode}: {proc.stderr[-2000:]}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 

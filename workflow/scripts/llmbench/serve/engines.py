@@ -13,8 +13,8 @@ Where each one runs:
                 local test double (tests/fixtures/fake_servers.py), never the engine.
   tgi           GPU only, from its container or `text-generation-launcher`; same as
                 lightllm: protocol-tested here, the launch spec below is the real one.
-  sglang        GPU only (envs/sglang.yaml; on the lent H200 from the wheelhouse's SGLANG_GPU
-                set); same as lightllm: on the CPU machines only its HTTP protocol and launch
+  sglang        GPU only (envs/sglang.yaml, or the wheelhouse's SGLANG_GPU set on an offline
+                node); same as lightllm: on the CPU machines only its HTTP protocol and launch
                 spec are tested, against a local test double.
 """
 
@@ -245,8 +245,8 @@ SGLANG_MEM_FRACTION = 0.85
 
 #: Positions SGLang's scheduler keeps out of a request's budget: it clips max_new_tokens to
 #: context_len - input_len - 2 (scheduler.py: max_req_len - input_len - 1, with max_req_len =
-#: context_len - 1; 0.5.17). A context of exactly input + output tokens gave every request of the
-#: paper's burst 126 of its 128 tokens on the H200; the context is widened by these two instead.
+#: context_len - 1; 0.5.17). With a context of exactly input + output, every request would end two
+#: tokens short of output_len; the context is widened by these two instead.
 SGLANG_RESERVED_POSITIONS = 2
 
 

@@ -30,7 +30,7 @@ pretrain:
     models: [tiny]
     techniques: [Naive]
     max_batch: {{max: 32}}
-    mem_cap_gib: 2.0
+    mem_cap_gib: 1.25
 """
 FOLDER = f"{R}/runs/search/pretrain/cpu/tiny/deepspeed/Naive-g1"
 FRONTIER = f"{R}/frontier/pretrain/cpu/tiny/deepspeed/Naive-g1.json"

@@ -182,8 +182,10 @@ def measured_inputs(wildcards):
 
 
 def figure_inputs(wildcards):
-    """The tables a figure plots (catalog): a record reaches a figure only through them."""
-    return lbcatalog.inputs(lbcatalog.get("figure", wildcards.figure), R)
+    """The tables a figure plots (catalog): a record reaches a figure only through them; and
+    the JavaScript bundle its HTML page inlines (rule vega_bundle)."""
+    return {**lbcatalog.inputs(lbcatalog.get("figure", wildcards.figure), R),
+            "bundle": ancient(f"{R}/figures/vega-embed.js")}
 
 
 def table_section(wildcards):
@@ -268,6 +270,13 @@ def set_slurm(pset, key, default=None):
 def model_spec(wildcards):
     """The model's dimensions (also the model directory's params rerun trigger)."""
     return GRID.models[wildcards.model].to_dict()
+
+
+def model_dir_threads(wildcards):
+    """A model directory's threads (build_model_dir): 8 to fill a billion-parameter
+    model's random weights, one tensor a thread; one for a smaller model, which then builds
+    beside the running cells rather than holding the machine."""
+    return 8 if GRID.models[wildcards.model].param_counts()["total"] >= 10**9 else 1
 
 
 def serve_model_dir(wildcards):

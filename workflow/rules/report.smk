@@ -96,6 +96,20 @@ rule build_table:
         "../scripts/build_table.py"
 
 
+# The vega-embed bundle that every figure's HTML page inlines (figures.vega_bundle): made once
+# a run rather than once a figure; figure_inputs takes it as ancient(), so remaking it redraws
+# no figure.
+rule vega_bundle:
+    output:
+        f"{R}/figures/vega-embed.js",
+    log:
+        f"{R}/logs/report/vega_bundle.log",
+    conda:
+        "../../envs/report.yaml"
+    script:
+        "../scripts/build_vega_bundle.py"
+
+
 # A figure reads the tables it plots (catalog), so a new record rebuilds it only through them.
 rule plot_figure:
     input:

@@ -13,8 +13,9 @@ rule build_model_dir:
         f"{R}/benchmarks/models/{{model}}-{{weights}}.tsv"
     params:
         model=model_spec,
-    # weights fill one tensor per thread (llama2-7b: 5.6 min on one core)
-    threads: 8
+    # weights fill one tensor per thread (llama2-7b: 5.6 min on one core); a model under a
+    # billion parameters (the tests' tiny one) is written in seconds on one
+    threads: model_dir_threads
     wildcard_constraints:
         weights="random|dummy",
     conda:

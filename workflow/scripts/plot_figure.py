@@ -10,7 +10,7 @@ def main(smk) -> None:
     logging.basicConfig(filename=smk.log[0], level=logging.INFO)
     name = smk.wildcards.figure
     chart = figures.CHARTS[name](figures.load(name, dict(smk.input.items())))
-    figures.save(chart, Path(smk.output.html).with_suffix(""))
+    figures.save(chart, Path(smk.output.html).with_suffix(""), bundle=Path(smk.input.bundle).read_text())
     logging.info("%s from %s", name, ", ".join(map(str, smk.input)))
 
 

@@ -566,14 +566,41 @@ def profile_comm_chart(tables: Tables | None = None) -> alt.Chart:
                         "(Table XV)."))
 
 
-def save(chart: alt.TopLevelMixin, stem: Path | str) -> list[Path]:
-    """Save ``chart`` as <stem>.html (JavaScript inlined), <stem>.svg and <stem>.png."""
+def vega_bundle() -> str:
+    """The vega-embed JavaScript bundle (Vega, Vega-Lite, vega-embed) that a figure's HTML
+    page inlines to open offline, as altair's ``save(inline=True)`` makes it. vl-convert
+    bundles it anew in each process (seconds), the same for every figure of one vl-convert:
+    the workflow makes it once per run (rule vega_bundle) and each figure reads it."""
+    import vl_convert
+    from altair.utils._importers import vl_version_for_vl_convert
+
+    return vl_convert.javascript_bundle(vl_version=vl_version_for_vl_convert())
+
+
+class _Inline:
+    """altair's inline page template with a bundle made beforehand (vega_bundle)."""
+
+    def __init__(self, bundle: str):
+        self.bundle = bundle
+
+    def render(self, **kwargs) -> str:
+        from altair.utils.html import INLINE_HTML_TEMPLATE
+
+        return INLINE_HTML_TEMPLATE.render(vegaembed_script=self.bundle, **kwargs)
+
+
+def save(chart: alt.TopLevelMixin, stem: Path | str, bundle: str | None = None) -> list[Path]:
+    """Save ``chart`` as <stem>.html (JavaScript inlined: ``bundle``, else vega_bundle()),
+    <stem>.svg and <stem>.png (the SVG rasterised at twice its size: the chart is laid out
+    once, and the PNG is the same image as altair's own PNG at scale factor 2)."""
+    import vl_convert
+
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     out = [stem.with_suffix(".html"), stem.with_suffix(".svg"), stem.with_suffix(".png")]
-    chart.save(str(out[0]), inline=True)
+    chart.save(str(out[0]), format="html", template=_Inline(vega_bundle() if bundle is None else bundle))
     chart.save(str(out[1]))
-    chart.save(str(out[2]), scale_factor=2)
+    out[2].write_bytes(vl_convert.svg_to_png(out[1].read_text(), scale=2))
     return out
 
 

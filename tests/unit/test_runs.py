@@ -88,11 +88,12 @@ def test_one_results_folder_is_what_it_was(tmp_path):
 
 
 def test_a_record_given_twice_is_one_record_not_two_runs(tmp_path):
-    """The workflow may list a searched cell's record twice (the grid's and the search's):
-    as before, both rows stay and neither supersedes the other."""
+    """The workflow may list a searched cell's record twice (the grid's cell and the batch
+    its search measured): one row, which supersedes nothing, and its samples once."""
     path = write(tmp_path, "results", "L", 1000.0, PAPER, "2026-01-01T00:00:00+00:00")
-    every = tidy.build_all([path, path])
-    assert len(tidy.used(every)) == 2 and tidy.superseded(every).empty and (every["runs"] == 1).all()
+    every = tidy.build_all([path, path, str(path)])
+    assert len(every) == 1 and len(tidy.used(every)) == 1 and tidy.superseded(every).empty
+    assert (every["runs"] == 1).all()
 
 
 def test_the_advisor_shows_the_chosen_measurement_not_the_faster_one(tmp_path):

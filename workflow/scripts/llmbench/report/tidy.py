@@ -363,12 +363,18 @@ def record_error(exc: RecordError, results_dir: str | Path) -> str:
     return str(exc if own else exc.with_remedy(evidence_remedy(exc.path)))
 
 
+def unique(paths: Iterable[str | Path]) -> list[str]:
+    """The record paths once each, in their first order."""
+    return list(dict.fromkeys(str(p) for p in paths))
+
+
 def build_all(paths: Iterable[str | Path]) -> pd.DataFrame:
     """Every given record's row (sorted by their path fields), with which record of its cell
     the report uses where several runs hold one (llmbench.report.runs: ``runs``,
-    ``superseded_by``, ``choice``)."""
+    ``superseded_by``, ``choice``). A path given twice is one record, one row (a grid's cell
+    and the batch a max-batch search measured can be the same cell)."""
     rows, candidates = [], []
-    for p in paths:
+    for p in unique(paths):
         rec = read(p)
         with _fields_of(p):
             r = ROWS.get(rec.cell.get("stage"), row)(rec, str(p))
@@ -424,7 +430,7 @@ def build_samples(paths: Iterable[str | Path], stage: str) -> pd.DataFrame:
     choice where several runs hold a cell): a request of a serving cell (exact latency CDFs),
     a measured point of a microbenchmark cell."""
     key = SAMPLE_KEYS[stage]
-    recs = [(str(p), read(p)) for p in paths]
+    recs = [(p, read(p)) for p in unique(paths)]
     recs = [(p, rec) for p, rec in recs if rec.cell.get("stage") == stage]
     candidates = []
     for p, rec in recs:

@@ -6,16 +6,19 @@ import os
 import re
 import subprocess
 
+import yaml
+
 from conftest import BIN, REPO
 
 
-def plan() -> dict[str, int]:
-    """output record -> threads, as `snakemake -n` schedules them (1 when not printed)."""
-    out = subprocess.run([BIN / "snakemake", "-n", "--nolock", "--cores", "2", "--forceall", "-d", str(REPO),
-                          "--configfile", ".test/config.yaml"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+def plan(config: str = ".test/config.yaml", output: str = r"\S+record\.json", cores: int = 2) -> dict[str, int]:
+    """output (a record, or what ``output`` matches) -> threads, as `snakemake -n` schedules
+    them on ``cores`` (1 when not printed)."""
+    out = subprocess.run([BIN / "snakemake", "-n", "--nolock", "--cores", str(cores), "--forceall", "-d", str(REPO),
+                          "--configfile", config], cwd=REPO, capture_output=True, text=True, check=True).stdout
     threads = {}
     for job in re.split(r"\n(?=rule |localrule )", out):
-        m = re.search(r"output: (\S+record\.json)", job)
+        m = re.search(rf"output: ({output})", job)
         if m:
             t = re.search(r"threads: (\d+)", job)
             threads[m.group(1)] = int(t.group(1)) if t else 1
@@ -29,6 +32,18 @@ def test_a_cpu_cell_holds_a_core_per_rank():
     assert threads[".test/results/runs/pretrain/cpu/tiny/deepspeed/Q/bs2-g2/record.json"] == 2
     assert threads[".test/results/runs/pretrain/cpu/tiny/deepspeed/Q/bs2-g1/record.json"] == 1
     assert all(t == min(2, os.cpu_count()) for p, t in threads.items() if "/serve/" in p or "/micro/" in p)
+
+
+def test_a_model_directory_holds_eight_threads_only_for_a_large_model(tmp_path):
+    """The tiny model's directory builds on one thread beside the cells; a 7B one fills its
+    random weights one tensor a thread, on 8."""
+    model_dir = r"\S+/models/[^/\s]+/(?:random|dummy)"
+    assert plan(output=model_dir, cores=16) == {".test/results/models/tiny/dummy": 1}
+    tests = yaml.safe_load((REPO / ".test/config.yaml").read_text())
+    big = {"results_dir": str(tmp_path / "results"), "protocol": tests["protocol"], "engine_python": tests["engine_python"],
+           "serve": [{**tests["serve"][0], "platforms": ["h100"], "models": ["llama2-7b"]}]}
+    (tmp_path / "big.yaml").write_text(yaml.safe_dump(big))
+    assert plan(str(tmp_path / "big.yaml"), model_dir, cores=16) == {f"{tmp_path}/results/models/llama2-7b/dummy": 8}
 
 
 def test_every_search_is_planned_at_once():

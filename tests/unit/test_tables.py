@@ -228,11 +228,17 @@ def chart_values(chart) -> list[dict]:
 
 
 def test_figure_saves_offline(table, tmp_path):
-    out = figures.save(chart_of(tmp_path, table, "pretrain"), tmp_path / "fig" / "pretrain")
+    chart = chart_of(tmp_path, table, "pretrain")
+    out = figures.save(chart, tmp_path / "fig" / "pretrain")
     html = out[0].read_text()
     assert "cdn.jsdelivr" not in html and "vega-lite" in html.lower()
+    assert figures.vega_bundle() in html  # the page carries its JavaScript
     assert out[1].read_text().lstrip().startswith("<svg")
     assert out[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the workflow's bundle (rule vega_bundle), made once a run, is what the page inlines
+    again = figures.save(chart, tmp_path / "again" / "pretrain", bundle="/* the run's bundle */")
+    assert "/* the run's bundle */" in again[0].read_text() and figures.vega_bundle() not in again[0].read_text()
+    assert again[1].read_text() == out[1].read_text() and again[2].read_bytes() == out[2].read_bytes()
 
 
 def test_pretrain_figure_puts_each_cell_apart_ours_beside_the_papers(tmp_path):

@@ -9,7 +9,7 @@ from llmbench import backends, cells, estimate, grid, memory, offline
 from llmbench.config import ConfigError
 from llmbench.models import ModelSpec
 from llmbench.techniques import parse
-from llmbench.train.fsdp2_worker import plan
+from llmbench.train.fsdp2_worker import plan, process_group_backend
 
 PROTOCOL = {"warmup_steps": 1, "measured_steps": 2, "repeats": 1, "seq_len": 32, "timeout_s": 300}
 
@@ -33,6 +33,16 @@ def test_z3_reshards_z2_keeps_gathered_parameters_and_naive_replicates(technique
     assert (p.sharding, p.mesh_shape, p.reshard_after_forward) == (sharding, mesh, reshard)
     assert (p.cpu_offload, p.recompute, p.compiled) == (tech.offload, tech.recompute, tech.compiled)
     assert ("host" in p.description) == tech.offload
+
+
+@pytest.mark.parametrize("accelerator,technique,backend", [
+    ("cpu", "Z3+O", "gloo"),
+    ("cuda", "F+Z3", "nccl"),
+    # the host's gradient shards: clip_grad_norm_ all-reduces their norms on the CPU
+    ("cuda", "F+Z3+O", "cuda:nccl,cpu:gloo"),
+])
+def test_offload_on_gpus_gives_the_host_tensors_a_process_group_backend(accelerator, technique, backend):
+    assert process_group_backend(accelerator, parse(technique)) == backend
 
 
 def test_the_z2_mapping_says_how_it_differs_from_zero_2():

@@ -127,6 +127,16 @@ def plan(tech: Technique, ranks: int) -> Plan:
                 fp8_precompute_scales=tensorwise, description=what)
 
 
+def process_group_backend(accelerator: str, tech: Technique) -> str:
+    """torch.distributed's backend for a cell: gloo on the CPU, NCCL on GPUs, and with
+    CPUOffloadPolicy on GPUs gloo beside NCCL for the host's tensors: the sharded gradients
+    live on the host there, and clip_grad_norm_ all-reduces their partial norms where they
+    live (torchtitan sets the same pair for its CPU offload)."""
+    if accelerator == "cpu":
+        return "gloo"
+    return "cuda:nccl,cpu:gloo" if tech.offload else "nccl"
+
+
 def fp8_filter(module, fqn: str) -> bool:
     """Whether FP8 training converts ``module`` (torchao's module_filter_fn, torchtitan's rule):
     an nn.Linear not named in FP8_SKIP_FQNS whose dims are both multiples of 16 (llmbench.fp8)."""
@@ -357,7 +367,7 @@ def run(spec: RunSpec | dict, out: Path) -> dict | None:
     accelerator = platform.accelerator
     dtype = platforms.compute_dtype(platform)
     phases.mark("imports")
-    dist.init_process_group(backend="gloo" if accelerator == "cpu" else "nccl")
+    dist.init_process_group(backend=process_group_backend(accelerator, cell.tech))
     rank = dist.get_rank()
     device = contract.local_device(accelerator)
     backend = FSDP2Backend(cell, model_spec, accelerator, device, dtype, dist.get_world_size())

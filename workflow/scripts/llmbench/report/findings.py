@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -466,6 +467,14 @@ class Outcome:
         return None if self.estimate is None else self.estimate.value
 
 
+def _one_block(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its text columns as Python objects, in one block: the engine filters small
+    groups of rows thousands of times, and a filter takes every column, one pyarrow call for
+    each text column of pandas' string dtype where a block of objects is one numpy take."""
+    text = {c: object for c, t in df.dtypes.items() if isinstance(t, pd.StringDtype)}
+    return (df.astype(text) if text else df).copy()
+
+
 def _match(df: pd.DataFrame, sel: dict) -> pd.DataFrame:
     # one mask, one take: selecting key by key copied every column of the wide frame once per key
     mask = np.ones(len(df), dtype=bool)
@@ -475,6 +484,8 @@ def _match(df: pd.DataFrame, sel: dict) -> pd.DataFrame:
         if k not in df:
             return df.iloc[0:0]
         mask &= (df[k].isin(v) if isinstance(v, list) else df[k] == v).to_numpy(dtype=bool)
+        if not mask.any():
+            return df.iloc[0:0]
     df = df[mask] if not mask.all() else df
     if sel.get("batch_size") == "max":
         ok = df[df["status"] == "ok"]
@@ -498,17 +509,30 @@ def _cell_text(stage: str, group: dict, sel: dict) -> str:
     return " ".join(p for p in parts if p)
 
 
-def _protocols(rows: pd.DataFrame) -> set:
-    """'warm-up/measured/repeats' of each training row (none for cells without a step protocol)."""
+def _ok_protocols(*sides: pd.DataFrame) -> set:
+    """'warm-up/measured/repeats' of each ok training row of the sides a value came from (none
+    for cells without a step protocol)."""
     cols = ["warmup_steps", "measured_steps", "repeats"]
-    if rows.empty or any(c not in rows for c in cols):
-        return set()
-    return {runs_rule.steps_label(*r) for r in rows[cols].dropna().itertuples(index=False)}
+    out = set()
+    for rows in sides:
+        if rows.empty or any(c not in rows for c in cols):
+            continue
+        out |= {runs_rule.steps_label(*r) for status, *r in zip(rows["status"], *(rows[c] for c in cols))
+                if status == "ok" and not any(pd.isna(x) for x in r)}
+    return out
+
+
+def _runs(*sides: pd.DataFrame) -> set:
+    """The runs the sides' rows came from."""
+    return set().union(*(set(rows["run"]) for rows in sides))
 
 
 def _used(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows the report uses (one record per cell, llmbench.report.runs)."""
-    return rows[rows["superseded_by"].isna()] if "superseded_by" in rows else rows
+    if "superseded_by" not in rows:
+        return rows
+    used = rows["superseded_by"].isna().to_numpy()
+    return rows if used.all() else rows[used]
 
 
 _OOM_TRIED = re.compile(r"Tried to allocate ([\d.]+) (GiB|MiB)")
@@ -535,8 +559,12 @@ def _side(rows: pd.DataFrame, metric: str, ctx: Context) -> evidence.Side | None
     """One side from the records of one context (a set, a machine, or the used ones): the
     metric per repeat of each (several cells, such as a serving load's bursts, pool their
     values); an out-of-memory memory side is a lower bound."""
-    ok = rows[(rows["status"] == "ok") & rows[metric].notna()] if metric in rows else rows.iloc[0:0]
-    if ok.empty:
+    if rows.empty:
+        return None
+    # the ok rows with a value, masked on numpy arrays: sides are asked for thousands of times
+    has = pd.notna(rows[metric].to_numpy()) if metric in rows else np.zeros(len(rows), dtype=bool)
+    keep = (rows["status"].to_numpy() == "ok") & has
+    if not keep.any():
         if metric in evidence.EXACT:
             bounds = [b for b in (oom_bound_gb(r) for _, r in rows[rows["status"] == "oom"].iterrows()) if b]
             if bounds:
@@ -544,19 +572,22 @@ def _side(rows: pd.DataFrame, metric: str, ctx: Context) -> evidence.Side | None
                 return evidence.Side([math.log(min(bounds))], machine=str(r.get("machine") or ""),
                                      run=str(r.get("run") or ""), exact=True, lower_bound=True)
         return None
-    logs, rounds = [], []
+    ok = rows if keep.all() else rows[keep]
+    exact = ctx.exact or metric in evidence.EXACT  # the paper's number, or a deterministic peak
+    logs, rounds, each = [], [], []
     for _, r in ok.iterrows():
-        exact = ctx.exact or metric in evidence.EXACT  # the paper's number, or a deterministic peak
         vals = [float(r[metric])] if exact else [v for v in evidence.repeat_values(r, metric) if v > 0]
         logs += [math.log(v) for v in vals if v > 0]
         rounds += evidence.round_keys(r, len(vals))
+        each.append(r)
     if not logs:
         return None
-    r = ok.iloc[0]
-    machines = {str(m) for m in ok["machine"].dropna()} if "machine" in ok else set()
+    r = each[0]
+    machines = {str(x["machine"]) for x in each if pd.notna(x["machine"])} if "machine" in ok else set()
     if len(ok) > 1:  # several cells pooled (a serving point's bursts): their rounds, where a set ran them
-        known = ok["paired_round"].tolist() if "paired_round" in ok else []
-        rounds = [(int(x), str(m)) for x, m in zip(known, ok["machine"] if "machine" in ok else [""] * len(known))] \
+        known = [x["paired_round"] for x in each] if "paired_round" in ok else []
+        where = [x["machine"] for x in each] if "machine" in ok else [""] * len(known)
+        rounds = [(int(x), str(m)) for x, m in zip(known, where)] \
             if known and all(x == x and x is not None for x in known) and len(known) == len(logs) else []
     paired_rounds = (metric == "scaling_efficiency" and len(ok) == 1 and not ctx.exact
                      and isinstance(r.get("scaling_efficiency_runs"), str))
@@ -565,27 +596,28 @@ def _side(rows: pd.DataFrame, metric: str, ctx: Context) -> evidence.Side | None
                          rounds=rounds, noisy=metric in evidence.NOISY, paired_rounds=paired_rounds)
 
 
-def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> list[tuple[str, pd.DataFrame, pd.DataFrame]]:
+def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> Iterator[tuple[str, pd.DataFrame, pd.DataFrame]]:
     """Where both sides can come from, strongest pairing first: one paired set, one machine,
-    then the records the report uses (two machines, or one by chance)."""
-    out = []
+    then the records the report uses (two machines, or one by chance). Made as they are
+    asked for: the first with both sides ends the search (``_pair``)."""
     for key, pairing in (("paired_set", "set"), ("machine", "machine")):
         if key not in a or key not in b:
             continue
         common = {str(x) for x in a[key].dropna()} & {str(x) for x in b[key].dropna()}
         common = {c for c in common if c and "+" not in c}
+        if not common:
+            continue
+        ka, kb = a[key].astype(object), b[key].astype(object)
+        sides = {c: (a[ka == c], b[kb == c]) for c in common}
         # the strongest protocol of the two sides first, then the later run
-        for c in sorted(common, key=lambda c: (-_strength(a[a[key].astype(object) == c])
-                                                - _strength(b[b[key].astype(object) == c]), c)):
-            out.append((pairing, _best_per_cell(a[a[key].astype(object) == c]),
-                        _best_per_cell(b[b[key].astype(object) == c])))
+        for c in sorted(common, key=lambda c: (-_strength(sides[c][0]) - _strength(sides[c][1]), c)):
+            yield pairing, _best_per_cell(sides[c][0]), _best_per_cell(sides[c][1])
     ua, ub = _used(a), _used(b)
     same = ("machine" in ua and "machine" in ub and len(ua) and len(ub)
             and ua["machine"].notna().all() and ub["machine"].notna().all()
             and set(ua["machine"]) == set(ub["machine"])
             and ua["machine"].nunique() == 1 and "+" not in str(ua["machine"].iloc[0]))
-    out.append(("machine" if same else "machines", ua, ub))
-    return out
+    yield "machine" if same else "machines", ua, ub
 
 
 def _strengths(rows: pd.DataFrame) -> pd.Series:
@@ -611,7 +643,8 @@ def _best_per_cell(rows: pd.DataFrame) -> pd.DataFrame:
 
 def _pair(a: pd.DataFrame, b: pd.DataFrame, metric: str, ctx: Context
           ) -> tuple[evidence.Estimate | None, pd.DataFrame, pd.DataFrame]:
-    """a / b from the strongest pairing that has both sides (module docstring of evidence)."""
+    """a / b from the strongest pairing that has both sides (module docstring of evidence),
+    with the rows of each side it took (where none has both: the used ones)."""
     for pairing, ra, rb in _contexts(a, b):
         sa, sb = _side(ra, metric, ctx), _side(rb, metric, ctx)
         if sa is None or sb is None or (sa.lower_bound and sb.lower_bound):
@@ -620,7 +653,7 @@ def _pair(a: pd.DataFrame, b: pd.DataFrame, metric: str, ctx: Context
             pairing = "machine"
         est = evidence.ratio(sa, sb, "exact" if ctx.exact else pairing, ctx.pooled, ctx.spread)
         return est, ra, rb
-    return None, _used(a), _used(b)
+    return None, ra, rb  # the last context's: the used rows
 
 
 def _why_missing(rows: pd.DataFrame, metric: str, cell: str, spec: dict, group: dict) -> tuple:
@@ -650,11 +683,14 @@ def _scope(check: Check, f: Finding, group: dict) -> str | None:
 
 
 def _layouts(check: Check, finding: Finding, grp: pd.DataFrame) -> list[str]:
-    """The parallel layouts (Megatron-LM's) among the cells the check reads in a group."""
-    if "layout" not in grp:
+    """The parallel layouts (Megatron-LM's) among the cells the check reads in a group where
+    there are several, else none (nothing to evaluate apart); a group with fewer than two is
+    not matched at all."""
+    if "layout" not in grp or len({str(v) for v in grp["layout"].dropna() if str(v)}) < 2:
         return []
-    rows = pd.concat([_match(grp, {**finding.where, **sel}) for sel in (check.a, check.b) if sel is not None])
-    return sorted({str(v) for v in rows["layout"].dropna() if str(v)})
+    found = {str(v) for sel in (check.a, check.b) if sel is not None
+             for v in _match(grp, {**finding.where, **sel})["layout"].dropna() if str(v)}
+    return sorted(found) if len(found) >= 2 else []
 
 
 def _techniques(check: Check, finding: Finding, grp: pd.DataFrame) -> list[str]:
@@ -717,41 +753,42 @@ def _evaluate_one(check: Check, finding: Finding, grp: pd.DataFrame, group: dict
         return Outcome(est, evidence.judge(est, check.lo, check.hi), [], set(used["run"]))
     metric = check.metric
     if check.relation == "value":
-        side = _side(_best_per_cell(_used(rows_a)), metric, ctx)
+        used = _used(rows_a)
+        side = _side(_best_per_cell(used), metric, ctx)
         if side is None:
             return Outcome(None, "missing", [_why_missing(rows_a, metric, cell_a, spec_a, group)],
-                           set(_used(rows_a)["run"]) if len(rows_a) else set())
+                           set(used["run"]) if len(rows_a) else set())
         est = evidence.value(side, ctx.pooled)
-        used = _used(rows_a)
         return Outcome(est, evidence.judge(est, check.lo, check.hi, *check.strict()), [], set(used["run"]),
-                       _protocols(used[used["status"] == "ok"]))
+                       _ok_protocols(used))
     if check.relation == "ratio":
         sel_b = {**finding.where, **check.b}
         spec_b = {"stage": finding.stage, **group, **sel_b}
         rows_b = _match(grp, sel_b)
-        if len(rows_a) and rows_a.reset_index(drop=True).equals(rows_b.reset_index(drop=True)):
+        if len(rows_a) and len(rows_a) == len(rows_b) \
+                and rows_a.reset_index(drop=True).equals(rows_b.reset_index(drop=True)):
             # 'max' resolved to the other side's own cells (batch 1 is the largest measured):
             # a cell over itself is no evidence
             return Outcome(None, "missing", [(cell_a, "no larger batch measured than the other side's",
                                               spec_a)], set(_used(rows_a)["run"]))
         est, ra, rb = _pair(rows_a, rows_b, metric, ctx)
-        if est is None:
+        if est is None:  # ra, rb: the used rows
             miss = []
-            if _side(_used(rows_a), metric, ctx) is None:
+            if _side(ra, metric, ctx) is None:
                 miss.append(_why_missing(rows_a, metric, cell_a, spec_a, group))
-            if _side(_used(rows_b), metric, ctx) is None:
+            if _side(rb, metric, ctx) is None:
                 miss.append(_why_missing(rows_b, metric, _cell_text(finding.stage, group, sel_b), spec_b, group))
-            return Outcome(None, "missing", miss, set(_used(rows_a)["run"]) | set(_used(rows_b)["run"]))
-        both = pd.concat([ra, rb])
-        return Outcome(est, evidence.judge(est, check.lo, check.hi, *check.strict()), [], set(both["run"]),
-                       _protocols(both[both["status"] == "ok"]))
+            return Outcome(None, "missing", miss, _runs(ra, rb))
+        return Outcome(est, evidence.judge(est, check.lo, check.hi, *check.strict()), [], _runs(ra, rb),
+                       _ok_protocols(ra, rb))
     # best: a against every other cell of the group; the claim holds where a beats each
     among_sel = {**finding.where, **(check.among or {})}
     among = _match(grp, among_sel)
     others = among.drop(index=_match(among, sel_a).index)
     by = [k for k in ("technique", "backend", "engine", "case", "batch_size") if k in others]
     worst, verdicts, runs, protos = None, [], set(), set()
-    if _side(_used(rows_a), metric, ctx) is not None:
+    side_a = _side(_used(rows_a), metric, ctx)
+    if side_a is not None:
         for _, x in others.groupby(by, dropna=False):
             if _side(_used(x), metric, ctx) is None:
                 continue
@@ -759,14 +796,13 @@ def _evaluate_one(check: Check, finding: Finding, grp: pd.DataFrame, group: dict
             if est is None:
                 continue
             verdicts.append(evidence.judge(est, check.lo, check.hi, *check.strict()))
-            both = pd.concat([ra, rb])
-            runs |= set(both["run"])
-            protos |= _protocols(both[both["status"] == "ok"])
+            runs |= _runs(ra, rb)
+            protos |= _ok_protocols(ra, rb)
             if worst is None or (est.value or 0) < (worst.value or 0):
                 worst = est
     if worst is None:
         miss = []
-        if _side(_used(rows_a), metric, ctx) is None:
+        if side_a is None:
             miss.append(_why_missing(rows_a, metric, cell_a, spec_a, group))
         else:
             miss.append((_cell_text(finding.stage, group, among_sel), "no other cell to compare with",
@@ -937,13 +973,17 @@ def _engines(rows: pd.DataFrame) -> str:
 
 
 def evaluate(findings: list[Finding], ours: pd.DataFrame, paper: pd.DataFrame,
-             ctx: Context | None = None) -> pd.DataFrame:
+             ctx: Context | None = None, judged: dict[str, list[dict]] | None = None) -> pd.DataFrame:
     """The findings table: one row per finding and group of our cells (one untestable row
-    when none of our cells can speak to it), with the paper's values beside ours."""
+    when none of our cells can speak to it), with the paper's values beside ours.
+    ``judged``: evaluate_finding's groups of ours by finding id, where the caller has them
+    (None: judged here)."""
     ctx = ctx or context(ours)
+    ours, paper = _one_block(ours), _one_block(paper)
     rows, checks = [], []
     for f in findings:
-        mine, theirs = evaluate_finding(f, ours, ctx), evaluate_finding(f, paper, PAPER)
+        mine = judged[f.id] if judged is not None else evaluate_finding(f, ours, ctx)
+        theirs = evaluate_finding(f, paper, PAPER)
         # one verdict per (platform, model): a GPU count that cannot decide the finding is
         # dropped where another count of the same platform and model can
         by_pm: dict[tuple, list[dict]] = {}
@@ -1020,17 +1060,24 @@ LEGACY_ENGINES = ("tgi",)
 PAPER_MODELS = ("llama2-7b", "llama2-13b", "llama2-70b")
 
 
+@cache
+def _model_spec(name: str):
+    """config/models/<name>.yaml, read once: the notes on cells ask for a few models many times."""
+    from ..models import ModelSpec
+
+    return ModelSpec.load(name)
+
+
 def _fit_note(spec: dict) -> str:
     """'' where the cell may fit its GPU, else why it cannot (its model states alone)."""
     from .. import memory
-    from ..models import ModelSpec
 
     tech, model, plat = spec.get("technique"), spec.get("model"), spec.get("platform")
     cap = _platform_facts(plat).get("gpu_memory_gib") if plat else None
-    if not model or not cap:
+    if not isinstance(model, str) or not model or not cap:  # a list of models has no one model file
         return ""
     try:
-        spec_model = ModelSpec.load(model)
+        spec_model = _model_spec(model)
         if spec.get("stage") == "serve":  # bf16 weights alone
             need, what = spec_model.param_counts()["total"] * memory.WEIGHTS_BF16 / memory.GIB, "bf16 weights"
         elif spec.get("stage") in ("pretrain", "finetune") and isinstance(tech, str):
@@ -1047,14 +1094,14 @@ def _fit_note(spec: dict) -> str:
 def _predicted_note(spec: dict) -> str:
     """'' unless the memory model (with its margin, llmbench.report.advice.predicted) says a
     training cell at batch 1 on a stated GPU count does not fit, then why."""
-    from ..models import ModelSpec
     from .advice import predicted
 
     if spec.get("stage") not in ("pretrain", "finetune") or spec.get("batch_size") != 1 or not spec.get("gpus") \
-            or not isinstance(spec.get("technique"), str) or not spec.get("model") or not spec.get("platform"):
+            or not isinstance(spec.get("technique"), str) or not isinstance(spec.get("model"), str) \
+            or not spec.get("model") or not spec.get("platform"):
         return ""
     try:
-        p = predicted(paper_frame.platform_spec(spec["platform"]), ModelSpec.load(spec["model"]), spec["technique"],
+        p = predicted(paper_frame.platform_spec(spec["platform"]), _model_spec(spec["model"]), spec["technique"],
                       int(spec["gpus"]))
     except (ConfigError, techniques.TechniqueError):
         return ""
@@ -1113,23 +1160,27 @@ def _check_cells(f: Finding, c: Check, group: dict) -> list[dict]:
 
 
 def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind],
-           ctx: Context | None = None) -> pd.DataFrame:
+           ctx: Context | None = None, judged: dict[str, list[dict]] | None = None) -> pd.DataFrame:
     """For each finding no group of ours decided (every row inconclusive or untestable), the
     smallest paired set that would decide it on the given machine kinds: the cells its
     undecided checks read there (those not run, not ok, or whose interval straddled the
     bound, measured again together), with whether they can fit (model states on the
     kind's GPU count, then the memory model at batch 1). A kind the claim's scope excludes
-    (too few GPUs) or whose platform the claim is not about is left out."""
+    (too few GPUs) or whose platform the claim is not about is left out. ``judged``: as
+    ``evaluate``'s."""
     ctx = ctx or context(ours)
+    ours = _one_block(ours)
     out = []
     for f in findings:
-        real = [r for r in evaluate_finding(f, ours, ctx) if r["relevant"]]
+        mine = judged[f.id] if judged is not None else evaluate_finding(f, ours, ctx)
+        real = [r for r in mine if r["relevant"]]
         if any(r["verdict"] in ("holds", "contradicts", "partly") for r in real):
             continue
         verdict = "inconclusive" if any(r["verdict"] == "inconclusive" for r in real) else "untestable"
         models = [f.where["model"]] if isinstance(f.where.get("model"), str) else list(PAPER_MODELS)
         if "model" not in f.group_by:
             models = [None]
+        candidates = _candidates(ours, f)
         for kind in kinds:
             if not platform_ok(f, kind.platform):
                 continue
@@ -1138,9 +1189,7 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
                          if k in f.group_by and v is not None}
                 if any(_scope(c, f, {"gpus": kind.gpus}) for c in f.checks):
                     continue
-                rows = _candidates(ours, f)
-                for k, v in group.items():
-                    rows = rows[rows[k] == v] if k in rows else rows.iloc[0:0]
+                rows = _match(candidates, group)
                 cells, notes = {}, []
                 for c in f.checks:
                     o = evaluate_check(c, f, rows, group, ctx)
@@ -1167,9 +1216,9 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
 
 
 def missing_cells(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind] | None = None,
-                  ctx: Context | None = None) -> pd.DataFrame:
+                  ctx: Context | None = None, judged: dict[str, list[dict]] | None = None) -> pd.DataFrame:
     """What to run next (``to_run``) on the given machine kinds (None: those our records ran on)."""
-    return to_run(findings, ours, kinds if kinds is not None else MachineKind.parse(None, ours), ctx)
+    return to_run(findings, ours, kinds if kinds is not None else MachineKind.parse(None, ours), ctx, judged)
 
 
 def counts(table: pd.DataFrame) -> dict[str, int]:
@@ -1269,10 +1318,12 @@ def build(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None, micro_ro
     ours = facts(tidy, profile_rows, micro_rows, superseded)
     if models is not None:
         ours = ours[ours["model"].isin(models) | ours["model"].isna()]
+    ours = _one_block(ours)
     paper = derive(paper_frame.frame(root))
     ctx = context(ours)
-    table = evaluate(fs, ours, paper, ctx)
-    spread, cells = evidence.machine_spread(ours)
+    judged = {f.id: evaluate_finding(f, ours, ctx) for f in fs}  # the table's groups, and the plan's
+    table = evaluate(fs, ours, paper, ctx, judged)
+    spread = ctx.spread
     table.attrs["machine_spread"] = (f"{spread.pct()} (log-scale sd from {spread.cells} cells measured on several "
                                      f"machines, {spread.df:.0f} df)" if spread.df else "none measured")
-    return table, missing_cells(fs, ours, MachineKind.parse(machines, ours), ctx)
+    return table, missing_cells(fs, ours, MachineKind.parse(machines, ours), ctx, judged)

@@ -66,7 +66,10 @@ def test_the_validation_table_has_a_row_for_every_training_record_of_a_modelled_
     from llmbench.memory import validate
 
     df = validate.build(combined, REPO, estimators=False)
+    from llmbench.memory.model import modelled
+
     train = combined[combined["stage"].isin(["pretrain", "finetune"]) & combined["backend"].isin(list(BACKENDS))]
+    train = train[[modelled(b, t) for b, t in zip(train["backend"], train["technique"])]]  # not FSDP2's offload
     assert len(df) == len(train) and (train["kind"] == "probe").any()
 
     assert list(df["record_path"]) == list(train["record_path"]) and list(df["status"]) == list(train["status"])
@@ -104,11 +107,12 @@ def test_replay_reproduces_the_committed_searches_and_the_hint_finds_the_same_ba
     assert lfr["committed_probes"] == 5 and lfr["hinted"] == "134:oom 120:ok 129:ok 130:tight"
     assert (df["replayed_found"] == df["largest_ok"]).all() and (df["hinted_found"] == df["largest_ok"]).all()
     assert (df["probes_saved"] == df["replayed_probes"] - df["hinted_probes"]).all()
-    # the hint and its slope: over by a little, the search backs off and draws its line
-    # from one fitting batch (Q: hint 28 ran tight, then 27, 24, 26; before Q's own activation
-    # scale the hint was 30, which ran out of memory)
+    # the hint and its slope: under by a little, the search climbs from a fitting batch
+    # (Q: at the 4-bit family's held-out margin the hint is 25, then 27 ran tight and 26 fit;
+    # at the default margin the hint was 28, tight, then 27, 24, 26; before Q's own activation
+    # scale it was 30, which ran out of memory)
     q = h100[h100["technique"] == "Q"].iloc[0]
-    assert q["hinted"] == "28:tight 27:tight 24:ok 26:ok" and df["hinted_probes"].sum() < df["replayed_probes"].sum()
+    assert q["hinted"] == "25:ok 27:tight 26:ok" and df["hinted_probes"].sum() < df["replayed_probes"].sum()
     # LoRA's dropout copies counted: the 7B L search that ran from hint 27 (6 probes) starts at 17
     lora = df[(df["technique"] == "L") & (df["model"] == "llama2-7b")].iloc[0]
     assert (lora["committed_probes"], lora["hinted_start"], lora["hinted_probes"]) == (6, 17, 2)

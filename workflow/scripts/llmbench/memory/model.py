@@ -125,7 +125,7 @@ class Workload:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {self.backend!r}")
         if not modelled(self.backend, self.technique):
-            raise ValueError(f"{self.backend} {self.technique}: not modelled (FSDP2's CPU offload has no record)")
+            raise ValueError(f"{self.backend} {self.technique}: not modelled (FSDP2's CPU offload has one record)")
 
     @property
     def tech(self) -> techniques.Technique:
@@ -190,7 +190,8 @@ FAMILIES = ("megatron", "fsdp2", "qlora", "lora", "4-bit", "offload", "zero3", "
 
 def modelled(backend: str, technique: str) -> bool:
     """Whether the model predicts a training cell of ``backend`` and ``technique``: DeepSpeed's
-    and Megatron-LM's, and FSDP2's but with CPU offload (no record to fit or check it by)."""
+    and Megatron-LM's, and FSDP2's but with CPU offload (one record: nothing to fit and check
+    it by apart)."""
     if backend not in BACKENDS:
         return False
     return not (backend == "fsdp2" and techniques.parse(technique).offload)

@@ -64,10 +64,9 @@ def test_the_fit_from_scratch_reaches_the_stated_constants_and_the_margins_are_t
 
 def test_the_validation_table_has_a_row_for_every_training_record_of_a_modelled_backend(combined):
     from llmbench.memory import validate
-
-    df = validate.build(combined, REPO, estimators=False)
     from llmbench.memory.model import modelled
 
+    df = validate.build(combined, REPO, estimators=False)
     train = combined[combined["stage"].isin(["pretrain", "finetune"]) & combined["backend"].isin(list(BACKENDS))]
     train = train[[modelled(b, t) for b, t in zip(train["backend"], train["technique"])]]  # not FSDP2's offload
     assert len(df) == len(train) and (train["kind"] == "probe").any()

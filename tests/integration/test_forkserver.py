@@ -197,10 +197,11 @@ def test_a_request_the_server_cannot_start_is_refused_with_the_reason(tmp_path):
                           cwd=tmp_path / "missing", log=tmp_path / "run.log", server_env=base, preload=("json",))
 
 
-def test_stop_asks_an_idle_server_to_exit_now(tmp_path, monkeypatch):
+def test_stop_asks_an_idle_server_to_exit_now(tmp_path, monkeypatch, request):
     # a folder of its own: stop_all asks every server of the user, and the other pytest
     # processes' cells use theirs meanwhile (short: a Unix socket's path has 107 bytes)
     own = Path(tempfile.mkdtemp(prefix="lbfs-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(own, ignore_errors=True))
     monkeypatch.setattr(forkserver.tempfile, "gettempdir", lambda: str(own))
     proc, _ = start(tmp_path, ranks=1, preload=("json", "sys"), idle_s=600)
     assert proc.wait(timeout=60) == 0
@@ -210,4 +211,3 @@ def test_stop_asks_an_idle_server_to_exit_now(tmp_path, monkeypatch):
     while path.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not path.exists()  # well before its 600 s of idleness
-    shutil.rmtree(own, ignore_errors=True)

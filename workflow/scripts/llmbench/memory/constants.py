@@ -294,12 +294,13 @@ MARGIN = 0.05
 #: ok records are scored, so they can show that a family needs more, not that it can do with
 #: less (ZeRO-3's 3.2 % would have hinted one H200's Z3 and F+Z3 searches batches that ran
 #: out of memory). FSDP2's 8.7 % comes from its searched probes near the limit (its
-#: activations at a large batch reserve more than the model predicts). 4-bit's 16.6 % is
-#: its leave-the-family-out error, taken where its time split holds fewer than 10 records
-#: near the limit: fitted without any 4-bit record, the model misses Q's own activations; a family
-#: with fewer than 10 such held-out records (Megatron-LM, offload, recomputation, ZeRO-2 and
-#: ZeRO-0 full-parameter cells: few records near the limit) keeps MARGIN too, and so does one
-#: whose quantile is under it (LoRA's, QLoRA's). The time split cuts all records at one start
+#: activations at a large batch reserve more than the model predicts). Where the time split
+#: holds fewer than 10 of a family's records near the limit, the leave-the-family-out split
+#: decides: 4-bit's 16.6 % is that error (fitted without any 4-bit record, the model misses
+#: Q's own activations). A family with fewer than 10 such records in either split
+#: (Megatron-LM, offload, recomputation, ZeRO-2 and ZeRO-0 full-parameter cells: few records
+#: near the limit) keeps MARGIN, and so does one whose quantile is under it (LoRA's,
+#: QLoRA's). The time split cuts all records at one start
 #: time, so any family's new records can move another family's margin: they are refitted with
 #: the records, and the calibration tier holds them to the held-out validation.
 FAMILY_MARGINS: dict[str, float] = {"fsdp2": 0.087, "4-bit": 0.166}

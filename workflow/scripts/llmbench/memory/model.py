@@ -190,8 +190,8 @@ FAMILIES = ("megatron", "fsdp2", "qlora", "lora", "4-bit", "offload", "zero3", "
 
 def modelled(backend: str, technique: str) -> bool:
     """Whether the model predicts a training cell of ``backend`` and ``technique``: DeepSpeed's
-    and Megatron-LM's, and FSDP2's but with CPU offload (one record: nothing to fit and check
-    it by apart)."""
+    and Megatron-LM's, and FSDP2's but with CPU offload (one record: too few to fit its
+    constants and check them on others)."""
     if backend not in BACKENDS:
         return False
     return not (backend == "fsdp2" and techniques.parse(technique).offload)

@@ -186,7 +186,9 @@ def test_throughput_interval_flags_what_the_calibration_has_not_seen():
     covered = {**interval.load()["covered"], "architecture": ["llama"]}
     assert "llama+rope-llama3" in interval.outside(cell, covered)["architecture"]
     assert wider.width > notes(ModelSpec.load("llama2-7b")).width and notes(ModelSpec.load("llama2-7b")).outside == ()
-    assert "params" in notes(ModelSpec.load("llama3.1-70b")).outside  # 70.6B beyond Llama 2 70B's 69.0
+    # a model larger than any record's (llama3.1-70b at 96 layers: about 84B)
+    deeper = replace(ModelSpec.load("llama3.1-70b"), num_hidden_layers=96)
+    assert "params" in notes(deeper).outside
 
 
 def test_the_advisor_predicts_llama31_through_its_cached_throughput_call():
@@ -194,4 +196,7 @@ def test_the_advisor_predicts_llama31_through_its_cached_throughput_call():
     from llmbench.report import advice
 
     p = advice.predicted_tokens("h200", ModelSpec.load("llama3.1-70b"), "finetune", "L", 1, 4)
-    assert p.value > 0 and any("70.6" in n or "param" in n for n in p.notes)  # beyond the records' sizes
+    assert p.value > 0
+    deeper = replace(ModelSpec.load("llama3.1-70b"), num_hidden_layers=96)  # beyond the records' sizes
+    p = advice.predicted_tokens("h200", deeper, "finetune", "L", 1, 4)
+    assert p.value > 0 and any("param" in n for n in p.notes)

@@ -14,6 +14,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# the fork servers the tests' CPU cells start (llmbench.forkserver) stay for the session rather
+# than exit after a minute idle and start again (each start imports torch, DeepSpeed and
+# transformers: about 10 s of a core); the session's end stops them (pytest_sessionfinish)
+os.environ.setdefault("LLMBENCH_FORK_SERVER_IDLE_S", "900")
 TESTS = REPO / "tests"
 sys.path.insert(0, str(REPO / "workflow" / "scripts"))
 BIN = Path(sys.executable).parent
@@ -114,13 +118,12 @@ def _unit_tests_start_no_worker(request, monkeypatch):
     monkeypatch.setattr(forkserver, "launch", refuse, raising=False)
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _stop_fork_servers():
-    """Fork servers started by the tests' CPU cells (llmbench.forkserver) exit once idle;
-    at the end of the session they are asked to now rather than after IDLE_S."""
-    yield
+def pytest_sessionfinish(session):
+    """The fork servers of the session's cells are asked to exit once idle: by the one process
+    of a plain run, or by pytest-xdist's controller once every worker has finished (a worker
+    leaves them: another worker's cells may be using them)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # another worker's cells may be using them: each exits once idle (IDLE_S)
+        return
     from llmbench import forkserver
 
     forkserver.stop_all()

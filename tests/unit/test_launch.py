@@ -1,6 +1,11 @@
 """llmbench.launch without processes: summaries, thread shares, the launch command. Its
 cells through real processes: tests/integration/test_launch_cells.py."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from llmbench import launch
 
 
@@ -81,3 +86,14 @@ def test_the_kernels_oom_kill_count_is_read_from_vmstat(tmp_path):
     assert procs.oom_kills(str(vmstat)) is None
     assert procs.oom_kills(str(tmp_path / "absent")) is None
     assert isinstance(procs.oom_kills(), int)  # this machine's kernel counts them
+
+
+def test_a_fork_servers_idle_time_comes_from_the_environment():
+    """LLMBENCH_FORK_SERVER_IDLE_S sets how long a new fork server waits for work (60 s
+    unset); the test session sets it for its own servers (tests/conftest.py)."""
+    code = "from llmbench import forkserver; print(forkserver.IDLE_S)"
+    scripts = str(Path(launch.__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items() if k != "LLMBENCH_FORK_SERVER_IDLE_S"} | {"PYTHONPATH": scripts}
+    out = [subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True).stdout
+           for e in (env, {**env, "LLMBENCH_FORK_SERVER_IDLE_S": "900"})]
+    assert [float(x) for x in out] == [60.0, 900.0]

@@ -36,12 +36,12 @@ ran each repeat.
 
 Lifetime: the first launcher that needs a server starts it (its own session, log beside
 the socket) and waits until it has imported everything; later launchers connect. It exits
-after ``IDLE_S`` seconds with no request and no repeat running. The socket's name hashes
-the interpreter, this package's sources, the preload list and the variables an import may
-read (import_env), so an edited checkout, another venv or another TORCH_*/HF_* setting
-never runs in a stale server. Its socket, lock and
-start-up log are in $TMPDIR/llmbench-fork-<uid>/ (mode 0700: the user's only). ``python -m llmbench.forkserver stop`` ends this user's servers
-once they are idle.
+after ``IDLE_S`` seconds (60; LLMBENCH_FORK_SERVER_IDLE_S sets another) with no request and
+no repeat running. The socket's name hashes the interpreter, this package's sources and
+real path, the preload list and the variables an import may read (import_env), so an edited
+checkout, another venv or another TORCH_*/HF_* setting never runs in a stale server. Its
+socket, lock and start-up log are in $TMPDIR/llmbench-fork-<uid>/ (mode 0700: the user's
+only). ``python -m llmbench.forkserver stop`` ends this user's servers once they are idle.
 
 A repeat never outlives its launcher: the leader watches the launcher's pid (sent with
 the request) and kills its whole session when the launcher exits, SIGKILL included
@@ -93,7 +93,9 @@ CUDA_INITIALISING = ("peft",)
 #: GPU's compute capability); learnt once per launcher process (launch), then left to each rank
 _FOUND_INITIALISING: dict[tuple[str, str], set[str]] = {}
 _INITIALISED = re.compile(r"\[fork server\] importing (\S+) initialised CUDA")
-IDLE_S = 60.0
+#: seconds a server waits for work before it exits; LLMBENCH_FORK_SERVER_IDLE_S sets another
+#: (a test session keeps its servers for the session: tests/conftest.py)
+IDLE_S = float(os.environ.get("LLMBENCH_FORK_SERVER_IDLE_S", "60"))
 START_TIMEOUT_S = 300.0
 #: returncode of a repeat whose server went away while it ran (its exit code is unknown)
 LOST = -1

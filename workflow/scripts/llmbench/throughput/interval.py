@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from ..config import REPO_ROOT, ConfigError
+from ..config import REPO_ROOT, ConfigError, parse_yaml
 from ..platforms import Platform
 from .model import Hardware, TrainCell, calibrated_constants, load_constants, step_time_s, terms
 
@@ -111,7 +111,7 @@ def load(root: Path = REPO_ROOT) -> dict:
     source for every dimension (ConfigError naming the file and the key)."""
     path = root / INTERVAL_FILE
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = parse_yaml(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
     for key in ("quantile", "covered", "widths"):

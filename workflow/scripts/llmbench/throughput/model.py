@@ -30,7 +30,7 @@ from pathlib import Path
 import yaml
 
 from .. import cells
-from ..config import REPO_ROOT, ConfigError
+from ..config import REPO_ROOT, ConfigError, parse_yaml
 from ..models import ModelSpec, flops_per_token
 from ..platforms import Platform
 from ..techniques import Technique
@@ -158,7 +158,7 @@ def load_constants(root: Path = REPO_ROOT) -> dict:
     """config/throughput/constants.yaml, parsed (ConfigError naming the file if malformed)."""
     path = root / CONSTANTS_FILE
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = parse_yaml(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
     for key in ("hardware", "assumptions", "work"):

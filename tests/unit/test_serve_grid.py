@@ -243,6 +243,14 @@ def test_vllm_reports_its_kv_cache_and_the_record_takes_it(tmp_path):
     assert s["kv_cache_tokens"] is None and s["kv_cache_source"] is None and "refused" in s["engine_observe_error"]
 
 
+def test_vllm_on_the_cpu_runs_its_model_in_the_engine_cores_process(tmp_path):
+    """On a CPU host each engine process imports vLLM and torch anew: the launch environment
+    keeps the model in the engine core's process there, and leaves the GPU layout alone."""
+    vllm = ENGINES["vllm"]
+    assert vllm.env(_launch(tmp_path, accelerator="cpu"))["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in vllm.env(_launch(tmp_path, accelerator="cuda"))
+
+
 @pytest.mark.parametrize("on, flag", [(True, "--enable-prefix-caching"), (False, "--no-enable-prefix-caching")])
 def test_a_block_sets_prefix_caching_and_the_settings_read_it_back(on, flag, tmp_path):
     """The block's prefix_caching goes into the cell's engine arguments (ahead of its own,

@@ -110,7 +110,7 @@ def run(spec: RunSpec | dict, out: Path, trace_dir: Path | None = None) -> dict:
     summary = engine_trace.summarize_file(trace)
     tokens = sum(s.output_tokens for s in burst.samples)
     return {"tokens_per_s": tokens / burst.duration_s, "burst_s": burst.duration_s, "server_ready_s": ready_s, "trace": trace.name,
-            "engine": engine.name, "engine_argv": argv, "breakdown": summary,
+            "engine": engine.name, "engine_argv": argv, "engine_env": env, "breakdown": summary,
             "versions": provenance.versions(), "devices": provenance.devices()}
 
 
@@ -129,6 +129,7 @@ def build_record(spec: RunSpec | dict, outcomes: list, started: str, command: li
                       provenance=prov)
     r = outcomes[-1].result
     prov["engine_argv"] = r["engine_argv"]
+    prov["engine_env"] = r.get("engine_env")
     b = r["breakdown"]
     summary = {"engine": r["engine"], "engine_busy_s": b["busy_s"], "engine_span_s": b["span_s"],
                "burst_s": r["burst_s"], "server_ready_s": r["server_ready_s"], "traces": [r["trace"]],

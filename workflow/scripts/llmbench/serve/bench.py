@@ -190,6 +190,7 @@ def measure(spec: RunSpec | dict, model_dir: Path, log: Path, server_log: Path,
                         [sys.executable, *sys.argv]),
         "engine_versions": provenance.engine_versions(python),
         "engine_command": argv,
+        "engine_env": env,
         **check.provenance(),
     }
     prov["machine"] = provenance.machine(prov)

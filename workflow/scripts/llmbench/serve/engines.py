@@ -133,6 +133,10 @@ def _vllm_env(x: Launch) -> dict[str, str]:
     env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     if x.accelerator == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = "2"  # GiB of KV cache; its default takes most of RAM
+        # the model runs in the engine core's process, not in a worker process of its own: on
+        # a CPU host each process imports vLLM and torch anew, about 17 s of a core, more than
+        # a tiny model's whole burst (the record's provenance.engine_env says so)
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return env
 
 

@@ -1,5 +1,6 @@
 """FP8 training (techniques FP8, FP8R; torchao.float8 on FSDP2) and the FP8 GEMM: the grammar,
-the grid's refusals before any job (platforms without FP8 tensor cores, DeepSpeed, offload),
+the grid's refusals before any job (platforms without FP8 tensor cores, DeepSpeed, offload,
+micro-batches whose tokens are no multiple of 16),
 the FSDP2 worker's conversion of a tiny model on the meta device, the FP8 MFU of a record, and
 the GEMM's FP8 mode refused on the CPU. A step of emulated FP8 training under FSDP2:
 tests/integration/test_fp8_cpu.py. Nothing here runs FP8 arithmetic on FP8 tensor cores."""
@@ -62,6 +63,26 @@ def test_fp8_cells_expand_on_hopper_and_ada(platform):
     g = grid.expand(pretrain(platform, techniques=["FP8+Z3+C", "FP8R+Z3+C", "Z3+C"]))
     assert sorted(c.technique for c in g.cells) == ["Z3+C", "Z3+C+FP8", "Z3+C+FP8R"]
     assert all(c.record_path().endswith(f"/fsdp2/{c.technique}/bs1-g1/record.json") for c in g.cells)
+
+
+def test_an_fp8_cell_whose_micro_batch_tokens_are_no_multiple_of_16_is_refused_before_any_job():
+    """torch._scaled_mm takes a rank's micro-batch tokens as one dimension of the backward's
+    weight-gradient GEMM, and wants it a multiple of 16: batch 1 at sequence 350 stopped a GPU
+    cell there. The grid says so, naming the key, the batch and the batches that would run;
+    a search (which probes every batch) needs a sequence length that is a multiple itself."""
+    cfg = pretrain()
+    cfg["protocol"]["seq_len"] = 350
+    with pytest.raises(ConfigError, match=r"pretrain\[0\]\.batch_sizes: technique 'Z3\+C\+FP8' trains in FP8, .*"
+                                          r"batch 1 x seq_len 350 = 350 tokens; .*multiples of 8"):
+        grid.expand(cfg)
+    cfg["pretrain"][0]["batch_sizes"] = [8]
+    assert [c.batch_size for c in grid.expand(cfg).cells] == [8]
+    cfg["pretrain"][0].update(batch_sizes=None, max_batch={"max": 64})
+    with pytest.raises(ConfigError, match=r"pretrain\[0\]\.max_batch: .*a search probes every batch size, "
+                                          r"and seq_len 350 is not"):
+        grid.expand(cfg)
+    cfg["protocol"]["seq_len"] = 512
+    assert grid.expand(cfg).searches
 
 
 def test_only_fp8_cells_specs_carry_the_fp8_peak():

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from dataclasses import replace
 from typing import Any
 
-from .. import backends, techniques
+from .. import backends, fp8, techniques
 from ..cells import SEARCH_STAGES, TRAINING_STAGES, Cell, Search
 from ..config import ConfigError
 from ..models import ModelSpec
@@ -72,11 +73,30 @@ def _block(b: Builder, stage: str, block: dict[str, Any], where: str, protocol: 
                                      technique=tech, gpus=gpus, nodes=nodes, protocol=protocol,
                                      mem_cap_gib=block["mem_cap_gib"], adapter=_adapter(block, where, tech),
                                      parallel=parallel)
+            fp8_tokens = bool(techniques.parse(tech).fp8)
             if search is not None:
+                if fp8_tokens and not fp8.dims_ok(protocol.seq_len):
+                    raise ConfigError(_fp8_tokens_error(f"{where}.max_batch", tech, protocol.seq_len, None))
                 b.add_search(_search(where, search, cell(batch_size=search["start"])), where)
             for bs in (canon[tech] if canon is not None else sizes or []):
+                if fp8_tokens and not fp8.dims_ok(bs * protocol.seq_len):
+                    raise ConfigError(_fp8_tokens_error(f"{where}.batch_sizes", tech, protocol.seq_len, bs))
                 b.add(cell(batch_size=bs), where)
                 b.paired.add(block, where, cell(batch_size=bs), b.results_dir)
+
+
+def _fp8_tokens_error(key: str, tech: str, seq_len: int, batch_size: int | None) -> str:
+    """Why an FP8 cell of this batch (None: a search, which probes every batch) cannot run:
+    the backward's weight-gradient GEMM takes a rank's micro-batch tokens as one dimension,
+    which torch._scaled_mm wants a multiple of fp8.DIM_MULTIPLE (a batch-1 cell at sequence
+    350 stopped there: "Expected self.size(1) to be divisible by 16")."""
+    m = fp8.DIM_MULTIPLE
+    what = (f"batch {batch_size} x seq_len {seq_len} = {batch_size * seq_len} tokens"
+            if batch_size is not None else f"a search probes every batch size, and seq_len {seq_len} is not")
+    fits = (f"; at seq_len {seq_len}, batch sizes that are multiples of {m // math.gcd(m, seq_len)}"
+            if batch_size is not None else "")
+    return (f"{key}: technique {tech!r} trains in FP8, whose GEMMs (torch._scaled_mm) need a rank's micro-batch "
+            f"tokens to be a multiple of {m}: {what}{fits}")
 
 
 def _backend(block: dict[str, Any], stage: str, where: str) -> str:

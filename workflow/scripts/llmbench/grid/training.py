@@ -88,8 +88,8 @@ def _block(b: Builder, stage: str, block: dict[str, Any], where: str, protocol: 
 def _fp8_tokens_error(key: str, tech: str, seq_len: int, batch_size: int | None) -> str:
     """Why an FP8 cell of this batch (None: a search, which probes every batch) cannot run:
     the backward's weight-gradient GEMM takes a rank's micro-batch tokens as one dimension,
-    which torch._scaled_mm wants a multiple of fp8.DIM_MULTIPLE (a batch-1 cell at sequence
-    350 stopped there: "Expected self.size(1) to be divisible by 16")."""
+    which torch._scaled_mm wants a multiple of fp8.DIM_MULTIPLE (else the first backward
+    raises "Expected self.size(1) to be divisible by 16")."""
     m = fp8.DIM_MULTIPLE
     what = (f"batch {batch_size} x seq_len {seq_len} = {batch_size * seq_len} tokens"
             if batch_size is not None else f"a search probes every batch size, and seq_len {seq_len} is not")

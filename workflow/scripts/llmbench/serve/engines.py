@@ -134,8 +134,8 @@ def _vllm_env(x: Launch) -> dict[str, str]:
     if x.accelerator == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = "2"  # GiB of KV cache; its default takes most of RAM
         # the model runs in the engine core's process, not in a worker process of its own: on
-        # a CPU host each process imports vLLM and torch anew, about 17 s of a core, more than
-        # a tiny model's whole burst (the record's provenance.engine_env says so)
+        # a CPU host each extra process imports vLLM and torch anew at every engine start, seconds
+        # of a core that a small host's burst competes with (provenance.engine_env says so)
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return env
 

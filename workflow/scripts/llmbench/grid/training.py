@@ -53,10 +53,11 @@ def _block(b: Builder, stage: str, block: dict[str, Any], where: str, protocol: 
     for plat_name, platform in b.block_platforms(block):
         gpu_counts = _gpu_counts(block["gpus"], platform, f"{where}.gpus", nodes)
         for model_name, tech, gpus in itertools.product(block["models"], names, gpu_counts):
-            if techniques.parse(tech).quant4 and not platform.supports_4bit:
+            parsed = techniques.parse(tech)
+            if parsed.quant4 and not platform.supports_4bit:
                 raise ConfigError(f"{where}: technique {tech!r} needs bitsandbytes 4-bit, which "
                                   f"platform {plat_name!r} does not support (supports_4bit: false)")
-            if techniques.parse(tech).fp8 and not platform.supports_fp8:
+            if parsed.fp8 and not platform.supports_fp8:
                 raise ConfigError(
                     f"{where}: cell {stage}/{plat_name}/{model_name}/{backend}/{tech} asks for FP8 training, which "
                     f"needs FP8 tensor cores (SM 8.9+: Ada, Hopper, Blackwell); platform {plat_name!r} has none "
@@ -73,13 +74,12 @@ def _block(b: Builder, stage: str, block: dict[str, Any], where: str, protocol: 
                                      technique=tech, gpus=gpus, nodes=nodes, protocol=protocol,
                                      mem_cap_gib=block["mem_cap_gib"], adapter=_adapter(block, where, tech),
                                      parallel=parallel)
-            fp8_tokens = bool(techniques.parse(tech).fp8)
             if search is not None:
-                if fp8_tokens and not fp8.dims_ok(protocol.seq_len):
+                if parsed.fp8 and not fp8.dims_ok(protocol.seq_len):
                     raise ConfigError(_fp8_tokens_error(f"{where}.max_batch", tech, protocol.seq_len, None))
                 b.add_search(_search(where, search, cell(batch_size=search["start"])), where)
             for bs in (canon[tech] if canon is not None else sizes or []):
-                if fp8_tokens and not fp8.dims_ok(bs * protocol.seq_len):
+                if parsed.fp8 and not fp8.dims_ok(bs * protocol.seq_len):
                     raise ConfigError(_fp8_tokens_error(f"{where}.batch_sizes", tech, protocol.seq_len, bs))
                 b.add(cell(batch_size=bs), where)
                 b.paired.add(block, where, cell(batch_size=bs), b.results_dir)

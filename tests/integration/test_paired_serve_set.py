@@ -158,6 +158,44 @@ def test_a_serving_set_stopped_at_its_deadline_resumes_with_the_runs_it_kept(ser
     assert not list(tmp_path.rglob(serve_paired.KEPT)) and not list(tmp_path.rglob(serve_paired.KEPT_SERVER_LOG))
 
 
+def test_a_set_that_shares_engines_starts_one_engine_per_launch_and_round_and_serves_its_points_on_it(
+        monkeypatch, tmp_path):
+    """A concurrency sweep of three points, two runs each, for two engines, share_engine: each
+    round starts each engine once and fires its three points on it in the block's order; the
+    n-th load on an engine draws its prompts with seed + n; every record names its session,
+    each cell's engine log holds the engine it ran on, and no engine is left behind."""
+    monkeypatch.setitem(engines.ENGINES, "transformers", fake())
+    monkeypatch.setitem(engines.ENGINES, "vllm", fake())
+    sweep = {f"c{c}-{k}": {"mode": "concurrency", "max_concurrency": c, "num_requests": 4, "input_len": 8,
+                           "output_len": 4, "warmup_requests": 1, "request_timeout_s": 20}
+             for c in (1, 2, 4) for k in (1, 2)}
+    blocks = [{**b, "loads": sweep, "share_engine": True} for b in SERVE]
+    g = grid.expand({"results_dir": str(tmp_path / "res"), "paired_order": "rotate", "protocol": {"seed": 7},
+                     "serve": blocks})
+    (s,) = g.sets
+    assert s.share_engine
+    plan = s.plan()
+    # cells: transformers c1-1 c1-2 c2-1 c2-2 c4-1 c4-2 (0-5), vllm the same (6-11)
+    assert plan["share_engine"] and plan["rounds"] == [[0, 2, 4, 6, 8, 10], [7, 9, 11, 1, 3, 5]]
+    paths = [Path(p) for p in s.record_paths(g.results_dir)]
+    logs = [tmp_path / "logs" / f"{i}.server.log" for i in range(len(paths))]
+    records = serve_paired.run_set([g.spec(c) for c in s.cells], [tmp_path] * len(paths), paths,
+                                   tmp_path / "set.log", logs, plan)
+    assert [r.status for r in records] == ["ok"] * 12, [r.reason for r in records]
+    assert as_run(records) == [i for r in plan["rounds"] for i in r]
+    for session in ([0, 2, 4], [6, 8, 10], [7, 9, 11], [1, 3, 5]):
+        # one engine (one command, one port) for the session's three loads, launched for the largest
+        assert len({tuple(records[i].provenance["engine_command"]) for i in session}) == 1
+        assert [records[i].provenance["engine_session"] for i in session] == [
+            {"cells": [plan["cells"][k] for k in session], "position": n} for n in range(3)]
+        assert [records[i].summary["prompt_seed"] for i in session] == [7, 8, 9]
+        assert all(logs[i].read_text() == logs[session[0]].read_text() != "" for i in session)
+        assert records[session[0]].provenance["started"] < records[session[-1]].provenance["started"]
+    assert len({tuple(r.provenance["engine_command"]) for r in records}) == 4  # 2 engines x 2 rounds
+    assert all(r.summary["completed"] == 4 for r in records)
+    assert no_orphans()
+
+
 SET_CONFIG = """
 results_dir: res
 protocol: {seed: 0}

@@ -175,11 +175,37 @@ def test_a_serving_set_with_uneven_runs_runs_the_longer_points_alone_at_the_end(
     assert g.sets[0].rounds == 3 and g.sets[0].plan()["rounds"] == [[0, 3], [1], [2]]
 
 
+def test_a_set_that_shares_engines_orders_launches_and_runs_a_launchs_points_in_a_row():
+    """Two engines, three sweep points each, two runs of each point: each round orders the two
+    launches (seeded), and each launch's points run one after the other in the block's order,
+    on one engine (llmbench.serve.paired); without share_engine the points interleave."""
+    loads = [f"c{c}-{k}" for c in (1, 2, 4) for k in (1, 2)]
+    blocks = [serve_block(engines=[e], loads=loads, paired="sw", share_engine=True) for e in ("transformers", "vllm")]
+    for b in blocks:
+        for c in (1, 2, 4):
+            for k in (1, 2):
+                b["loads"][f"c{c}-{k}"] = {**BURST, "mode": "concurrency", "max_concurrency": c}
+    g = grid.expand(config(*blocks, stage="serve", protocol={**PROTOCOL, "seed": 3}))
+    (s,) = g.sets
+    plan = s.plan()
+    assert s.share_engine and plan["share_engine"] is True
+    launch = {0: [0, 2, 4], 1: [6, 8, 10]}  # run 1 of each engine's c1, c2, c4
+    assert plan["rounds"] == [[i + r for u in paired.round_order(2, r, "shuffle", 3) for i in launch[u]]
+                              for r in range(2)]
+    assert s.cells[0].launch_key == s.cells[5].launch_key != s.cells[6].launch_key
+    unshared = grid.expand(config(*[{**b, "share_engine": False} for b in blocks], stage="serve",
+                                  protocol={**PROTOCOL, "seed": 3})).sets[0]
+    assert "share_engine" not in unshared.plan() and unshared.plan()["rounds"] != plan["rounds"]
+
+
 @pytest.mark.parametrize("blocks, match", [
     ([serve_block(paired="Eng")], r"serve\[0\]\.paired: 'Eng' does not match"),
     ([serve_block(paired_order="rotate")], r"serve\[0\]\.paired_order: only with paired"),
     ([serve_block(paired="s"), serve_block(engines=["vllm"], paired="s", paired_order="rotate")],
      r"serve\[1\]\.paired_order: 'rotate', but serve\[0\] orders paired set 's' 'shuffle'"),
+    ([serve_block(share_engine=True)], r"serve\[0\]\.share_engine: only with paired"),
+    ([serve_block(paired="s", share_engine=True), serve_block(engines=["vllm"], paired="s")],
+     r"serve\[1\]\.share_engine: False, but serve\[0\] says True for paired set 's'"),
     ([serve_block(paired="s"), serve_block(loads=["burst-1"], paired="u")],
      r"serve\[1\]\.paired: cell \S+/transformers/burst-1-g1/record.json is already in paired set 's' "
      r"\(serve\[0\]\)"),

@@ -23,6 +23,7 @@ follows from the path's g{gpus}). Cell.backend stays "megatron"; the layout is C
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import PurePosixPath
@@ -290,6 +291,12 @@ class ServeCell(_Addressed):
         """Longest sequence a request needs: prompt plus output."""
         return int(self.load_spec["input_len"]) + int(self.load_spec["output_len"])
 
+    @property
+    def launch_key(self) -> str:
+        """What its engine's launch depends on besides the loads it serves: cells with one
+        key can be served by one engine (llmbench.serve.bench.EngineSession)."""
+        return json.dumps({k: v for k, v in self.to_dict().items() if k not in _LOAD_FIELDS}, sort_keys=True)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (JSON-ready)."""
         return {**asdict(self), "engine_args": list(self.engine_args)}
@@ -298,6 +305,10 @@ class ServeCell(_Addressed):
     def from_dict(cls, data: dict[str, Any]) -> ServeCell:
         """Inverse of to_dict."""
         return cls(**{**data, "engine_args": tuple(data.get("engine_args") or ())})
+
+
+#: A serving cell's fields that are its load's, not its engine's (ServeCell.launch_key)
+_LOAD_FIELDS = ("load", "load_spec", "timeout_s", "seed")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

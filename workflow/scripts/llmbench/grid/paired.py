@@ -86,6 +86,10 @@ class PairedSet:
     """How each round orders the cells (ORDERS)."""
     seed: int = 0
     """The shuffle's seed before the round is added: the protocol seed of the set's first cell."""
+    share_engine: bool = False
+    """A serving set's runs of one engine launch in a round are served by one engine
+    (llmbench.serve.bench.EngineSession): the round orders its launches, each launch's points
+    run one after the other in the set's order (serve blocks' ``share_engine``)."""
 
     def __post_init__(self) -> None:
         if not self.cells or any(c.platform != self.platform for c in self.cells):
@@ -94,6 +98,8 @@ class PairedSet:
             raise ConfigError(f"paired set {self.id}: its cells must all be serving cells or all training cells")
         if self.order not in ORDERS:
             raise ConfigError(f"paired set {self.id}: paired_order {self.order!r}; one of {', '.join(ORDERS)}")
+        if self.share_engine and not self.serving:
+            raise ConfigError(f"paired set {self.id}: share_engine applies to serving sets only")
 
     @property
     def id(self) -> str:
@@ -135,12 +141,21 @@ class PairedSet:
         r+1 of each of its points, the points in the round's order), the rule and the seed."""
         if self.serving:
             points = serving_points(self.cells)
-            rounds = [[points[p][r] for p in round_order(len(points), r, self.order, self.seed)
+            # the units a round orders: each point, or where engines are shared the points of
+            # one launch (in the set's order), which run one after the other on one engine
+            units = [[p] for p in range(len(points))]
+            if self.share_engine:
+                launches: dict[str, list[int]] = {}
+                for p, runs in enumerate(points):
+                    launches.setdefault(self.cells[runs[0]].launch_key, []).append(p)
+                units = list(launches.values())
+            rounds = [[points[p][r] for u in round_order(len(units), r, self.order, self.seed) for p in units[u]
                        if r < len(points[p])] for r in range(self.rounds)]
         else:
             rounds = [round_order(len(self.cells), r, self.order, self.seed) for r in range(self.rounds)]
         return {"id": self.id, "cells": [c.pattern.format(**c.key) for c in self.cells], "rounds": rounds,
-                "ordering": self.order, "seed": self.seed if self.order == "shuffle" else None}
+                "ordering": self.order, "seed": self.seed if self.order == "shuffle" else None,
+                **({"share_engine": True} if self.share_engine else {})}
 
 
 def check_block(block: dict[str, Any], where: str) -> None:
@@ -150,6 +165,9 @@ def check_block(block: dict[str, Any], where: str) -> None:
     if name is None:
         if block.get("paired_order") is not None:
             raise ConfigError(f"{where}.paired_order: only with paired (the block names no paired set)")
+        if block.get("share_engine"):
+            raise ConfigError(f"{where}.share_engine: only with paired (engines are shared within a paired set's "
+                              "job; name one with the block's paired key)")
         return
     if block.get("max_batch") is not None:
         raise ConfigError(f"{where}.paired: a paired set measures fixed cells, and max_batch is a search whose "
@@ -168,6 +186,7 @@ class Membership:
         self.cells: dict[tuple[str, str], dict[str, Cell | ServeCell]] = {}
         self.where: dict[tuple[str, str], str] = {}
         self.orders: dict[str, tuple[str, str]] = {}
+        self.sharing: dict[str, tuple[bool, str]] = {}
         self.kinds: dict[str, tuple[bool, str]] = {}
         self.owner: dict[str, tuple[str, str]] = {}
 
@@ -181,6 +200,11 @@ class Membership:
         if first[0] != order:
             raise ConfigError(f"{where}.paired_order: {order!r}, but {first[1]} orders paired set {name!r} "
                               f"{first[0]!r}; give every block of the set the same paired_order")
+        share = bool(block.get("share_engine"))
+        first_share = self.sharing.setdefault(name, (share, where))
+        if first_share[0] != share:
+            raise ConfigError(f"{where}.share_engine: {share}, but {first_share[1]} says {first_share[0]} for paired "
+                              f"set {name!r}; give every block of the set the same share_engine")
         serving = isinstance(cell, ServeCell)
         kind = self.kinds.setdefault(name, (serving, where))
         if kind[0] != serving:
@@ -201,7 +225,7 @@ class Membership:
         for (name, platform), cells in self.cells.items():
             cells_ = tuple(cells.values())
             s = PairedSet(name=name, platform=platform, cells=cells_, order=self.orders[name][0],
-                          seed=seed_of(cells_[0]))
+                          seed=seed_of(cells_[0]), share_engine=self.sharing.get(name, (False,))[0])
             if s.id in out:
                 raise ConfigError(f"{self.where[(name, platform)]}.paired: paired set id {s.id!r} is also "
                                   f"set {out[s.id].name!r} on platform {out[s.id].platform!r}; rename one")

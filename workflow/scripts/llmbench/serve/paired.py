@@ -18,6 +18,7 @@ Snakemake empties a job's logs before it runs the job again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
@@ -31,12 +32,13 @@ from typing import Any
 
 from .. import gpus, provenance
 from ..aggregate import Outcome, provenance_of
+from ..cells import ServeCell
 from ..grid.paired import serving_points
 from ..ledger import deadline_from_env, deadline_stop, spec_digest, stop_at_deadline
 from ..record import Record, write, write_json_atomic
 from ..spec import RunSpec
 from . import telemetry
-from .bench import measure
+from .bench import EngineSession, measure
 
 #: A finished ok run of a set, kept beside its record until the set's records are written
 KEPT = ".paired-run.json"
@@ -82,30 +84,49 @@ def run_set(specs: Sequence[RunSpec | dict], model_dirs: Sequence[Path], record_
                       f"{kept[0].provenance.get('finished')}")
     failed: dict[int, int] = {}  # point -> its run that was not ok
     order: list[list[int]] = []
-    for planned in plan["rounds"]:
-        order.append([])
-        for i in planned:
-            if i in records:  # kept by an earlier run (ok)
+    with contextlib.ExitStack() as open_session:  # the engine of a shared launch, stopped in every case
+        for planned in plan["rounds"]:
+            order.append([])
+            to_run = [i for i in planned if i not in records and point[i] not in failed]
+            first_of = {g[0]: g for g in _sessions(to_run, cells, bool(plan.get("share_engine")))}
+            session = None
+            for i in planned:
+                if i in records:  # kept by an earlier run (ok)
+                    order[-1].append(i)
+                    continue
+                if point[i] in failed:
+                    records[i] = _skipped(parsed[i], plan, records[failed[point[i]]])
+                    _say(log, f"=== {plan['cells'][i]}: skipped: {records[i].reason}")
+                    continue
+                if why := deadline_stop(deadline, walls.get(point[i]) or [w for x in walls.values() for w in x],
+                                        plan["cells"][i]):
+                    stop_at_deadline(f"{why}; the set's finished runs are kept: the next run of the set resumes "
+                                     "there", log, mark="=== ")
+                _say(log, f"\n=== {plan['cells'][i]}")
+                t0 = time.monotonic()
+                telemetry_path = Path(record_paths[i]).parent / telemetry.FILE
+                if (group := first_of.get(i)) is not None and len(group) > 1:
+                    open_session.close()  # the round's previous engine (already stopped after its last load)
+                    session = open_session.enter_context(EngineSession(
+                        [specs[k] for k in group], Path(model_dirs[i]), log, Path(server_logs[i]), gpu_busy,
+                        names=[plan["cells"][k] for k in group]))
+                elif group is not None:
+                    open_session.close()
+                    session = None
+                if session is not None:
+                    records[i] = session.measure(specs[i], telemetry_path, Path(server_logs[i]))
+                    if session.loads == len(session.specs):
+                        open_session.close()
+                        session = None
+                else:
+                    records[i] = measure(specs[i], Path(model_dirs[i]), log, Path(server_logs[i]), gpu_busy,
+                                         telemetry_path)
+                walls.setdefault(point[i], []).append(time.monotonic() - t0)
                 order[-1].append(i)
-                continue
-            if point[i] in failed:
-                records[i] = _skipped(parsed[i], plan, records[failed[point[i]]])
-                _say(log, f"=== {plan['cells'][i]}: skipped: {records[i].reason}")
-                continue
-            if why := deadline_stop(deadline, walls.get(point[i]) or [w for x in walls.values() for w in x],
-                                    plan["cells"][i]):
-                stop_at_deadline(f"{why}; the set's finished runs are kept: the next run of the set resumes there",
-                                 log, mark="=== ")
-            _say(log, f"\n=== {plan['cells'][i]}")
-            t0 = time.monotonic()
-            records[i] = measure(specs[i], Path(model_dirs[i]), log, Path(server_logs[i]), gpu_busy,
-                                 Path(record_paths[i]).parent / telemetry.FILE)
-            walls.setdefault(point[i], []).append(time.monotonic() - t0)
-            order[-1].append(i)
-            if records[i].status == "ok":
-                _keep(Path(record_paths[i]), parsed[i], records[i], walls[point[i]][-1], Path(server_logs[i]))
-            else:
-                failed.setdefault(point[i], i)
+                if records[i].status == "ok":
+                    _keep(Path(record_paths[i]), parsed[i], records[i], walls[point[i]][-1], Path(server_logs[i]))
+                else:
+                    failed.setdefault(point[i], i)
     paired = {"id": plan["id"], "cells": list(plan["cells"]), "order": order, "ordering": plan["ordering"],
               "seed": plan["seed"]}
     out = []
@@ -119,6 +140,19 @@ def run_set(specs: Sequence[RunSpec | dict], model_dirs: Sequence[Path], record_
         (Path(path).parent / KEPT).unlink(missing_ok=True)
         (Path(path).parent / KEPT_SERVER_LOG).unlink(missing_ok=True)
     return out
+
+
+def _sessions(to_run: list[int], cells: list[ServeCell], share: bool) -> list[list[int]]:
+    """The engine starts of a round: its runs (cell indices, in the round's order) in groups
+    that one engine serves, the consecutive runs of one launch where the set shares engines
+    (llmbench.serve.bench.EngineSession), else one run each."""
+    groups: list[list[int]] = []
+    for i in to_run:
+        if share and groups and cells[groups[-1][-1]].launch_key == cells[i].launch_key:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def _say(log: Path, line: str) -> None:

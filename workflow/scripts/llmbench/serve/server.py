@@ -82,6 +82,13 @@ class MemorySampler(threading.Thread):
         self._stopping.set()
         if self.is_alive() and self is not threading.current_thread():
             self.join(timeout=10)  # a sample takes milliseconds; past this NVML says None
+        return self.peaks()
+
+    def peaks(self) -> dict[str, float | None]:
+        """The peaks so far in GiB, after one more sample now (sampling goes on, as it does
+        over an engine that serves several loads one after the other)."""
+        if not self._stopping.is_set():
+            self.sample()
         gpu = None
         if self.peak_gpu_used_gib is not None:
             gpu = self.peak_gpu_used_gib - (self.gpu_baseline_gib or 0.0)

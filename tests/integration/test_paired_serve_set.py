@@ -196,6 +196,47 @@ def test_a_set_that_shares_engines_starts_one_engine_per_launch_and_round_and_se
     assert no_orphans()
 
 
+def test_a_shared_engines_start_counts_once_against_the_deadline(monkeypatch, tmp_path):
+    """Engine start-ups of 300 s and loads of 100 s (the test's clock), 750 s to the deadline:
+    the first engine starts and serves both its loads (the second needs 1.2 x 100 s, not its
+    start again); the second engine would need 1.2 x (100 + 300) s, with 250 s left, so the set
+    stops before it, keeping the two loads it served."""
+    monkeypatch.setitem(engines.ENGINES, "transformers", fake())
+    monkeypatch.setitem(engines.ENGINES, "vllm", fake())
+    clock = [1000.0]
+    fake_time = SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0])
+    monkeypatch.setattr(serve_paired, "time", fake_time)
+    monkeypatch.setattr(ledger, "time", fake_time)
+    enter, measure, ran = serve_paired.EngineSession.__enter__, serve_paired.EngineSession.measure, []
+
+    def starting_300_s(self):
+        out = enter(self)
+        clock[0] += 300.0
+        return out
+
+    def taking_100_s(self, spec, *args):
+        ran.append((spec["cell"]["engine"], spec["cell"]["load"]))
+        out = measure(self, spec, *args)
+        clock[0] += 100.0
+        return out
+
+    monkeypatch.setattr(serve_paired.EngineSession, "__enter__", starting_300_s)
+    monkeypatch.setattr(serve_paired.EngineSession, "measure", taking_100_s)
+    monkeypatch.setenv("LLMBENCH_DEADLINE", "1750")
+    loads = {n: {"num_requests": 2, "input_len": 8, "output_len": 4, "warmup_requests": 0} for n in ("a", "b")}
+    g = grid.expand({"results_dir": str(tmp_path / "res"), "paired_order": "rotate", "protocol": {"seed": 0},
+                     "serve": [{**b, "loads": loads, "share_engine": True} for b in SERVE]})
+    (s,) = g.sets
+    paths = [Path(p) for p in s.record_paths(g.results_dir)]
+    with pytest.raises(ledger.DeadlineStop, match=r"stopped before runs/serve/cpu/tiny/vllm/a-g1/record\.json "
+                                                   r"at the deadline: 250 s left"):
+        serve_paired.run_set([g.spec(c) for c in s.cells], [tmp_path] * 4, paths, tmp_path / "set.log",
+                             [tmp_path / f"{i}.server.log" for i in range(4)], s.plan())
+    assert ran == [("transformers", "a"), ("transformers", "b")]
+    assert len(list((tmp_path / "res").rglob(serve_paired.KEPT))) == 2
+    assert no_orphans()
+
+
 SET_CONFIG = """
 results_dir: res
 protocol: {seed: 0}

@@ -166,8 +166,8 @@ class EngineSession:
         self.server_log.parent.mkdir(parents=True, exist_ok=True)
         self.server_log.write_text("")
         with open(self.log, "a") as fh:
-            if len(self.specs) > 1:
-                fh.write(f"engine session of {len(self.specs)} cells: {self.names or ''}\n")
+            if self.names is not None or len(self.specs) > 1:
+                fh.write(f"engine session of {len(self.specs)} cell(s): {self.names or ''}\n")
             fh.write(f"serving cell {self.cell.record_path()}\nengine command: {self.argv}\n"
                      f"server log: {self.server_log}\n")
         try:
@@ -274,7 +274,7 @@ class EngineSession:
             "engine_env": self.env,
             **self.check.provenance(),
         }
-        if len(self.specs) > 1:
+        if self.names is not None or len(self.specs) > 1:  # a shared set's (llmbench.serve.paired)
             prov["engine_session"] = {"cells": self.names or [s.cell.record_path() for s in self.specs],
                                       "position": position}
         prov["machine"] = provenance.machine(prov)

@@ -84,11 +84,13 @@ def run_set(specs: Sequence[RunSpec | dict], model_dirs: Sequence[Path], record_
                       f"{kept[0].provenance.get('finished')}")
     failed: dict[int, int] = {}  # point -> its run that was not ok
     order: list[list[int]] = []
+    share = bool(plan.get("share_engine"))
+    starts: list[float] = []  # a shared engine's start-ups, seconds (a shared set's walls are its loads')
     with contextlib.ExitStack() as open_session:  # the engine of a shared launch, stopped in every case
         for planned in plan["rounds"]:
             order.append([])
             to_run = [i for i in planned if i not in records and point[i] not in failed]
-            first_of = {g[0]: g for g in _sessions(to_run, cells, bool(plan.get("share_engine")))}
+            first_of = {g[0]: g for g in _sessions(to_run, cells, share)}
             session = None
             for i in planned:
                 if i in records:  # kept by an earlier run (ok)
@@ -98,25 +100,25 @@ def run_set(specs: Sequence[RunSpec | dict], model_dirs: Sequence[Path], record_
                     records[i] = _skipped(parsed[i], plan, records[failed[point[i]]])
                     _say(log, f"=== {plan['cells'][i]}: skipped: {records[i].reason}")
                     continue
-                if why := deadline_stop(deadline, walls.get(point[i]) or [w for x in walls.values() for w in x],
-                                        plan["cells"][i]):
+                history = walls.get(point[i]) or [w for x in walls.values() for w in x]
+                if share and i in first_of:  # this run starts an engine too
+                    history = [w + max(starts, default=0.0) for w in history]
+                if why := deadline_stop(deadline, history, plan["cells"][i]):
                     stop_at_deadline(f"{why}; the set's finished runs are kept: the next run of the set resumes "
                                      "there", log, mark="=== ")
                 _say(log, f"\n=== {plan['cells'][i]}")
-                t0 = time.monotonic()
                 telemetry_path = Path(record_paths[i]).parent / telemetry.FILE
-                if (group := first_of.get(i)) is not None and len(group) > 1:
-                    open_session.close()  # the round's previous engine (already stopped after its last load)
+                t0 = time.monotonic()
+                if share and (group := first_of.get(i)) is not None:
                     session = open_session.enter_context(EngineSession(
                         [specs[k] for k in group], Path(model_dirs[i]), log, Path(server_logs[i]), gpu_busy,
                         names=[plan["cells"][k] for k in group]))
-                elif group is not None:
-                    open_session.close()
-                    session = None
+                    starts.append(time.monotonic() - t0)
+                    t0 = time.monotonic()
                 if session is not None:
                     records[i] = session.measure(specs[i], telemetry_path, Path(server_logs[i]))
                     if session.loads == len(session.specs):
-                        open_session.close()
+                        open_session.close()  # the engine is stopped before the next starts
                         session = None
                 else:
                     records[i] = measure(specs[i], Path(model_dirs[i]), log, Path(server_logs[i]), gpu_busy,

@@ -132,8 +132,8 @@ class EngineSession:
     launch is sized for every load of the session (session_launch); the n-th load's prompts
     are drawn with the cell's seed + n, so that no load finds another's prompts in a prefix
     cache; its record names the session (provenance.engine_session) and the seed
-    (summary.prompt_seed). The engine log is the first cell's, copied to each cell's own
-    after its load. An engine that does not start fails every load of the session; one
+    (summary.prompt_seed). The engine log is the first cell's; each other cell's own log gets
+    what the engine wrote during its load. An engine that does not start fails every load of the session; one
     that dies fails the load it died in and every later one."""
 
     def __init__(self, specs: list[RunSpec | dict], model_dir: Path, log: Path, server_log: Path,
@@ -197,13 +197,14 @@ class EngineSession:
                 cell_server_log: Path | None = None) -> Record:
         """Fire one cell's load on the session's engine: its Record, not written (never raises
         for a bad engine). ``cell_server_log``: the cell's own engine log, where it is not the
-        session's (a copy of the session's is put there after the load)."""
+        session's (what the engine wrote during the load is put there after it)."""
         started = datetime.now(UTC).isoformat()
         spec = RunSpec.of(spec)
         if spec.cell.launch_key != self.cell.launch_key:
             raise ValueError(f"cell {spec.cell.record_path()} is not of this engine session's launch")
         cell, model, position = spec.cell, spec.model, self.loads
         self.loads += 1
+        offset = self.server_log.stat().st_size if self.server_log.exists() else 0
         load = LoadSpec(**cell.load_spec, seed=cell.seed + position)
         if position:
             with open(self.log, "a") as fh:
@@ -285,6 +286,10 @@ class EngineSession:
             fh.write(f"status {status} {reason}\n")
         if cell_server_log is not None and Path(cell_server_log).absolute() != self.server_log.absolute():
             Path(cell_server_log).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(self.server_log, cell_server_log)
+            with open(self.server_log, "rb") as src, open(cell_server_log, "wb") as dst:
+                dst.write(f"[llmbench] the engine's log during this load, from byte {offset} of its session's log "
+                          f"{self.server_log} (its start-up and earlier loads are there)\n".encode())
+                src.seek(offset)
+                shutil.copyfileobj(src, dst)
         return record
 

@@ -216,6 +216,17 @@ def test_warmup_requests_are_sent_first_and_not_counted():
     assert sorted(b["inputs"] for b in srv.stats.bodies[3:]) == sorted(prompts[3:])
 
 
+def test_a_prompt_seed_draws_other_prompts_and_keeps_the_arrivals():
+    """The n-th load on a shared engine (llmbench.serve.bench.EngineSession): its prompts from
+    prompt_seed, its Poisson arrivals from the cell's seed, as on an engine of its own."""
+    with FakeServer("lightllm") as srv:
+        load(srv, d.LightLLM(), num_requests=5, warmup_requests=0, prompt_seed=3)
+    assert sorted(b["inputs"] for b in srv.stats.bodies) == sorted(prompt_text(p) for p in
+                                                                   make_prompts(5, 8, 1000, seed=3))
+    kw = {"mode": "poisson", "rate_per_s": 5.0, "num_requests": 50, "output_len": 1}
+    assert schedule(LoadSpec(**kw, prompt_seed=3)) == schedule(LoadSpec(**kw))
+
+
 def test_failures_are_recorded_with_reasons_and_the_rest_succeed():
     # Arrival n: HTTP 500 when n % 4 == 0, malformed event when n % 5 == 0, dropped when n % 7 == 0.
     with FakeServer("openai", http_500_every=4, malformed_every=5, drop_every=7) as srv:

@@ -131,7 +131,7 @@ class EngineSession:
     server configuration: a sweep's points then cost one engine start, not one each. The
     launch is sized for every load of the session (session_launch); the n-th load's prompts
     are drawn with the cell's seed + n, so that no load finds another's prompts in a prefix
-    cache; its record names the session (provenance.engine_session) and the seed
+    cache (its Poisson arrivals keep the cell's seed, as on an engine of its own); its record names the session (provenance.engine_session) and the seed
     (summary.prompt_seed). The engine log is the first cell's; each other cell's own log gets
     what the engine wrote during its load. An engine that does not start fails every load of the session; one
     that dies fails the load it died in and every later one."""
@@ -205,7 +205,7 @@ class EngineSession:
         cell, model, position = spec.cell, spec.model, self.loads
         self.loads += 1
         offset = self.server_log.stat().st_size if self.server_log.exists() else 0
-        load = LoadSpec(**cell.load_spec, seed=cell.seed + position)
+        load = LoadSpec(**cell.load_spec, seed=cell.seed, prompt_seed=cell.seed + position)
         if position:
             with open(self.log, "a") as fh:
                 fh.write(f"serving cell {cell.record_path()} on the session's engine (load {position + 1})\n")
@@ -265,7 +265,7 @@ class EngineSession:
         serving.update(engine_settings(cell.engine, self.argv, self.env, self.platform.accelerator, self.observed))
         serving.update(engine=cell.engine, dialect=self.engine.dialect,
                        prompts="token ids" if self.engine.token_id_prompts else "text (word-level tokenizer, same ids)",
-                       ignore_eos=self.engine.ignore_eos, prompt_seed=load.seed)
+                       ignore_eos=self.engine.ignore_eos, prompt_seed=load.prompt_seed)
         # the one provenance builder (llmbench.aggregate), plus the engine's own
         prov = {
             **provenance_of(spec, [Outcome(status=status, reason=reason, launcher="engine server")], started,

@@ -71,6 +71,9 @@ class LoadSpec:
     """Requests sent and awaited before the measured load, not counted (compilation, caches)."""
     seed: int = 0
     """Seed of the prompts and of the Poisson arrivals (a serving cell's seed, not a load key)."""
+    prompt_seed: int | None = None
+    """Seed of the prompts where it is not ``seed`` (the n-th load on a shared engine:
+    llmbench.serve.bench.EngineSession); the arrivals keep ``seed``."""
     request_timeout_s: float = _DEFAULTS["request_timeout_s"]
     """Limit on one request from connect to end of stream; past it the sample fails."""
     ttft_target_s: float = 2.0
@@ -399,8 +402,8 @@ async def run_load(base_url: str, dialect: Dialect, spec: LoadSpec, model: str, 
     llmbench.serve.telemetry)."""
     n_all = spec.warmup_requests + spec.num_requests
     _raise_fd_limit(spec.num_requests if spec.max_concurrency is None else spec.max_concurrency)
-    prompts = make_shared_prefix_prompts(n_all, spec.prefix_len, spec.suffix_len, vocab_size, spec.seed,
-                                         token_offset)
+    prompts = make_shared_prefix_prompts(n_all, spec.prefix_len, spec.suffix_len, vocab_size,
+                                         spec.seed if spec.prompt_seed is None else spec.prompt_seed, token_offset)
     arrivals = (0.0,) * spec.warmup_requests + schedule(spec)
     # Bodies are encoded before t0 so the measured load pays only for sending them.
     reqs = []

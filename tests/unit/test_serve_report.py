@@ -88,3 +88,27 @@ def test_requests_that_ended_short_of_the_output_length_are_counted_in_the_table
         [r] = md_rows(render.markdown(serving.table(serving.build(tidy.build([path])))))
         rows.append(r["Requests (failed)"])
     assert rows == ["8 (0)", "8 (0), 8 short"]
+
+
+def test_a_load_on_a_warm_engine_says_so_and_never_pools_with_a_fresh_engines(tmp_path):
+    """Two runs of one burst on fresh engines and a third on a shared engine after other loads
+    (provenance.engine_session position 3): the tidy table flags the third, the serving table
+    labels it, and the points over runs keep it apart."""
+    loads = {f"b-{k}": dict(BASE) for k in (1, 2, 3)}
+    g = grid.expand({"protocol": {}, "serve": [{"platforms": ["cpu"], "models": ["tiny"], "engines": ["vllm"],
+                                                 "loads": loads}]})
+    paths = []
+    for cell, position in zip(g.cells, (None, 0, 3)):
+        prov = {} if position is None else {"engine_session": {"cells": [], "position": position}}
+        path = tmp_path / cell.record_path("results")
+        record.write(Record(cell=cell.to_dict(), status="ok", provenance=prov,
+                            summary={"num_requests": 8, "completed": 8, "failed": 0, "output_tokens_per_s": 10.0}),
+                     path)
+        paths.append(path)
+    df = tidy.build(paths)
+    assert list(df.sort_values("load")["warm_engine"]) == [False, False, True]
+    table = serving.table(serving.build(df))
+    rows = {r["Load"].split()[0]: r for r in md_rows(render.markdown(table)) if " in / " in r["Load"]}
+    assert rows["b-3"]["Load"] == "b-3 (burst, warm engine, 16 in / 4 out)" and "warm" not in rows["b-1"]["Load"]
+    points = serving.points(serving.build(df)).set_index("point")
+    assert points.loc["b", "runs"] == 2 and points.loc["b-3 (warm engine)", "runs"] == 1

@@ -11,12 +11,14 @@ from llmbench.serve.runs import markdown, over_runs, rows
 BURST = {"mode": "burst", "num_requests": 1000, "input_len": 512, "output_len": 128, "rate_per_s": None}
 
 
-def _record(tmp_path, engine, load, spec, out_tok_s, status="ok"):
+def _record(tmp_path, engine, load, spec, out_tok_s, status="ok", position=None):
     cell = {"stage": "serve", "platform": "h100", "model": "llama2-7b", "engine": engine, "load": load, "gpus": 1,
             "load_spec": spec}
     summary = {"output_tokens_per_s": out_tok_s, "request_throughput_per_s": out_tok_s / 128, "p50_ttft_s": 1.0,
                "p99_ttft_s": 2.0, "goodput_share": 0.5} if status == "ok" else {}
-    write(Record(cell=cell, status=status, reason="" if status == "ok" else "server exited", summary=summary),
+    prov = {} if position is None else {"engine_session": {"cells": [], "position": position}}
+    write(Record(cell=cell, status=status, reason="" if status == "ok" else "server exited", summary=summary,
+                 provenance=prov),
           tmp_path / "runs/serve/h100/llama2-7b" / engine / f"{load}-g1/record.json")
 
 
@@ -39,3 +41,14 @@ def test_identical_loads_pool_and_distinct_rates_do_not(tmp_path):
     assert list(over_runs(rows([tmp_path]))["point"]) == ["burst", "burst", "poisson-5", "poisson-10"]
     md = markdown(over_runs(rows([tmp_path])))
     assert "4100.0 ± 100.0" in md and "2 (1)" in md
+
+
+def test_a_load_on_a_warm_engine_is_a_point_of_its_own(tmp_path):
+    """A burst served by an engine that had served other loads (a shared engine's, position > 0)
+    never pools with the fresh engines' bursts; the first load of a session is a fresh engine's."""
+    _record(tmp_path, "vllm", "burst-1", BURST, 4000.0)
+    _record(tmp_path, "vllm", "burst-2", BURST, 4200.0, position=0)
+    _record(tmp_path, "vllm", "burst", BURST, 3000.0, position=4)
+    pooled = over_runs(rows([tmp_path])).set_index("point")
+    assert pooled.loc["burst", "runs"] == 2 and pooled.loc["burst", "output_tokens_per_s_mean"] == 4100.0
+    assert pooled.loc["burst (warm engine)", "runs"] == 1

@@ -24,11 +24,11 @@ COLUMNS = KEY + [
     "goodput_share", "goodput_requests_per_s", "goodput_ttft_target_s", "goodput_tpot_target_s",
     "max_num_seqs", "max_batch_tokens", "kv_cache_tokens", "kv_cache_source", "gpu_memory_utilization",
     "cuda_graphs", "chunked_prefill", "prefix_caching", "tensor_parallel", "prefix_len", "ramp_up_s",
-    "gpu0_sm_clock_mhz_mean", "gpu0_power_w_mean", "run", "reason",
+    "gpu0_sm_clock_mhz_mean", "gpu0_power_w_mean", "warm_engine", "run", "reason",
 ]
 #: what makes two serving cells runs of one point (llmbench.serve.runs pools them)
 LOAD_SPEC = ["mode", "num_requests", "input_len", "output_len", "rate_per_s", "max_concurrency", "prefix_len",
-             "ramp_up_s"]
+             "ramp_up_s", "warm_engine"]
 #: engines no longer maintained upstream: kept, labelled
 LEGACY = {"tgi": "TGI: archived upstream in March 2026 (maintenance mode from December 2025); its launch spec and "
                  "HTTP test doubles are kept, no GPU time goes to it."}
@@ -47,7 +47,9 @@ NOTES = (
     "Settings: the engine's batch cap (max_num_seqs), KV-cache tokens, GPU memory share, CUDA graphs (graphs), "
     "chunked prefill (chunked) and prefix caching (prefix cache), as its launch command and, where it reports "
     "them, its API say. Load: burst (all at t=0), poisson (its rate, and its ramp-up where it has one), "
-    "concurrency (that many requests in flight until all are done); a shared prefix of P tokens is 'prefix P'. "
+    "concurrency (that many requests in flight until all are done); a shared prefix of P tokens is 'prefix P'; "
+    "'warm engine': served by an engine that had served other loads before it (a paired set's share_engine), "
+    "not started for it as the paper's runs are; such a point never pools with a fresh engine's. "
     "GPU: the first GPU's mean SM clock and power over the measured window (NVML), where there is one. "
     + " ".join(LEGACY.values())
 )
@@ -121,6 +123,7 @@ def table(df: pd.DataFrame) -> render.Table:
         rate += f" ramp {fmt(r.ramp_up_s, 'g')} s" if r.mode == "poisson" and _given(r.ramp_up_s) else ""
         rate += f" {fmt(r.max_concurrency, '.0f')} in flight" if r.mode == "concurrency" else ""
         rate += f", prefix {fmt(r.prefix_len, '.0f')}" if _given(r.prefix_len) else ""
+        rate += ", warm engine" if _given(r.warm_engine) else ""
         rows.append([
             r.platform, r.model, engine,
             f"{r.load} ({r.mode}{rate}, {fmt(r.input_len, '.0f')} in / {fmt(r.output_len, '.0f')} out)",

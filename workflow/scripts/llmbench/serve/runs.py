@@ -35,7 +35,10 @@ def rows(results_dirs: list[Path | str]) -> pd.DataFrame:
         for path in sorted(Path(d).glob(glob(SERVE_RECORD_PATTERN))):
             rec = read(path)
             c = rec.cell
-            out.append({**{k: c[k] for k in KEY}, "load": c["load"], "load_spec": json.dumps(c["load_spec"], sort_keys=True),
+            # a load on an engine that had served others before (a shared engine's) is a point of its own
+            warm = bool((rec.provenance.get("engine_session") or {}).get("position"))
+            spec = {**c["load_spec"], **({"warm_engine": True} if warm else {})}
+            out.append({**{k: c[k] for k in KEY}, "load": c["load"], "load_spec": json.dumps(spec, sort_keys=True),
                         "status": rec.status, **{m: rec.summary.get(m) for m in METRICS},
                         "goodput_ttft_target_s": rec.summary.get("goodput_ttft_target_s"),
                         "goodput_tpot_target_s": rec.summary.get("goodput_tpot_target_s")})
@@ -55,7 +58,8 @@ def over_runs(df: pd.DataFrame) -> pd.DataFrame:
     pooled = []
     for _, g in df.groupby(KEY + ["load_spec"], sort=True):
         ok = g[g["status"] == "ok"]
-        row = {**g.iloc[0][KEY].to_dict(), "point": _point(g["load"].sort_values()),
+        warm = " (warm engine)" if json.loads(g.iloc[0]["load_spec"]).get("warm_engine") else ""
+        row = {**g.iloc[0][KEY].to_dict(), "point": _point(g["load"].sort_values()) + warm,
                "mode": json.loads(g.iloc[0]["load_spec"])["mode"], "runs": len(g), "ok": len(ok),
                "rate_per_s": json.loads(g.iloc[0]["load_spec"]).get("rate_per_s"),
                "max_concurrency": json.loads(g.iloc[0]["load_spec"]).get("max_concurrency")}

@@ -283,6 +283,22 @@ def test_a_serving_set_pairs_its_bursts_round_by_round(tmp_path):
     assert r.pairing == "machine" and r.verdict == "inconclusive"  # the round-2 dip widens Welch's interval
 
 
+def test_a_burst_on_a_warm_engine_is_no_evidence_for_the_papers_serving_claims(tmp_path):
+    """The paper starts an engine for each run: a burst served by a shared engine after other
+    loads (warm_engine) is left out of a serving finding, so a LightLLM burst against a warm
+    vLLM burst alone is untestable."""
+    def burst(engine, tps, warm):
+        return {"stage": "serve", "platform": "h200", "model": "llama2-7b", "gpus": 1, "engine": engine,
+                "backend": engine, "load": "burst", "status": "ok", "output_tokens_per_s": tps, "run": "r",
+                "kind": "cell", "machine": "m1", "paired_set": None, "superseded_by": None, "layout": None,
+                "warm_engine": warm, "tokens_per_s_mean": None, "peak_mem_allocated_gib": None, "peak_rss_gib": None,
+                "record_path": f"results/reference/r/runs/serve/h200/llama2-7b/{engine}/burst-g1/record.json"}
+    e = entry([{"metric": "output_tokens_per_s", "relation": "ratio", "a": {"engine": "lightllm"},
+                "b": {"engine": "vllm"}, "expect": {"max": 1.0}}], stage="serve", where={})
+    assert judge(tmp_path, [burst("lightllm", 3000, False), burst("vllm", 4000, True)], e).iloc[0].verdict == "untestable"
+    assert judge(tmp_path, [burst("lightllm", 3000, False), burst("vllm", 4000, False)], e).iloc[0].verdict != "untestable"
+
+
 def test_a_microbenchmark_measured_once_borrows_no_throughput_spread(tmp_path):
     """The pooled CV is a throughput's: a GEMM's best point measured once is taken as measured."""
     many = [row("R", [1000, 1100, 900], run="x", machine="m9")]

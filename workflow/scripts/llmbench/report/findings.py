@@ -873,6 +873,10 @@ def _candidates(df: pd.DataFrame, f: Finding) -> pd.DataFrame:
         df = df[df["backend"].isin(list(backends.method_backends()))]
     if f.platforms:
         df = df[df["platform"].map(lambda p: platform_ok(f, p))]
+    if f.stage == "serve" and "warm_engine" in df:
+        # the paper's runs start an engine each: a load served by an engine that had served
+        # others before (a shared engine's, llmbench.serve.bench.EngineSession) is not one
+        df = df[df["warm_engine"].map(lambda v: v is not True and v != 1)]
     return df
 
 

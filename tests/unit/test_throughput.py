@@ -2,12 +2,14 @@
 a calibration that recovers known constants, and scoring on a tiny table."""
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from llmbench import techniques
+from llmbench.config import ConfigError
 from llmbench.models import ModelSpec
 from llmbench.throughput import calibrate, model, score
 from llmbench.throughput.model import CALIBRATED, Hardware, TrainCell
@@ -161,6 +163,24 @@ def test_every_scored_platform_has_hardware(platform):
     hw = model.hardware(platform, REPO)
     assert hw.peak_flops > 0 and hw.bus_bytes_per_s > 0 and hw.pcie_bytes_per_s > 0
     assert set(hw.sources) >= {"peak", "bus", "pcie", "gemm", "hbm"}
+
+
+def test_a_platform_without_collectives_or_memcpy_records_predicts_what_needs_neither(tmp_path):
+    """No micro record at all (a checkout without results/reference): one GPU without offload
+    is predicted; a cell of two GPUs, or one that offloads, says which record it lacks."""
+    (tmp_path / "results" / "reference").mkdir(parents=True)
+    (tmp_path / "config").symlink_to(REPO / "config")
+    hw = model.hardware("h200", tmp_path)
+    assert hw.bus_bytes_per_s is None and hw.pcie_bytes_per_s is None
+    assert "no collectives record of 'h200'" in hw.sources["bus"]
+    one = model.terms(cell("F+Z3", gpus=1), CONSTS, hw=hw)
+    assert one == model.terms(cell("F+Z3", gpus=1), CONSTS, hw=dataclasses.replace(hw, bus_bytes_per_s=1e9,
+                                                                                    pcie_bytes_per_s=1e9))
+    with pytest.raises(ConfigError, match=r"platform 'h200': a cell of several GPUs needs its bus bandwidth, "
+                                          r"and there is no collectives record of 'h200'"):
+        model.terms(cell("F+Z3", gpus=2), CONSTS, hw=hw)
+    with pytest.raises(ConfigError, match="an offloading cell needs its pcie bandwidth"):
+        model.terms(cell("Z3+O", gpus=1), CONSTS, hw=hw)
 
 
 def _fixture_records(consts) -> pd.DataFrame:

@@ -23,6 +23,7 @@ is ``known seconds + sum(constant x feature)``; a prediction is linear in the co
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -126,10 +127,13 @@ class Hardware:
     """Dense bf16 peak per GPU, FLOP/s."""
     hbm_bytes_per_s: float
     """GPU memory bandwidth."""
-    pcie_bytes_per_s: float
-    """Effective host<->device bandwidth per GPU."""
-    bus_bytes_per_s: float
-    """Effective NCCL bus bandwidth of the collectives (ring: time = bytes x (G-1)/G / bus)."""
+    pcie_bytes_per_s: float | None
+    """Effective host<->device bandwidth per GPU (None: no memcpy record to take it from;
+    sources["pcie"] says why, and only an offloading cell needs it)."""
+    bus_bytes_per_s: float | None
+    """Effective NCCL bus bandwidth of the collectives (ring: time = bytes x (G-1)/G / bus;
+    None: no collectives record to take it from; sources["bus"] says why, and only a cell
+    of several GPUs needs it)."""
     host_cpus: int
     """Logical CPUs of the host."""
     gemm_samples: tuple[tuple[int, int, int, float], ...] = ()
@@ -234,6 +238,17 @@ def _work(root: Path) -> dict:
     return load_constants(root)["work"]
 
 
+def _bandwidth(hw: Hardware, which: str) -> float:
+    """The bus or PCIe bandwidth of ``hw``, where a cell needs it; a ConfigError saying which
+    record is missing where there is none."""
+    value = hw.bus_bytes_per_s if which == "bus" else hw.pcie_bytes_per_s
+    if value is None:
+        need = "a cell of several GPUs" if which == "bus" else "an offloading cell"
+        raise ConfigError(f"platform {hw.platform!r}: {need} needs its {which} bandwidth, and there is "
+                          f"{hw.sources[which]}")
+    return value
+
+
 @cache
 def hardware(platform: str, root: Path = REPO_ROOT) -> Hardware:
     """A platform's Hardware: peaks from its platform file, facts from the constants file,
@@ -255,13 +270,16 @@ def hardware(platform: str, root: Path = REPO_ROOT) -> Hardware:
         ref_facts = _facts(ref, hw)
         ref_bus = _measured_bus(ref, link_kind == "nvlink", root)
         if ref_bus is None:
-            raise ConfigError(f"no collectives record of {ref!r} to take the {link_kind} efficiency from")
-        # a PCIe-only ring is bounded by the reference's PCIe link, an NVLink ring by its NVLink
-        ref_link = ref_facts["link_gb_per_s" if link_kind == "nvlink" else "pcie_gb_per_s"]["value"]
-        eff = ref_bus[0] / (ref_link * 1e9)
-        bus_bps = facts["link_gb_per_s"]["value"] * 1e9 * eff
-        sources["bus"] = (f"datasheet {facts['link_gb_per_s']['source']} x efficiency {eff:.2f} "
-                          f"measured on {ref} ({ref_bus[1]})")
+            bus_bps = None
+            sources["bus"] = (f"no collectives record of {platform!r}, nor of {ref!r} to take the {link_kind} "
+                              "efficiency from (results/reference/*/runs/micro/)")
+        else:
+            # a PCIe-only ring is bounded by the reference's PCIe link, an NVLink ring by its NVLink
+            ref_link = ref_facts["link_gb_per_s" if link_kind == "nvlink" else "pcie_gb_per_s"]["value"]
+            eff = ref_bus[0] / (ref_link * 1e9)
+            bus_bps = facts["link_gb_per_s"]["value"] * 1e9 * eff
+            sources["bus"] = (f"datasheet {facts['link_gb_per_s']['source']} x efficiency {eff:.2f} "
+                              f"measured on {ref} ({ref_bus[1]})")
     pcie = _measured_pcie(platform, root)
     if pcie:
         pcie_bps, sources["pcie"] = pcie[0], f"measured: {pcie[1]}"
@@ -269,10 +287,13 @@ def hardware(platform: str, root: Path = REPO_ROOT) -> Hardware:
         ref = assume["pcie_efficiency_from"]["value"]
         ref_pcie = _measured_pcie(ref, root)
         if ref_pcie is None:
-            raise ConfigError(f"no memcpy record of {ref!r} to take the PCIe efficiency from")
-        eff = ref_pcie[0] / (_facts(ref, hw)["pcie_gb_per_s"]["value"] * 1e9)
-        pcie_bps = facts["pcie_gb_per_s"]["value"] * 1e9 * eff
-        sources["pcie"] = f"datasheet x efficiency {eff:.2f} measured on {ref} ({ref_pcie[1]})"
+            pcie_bps = None
+            sources["pcie"] = (f"no memcpy record of {platform!r}, nor of {ref!r} to take the PCIe efficiency from "
+                               "(results/reference/*/runs/micro/)")
+        else:
+            eff = ref_pcie[0] / (_facts(ref, hw)["pcie_gb_per_s"]["value"] * 1e9)
+            pcie_bps = facts["pcie_gb_per_s"]["value"] * 1e9 * eff
+            sources["pcie"] = f"datasheet x efficiency {eff:.2f} measured on {ref} ({ref_pcie[1]})"
     gemm_from = facts.get("gemm_records_from", platform)
     samples = []
     for rec in _micro_records(gemm_from, "gemm", root):
@@ -341,35 +362,37 @@ def features(cell: TrainCell, hw: Hardware, work: dict) -> list[tuple[str, str |
     sharded = t.zero_stage >= 1 or cell.backend == "megatron"
     fsdp2 = cell.backend == "fsdp2"
     shard = n_train / G if sharded else n_train
+    pcie = _bandwidth(hw, "pcie") if t.offload else math.inf
+    bus = _bandwidth(hw, "bus") if G > 1 else math.inf  # one GPU: no collectives
     if t.offload:
         threads = cell.host_cpus or hw.host_cpus
         out.append(("optimizer", "cpu_adam_s_per_gparam_thread", shard * G / threads / 1e9))
-        out.append(("offload", None, shard * w["offload_bytes_per_param"] / hw.pcie_bytes_per_s))
+        out.append(("offload", None, shard * w["offload_bytes_per_param"] / pcie))
     else:
         out.append(("optimizer", None, shard * w["adam_bytes_per_param"] / hw.hbm_bytes_per_s))
     # collectives: a ring moves (G-1)/G of the buffer per rank for a reduce-scatter or an
     # all-gather; gradient all-reduce (ZeRO 0) = reduce-scatter + all-gather, as is ZeRO-2's
     # reduce-scatter of gradients + all-gather of updated weights
     ring = (G - 1) / G
-    comm = 2 * ring * n_train * w["grad_bytes"] / hw.bus_bytes_per_s
+    comm = 2 * ring * n_train * w["grad_bytes"] / bus
     passes = 2.0 + r  # ZeRO-3 gathers weights for forward, backward and a replayed forward
     if fsdp2 and t.zero_stage >= 2:
         # FSDP2 shards the weights at rest with Z2 too: each layer is gathered in forward and,
         # resharded after it (Z3), again in backward, where a recomputed layer reuses that
         # gather; gradients are reduce-scattered in fp32 (MixedPrecisionPolicy's reduce_dtype)
-        comm = ring * n_train * w["fsdp2_reduce_bytes"] / hw.bus_bytes_per_s
-        comm += (2.0 if t.zero_stage == 3 else 1.0) * ring * counts["total"] * w["param_bytes"] / hw.bus_bytes_per_s
+        comm = ring * n_train * w["fsdp2_reduce_bytes"] / bus
+        comm += (2.0 if t.zero_stage == 3 else 1.0) * ring * counts["total"] * w["param_bytes"] / bus
     elif fsdp2:  # replicated (no Z flag): an fp32 all-reduce of the gradients
-        comm = 2 * ring * n_train * w["fsdp2_reduce_bytes"] / hw.bus_bytes_per_s
+        comm = 2 * ring * n_train * w["fsdp2_reduce_bytes"] / bus
     elif t.zero_stage == 3:
-        comm = ring * n_train * w["grad_bytes"] / hw.bus_bytes_per_s  # reduce-scatter only
-        comm += passes * ring * counts["total"] * w["param_bytes"] / hw.bus_bytes_per_s
+        comm = ring * n_train * w["grad_bytes"] / bus  # reduce-scatter only
+        comm += passes * ring * counts["total"] * w["param_bytes"] / bus
         out.append(("zero3", "zero3_s_per_gparam", passes * counts["total"] / 1e9))
         # ZeRO-3 hooks every tensor, however small: LoRA's 14 adapters a layer more than double
         # the tensors it gathers, at about the same bytes
         out.append(("zero3", "zero3_s_per_tensor", passes * param_tensors(m, t)))
         if t.offload:  # weights live on the host: each rank fetches its shard every pass
-            out.append(("offload", None, passes * counts["total"] / G * w["param_bytes"] / hw.pcie_bytes_per_s))
+            out.append(("offload", None, passes * counts["total"] / G * w["param_bytes"] / pcie))
     out.append(("communication", None, comm))
     if t.quant4:
         uses = 2.0 + r  # forward, backward (input gradients), replayed forward

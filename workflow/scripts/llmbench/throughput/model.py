@@ -272,7 +272,7 @@ def hardware(platform: str, root: Path = REPO_ROOT) -> Hardware:
         if ref_bus is None:
             bus_bps = None
             sources["bus"] = (f"no collectives record of {platform!r}, nor of {ref!r} to take the {link_kind} "
-                              "efficiency from (results/reference/*/runs/micro/)")
+                              "efficiency from (a microbenchmark record under results/reference)")
         else:
             # a PCIe-only ring is bounded by the reference's PCIe link, an NVLink ring by its NVLink
             ref_link = ref_facts["link_gb_per_s" if link_kind == "nvlink" else "pcie_gb_per_s"]["value"]
@@ -289,7 +289,7 @@ def hardware(platform: str, root: Path = REPO_ROOT) -> Hardware:
         if ref_pcie is None:
             pcie_bps = None
             sources["pcie"] = (f"no memcpy record of {platform!r}, nor of {ref!r} to take the PCIe efficiency from "
-                               "(results/reference/*/runs/micro/)")
+                               "(a microbenchmark record under results/reference)")
         else:
             eff = ref_pcie[0] / (_facts(ref, hw)["pcie_gb_per_s"]["value"] * 1e9)
             pcie_bps = facts["pcie_gb_per_s"]["value"] * 1e9 * eff

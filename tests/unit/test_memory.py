@@ -428,16 +428,19 @@ def test_lora_dropout_copies_by_hand():
 
 def test_fsdp2_states_by_hand():
     """FSDP2 (constants.FSDP2_*): fp32 shards and AdamW's moments through forward/backward (12
-    bytes a trained parameter), the fp32 gradients at the step (16 and its 0.17); the gathered
-    bf16 copies of every layer without resharding (Z2), of the root and two layers with it
-    (Z3); a LoRA cell (no Z: replicated) holds its frozen bf16 base twice."""
+    bytes a trained parameter), the fp32 gradients at the step (16 and its 0.17), and over
+    several ranks the root's unsharded fp32 gradients (4 a root parameter); the gathered bf16
+    copies of every layer without resharding (Z2), of the root and two layers with it (Z3); a
+    LoRA cell (no Z: replicated) holds its frozen bf16 base twice."""
     root = 2 * 32000 * 4096 + 4096
     layer = (N7 - root) / 32
     z3 = state_bytes(w("Z3", backend="fsdp2"))
     assert z3[0] == pytest.approx(12 * N7 + 2 * (root + 2 * layer)) and z3[1] == pytest.approx(16.17 * N7)
     z2 = state_bytes(w("Z2", backend="fsdp2"))
     assert z2[0] == pytest.approx(12 * N7 + 2 * N7) and z2[1] == z3[1]
-    assert state_bytes(w("Z3", gpus=2, backend="fsdp2"))[1] == pytest.approx(16.17 * N7 / 2)  # sharded
+    # sharded over two ranks: and the root's fp32 gradients to reduce (FSDP2_ROOT_REDUCE_BYTES)
+    assert state_bytes(w("Z3", gpus=2, backend="fsdp2"))[1] == pytest.approx(16.17 * N7 / 2 + 4 * root)
+    assert state_bytes(w("Z2", gpus=2, backend="fsdp2"))[1] == pytest.approx(16.17 * N7 / 2 + 4 * root)
     assert state_bytes(w("Naive", gpus=2, backend="fsdp2"))[1] == pytest.approx(16.17 * N7)  # replicated
     n_lora = adapter_params(L7, LORA_ALL)[0]
     lora = state_bytes(w("L", backend="fsdp2", adapter=LORA_ALL))

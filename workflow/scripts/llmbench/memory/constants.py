@@ -179,6 +179,16 @@ FSDP2_LIVE_LAYERS = 2
 #: H200's nine full-parameter FSDP2 records (104.29-132.41 GiB reserved): within -2.1 % (F+Z3+C
 #: at batch 16) and +4.1 % (F+Z3+C+FP8R at batch 8).
 FSDP2_REDUCE_BYTES = 6.0
+#: The root unit's (embeddings, final norm, lm_head) gradients in fp32, unsharded, as its
+#: reduce-scatter takes them (MixedPrecisionPolicy's reduce_dtype): the root reduces last in
+#: backward, and the step's peak holds them too where the states are sharded over several
+#: ranks (4 bytes a root parameter; on one rank the reduction is the gradient itself). Without
+#: it the model fell short of the H200 pair's full-parameter FSDP2 step peaks by 4.2-4.4 bytes
+#: a root parameter, in both models: llama3.1-8b's seven Z3-family cells that peaked at the
+#: step (64.79 GiB allocated against 60.47 predicted; 1.05e9 root parameters) and llama2-7b's
+#: at batch 1 (51.68-51.76 against 50.74; 0.26e9), while one H200's llama2-7b cells were
+#: exact. That the buffer outlives the backward is read from the records, not traced.
+FSDP2_ROOT_REDUCE_BYTES = 4.0
 
 #: Saved activations under torch.compile (C) over eager (fitted: the H200 pair's F+Z2+C
 #: against F+Z2 at batch 16; inductor fuses the norms, RoPE and SwiGLU and saves less).

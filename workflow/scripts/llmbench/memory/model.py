@@ -71,7 +71,7 @@ from ..platforms import Platform
 from ..spec import RunSpec
 from .constants import (BACKENDS, BUCKETS, CACHED_ACTIVATION_FRACTION, CACHED_LOGITS_BYTES, COMPILED_ACT_SCALE,
                         DEEPSPEED, FSDP2_GATHERED_BYTES, FSDP2_LIVE_LAYERS, FSDP2_REDUCE_BYTES, FSDP2_REPLICATED,
-                        FSDP2_SHARDED, MEGATRON,
+                        FSDP2_ROOT_REDUCE_BYTES, FSDP2_SHARDED, MEGATRON,
                         MEGATRON_DISTOPT, QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK, ZERO3_ACT_SCALE,
                         ZERO2_STEP_CACHED_GRAD_BYTES, ZERO3_MAX_LIVE_PARAMETERS, ZERO3_RECOMPUTED_ADAPTER_SCALE,
                         ZERO3_STEP_GRAD_COPY_BYTES, ZERO3_SUB_GROUP_SIZE, margin_for)
@@ -288,8 +288,9 @@ def state_bytes(w: Workload) -> tuple[float, float, float]:
 
 def _fsdp2_state_bytes(w: Workload) -> tuple[float, float, float]:
     """FSDP2's model states of one rank (constants.FSDP2_*): the trained parameters' row,
-    sharded or (no Z flag) replicated; an adapter's frozen bf16 base in bf16 shards; and
-    through forward/backward the all-gathered bf16 copies (fsdp2_gathered_bytes)."""
+    sharded or (no Z flag) replicated; an adapter's frozen bf16 base in bf16 shards; through
+    forward/backward the all-gathered bf16 copies (fsdp2_gathered_bytes); at the step, where
+    sharded over several ranks, the root's fp32 gradients to reduce."""
     tech = w.tech
     shard = 1 if tech.zero_stage == 0 else w.gpus
     row = FSDP2_REPLICATED if tech.zero_stage == 0 else FSDP2_SHARDED
@@ -299,7 +300,10 @@ def _fsdp2_state_bytes(w: Workload) -> tuple[float, float, float]:
     else:
         trainable, base = w.model.param_counts()["total"], 0.0
     fb = base + fsdp2_gathered_bytes(w) + row.fb.per_rank(trainable, shard)
-    return fb, base + row.step.per_rank(trainable, shard), 0.0
+    step = base + row.step.per_rank(trainable, shard)
+    if shard > 1 and tech.adapter is None:  # the root's fp32 gradients to reduce (FSDP2_ROOT_REDUCE_BYTES)
+        step += FSDP2_ROOT_REDUCE_BYTES * _fsdp2_units(w.model)[0]
+    return fb, step, 0.0
 
 
 def fsdp2_gathered_bytes(w: Workload) -> float:

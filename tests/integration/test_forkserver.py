@@ -6,6 +6,7 @@ threads are checked) keeps these fast; the real preload runs in tests/e2e."""
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -88,6 +89,28 @@ def test_wait_times_out_like_popen(tmp_path):
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(timeout=0.3)
     procs.kill_group(proc)
+
+
+def test_a_signal_that_stops_the_launcher_mid_wait_can_still_read_the_repeat():
+    """The launcher waits on a forked repeat under its lock; a SIGTERM then runs
+    procs._on_signal in the same thread, whose kill_group waits on the same repeat. A plain
+    lock deadlocked there (Snakemake's TERM left the job hanging until it was killed); the
+    handler here reads the repeat's exit code from inside the wait and exits."""
+    code = """
+import signal, socket, sys
+from llmbench.forkserver import Forked
+ours, server = socket.socketpair()
+repeat = Forked(ours, 0, ["repeat"])
+def on_alarm(signum, frame):
+    server.sendall(b'{"rc": 3}\\n')
+    print("read in the handler:", repeat.poll(), flush=True)
+    sys.exit(7)
+signal.signal(signal.SIGALRM, on_alarm)
+signal.setitimer(signal.ITIMER_REAL, 0.3)
+repeat.wait(timeout=10)
+"""
+    out = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True, timeout=20)
+    assert out.returncode == 7 and "read in the handler: 3" in out.stdout, out.stderr[-2000:]
 
 
 def test_thread_count_comes_from_the_request_not_the_server(tmp_path):

@@ -167,12 +167,14 @@ def socket_path(key: str) -> Path:
 class Forked:
     """A repeat forked by the server: the part of subprocess.Popen the launcher uses
     (pid, poll, wait, returncode); ``pid`` leads the repeat's process group. Thread-safe
-    (the launcher's memory watchdog polls while the launcher waits)."""
+    (the launcher's memory watchdog polls while the launcher waits), and re-entrant: a
+    SIGTERM that lands while the launcher waits runs procs._on_signal in the same thread,
+    and its kill_group waits on this repeat again (a plain lock deadlocked there)."""
 
     def __init__(self, sock: socket.socket, pid: int, args: list[str]):
         self._sock: socket.socket | None = sock
         self._buf = b""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self.pid, self.args, self.returncode = pid, args, None
 
     def _read(self, timeout: float) -> None:

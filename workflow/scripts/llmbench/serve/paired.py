@@ -1,7 +1,10 @@
 """A paired set of serving cells (llmbench.grid.paired): its cells run in one job on one
 machine, round by round as the set's plan orders them, each with a fresh engine started on
 127.0.0.1 and always stopped (llmbench.serve.bench.measure), and their Records are written
-together at the end, so that a set's records are either all there or none is.
+together at the end, so that a set's records are either all there or none is. A set that
+shares engines (``share_engine``) serves the consecutive runs of one launch in a round from
+one engine (llmbench.serve.bench.EngineSession), stopped after the last of them; its runs'
+times exclude the engine's start, which the deadline check adds where a run opens an engine.
 
 A serving point's runs (loads ``<point>-1``, ``<point>-2``, ...) are its repeats: round r
 runs run r+1 of every point, so two engines alternate burst after burst. As for a training

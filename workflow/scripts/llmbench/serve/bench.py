@@ -129,11 +129,12 @@ class EngineSession:
     ``share_engine`` serves the consecutive runs of one launch in a round from one session
     (llmbench.serve.paired), as ``vllm bench sweep serve`` starts its server once per
     server configuration: a sweep's points then cost one engine start, not one each. The
-    launch is sized for every load of the session (session_launch); the n-th load's prompts
+    launch is sized for every load of the session (session_launch). The n-th load's prompts
     are drawn with the cell's seed + n, so that no load finds another's prompts in a prefix
-    cache (its Poisson arrivals keep the cell's seed, as on an engine of its own); its record names the session (provenance.engine_session) and the seed
-    (summary.prompt_seed). The engine log is the first cell's; each other cell's own log gets
-    what the engine wrote during its load. An engine that does not start fails every load of the session; one
+    cache; its Poisson arrivals keep the cell's seed, as on an engine of its own. Its record
+    names the session (provenance.engine_session) and the prompts' seed (summary.prompt_seed).
+    The engine log is the first cell's; each other cell's own log gets what the engine wrote
+    during its load. An engine that does not start fails every load of the session; one
     that dies fails the load it died in and every later one."""
 
     def __init__(self, specs: list[RunSpec | dict], model_dir: Path, log: Path, server_log: Path,

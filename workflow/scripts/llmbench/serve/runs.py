@@ -28,6 +28,12 @@ METRICS = ["output_tokens_per_s", "request_throughput_per_s", "p50_ttft_s", "p99
            "p99_tpot_s", "p50_e2e_latency_s", "p99_e2e_latency_s", "goodput_share"]
 
 
+def warm_engine(provenance: dict) -> bool:
+    """Whether a serving record's engine had served other loads before its own (a shared
+    engine's later load, provenance.engine_session; llmbench.serve.bench.EngineSession)."""
+    return bool((provenance.get("engine_session") or {}).get("position"))
+
+
 def rows(results_dirs: list[Path | str]) -> pd.DataFrame:
     """One row per serving record under the folders: its cell, status and summary values."""
     out = []
@@ -36,8 +42,7 @@ def rows(results_dirs: list[Path | str]) -> pd.DataFrame:
             rec = read(path)
             c = rec.cell
             # a load on an engine that had served others before (a shared engine's) is a point of its own
-            warm = bool((rec.provenance.get("engine_session") or {}).get("position"))
-            spec = {**c["load_spec"], **({"warm_engine": True} if warm else {})}
+            spec = {**c["load_spec"], **({"warm_engine": True} if warm_engine(rec.provenance) else {})}
             out.append({**{k: c[k] for k in KEY}, "load": c["load"], "load_spec": json.dumps(spec, sort_keys=True),
                         "status": rec.status, **{m: rec.summary.get(m) for m in METRICS},
                         "goodput_ttft_target_s": rec.summary.get("goodput_ttft_target_s"),

@@ -51,7 +51,7 @@ def test_load_kinds_and_prefix_caching_reach_the_tidy_and_serving_tables(tmp_pat
 
 
 def test_concurrency_levels_are_points_of_their_own():
-    """Two levels of one sweep never pool, nor prefix caching on with off (their cells differ)."""
+    """Two levels of one sweep never pool."""
     rows = []
     for load, level in (("c16", 16), ("c4", 4)):
         rows.append({k: None for k in tidy.ALL_COLUMNS} | dict(
@@ -112,3 +112,34 @@ def test_a_load_on_a_warm_engine_says_so_and_never_pools_with_a_fresh_engines(tm
     assert rows["b-3"]["Load"] == "b-3 (burst, warm engine, 16 in / 4 out)" and "warm" not in rows["b-1"]["Load"]
     points = serving.points(serving.build(df)).set_index("point")
     assert points.loc["b", "runs"] == 2 and points.loc["b-3 (warm engine)", "runs"] == 1
+
+
+def test_prefix_caching_on_and_off_are_points_and_series_of_their_own(tmp_path):
+    """Two blocks alike but for prefix_caching, each with runs of one shared-prefix load: the
+    runs of each block pool, the two blocks never pool with each other (their engine arguments
+    differ), and the sweep figure draws each as a series of its own, named by its cache."""
+    from llmbench.report import figures
+
+    paths = []
+    for caching in (True, False):
+        loads = {f"{'on' if caching else 'off'}-c2-{k}": {**BASE, "mode": "concurrency", "max_concurrency": 2,
+                                                          "prefix_len": 12} for k in (1, 2)}
+        g = grid.expand({"protocol": {}, "serve": [{"platforms": ["cpu"], "models": ["tiny"], "engines": ["vllm"],
+                                                     "loads": loads, "prefix_caching": caching}]})
+        for cell, tok_s in zip(g.cells, (10.0, 12.0)):
+            path = tmp_path / cell.record_path("results")
+            record.write(Record(cell=cell.to_dict(), status="ok", summary={
+                "num_requests": 8, "completed": 8, "failed": 0, "output_tokens_per_s": tok_s * (2 if caching else 1),
+                "prefix_caching": caching}), path)
+            paths.append(path)
+    df = tidy.build(paths)
+    assert set(df["engine_args"]) == {"--enable-prefix-caching", "--no-enable-prefix-caching"}
+    points = serving.points(serving.build(df)).set_index("point")
+    assert (points.loc["on-c2", "runs"], points.loc["off-c2", "runs"]) == (2, 2)
+    assert (points.loc["on-c2", "output_tokens_per_s_mean"], points.loc["off-c2", "output_tokens_per_s_mean"]) == (
+        22.0, 11.0)
+    render.write(serving.table(serving.build(df)), tmp_path / "serving.csv", tmp_path / "serving.md",
+                 tmp_path / "serving.html")
+    chart = figures.serve_sweep_chart({"serving": render.read_csv(tmp_path / "serving.csv")}).to_dict()
+    series = {r["series"] for d in chart["datasets"].values() for r in d}
+    assert series == {"vllm · cpu · tiny · prefix 12, cache on", "vllm · cpu · tiny · prefix 12, cache off"}

@@ -11,9 +11,9 @@ from llmbench.serve.runs import markdown, over_runs, rows
 BURST = {"mode": "burst", "num_requests": 1000, "input_len": 512, "output_len": 128, "rate_per_s": None}
 
 
-def _record(tmp_path, engine, load, spec, out_tok_s, status="ok", position=None):
+def _record(tmp_path, engine, load, spec, out_tok_s, status="ok", position=None, engine_args=()):
     cell = {"stage": "serve", "platform": "h100", "model": "llama2-7b", "engine": engine, "load": load, "gpus": 1,
-            "load_spec": spec}
+            "load_spec": spec, "engine_args": list(engine_args)}
     summary = {"output_tokens_per_s": out_tok_s, "request_throughput_per_s": out_tok_s / 128, "p50_ttft_s": 1.0,
                "p99_ttft_s": 2.0, "goodput_share": 0.5} if status == "ok" else {}
     prov = {} if position is None else {"engine_session": {"cells": [], "position": position}}
@@ -52,3 +52,14 @@ def test_a_load_on_a_warm_engine_is_a_point_of_its_own(tmp_path):
     pooled = over_runs(rows([tmp_path])).set_index("point")
     assert pooled.loc["burst", "runs"] == 2 and pooled.loc["burst", "output_tokens_per_s_mean"] == 4100.0
     assert pooled.loc["burst (warm engine)", "runs"] == 1
+
+
+def test_loads_on_engines_launched_otherwise_never_pool(tmp_path):
+    """The same load on an engine with its prefix cache on and on one with it off (a block's
+    engine arguments) are two points, whatever the loads' names."""
+    _record(tmp_path, "vllm", "on-1", BURST, 5000.0, engine_args=["--enable-prefix-caching"])
+    _record(tmp_path, "vllm", "on-2", BURST, 5200.0, engine_args=["--enable-prefix-caching"])
+    _record(tmp_path, "vllm", "off-1", BURST, 4000.0, engine_args=["--no-enable-prefix-caching"])
+    pooled = over_runs(rows([tmp_path])).set_index("point")
+    assert pooled.loc["on", "runs"] == 2 and pooled.loc["on", "output_tokens_per_s_mean"] == 5100.0
+    assert pooled.loc["off-1", "runs"] == 1

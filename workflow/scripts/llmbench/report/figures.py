@@ -360,7 +360,8 @@ def serve_throughput_chart(tables: Tables | None = None) -> alt.FacetChart:
 
 
 SWEEP = ["platform", "model", "engine", "load", "gpus", "status", "mode", "rate_per_s", "max_concurrency",
-         "output_tokens_per_s", "p50_ttft_s", "p50_tpot_s", "p50_e2e_latency_s", "p99_e2e_latency_s", "goodput_share"]
+         "prefix_len", "prefix_caching", "output_tokens_per_s", "p50_ttft_s", "p50_tpot_s", "p50_e2e_latency_s",
+         "p99_e2e_latency_s", "goodput_share"]
 #: the load kinds a sweep is made of: mode -> (the column its points vary, axis title, log axis)
 SWEEPS = {"poisson": ("rate_per_s", "offered requests/s", False),
           "concurrency": ("max_concurrency", "requests in flight", True)}
@@ -389,8 +390,8 @@ def _sweep_row(df: pd.DataFrame, col: str, label: str, log: bool) -> alt.HConcat
            alt.Tooltip("output_tokens_per_s:Q", format=",.1f"), alt.Tooltip("p50_ttft_s:Q", format=".3f"),
            alt.Tooltip("p50_tpot_s:Q", format=".4f"), alt.Tooltip("p50_e2e_latency_s:Q", format=".2f"),
            alt.Tooltip("goodput_share:Q", format=".3f")]
-    base = alt.Chart(df).mark_line(point=True).encode(color=alt.Color("series:N", title="engine · platform · model"),
-                                                      tooltip=tip)
+    base = alt.Chart(df).mark_line(point=True).encode(
+        color=alt.Color("series:N", title="engine · platform · model", legend=alt.Legend(labelLimit=400)), tooltip=tip)
     x = alt.X(f"{col}:Q", title=label, scale=alt.Scale(type="log", base=2) if log else alt.Undefined)
     served = base.encode(x=x, y=alt.Y("output_tokens_per_s:Q", title="output tokens/s"))
     knees = sweep_knees(df, col)
@@ -404,6 +405,15 @@ def _sweep_row(df: pd.DataFrame, col: str, label: str, log: bool) -> alt.HConcat
     good = base.encode(x=x, y=alt.Y("goodput_share:Q", title="goodput (share meeting TTFT and TPOT targets)",
                                     scale=alt.Scale(domain=[0, 1])))
     return alt.hconcat(*(c.properties(width=260, height=220) for c in (served, curve, good)))
+
+
+def _prefix_label(prefix_len, caching) -> str:
+    """' · prefix P, cache on|off' for a shared-prefix load, '' for one without."""
+    if prefix_len is None or pd.isna(prefix_len) or not prefix_len:
+        return ""
+    cache = "" if caching is None or pd.isna(caching) else (
+        ", cache on" if str(caching).lower() in ("true", "1") else ", cache off")
+    return f" · prefix {int(prefix_len)}{cache}"
 
 
 def serve_sweep_chart(tables: Tables | None = None) -> alt.VConcatChart | alt.HConcatChart | alt.Chart:
@@ -421,6 +431,8 @@ def serve_sweep_chart(tables: Tables | None = None) -> alt.VConcatChart | alt.HC
         return _empty(_title("serve-sweep"), "requests/s offered, or requests in flight",
                       "no Poisson or concurrency load ran")
     df["series"] = df["engine"].astype(str) + " · " + df["platform"].astype(str) + " · " + df["model"].astype(str)
+    # a shared-prefix workload is a series of its own, cache on and off apart
+    df["series"] += [_prefix_label(p, c) for p, c in zip(df["prefix_len"], df["prefix_caching"])]
     rows = [_sweep_row(df[df["mode"] == mode].sort_values(["series", col]), col, label, log)
             for mode, (col, label, log) in SWEEPS.items() if (df["mode"] == mode).any()]
     chart = rows[0] if len(rows) == 1 else alt.vconcat(*rows)

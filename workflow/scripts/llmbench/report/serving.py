@@ -24,11 +24,11 @@ COLUMNS = KEY + [
     "goodput_share", "goodput_requests_per_s", "goodput_ttft_target_s", "goodput_tpot_target_s",
     "max_num_seqs", "max_batch_tokens", "kv_cache_tokens", "kv_cache_source", "gpu_memory_utilization",
     "cuda_graphs", "chunked_prefill", "prefix_caching", "tensor_parallel", "prefix_len", "ramp_up_s",
-    "gpu0_sm_clock_mhz_mean", "gpu0_power_w_mean", "warm_engine", "run", "reason",
+    "gpu0_sm_clock_mhz_mean", "gpu0_power_w_mean", "warm_engine", "engine_args", "run", "reason",
 ]
 #: what makes two serving cells runs of one point (llmbench.serve.runs pools them)
 LOAD_SPEC = ["mode", "num_requests", "input_len", "output_len", "rate_per_s", "max_concurrency", "prefix_len",
-             "ramp_up_s", "warm_engine"]
+             "ramp_up_s", "warm_engine", "engine_args"]
 #: engines no longer maintained upstream: kept, labelled
 LEGACY = {"tgi": "TGI: archived upstream in March 2026 (maintenance mode from December 2025); its launch spec and "
                  "HTTP test doubles are kept, no GPU time goes to it."}
@@ -56,7 +56,7 @@ NOTES = (
 POINTS_LEAD = ("Points over runs: cells of one platform, model, engine, GPU count and load that differ only in "
                "their run (loads named <name>-1, <name>-2, ..., a fresh engine each, or the same load in several "
                "results folders) pool into mean ± sample std; points that differ in their load (Poisson rates) "
-               "never pool.")
+               "or in the engine's launch arguments (its prefix cache on or off) never pool.")
 
 
 def build(tidy: pd.DataFrame) -> pd.DataFrame:

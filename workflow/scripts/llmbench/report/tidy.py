@@ -58,7 +58,10 @@ SERVE_LOAD_COLUMNS = ["engine", "engine_version", "load", "mode", "num_requests"
                       "rate_per_s", "max_concurrency", "prefix_len", "ramp_up_s", "warmup_requests",
                       # served by an engine that had served a load before (a shared engine's
                       # later loads, llmbench.serve.bench.EngineSession), not a fresh one
-                      "warm_engine"]
+                      "warm_engine",
+                      # the block's launch arguments for its engine (prefix cache switch first),
+                      # space-separated: cells that differ here are different points
+                      "engine_args"]
 #: load keys a record's load spec may lack (added after it was written): their value then
 LOAD_ABSENT = {"prefix_len": 0, "ramp_up_s": 0}
 SERVE_METRIC_COLUMNS = [
@@ -117,7 +120,7 @@ def serve_row(record: Record, path: str) -> dict:
         **{k: load.get(k, LOAD_ABSENT.get(k)) for k in ("mode", "num_requests", "input_len", "output_len",
                                                         "rate_per_s", "max_concurrency", "prefix_len", "ramp_up_s",
                                                         "warmup_requests")},
-        warm_engine=warm_engine(record.provenance),
+        warm_engine=warm_engine(record.provenance), engine_args=" ".join(c.get("engine_args") or ()),
         **{k: sv.get(k) for k in SERVE_METRIC_COLUMNS},
         peak_mem_gib=gpu if gpu is not None else sv.get("server_peak_rss_gib"),
         peak_mem_kind=("gpu_used" if gpu is not None else "host_rss" if sv.get("server_peak_rss_gib") else None),

@@ -2,8 +2,8 @@
 
 A serving cell has no repeat axis: a config asks for independent runs of a point (a fresh
 engine each, as the paper's 3 runs) by naming identical loads ``<name>-1``, ``<name>-2``,
-... Cells of one platform, model, engine and GPU count whose load specs are identical are
-runs of one point; each other cell is a point of its own (a Poisson rate, say: its loads
+... Cells of one platform, model, engine and GPU count whose load specs and engine
+arguments are identical are runs of one point; each other cell is a point of its own (a Poisson rate, say: its loads
 differ in rate_per_s, so ``poisson-5`` and ``poisson-10`` never pool). In a paired set
 (llmbench.grid.paired) the same runs are a point's repeats, run round by round.
 
@@ -41,8 +41,10 @@ def rows(results_dirs: list[Path | str]) -> pd.DataFrame:
         for path in sorted(Path(d).glob(glob(SERVE_RECORD_PATTERN))):
             rec = read(path)
             c = rec.cell
-            # a load on an engine that had served others before (a shared engine's) is a point of its own
-            spec = {**c["load_spec"], **({"warm_engine": True} if warm_engine(rec.provenance) else {})}
+            # a load on an engine that had served others before (a shared engine's) is a point of its
+            # own, and so is one whose engine was launched with other arguments (its prefix cache off)
+            spec = {**c["load_spec"], **({"warm_engine": True} if warm_engine(rec.provenance) else {}),
+                    **({"engine_args": " ".join(c["engine_args"])} if c.get("engine_args") else {})}
             out.append({**{k: c[k] for k in KEY}, "load": c["load"], "load_spec": json.dumps(spec, sort_keys=True),
                         "status": rec.status, **{m: rec.summary.get(m) for m in METRICS},
                         "goodput_ttft_target_s": rec.summary.get("goodput_ttft_target_s"),

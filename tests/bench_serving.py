@@ -1,7 +1,8 @@
 """Benchmark of the serving load generator itself (numbers, not assertions).
 
 On one engine server (dummy weights, started and stopped by llmbench.serve.server), alternate
-our load generator and the engine's own client on the same workload, the paper's burst: N
+our load generator and the engine's own client on the same workload (ours first in even
+rounds, theirs in odd ones), the paper's burst: N
 requests of 512 random input tokens, a fixed number of output tokens, ignore_eos. vLLM's
 client is `vllm bench serve` (random text prompts), SGLang's `python -m
 sglang.benchmark.serving` (its bench_serving; random token ids with --tokenize-prompt, as ours
@@ -140,12 +141,18 @@ def main() -> None:
                gpu_ids=["0"] if args.accelerator == "cuda" else None) as server:
         print(f"server ready in {server.ready_s:.1f} s; log {work / 'server.log'}", flush=True)
         for r in range(args.rounds):
-            res = loadgen.run(server.base_url, dialect_for(args.engine), spec, model=args.model,
-                              vocab_size=spec_model.vocab_size, token_offset=TOKEN_OFFSET)
-            ours = metrics.summarize(res, args.output_len)
+            # the two clients take turns at going first, so neither always meets the server fresher
+            if r % 2 == 0:
+                res = loadgen.run(server.base_url, dialect_for(args.engine), spec, model=args.model,
+                                  vocab_size=spec_model.vocab_size, token_offset=TOKEN_OFFSET)
             theirs, their_cpu = CLIENTS[args.engine](args.python, server.base_url, args.model, mdir, args.requests,
                                                      args.input_len, args.output_len, work / f"theirs-{r}.json")
-            rows.append({"round": r, "ours_output_tokens_per_s": ours["output_tokens_per_s"],
+            if r % 2 == 1:
+                res = loadgen.run(server.base_url, dialect_for(args.engine), spec, model=args.model,
+                                  vocab_size=spec_model.vocab_size, token_offset=TOKEN_OFFSET)
+            ours = metrics.summarize(res, args.output_len)
+            rows.append({"round": r, "first": "ours" if r % 2 == 0 else "theirs",
+                         "ours_output_tokens_per_s": ours["output_tokens_per_s"],
                          "ours_failed": ours["failed"], "theirs_output_tokens_per_s": theirs["output_throughput"],
                          "theirs_failed": theirs["failed"], "ours_client_cpu_per_request_s": ours["client_cpu_per_request_s"],
                          "theirs_process_cpu_per_request_s": their_cpu / args.requests,

@@ -447,8 +447,16 @@ def test_fsdp2_states_by_hand():
     assert lora[0] == pytest.approx(2 * N7 + 2 * (N7 + n_lora) + 12 * n_lora)
     p = predict(w("Z3", backend="fsdp2"))
     assert (p.family, p.phase) == ("fsdp2", "optimizer step")
-    # the activations are DeepSpeed's, without DeepSpeed's ZeRO-3 copies (constants.ZERO3_ACT_SCALE)
-    assert activation_bytes(w("Z3", backend="fsdp2"))[0] == pytest.approx(activation_bytes(w("Naive"))[0])
+    # the activations are DeepSpeed's without its ZeRO-3 copies (constants.ZERO3_ACT_SCALE), times
+    # FSDP2's own full-parameter scale (FSDP2_FULL_ACT_SCALE), which neither a LoRA cell nor a
+    # compiled one takes
+    plain = activation_bytes(w("Naive"))[0]
+    assert activation_bytes(w("Z3", backend="fsdp2"))[0] == pytest.approx(plain * C.FSDP2_FULL_ACT_SCALE)
+    assert activation_bytes(w("Z2", backend="fsdp2"))[0] == pytest.approx(plain * C.FSDP2_FULL_ACT_SCALE)
+    assert activation_bytes(w("F+Z3+C", backend="fsdp2"))[0] == pytest.approx(
+        activation_bytes(w("F+C"))[0])
+    assert activation_bytes(w("L", backend="fsdp2", adapter=LORA_ALL))[0] == pytest.approx(
+        activation_bytes(w("L", adapter=LORA_ALL))[0])
 
 
 def test_fsdp2_with_cpu_offload_is_not_modelled():

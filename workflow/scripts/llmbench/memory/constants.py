@@ -148,6 +148,18 @@ BACKENDS["fsdp2"] = BackendConstants(act_scale=BACKENDS["deepspeed"].act_scale, 
                                      overhead_gib=0.0, host_base_gib=1.6)
 #: Backends whose activation scale is another's, not fitted on their own rows (llmbench.memory.fit)
 ACTIVATIONS_OF: dict[str, str] = {"fsdp2": "deepspeed"}
+#: Saved activations of a full-parameter FSDP2 cell (no adapter) over DeepSpeed's for the same
+#: model and tokens (fitted: llmbench.memory.fit, the mean over the eager FSDP2 rows without an
+#: adapter, recomputation or compile whose forward/backward pass sets the peak: one H200's
+#: llama2-7b Z3 and F+Z3 searches at batch 9-18, 1.32-1.52, and the H200 pair's llama2-7b and
+#: llama3.1-8b Z2, Z3 and F+Z3 at batch 8, 1.34-1.47). Without it the model fell 5-9 % short of
+#: those rows' allocated peaks. The LoRA rows of FSDP2 need none (1.02-1.07 at batch 1 and 4);
+#: what holds the extra copies in the full-parameter step is not traced (as DeepSpeed's ZeRO-3
+#: copies, ZERO3_ACT_SCALE, which are of the same size). A compiled cell (C) does not take it:
+#: no compiled FSDP2 record peaks in forward/backward, and their reserved step peaks (where the
+#: allocator keeps eager-sized blocks) came out 1.4-8.9 % over measured with it, -4.7 to +4.1 %
+#: without.
+FSDP2_FULL_ACT_SCALE = 1.41
 
 #: FSDP2's model states, per trained parameter (MixedPrecisionPolicy: bf16 compute, fp32
 #: reduction; the sharded parameters are fp32 and are the master weights; fused AdamW):

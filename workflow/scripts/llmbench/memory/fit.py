@@ -30,6 +30,8 @@ From the tidy table's ok GPU training rows (with their records' specs):
   of ``act_scale``'s rows; the tiny model's too: its activations are a few MiB);
 - ``QUANT4_ACT_SCALE``: the same for the 4-bit full-parameter rows (Q) without recomputation
   whose predicted peak is in the forward/backward phase (left out of ``act_scale``'s rows);
+- ``FSDP2_FULL_ACT_SCALE``: the same for FSDP2's full-parameter rows (no adapter) without
+  recomputation or compile whose predicted peak is in the forward/backward phase;
 - ``ZERO3_RECOMPUTED_ADAPTER_SCALE``: the adapter rows under ZeRO-3 with recomputation whose
   peak the recomputed layer sets (as for ``RECOMPUTED_LAYER_PEAK``): the median of what
   they hold beyond states, buckets, layer inputs and overhead over the layer's activations
@@ -71,8 +73,8 @@ from ..config import REPO_ROOT, ConfigError
 from ..models import ModelSpec
 from ..platforms import Platform
 from ..spec import RunSpec
-from .constants import (ACTIVATIONS_OF, BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, QUANT4_ACT_SCALE,
-                        RECOMPUTED_LAYER_PEAK, ZERO3_ACT_SCALE, ZERO3_RECOMPUTED_ADAPTER_SCALE)
+from .constants import (ACTIVATIONS_OF, BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, FSDP2_FULL_ACT_SCALE,
+                        QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK, ZERO3_ACT_SCALE, ZERO3_RECOMPUTED_ADAPTER_SCALE)
 from .model import (GIB, Workload, activation_bytes, adapter_dropout_bytes, adapter_params,
                     beside_activations_bytes, buffer_bytes, layer_activation_bytes, modelled, predict,
                     quant4_full_parameter, state_bytes)
@@ -264,9 +266,17 @@ def fit_rows(training: list[Row], root: Path = REPO_ROOT) -> dict[str, Any]:
     else:
         out["cached_logits_bytes"] = out["cached_activation_fraction"] = None
     out["cached_rows"] = len(xs)
-    compiled, zero3, quant4, off_fb, off_host, off_frozen = [], [], [], {}, {}, {}
+    compiled, zero3, quant4, fsdp2, off_fb, off_host, off_frozen = [], [], [], [], {}, {}, {}
     for r in ok:
         tech, w = r.workload.tech, r.workload
+        if (w.backend == "fsdp2" and tech.adapter is None and not tech.recompute and not tech.compiled
+                and predict(w).phase == "forward-backward"):
+            # a full-parameter FSDP2 row whose forward/backward pass sets the peak: the scale
+            # its activations need over DeepSpeed's (times the stated one)
+            acts, layer, logits = activation_bytes(w)
+            rest = (beside_activations_bytes(w, logits, layer, buffer_bytes(w))
+                    + BACKENDS[w.backend].overhead_gib * GIB) / GIB
+            fsdp2.append((r.measured_gib - state_bytes(w)[0] / GIB - rest) * GIB / acts * FSDP2_FULL_ACT_SCALE)
         if w.backend != "deepspeed":
             continue
         k = BACKENDS[w.backend]
@@ -307,6 +317,8 @@ def fit_rows(training: list[Row], root: Path = REPO_ROOT) -> dict[str, Any]:
     out["zero3_rows"] = len(zero3)
     out["quant4_act_scale"] = float(np.mean(quant4)) if quant4 else None
     out["quant4_rows"] = len(quant4)
+    out["fsdp2_full_act_scale"] = float(np.mean(fsdp2)) if fsdp2 else None
+    out["fsdp2_full_rows"] = len(fsdp2)
     out["offload_fb_bytes"] = {k: float(np.mean(v)) for k, v in off_fb.items()}
     out["offload_host_bytes"] = {k: float(np.mean(v)) for k, v in off_host.items()}
     out["offload_frozen_host_bytes"] = {k: float(np.mean(v)) for k, v in off_frozen.items()}
@@ -329,7 +341,7 @@ UNFITTED: dict[str, Any] = {
     "deepspeed": {"act_scale": 1.0, "overhead_gib": 0.0, "host_base_gib": 0.0},
     "megatron": {"act_scale": 1.0, "overhead_gib": 0.0, "host_base_gib": 0.0},
     "cached_logits_bytes": 0.0, "cached_activation_fraction": 0.0,
-    "compiled_act_scale": 1.0, "zero3_act_scale": 1.0, "quant4_act_scale": 1.0,
+    "compiled_act_scale": 1.0, "zero3_act_scale": 1.0, "quant4_act_scale": 1.0, "fsdp2_full_act_scale": 1.0,
     # bf16 gradient partition on the GPU; fp32 master, Adam and fp32 gradients on the host
     # (16), plus the bf16 parameter partition under ZeRO-3's offload_param; a frozen bf16 base
     "offload_fb_bytes": {"Z2+O": 2.0, "Z3+O": 2.0},
@@ -351,7 +363,7 @@ def stated() -> dict[str, Any]:
            for b, k in C.BACKENDS.items()},
         "cached_logits_bytes": C.CACHED_LOGITS_BYTES, "cached_activation_fraction": C.CACHED_ACTIVATION_FRACTION,
         "compiled_act_scale": C.COMPILED_ACT_SCALE, "zero3_act_scale": C.ZERO3_ACT_SCALE,
-        "quant4_act_scale": C.QUANT4_ACT_SCALE,
+        "quant4_act_scale": C.QUANT4_ACT_SCALE, "fsdp2_full_act_scale": C.FSDP2_FULL_ACT_SCALE,
         "offload_fb_bytes": {f"Z{z}+O": ds[(z, True)].fb.sharded for z in (2, 3)},
         "offload_host_bytes": {f"Z{z}+O": ds[(z, True)].host.sharded for z in (2, 3)},
         "offload_frozen_host_bytes": {"Z3+O": ds[(3, True)].frozen_host},
@@ -399,7 +411,8 @@ def applied(values: dict[str, Any]) -> Iterator[None]:
         "ZERO3_RECOMPUTED_ADAPTER_SCALE": v["zero3_recomputed_adapter_scale"],
         "CACHED_LOGITS_BYTES": v["cached_logits_bytes"], "CACHED_ACTIVATION_FRACTION": v["cached_activation_fraction"],
         "COMPILED_ACT_SCALE": v["compiled_act_scale"], "ZERO3_ACT_SCALE": v["zero3_act_scale"],
-        "QUANT4_ACT_SCALE": v["quant4_act_scale"], "DEEPSPEED": ds,
+        "QUANT4_ACT_SCALE": v["quant4_act_scale"], "FSDP2_FULL_ACT_SCALE": v["fsdp2_full_act_scale"],
+        "DEEPSPEED": ds,
     }
     modules = [C, M, sys.modules[__name__]]
     saved = [(m, n, getattr(m, n)) for m in modules for n in names if hasattr(m, n)]

@@ -70,8 +70,8 @@ from ..models import ModelSpec
 from ..platforms import Platform
 from ..spec import RunSpec
 from .constants import (BACKENDS, BUCKETS, CACHED_ACTIVATION_FRACTION, CACHED_LOGITS_BYTES, COMPILED_ACT_SCALE,
-                        DEEPSPEED, FSDP2_GATHERED_BYTES, FSDP2_LIVE_LAYERS, FSDP2_REDUCE_BYTES, FSDP2_REPLICATED,
-                        FSDP2_ROOT_REDUCE_BYTES, FSDP2_SHARDED, MEGATRON,
+                        DEEPSPEED, FSDP2_FULL_ACT_SCALE, FSDP2_GATHERED_BYTES, FSDP2_LIVE_LAYERS, FSDP2_REDUCE_BYTES,
+                        FSDP2_REPLICATED, FSDP2_ROOT_REDUCE_BYTES, FSDP2_SHARDED, MEGATRON,
                         MEGATRON_DISTOPT, QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK, ZERO3_ACT_SCALE,
                         ZERO2_STEP_CACHED_GRAD_BYTES, ZERO3_MAX_LIVE_PARAMETERS, ZERO3_RECOMPUTED_ADAPTER_SCALE,
                         ZERO3_STEP_GRAD_COPY_BYTES, ZERO3_SUB_GROUP_SIZE, margin_for)
@@ -400,7 +400,8 @@ def activation_bytes(w: Workload) -> tuple[float, float, float]:
     tokens = w.batch_size * seq
     zero3 = zero3_scale(tech) if w.backend == "deepspeed" else 1.0  # DeepSpeed's ZeRO-3 wrapper's copies
     scale = (k.act_scale * (COMPILED_ACT_SCALE if tech.compiled else 1.0) * zero3
-             * (QUANT4_ACT_SCALE if quant4_full_parameter(tech) else 1.0))
+             * (QUANT4_ACT_SCALE if quant4_full_parameter(tech) else 1.0)
+             * (FSDP2_FULL_ACT_SCALE if w.backend == "fsdp2" and tech.adapter is None and not tech.compiled else 1.0))
     per_layer = tokens * (scale * layer_activation_bytes(w.model, seq, tech.flash, tp)
                           + zero3 * adapter_dropout_bytes(w.model, w.adapter))
     logits = tokens * k.logits_bytes * w.model.vocab_size / tp

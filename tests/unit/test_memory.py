@@ -465,3 +465,23 @@ def test_fsdp2_with_cpu_offload_is_not_modelled():
     assert modelled("fsdp2", "Z3") and not modelled("fsdp2", "Z3+O") and modelled("deepspeed", "Z3+O")
     with pytest.raises(ValueError, match="not modelled"):
         w("Z3+O", backend="fsdp2")
+
+
+def test_zero3_over_several_ranks_reserves_its_communication_streams_pools():
+    """ZeRO-3 over several ranks keeps its all-gather stream's gathered parameters (at most
+    stage3_max_live_parameters in bf16) and, with full gradients, its reduce stream's buckets
+    reserved in both phases (constants.ZERO3_REDUCE_BUCKETS_IN_FLIGHT); allocated is unchanged.
+    Nothing on one rank, under ZeRO-2, or with another backend."""
+    from llmbench.memory.model import stream_pool_bytes
+
+    gathered, reduced = 2 * 1e9, 3 * 5e8 * 2
+    assert stream_pool_bytes(w("Z3", gpus=2)) == pytest.approx(gathered + reduced)
+    assert stream_pool_bytes(w("Z3+O", gpus=4)) == pytest.approx(gathered + reduced)
+    assert stream_pool_bytes(w("L+Z3", gpus=2, adapter=LORA_ALL)) == pytest.approx(gathered)
+    assert stream_pool_bytes(w("Z3")) == 0 and stream_pool_bytes(w("Z2", gpus=2)) == 0
+    assert stream_pool_bytes(w("Z3", gpus=2, backend="fsdp2")) == 0
+    p = predict(w("Z3", gpus=2))  # peaks at the step, where ZeRO-3 caches nothing else
+    assert p.phase == "optimizer step" and p.terms["cached_step"] == 0
+    assert p.reserved_gib - p.gpu_gib == pytest.approx((gathered + reduced) / GIB)
+    assert p.gpu_gib == pytest.approx(predict(w("Z3", gpus=2)).terms["states_step"] + p.terms["buffers"]
+                                      + p.terms["overhead"])

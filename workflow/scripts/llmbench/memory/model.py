@@ -74,6 +74,7 @@ from .constants import (BACKENDS, BUCKETS, CACHED_ACTIVATION_FRACTION, CACHED_LO
                         FSDP2_REPLICATED, FSDP2_ROOT_REDUCE_BYTES, FSDP2_SHARDED, MEGATRON,
                         MEGATRON_DISTOPT, QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK, ZERO3_ACT_SCALE,
                         ZERO2_STEP_CACHED_GRAD_BYTES, ZERO3_MAX_LIVE_PARAMETERS, ZERO3_RECOMPUTED_ADAPTER_SCALE,
+                        ZERO3_REDUCE_BUCKET_ELEMENTS, ZERO3_REDUCE_BUCKETS_IN_FLIGHT,
                         ZERO3_STEP_GRAD_COPY_BYTES, ZERO3_SUB_GROUP_SIZE, margin_for)
 
 GIB = 2**30
@@ -464,6 +465,18 @@ def step_cached_bytes(w: Workload) -> float:
     return ZERO2_STEP_CACHED_GRAD_BYTES * trainable
 
 
+def stream_pool_bytes(w: Workload) -> float:
+    """What DeepSpeed's ZeRO-3 keeps reserved for its all-gather and reduce-scatter streams over
+    several data-parallel ranks, in both phases (constants.ZERO3_REDUCE_BUCKETS_IN_FLIGHT); 0
+    elsewhere and on one rank."""
+    if w.backend != "deepspeed" or w.tech.zero_stage != 3 or w.gpus < 2:
+        return 0.0
+    gathered = WEIGHTS_BF16 * ZERO3_MAX_LIVE_PARAMETERS
+    reduced = 0.0 if w.tech.adapter is not None else (
+        ZERO3_REDUCE_BUCKETS_IN_FLIGHT * ZERO3_REDUCE_BUCKET_ELEMENTS * WEIGHTS_BF16)
+    return gathered + reduced
+
+
 def predict(w: Workload) -> Prediction:
     """The predicted peak memory of one rank of ``w``."""
     fb_states, step_states, host = state_bytes(w)
@@ -480,10 +493,11 @@ def predict(w: Workload) -> Prediction:
     if w.backend == "fsdp2":  # a compiled layer's freed blocks are eager-sized (constants.FSDP2_REDUCE_BYTES)
         eager = acts / COMPILED_ACT_SCALE if w.tech.compiled else acts
         cached_step = fsdp2_step_cached_bytes(w, eager + beside + fsdp2_gathered_bytes(w))
+    pools = stream_pool_bytes(w)
     terms = {"states_fb": fb_states, "states_step": step_states, "activations": acts, "recomputed_layer": layer,
              "logits": logits, "buffers": buffers, "beside": beside, "overhead": overhead, "host_offload": host,
-             "cached": cached, "cached_step": cached_step}
-    return Prediction(gpu_gib=max(fb, step) / GIB, reserved_gib=max(fb + cached, step + cached_step) / GIB,
+             "cached": cached, "cached_step": cached_step, "stream_pools": pools}
+    return Prediction(gpu_gib=max(fb, step) / GIB, reserved_gib=(max(fb + cached, step + cached_step) + pools) / GIB,
                       host_gib=(host / GIB) + k.host_base_gib, family=family(w),
                       phase="forward-backward" if fb >= step else "optimizer step",
                       terms={n: v / GIB for n, v in terms.items()})

@@ -140,16 +140,17 @@ def main() -> None:
                health_path=engine.health_path, log=work / "server.log", ready_timeout_s=args.ready_timeout_s,
                gpu_ids=["0"] if args.accelerator == "cuda" else None) as server:
         print(f"server ready in {server.ready_s:.1f} s; log {work / 'server.log'}", flush=True)
+        def run_ours():
+            return loadgen.run(server.base_url, dialect_for(args.engine), spec, model=args.model,
+                               vocab_size=spec_model.vocab_size, token_offset=TOKEN_OFFSET)
+
         for r in range(args.rounds):
             # the two clients take turns at going first, so neither always meets the server fresher
-            if r % 2 == 0:
-                res = loadgen.run(server.base_url, dialect_for(args.engine), spec, model=args.model,
-                                  vocab_size=spec_model.vocab_size, token_offset=TOKEN_OFFSET)
+            res = run_ours() if r % 2 == 0 else None
             theirs, their_cpu = CLIENTS[args.engine](args.python, server.base_url, args.model, mdir, args.requests,
                                                      args.input_len, args.output_len, work / f"theirs-{r}.json")
-            if r % 2 == 1:
-                res = loadgen.run(server.base_url, dialect_for(args.engine), spec, model=args.model,
-                                  vocab_size=spec_model.vocab_size, token_offset=TOKEN_OFFSET)
+            if res is None:
+                res = run_ours()
             ours = metrics.summarize(res, args.output_len)
             rows.append({"round": r, "first": "ours" if r % 2 == 0 else "theirs",
                          "ours_output_tokens_per_s": ours["output_tokens_per_s"],

@@ -269,15 +269,7 @@ def fit_rows(training: list[Row], root: Path = REPO_ROOT) -> dict[str, Any]:
     compiled, zero3, quant4, fsdp2, off_fb, off_host, off_frozen = [], [], [], [], {}, {}, {}
     for r in ok:
         tech, w = r.workload.tech, r.workload
-        if (w.backend == "fsdp2" and tech.adapter is None and not tech.recompute and not tech.compiled
-                and predict(w).phase == "forward-backward"):
-            # a full-parameter FSDP2 row whose forward/backward pass sets the peak: the scale
-            # its activations need over DeepSpeed's (times the stated one)
-            acts, layer, logits = activation_bytes(w)
-            rest = (beside_activations_bytes(w, logits, layer, buffer_bytes(w))
-                    + BACKENDS[w.backend].overhead_gib * GIB) / GIB
-            fsdp2.append((r.measured_gib - state_bytes(w)[0] / GIB - rest) * GIB / acts * FSDP2_FULL_ACT_SCALE)
-        if w.backend != "deepspeed":
+        if w.backend not in ("deepspeed", "fsdp2"):
             continue
         k = BACKENDS[w.backend]
         acts, layer, logits = activation_bytes(w)
@@ -285,6 +277,11 @@ def fit_rows(training: list[Row], root: Path = REPO_ROOT) -> dict[str, Any]:
         # what the row leaves for its activations over what the model gives them: times the
         # stated scale, the scale the row needs
         left = (r.measured_gib - state_bytes(w)[0] / GIB - rest) * GIB / acts
+        if w.backend == "fsdp2":  # a full-parameter FSDP2 row whose forward/backward pass sets the peak
+            if (tech.adapter is None and not tech.recompute and not tech.compiled
+                    and predict(w).phase == "forward-backward"):
+                fsdp2.append(left * FSDP2_FULL_ACT_SCALE)
+            continue
         if tech.compiled and not tech.recompute:
             compiled.append(left * COMPILED_ACT_SCALE)
         if (tech.zero_stage == 3 and not tech.recompute and not tech.compiled

@@ -14,7 +14,7 @@ import pandas as pd
 from .. import cells
 from ..platforms import DTYPE_SHORT
 from ..profile import kernels
-from ..serve.runs import warm_engine
+from ..serve.runs import engine_args, warm_engine
 from ..record import Record, RecordError, read
 from ..search import measured_batch, read_summary
 from . import render, runs
@@ -120,7 +120,7 @@ def serve_row(record: Record, path: str) -> dict:
         **{k: load.get(k, LOAD_ABSENT.get(k)) for k in ("mode", "num_requests", "input_len", "output_len",
                                                         "rate_per_s", "max_concurrency", "prefix_len", "ramp_up_s",
                                                         "warmup_requests")},
-        warm_engine=warm_engine(record.provenance), engine_args=" ".join(c.get("engine_args") or ()),
+        warm_engine=warm_engine(record.provenance), engine_args=engine_args(c),
         **{k: sv.get(k) for k in SERVE_METRIC_COLUMNS},
         peak_mem_gib=gpu if gpu is not None else sv.get("server_peak_rss_gib"),
         peak_mem_kind=("gpu_used" if gpu is not None else "host_rss" if sv.get("server_peak_rss_gib") else None),

@@ -3,8 +3,9 @@
 A serving cell has no repeat axis: a config asks for independent runs of a point (a fresh
 engine each, as the paper's 3 runs) by naming identical loads ``<name>-1``, ``<name>-2``,
 ... Cells of one platform, model, engine and GPU count whose load specs and engine
-arguments are identical are runs of one point; each other cell is a point of its own (a Poisson rate, say: its loads
-differ in rate_per_s, so ``poisson-5`` and ``poisson-10`` never pool). In a paired set
+arguments are identical are runs of one point; each other cell is a point of its own (a
+Poisson rate, say: its loads differ in rate_per_s, so ``poisson-5`` and ``poisson-10`` never
+pool). In a paired set
 (llmbench.grid.paired) the same runs are a point's repeats, run round by round.
 
     python -m llmbench.serve.runs RESULTS_DIR [RESULTS_DIR ...]   # Markdown on stdout
@@ -34,6 +35,12 @@ def warm_engine(provenance: dict) -> bool:
     return bool((provenance.get("engine_session") or {}).get("position"))
 
 
+def engine_args(cell: dict) -> str:
+    """A serving cell's launch arguments for its engine (its block's prefix cache switch and
+    engine_args), space-separated; '' for none."""
+    return " ".join(cell.get("engine_args") or ())
+
+
 def rows(results_dirs: list[Path | str]) -> pd.DataFrame:
     """One row per serving record under the folders: its cell, status and summary values."""
     out = []
@@ -44,7 +51,7 @@ def rows(results_dirs: list[Path | str]) -> pd.DataFrame:
             # a load on an engine that had served others before (a shared engine's) is a point of its
             # own, and so is one whose engine was launched with other arguments (its prefix cache off)
             spec = {**c["load_spec"], **({"warm_engine": True} if warm_engine(rec.provenance) else {}),
-                    **({"engine_args": " ".join(c["engine_args"])} if c.get("engine_args") else {})}
+                    **({"engine_args": engine_args(c)} if engine_args(c) else {})}
             out.append({**{k: c[k] for k in KEY}, "load": c["load"], "load_spec": json.dumps(spec, sort_keys=True),
                         "status": rec.status, **{m: rec.summary.get(m) for m in METRICS},
                         "goodput_ttft_target_s": rec.summary.get("goodput_ttft_target_s"),

@@ -29,7 +29,8 @@ CELL_TYPES = [
     # a cell's engine_args are its engine's list; the block's, a map engine -> list
     (ServeCell, "/$defs/serve_block", {"engine_args": None}),
     (MicroCell, "/$defs/micro_block", {}),
-    (Search, "/$defs/max_batch", {}),
+    # a search's step is the block's or derived from its technique (null: 1, an FP8 cell's own)
+    (Search, "/$defs/max_batch", {"step": None}),
 ]
 
 

@@ -69,7 +69,8 @@ def test_an_fp8_cell_whose_micro_batch_tokens_are_no_multiple_of_16_is_refused_b
     """torch._scaled_mm takes a rank's micro-batch tokens as one dimension of the backward's
     weight-gradient GEMM, and wants it a multiple of 16: batch 1 at sequence 350 stopped a GPU
     cell there. The grid says so, naming the key, the batch and the batches that would run;
-    a search (which probes every batch) needs a sequence length that is a multiple itself."""
+    a search probes only the batches that run (its step), and a step given that does not
+    is refused the same way."""
     cfg = pretrain()
     cfg["protocol"]["seq_len"] = 350
     with pytest.raises(ConfigError, match=r"pretrain\[0\]\.batch_sizes: technique 'Z3\+C\+FP8' trains in FP8, .*"
@@ -77,12 +78,19 @@ def test_an_fp8_cell_whose_micro_batch_tokens_are_no_multiple_of_16_is_refused_b
         grid.expand(cfg)
     cfg["pretrain"][0]["batch_sizes"] = [8]
     assert [c.batch_size for c in grid.expand(cfg).cells] == [8]
-    cfg["pretrain"][0].update(batch_sizes=None, max_batch={"max": 64})
-    with pytest.raises(ConfigError, match=r"pretrain\[0\]\.max_batch: .*a search probes every batch size, "
-                                          r"and seq_len 350 is not"):
+    cfg["pretrain"][0].update(batch_sizes=None, max_batch={"max": 70})
+    (s,) = grid.expand(cfg).searches
+    assert (s.step, s.start, s.max, s.to_dict()["step"]) == (8, 8, 64, 8)
+    cfg["pretrain"][0]["max_batch"]["step"] = 4
+    with pytest.raises(ConfigError, match=r"pretrain\[0\]\.max_batch\.step: .*a search probes multiples of its "
+                                          r"step, and batch 4 x seq_len 350 = 1400 tokens; .*multiples of 8"):
         grid.expand(cfg)
     cfg["protocol"]["seq_len"] = 512
-    assert grid.expand(cfg).searches
+    (s,) = grid.expand(cfg).searches
+    assert (s.step, s.start, s.max) == (4, 4, 68)
+    del cfg["pretrain"][0]["max_batch"]["step"]
+    (s,) = grid.expand(cfg).searches
+    assert (s.step, s.max, "step" in s.to_dict()) == (1, 70, False)
 
 
 def test_only_fp8_cells_specs_carry_the_fp8_peak():

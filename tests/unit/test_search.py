@@ -15,16 +15,18 @@ from llmbench.search import Frontier, Probe, State, bound, next_probe, predict
 
 
 def simulate(largest: int, max_batch: int, capacity=None, base=1.0, per_sample=0.1, noise=0.0, start=1, seed=0,
-             hint=None, slope=None):
+             hint=None, slope=None, step=1):
     """Run the search against an oracle: batch b fits iff b <= largest; memory is linear."""
     rng = random.Random(seed)
-    state = State(start=start, max_batch=max_batch, capacity_gib=capacity, hint=hint, hint_slope_gib=slope)
+    state = State(start=start, max_batch=max_batch, capacity_gib=capacity, hint=hint, hint_slope_gib=slope,
+                  step=step)
     while (nxt := next_probe(state)) is not None:
         bs, why = nxt
+        assert bs % step == 0 and 1 <= bs <= max_batch, (bs, state.probes)
         ok = bs <= largest
         peak = base + per_sample * bs + rng.uniform(-noise, noise) if ok else None
         state.probes.append(Probe(batch_size=bs, status="ok" if ok else "oom", peak_gib=peak, chosen_by=why))
-        assert len(state.probes) <= bound(max_batch), state.probes
+        assert len(state.probes) <= state.bound <= bound(max_batch), state.probes
     return state
 
 
@@ -220,6 +222,28 @@ def test_tight_probes_never_break_the_bound(algorithm):
                                               chosen_by=why))
                 assert state.lo == largest and len(state.probes) <= bound(1024), (largest, hint, slope, state.probes)
                 assert len({p.batch_size for p in state.probes}) == len(state.probes)
+
+
+@pytest.mark.parametrize("step", [2, 8])
+def test_a_search_in_steps_probes_only_their_multiples_and_finds_the_largest_one(step):
+    """An FP8 cell at sequence 350 runs only at multiples of 8 sequences (llmbench.fp8): the
+    search probes those alone, within the bound of its space counted in steps, with or
+    without a capacity's line and a hint (rounded down to a step, its slope per step)."""
+    max_batch = 128
+    for largest in range(0, max_batch + 1, 3):
+        want = largest // step * step
+        plain = simulate(largest, max_batch, start=step, step=step)
+        assert plain.lo == want and len(plain.probes) <= bound(max_batch // step)
+        cap = 1.0 + 0.1 * largest + 0.05
+        for hint in (None, max(largest - 5, 0), largest + 9):
+            steered = simulate(largest, max_batch, capacity=cap, start=step, step=step, hint=hint, slope=0.1)
+            assert steered.lo == want and len({p.batch_size for p in steered.probes}) == len(steered.probes)
+    right = simulate(45, max_batch, capacity=1.0 + 0.1 * 45 + 0.05, start=step, step=step, hint=45, slope=0.1)
+    assert [p.batch_size for p in right.probes] == [45 // step * step, 45 // step * step + step]
+    with pytest.raises(ValueError, match="multiples of step"):
+        State(start=1, max_batch=64, step=8)
+    s = search.summary(right, {"gpus": 2}, "f.json", False)
+    assert (s["step"], s["bound"], s["largest_ok"]) == (step, bound(max_batch // step), 45 // step * step)
 
 
 def test_nothing_fits_and_everything_fits():

@@ -370,6 +370,8 @@ class Search(_Addressed):
     """A probe's protocol: one repeat; the cell's steps unless the block's probe says fewer."""
     headroom: float = 0.05
     """Share of the capacity a fitting probe must leave free (llmbench.search)."""
+    step: int = 1
+    """The batches probed are multiples of it (llmbench.search.algorithm, rule 5)."""
 
     @property
     def key(self) -> dict[str, Any]:
@@ -386,8 +388,9 @@ class Search(_Addressed):
 
     def to_dict(self) -> dict[str, Any]:
         """The search's own settings (its spec's "search"; the measured cell has its own)."""
+        # step only where it is not 1: a search spec without it is a search of every batch
         return {"start": self.start, "max": self.max, "headroom": self.headroom,
-                "probe_protocol": asdict(self.probe_protocol)}
+                "probe_protocol": asdict(self.probe_protocol), **({"step": self.step} if self.step != 1 else {})}
 
 
 def cell_class(stage: str | None) -> type[Cell] | type[ServeCell] | type[MicroCell]:

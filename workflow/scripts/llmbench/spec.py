@@ -5,7 +5,7 @@ A spec is JSON::
     {"cell": {...}, "platform": {...}, "model": {...}}      a training, profile or serving cell
     {"cell": {...}, "platform": {...}}                       a microbenchmark cell
     ... "engine_python": "..."                               a serving cell, an engine profile
-    ... "search": {start, max, headroom, probe_protocol}     a max-batch search
+    ... "search": {start, max, headroom, probe_protocol[, step]}   a max-batch search
 
 Its JSON form is a contract: it is Snakemake's params rerun trigger (a changed spec reruns
 the cell) and every record keeps it (``provenance.spec``), so nothing here rewrites it.
@@ -49,7 +49,8 @@ class RunSpec:
     engine_python: str | None = None
     """The serving engine's interpreter (a serving cell, an engine profile; None: the workflow's)."""
     search: dict[str, Any] | None = None
-    """A max-batch search's settings (start, max, headroom, probe_protocol: llmbench.cells.Search.to_dict);
+    """A max-batch search's settings (start, max, headroom, probe_protocol, step where not 1:
+    llmbench.cells.Search.to_dict);
     None for a cell."""
     raw: dict[str, Any]
     """The spec as written (a copy; do not modify): what a worker reads, a record keeps and a

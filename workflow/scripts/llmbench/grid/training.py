@@ -75,9 +75,9 @@ def _block(b: Builder, stage: str, block: dict[str, Any], where: str, protocol: 
                                      mem_cap_gib=block["mem_cap_gib"], adapter=_adapter(block, where, tech),
                                      parallel=parallel)
             if search is not None:
-                if parsed.fp8 and not fp8.dims_ok(protocol.seq_len):
-                    raise ConfigError(_fp8_tokens_error(f"{where}.max_batch", tech, protocol.seq_len, None))
-                b.add_search(_search(where, search, cell(batch_size=search["start"])), where)
+                step = _search_step(where, search, tech, parsed.fp8, protocol.seq_len)
+                start = -(-search["start"] // step) * step
+                b.add_search(_search(where, search, cell(batch_size=start), step), where)
             for bs in (canon[tech] if canon is not None else sizes or []):
                 if parsed.fp8 and not fp8.dims_ok(bs * protocol.seq_len):
                     raise ConfigError(_fp8_tokens_error(f"{where}.batch_sizes", tech, protocol.seq_len, bs))
@@ -85,18 +85,34 @@ def _block(b: Builder, stage: str, block: dict[str, Any], where: str, protocol: 
                 b.paired.add(block, where, cell(batch_size=bs), b.results_dir)
 
 
-def _fp8_tokens_error(key: str, tech: str, seq_len: int, batch_size: int | None) -> str:
-    """Why an FP8 cell of this batch (None: a search, which probes every batch) cannot run:
-    the backward's weight-gradient GEMM takes a rank's micro-batch tokens as one dimension,
-    which torch._scaled_mm wants a multiple of fp8.DIM_MULTIPLE (else the first backward
-    raises "Expected self.size(1) to be divisible by 16")."""
-    m = fp8.DIM_MULTIPLE
-    what = (f"batch {batch_size} x seq_len {seq_len} = {batch_size * seq_len} tokens"
-            if batch_size is not None else f"a search probes every batch size, and seq_len {seq_len} is not")
-    fits = (f"; at seq_len {seq_len}, batch sizes that are multiples of {m // math.gcd(m, seq_len)}"
-            if batch_size is not None else "")
+def _fp8_step(seq_len: int) -> int:
+    """The smallest batch whose tokens an FP8 cell's GEMMs take (_fp8_tokens_error says
+    why): the batches they take are its multiples."""
+    return fp8.DIM_MULTIPLE // math.gcd(fp8.DIM_MULTIPLE, seq_len)
+
+
+def _fp8_tokens_error(key: str, tech: str, seq_len: int, batch_size: int, what: str = "") -> str:
+    """Why an FP8 cell of this batch (of a search: its step) cannot run: the backward's
+    weight-gradient GEMM takes a rank's micro-batch tokens as one dimension, which
+    torch._scaled_mm wants a multiple of fp8.DIM_MULTIPLE (else the first backward raises
+    "Expected self.size(1) to be divisible by 16")."""
     return (f"{key}: technique {tech!r} trains in FP8, whose GEMMs (torch._scaled_mm) need a rank's micro-batch "
-            f"tokens to be a multiple of {m}: {what}{fits}")
+            f"tokens to be a multiple of {fp8.DIM_MULTIPLE}: {what}batch {batch_size} x seq_len {seq_len} = "
+            f"{batch_size * seq_len} tokens; at seq_len {seq_len}, batch sizes that are multiples of "
+            f"{_fp8_step(seq_len)}")
+
+
+def _search_step(where: str, search: dict[str, Any], tech: str, is_fp8: bool, seq_len: int) -> int:
+    """A search's step (llmbench.search.algorithm, rule 5): the block's ``max_batch.step``,
+    else 1, or for an FP8 technique the smallest batch its GEMMs take; a given step an FP8
+    technique cannot take is an error naming the key."""
+    given = search.get("step")
+    if given is None:
+        return _fp8_step(seq_len) if is_fp8 else 1
+    if is_fp8 and not fp8.dims_ok(given * seq_len):
+        raise ConfigError(_fp8_tokens_error(f"{where}.max_batch.step", tech, seq_len, given, "a search probes "
+                                            "multiples of its step, and "))
+    return given
 
 
 def _backend(block: dict[str, Any], stage: str, where: str) -> str:
@@ -134,13 +150,19 @@ def _sizes_by_technique(sizes: dict[str, list[int]], names: list[str], where: st
     return canon
 
 
-def _search(where: str, search: dict[str, Any], cell: Cell) -> Search:
-    """A max-batch search of ``cell`` (its batch size is the search's start)."""
-    if search["start"] > search["max"]:
-        raise ConfigError(f"{where}.max_batch.start: {search['start']} is above max_batch.max {search['max']}")
+def _search(where: str, search: dict[str, Any], cell: Cell, step: int = 1) -> Search:
+    """A max-batch search of ``cell`` (its batch size is the search's start, rounded up to
+    a multiple of ``step``; max is rounded down to one)."""
+    top = search["max"] // step * step
+    if top < step:
+        raise ConfigError(f"{where}.max_batch.max: {search['max']} is below the search's step {step}, the "
+                          "smallest batch it may probe")
+    if cell.batch_size > top:
+        raise ConfigError(f"{where}.max_batch.start: {search['start']}" + (f" (a multiple of the step {step}: "
+                          f"{cell.batch_size})" if step > 1 else "") + f" is above max_batch.max {top}")
     probe = replace(cell.protocol, repeats=1, **{k: v for k, v in search["probe"].items() if v is not None})
-    return Search(cell=cell, start=search["start"], max=search["max"], probe_protocol=probe,
-                  headroom=search["headroom"])
+    return Search(cell=cell, start=cell.batch_size, max=top, probe_protocol=probe,
+                  headroom=search["headroom"], step=step)
 
 
 def _techniques(block: dict, where: str, stage: str, backend: backends.Backend) -> list[str]:

@@ -73,7 +73,7 @@ def replay(summary: dict[str, Any], hint: int | None, slope_gib: float | None = 
     cap = summary.get("fit_limit_gib") or summary.get("capacity_gib")
     state = State(start=summary["start"], max_batch=summary["max_batch"], capacity_gib=cap,
                   hint=None if hint is None else max(1, min(hint, summary["max_batch"])), hint_slope_gib=slope_gib,
-                  algorithm=summary.get("algorithm", 1) if recorded_why else ALGORITHM)
+                  algorithm=summary.get("algorithm", 1) if recorded_why else ALGORITHM, step=summary.get("step", 1))
     while (nxt := next_probe(state)) is not None:
         batch, why = nxt
         status, peak = answer(batch)

@@ -36,7 +36,12 @@ How the next batch is chosen (``next_probe``), with ``lo`` the largest batch kno
    rules 1 and 2;
 4. never more than ``floor(log2(max)) + 3`` probes (``bound``): a probe is accepted only
    if plain bisection could still finish within the probes left whatever its outcome;
-   otherwise the midpoint of (lo, hi) is probed, which always keeps that promise.
+   otherwise the midpoint of (lo, hi) is probed, which always keeps that promise;
+5. a ``step`` (default 1): only multiples of it are probed, the answer is one, and the
+   rules above run on the batch counted in steps (batch // step; the hint rounded down to
+   a step, its slope times the step), within ``floor(log2(max // step)) + 3`` probes. An
+   FP8 cell needs it: a rank's micro-batch tokens must be a multiple of 16
+   (llmbench.fp8), which at sequence 350 only multiples of 8 sequences are.
 
 Memory is assumed monotone in the batch size: if b fits, every smaller batch fits; if b
 is too large, every larger one is. A probe that ends neither fitting nor too large
@@ -46,7 +51,7 @@ is too large, every larger one is. A probe that ends neither fitting nor too lar
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 #: a probe's outcomes that bound the search (anything else stops it); tight: it ran, but
 #: its peak memory left less than the search's headroom free (it counts as too large)
@@ -111,10 +116,17 @@ class State:
     algorithm: int = ALGORITHM
     """Which version of the rules next_probe follows (``ALGORITHM``; a replay of a search
     passes the one it recorded)."""
+    step: int = 1
+    """The batches probed are multiples of it (rule 5); start and max_batch too."""
     probes: list[Probe] = field(default_factory=list)
     """The probes made so far, in order."""
 
     def __post_init__(self) -> None:
+        if self.step < 1:
+            raise ValueError(f"step must be >= 1, got {self.step}")
+        if self.start % self.step or self.max_batch % self.step:
+            raise ValueError(f"start ({self.start}) and max_batch ({self.max_batch}) must be multiples of step "
+                             f"({self.step})")
         if not 1 <= self.start <= self.max_batch:
             raise ValueError(f"start must be in 1..max_batch ({self.max_batch}), got {self.start}")
         if self.hint is not None and self.hint < 0:
@@ -127,14 +139,29 @@ class State:
 
     @property
     def hi(self) -> int:
-        """The smallest batch known to be too large (max_batch + 1: none yet)."""
-        return min((p.batch_size for p in self.probes if p.status in TOO_LARGE), default=self.max_batch + 1)
+        """The smallest batch known to be too large (max_batch + step: none yet)."""
+        return min((p.batch_size for p in self.probes if p.status in TOO_LARGE), default=self.max_batch + self.step)
 
     @property
     def done(self) -> bool:
-        """Whether the answer is known (hi = lo + 1) or a probe stopped the search."""
+        """Whether the answer is known (hi = lo + step) or a probe stopped the search."""
         stopped = any(p.status not in BOUNDING for p in self.probes)
-        return stopped or self.hi - self.lo <= 1
+        return stopped or self.hi - self.lo <= self.step
+
+    @property
+    def bound(self) -> int:
+        """Most probes this search makes (``bound`` of its space counted in steps)."""
+        return bound(self.max_batch // self.step)
+
+    def in_steps(self) -> State:
+        """The same search with batches counted in steps (rule 5): what next_probe decides on."""
+        if self.step == 1:
+            return self
+        k = self.step
+        return State(start=self.start // k, max_batch=self.max_batch // k, capacity_gib=self.capacity_gib,
+                     hint=None if self.hint is None else self.hint // k,
+                     hint_slope_gib=None if self.hint_slope_gib is None else self.hint_slope_gib * k,
+                     algorithm=self.algorithm, probes=[replace(p, batch_size=p.batch_size // k) for p in self.probes])
 
 
 def predict(probes: list[Probe], capacity_gib: float | None, slope_gib: float | None = None,
@@ -207,6 +234,9 @@ def _keeps_bound(c: int, lo: int, hi: int, left: int) -> bool:
 
 def next_probe(state: State) -> tuple[int, str] | None:
     """The next batch to probe and why, or None when the search is over."""
+    if state.step > 1:
+        nxt = next_probe(state.in_steps())
+        return None if nxt is None else (nxt[0] * state.step, nxt[1])
     if state.done:
         return None
     lo, hi = state.lo, state.hi

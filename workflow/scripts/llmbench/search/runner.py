@@ -34,7 +34,7 @@ from typing import Any
 
 from .. import cells
 from ..record import FRONTIER_COMMAND, wall_s
-from .algorithm import BOUNDING, Probe, State, bound, next_probe
+from .algorithm import BOUNDING, Probe, State, next_probe
 from ..spec import RunSpec
 from .frontier import Frontier, capacity_and_metric, fingerprint, probe_spec
 
@@ -56,10 +56,10 @@ def summary(state: State, group: dict[str, Any], frontier_path: Path | str, repr
         "reason": "" if stopped is None else f"probe at batch {stopped.batch_size}: {stopped.reason}",
         "largest_ok": state.lo or None,
         "smallest_oom": state.hi if state.hi <= state.max_batch else None,
-        "start": state.start, "max_batch": state.max_batch, "fit_limit_gib": state.capacity_gib,
+        "start": state.start, "max_batch": state.max_batch, "step": state.step, "fit_limit_gib": state.capacity_gib,
         "algorithm": state.algorithm,
         "probes": [asdict(p) for p in state.probes],
-        "n_probes": len(state.probes), "n_run": len(ran), "bound": bound(state.max_batch),
+        "n_probes": len(state.probes), "n_run": len(ran), "bound": state.bound,
         "search_wall_s": wall, "search_gpu_s": wall * group["gpus"],
         "frontier": str(frontier_path), "reprobe": reprobe,
     }
@@ -108,12 +108,12 @@ def run(spec: RunSpec | dict[str, Any], out_dir: Path | str, frontier_path: Path
     # measured run must not push the measured cell over); the model aims at that limit
     limit = None if capacity is None else capacity * (1 - search["headroom"])
     state = State(start=search["start"], max_batch=search["max"], capacity_gib=limit, hint=hint,
-                  hint_slope_gib=hint_slope_gib)
+                  hint_slope_gib=hint_slope_gib, step=search.get("step", 1))
     group = {k: v for k, v in template.key.items() if k != "batch_size"}
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as fh:
         fh.write(f"search {group}: start {state.start}, hint {hint} (slope {hint_slope_gib} GiB), max {state.max_batch}, "
-                 f"bound {bound(state.max_batch)} probes, capacity {capacity} GiB ({metric})\n")
+                 f"step {state.step}, bound {state.bound} probes, capacity {capacity} GiB ({metric})\n")
     while (nxt := next_probe(state)) is not None:
         bs, why = nxt
         at = probe_spec(spec, bs)

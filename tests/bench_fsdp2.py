@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--batch and --gpus: at least 1; got {args.batch} and {args.gpus}")
 
     try:
-        platform, gpu_state = platform_for(args.device, args.platform)
+        platform, gpu_state = platform_for(args.device, args.platform, args.gpus)
     except ValueError as e:
         ap.error(str(e))
     workdir = Path(tempfile.mkdtemp(prefix="bench-fsdp2-"))

@@ -68,17 +68,18 @@ def gpu_platform(names: list[str]) -> str:
     return min(found, key=lambda p: (p.gpus_per_node, p.name)).name
 
 
-def platform_for(device: str, platform: str | None) -> tuple[str, list[dict]]:
-    """(platform, the GPU's state as llmbench.gpus reads it) a run on ``device`` takes: the
-    CPU platform on a CPU; on CUDA the GPU the cells run on (llmbench.gpus.cell_gpu_ids),
-    its platform from its name unless ``platform`` names one, which must match it as a
-    pipeline cell's must (llmbench.gpus.wrong_gpu_reason). ValueError otherwise."""
+def platform_for(device: str, platform: str | None, count: int = 1) -> tuple[str, list[dict]]:
+    """(platform, the state of the GPUs as llmbench.gpus reads it) a run on ``device`` takes:
+    the CPU platform on a CPU; on CUDA the ``count`` GPUs the cells run on
+    (llmbench.gpus.cell_gpu_ids), its platform from their name unless ``platform`` names one,
+    which must match them as a pipeline cell's must (llmbench.gpus.wrong_gpu_reason).
+    ValueError otherwise."""
     from llmbench import gpus
     from llmbench.platforms import Platform
 
     if device == "cpu":
         return platform or "cpu", []
-    found = gpus.read_nvml(gpus.cell_gpu_ids(1, "cuda"))
+    found = gpus.read_nvml(gpus.cell_gpu_ids(count, "cuda"))
     if platform is None:
         return gpu_platform([g.name for g in found]), [g.to_dict() for g in found]
     if wrong := gpus.wrong_gpu_reason(found, Platform.load(platform).gpu_name, platform):

@@ -448,13 +448,17 @@ def test_fsdp2_states_by_hand():
     p = predict(w("Z3", backend="fsdp2"))
     assert (p.family, p.phase) == ("fsdp2", "optimizer step")
     # the activations are DeepSpeed's without its ZeRO-3 copies (constants.ZERO3_ACT_SCALE), times
-    # FSDP2's own full-parameter scale (FSDP2_FULL_ACT_SCALE), which neither a LoRA cell nor a
-    # compiled one takes
+    # FSDP2's own full-parameter scale (FSDP2_FULL_ACT_SCALE), which a LoRA cell does not take;
+    # compiled, FSDP2's compiled scale in place of it and of DeepSpeed's (COMPILED_ACT_SCALE),
+    # and in FP8 times FP8_ACT_SCALE
     plain = activation_bytes(w("Naive"))[0]
     assert activation_bytes(w("Z3", backend="fsdp2"))[0] == pytest.approx(plain * C.FSDP2_FULL_ACT_SCALE)
     assert activation_bytes(w("Z2", backend="fsdp2"))[0] == pytest.approx(plain * C.FSDP2_FULL_ACT_SCALE)
-    assert activation_bytes(w("F+Z3+C", backend="fsdp2"))[0] == pytest.approx(
-        activation_bytes(w("F+C"))[0])
+    flash = activation_bytes(w("F"))[0]
+    assert activation_bytes(w("F+C"))[0] == pytest.approx(flash * C.COMPILED_ACT_SCALE)
+    assert activation_bytes(w("F+Z3+C", backend="fsdp2"))[0] == pytest.approx(flash * C.FSDP2_COMPILED_ACT_SCALE)
+    assert activation_bytes(w("F+Z3+C+FP8", backend="fsdp2"))[0] == pytest.approx(
+        flash * C.FSDP2_COMPILED_ACT_SCALE * C.FP8_ACT_SCALE)
     assert activation_bytes(w("L", backend="fsdp2", adapter=LORA_ALL))[0] == pytest.approx(
         activation_bytes(w("L", adapter=LORA_ALL))[0])
 

@@ -155,11 +155,25 @@ ACTIVATIONS_OF: dict[str, str] = {"fsdp2": "deepspeed"}
 #: llama3.1-8b Z2, Z3 and F+Z3 at batch 8, 1.34-1.47). Without it the model fell 5-9 % short of
 #: those rows' allocated peaks. The LoRA rows of FSDP2 need none (1.02-1.07 at batch 1 and 4);
 #: what holds the extra copies in the full-parameter step is not traced (as DeepSpeed's ZeRO-3
-#: copies, ZERO3_ACT_SCALE, which are of the same size). A compiled cell (C) does not take it:
-#: no compiled FSDP2 record peaks in forward/backward, and their reserved step peaks (where the
-#: allocator keeps eager-sized blocks) came out 1.4-8.9 % over measured with it, -4.7 to +4.1 %
-#: without.
+#: copies, ZERO3_ACT_SCALE, which are of the same size). A compiled cell (C) takes
+#: FSDP2_COMPILED_ACT_SCALE in its place.
 FSDP2_FULL_ACT_SCALE = 1.41
+#: Saved activations of a full-parameter FSDP2 cell with compiled layers (C) over DeepSpeed's
+#: eager ones for the same model and tokens, in place of FSDP2_FULL_ACT_SCALE and
+#: COMPILED_ACT_SCALE (fitted: llmbench.memory.fit, the mean over the compiled bf16 FSDP2 rows
+#: without an adapter or recomputation whose forward/backward pass sets the peak: the H200
+#: pair's llama2-7b F+Z3+C at batch 48 and 49, 0.97). Inductor saves 0.69 of the eager FSDP2
+#: cell's, not DeepSpeed's compiled 0.58: taking both of those, the model fell 24 % short of
+#: those rows' allocated peaks (84.6 against 111.2 GiB at batch 48). Every earlier compiled FSDP2
+#: record peaked at the optimizer step, where activations are gone.
+FSDP2_COMPILED_ACT_SCALE = 0.97
+#: Saved activations of an FP8 cell (torchao's float8 training of the compiled layers, FSDP2)
+#: over the same cell in bf16 (fitted: llmbench.memory.fit, the mean over the FP8 rows whose
+#: forward/backward pass sets the peak: the H200 pair's llama2-7b F+Z3+C+FP8 at batch 48, 64
+#: and 72, 0.74-0.77). Which tensors the compiled FP8 layers keep smaller is not traced. Their
+#: freed blocks shrink alike: the reserved step peak takes the FP8 activations' eager size. The
+#: rowwise recipe (FP8R) takes it too: none of its records peaks in forward/backward.
+FP8_ACT_SCALE = 0.77
 
 #: FSDP2's model states, per trained parameter (MixedPrecisionPolicy: bf16 compute, fp32
 #: reduction; the sharded parameters are fp32 and are the master weights; fused AdamW):

@@ -32,6 +32,8 @@ From the tidy table's ok GPU training rows (with their records' specs):
   whose predicted peak is in the forward/backward phase (left out of ``act_scale``'s rows);
 - ``FSDP2_FULL_ACT_SCALE``: the same for FSDP2's full-parameter rows (no adapter) without
   recomputation or compile whose predicted peak is in the forward/backward phase;
+  ``FSDP2_COMPILED_ACT_SCALE`` for those with compiled layers (C) in bf16, and
+  ``FP8_ACT_SCALE`` for the FP8 ones (over the same cell in bf16);
 - ``ZERO3_RECOMPUTED_ADAPTER_SCALE``: the adapter rows under ZeRO-3 with recomputation whose
   peak the recomputed layer sets (as for ``RECOMPUTED_LAYER_PEAK``): the median of what
   they hold beyond states, buckets, layer inputs and overhead over the layer's activations
@@ -73,7 +75,8 @@ from ..config import REPO_ROOT, ConfigError
 from ..models import ModelSpec
 from ..platforms import Platform
 from ..spec import RunSpec
-from .constants import (ACTIVATIONS_OF, BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, FSDP2_FULL_ACT_SCALE,
+from .constants import (ACTIVATIONS_OF, BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED, FP8_ACT_SCALE,
+                        FSDP2_COMPILED_ACT_SCALE, FSDP2_FULL_ACT_SCALE,
                         QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK, ZERO3_ACT_SCALE, ZERO3_RECOMPUTED_ADAPTER_SCALE)
 from .model import (GIB, Workload, activation_bytes, adapter_dropout_bytes, adapter_params,
                     beside_activations_bytes, buffer_bytes, layer_activation_bytes, modelled, predict,
@@ -266,7 +269,8 @@ def fit_rows(training: list[Row], root: Path = REPO_ROOT) -> dict[str, Any]:
     else:
         out["cached_logits_bytes"] = out["cached_activation_fraction"] = None
     out["cached_rows"] = len(xs)
-    compiled, zero3, quant4, fsdp2, off_fb, off_host, off_frozen = [], [], [], [], {}, {}, {}
+    compiled, zero3, quant4, fsdp2, fsdp2_compiled, fp8 = [], [], [], [], [], []
+    off_fb, off_host, off_frozen = {}, {}, {}
     for r in ok:
         tech, w = r.workload.tech, r.workload
         if w.backend not in ("deepspeed", "fsdp2"):
@@ -278,9 +282,13 @@ def fit_rows(training: list[Row], root: Path = REPO_ROOT) -> dict[str, Any]:
         # stated scale, the scale the row needs
         left = (r.measured_gib - state_bytes(w)[0] / GIB - rest) * GIB / acts
         if w.backend == "fsdp2":  # a full-parameter FSDP2 row whose forward/backward pass sets the peak
-            if (tech.adapter is None and not tech.recompute and not tech.compiled
-                    and predict(w).phase == "forward-backward"):
-                fsdp2.append(left * FSDP2_FULL_ACT_SCALE)
+            if tech.adapter is None and not tech.recompute and predict(w).phase == "forward-backward":
+                if tech.fp8:
+                    fp8.append(left * FP8_ACT_SCALE)
+                elif tech.compiled:
+                    fsdp2_compiled.append(left * FSDP2_COMPILED_ACT_SCALE)
+                else:
+                    fsdp2.append(left * FSDP2_FULL_ACT_SCALE)
             continue
         if tech.compiled and not tech.recompute:
             compiled.append(left * COMPILED_ACT_SCALE)
@@ -316,6 +324,10 @@ def fit_rows(training: list[Row], root: Path = REPO_ROOT) -> dict[str, Any]:
     out["quant4_rows"] = len(quant4)
     out["fsdp2_full_act_scale"] = float(np.mean(fsdp2)) if fsdp2 else None
     out["fsdp2_full_rows"] = len(fsdp2)
+    out["fsdp2_compiled_act_scale"] = float(np.mean(fsdp2_compiled)) if fsdp2_compiled else None
+    out["fsdp2_compiled_rows"] = len(fsdp2_compiled)
+    out["fp8_act_scale"] = float(np.mean(fp8)) if fp8 else None
+    out["fp8_rows"] = len(fp8)
     out["offload_fb_bytes"] = {k: float(np.mean(v)) for k, v in off_fb.items()}
     out["offload_host_bytes"] = {k: float(np.mean(v)) for k, v in off_host.items()}
     out["offload_frozen_host_bytes"] = {k: float(np.mean(v)) for k, v in off_frozen.items()}
@@ -339,6 +351,7 @@ UNFITTED: dict[str, Any] = {
     "megatron": {"act_scale": 1.0, "overhead_gib": 0.0, "host_base_gib": 0.0},
     "cached_logits_bytes": 0.0, "cached_activation_fraction": 0.0,
     "compiled_act_scale": 1.0, "zero3_act_scale": 1.0, "quant4_act_scale": 1.0, "fsdp2_full_act_scale": 1.0,
+    "fsdp2_compiled_act_scale": 1.0, "fp8_act_scale": 1.0,
     # bf16 gradient partition on the GPU; fp32 master, Adam and fp32 gradients on the host
     # (16), plus the bf16 parameter partition under ZeRO-3's offload_param; a frozen bf16 base
     "offload_fb_bytes": {"Z2+O": 2.0, "Z3+O": 2.0},
@@ -361,6 +374,7 @@ def stated() -> dict[str, Any]:
         "cached_logits_bytes": C.CACHED_LOGITS_BYTES, "cached_activation_fraction": C.CACHED_ACTIVATION_FRACTION,
         "compiled_act_scale": C.COMPILED_ACT_SCALE, "zero3_act_scale": C.ZERO3_ACT_SCALE,
         "quant4_act_scale": C.QUANT4_ACT_SCALE, "fsdp2_full_act_scale": C.FSDP2_FULL_ACT_SCALE,
+        "fsdp2_compiled_act_scale": C.FSDP2_COMPILED_ACT_SCALE, "fp8_act_scale": C.FP8_ACT_SCALE,
         "offload_fb_bytes": {f"Z{z}+O": ds[(z, True)].fb.sharded for z in (2, 3)},
         "offload_host_bytes": {f"Z{z}+O": ds[(z, True)].host.sharded for z in (2, 3)},
         "offload_frozen_host_bytes": {"Z3+O": ds[(3, True)].frozen_host},
@@ -409,6 +423,7 @@ def applied(values: dict[str, Any]) -> Iterator[None]:
         "CACHED_LOGITS_BYTES": v["cached_logits_bytes"], "CACHED_ACTIVATION_FRACTION": v["cached_activation_fraction"],
         "COMPILED_ACT_SCALE": v["compiled_act_scale"], "ZERO3_ACT_SCALE": v["zero3_act_scale"],
         "QUANT4_ACT_SCALE": v["quant4_act_scale"], "FSDP2_FULL_ACT_SCALE": v["fsdp2_full_act_scale"],
+        "FSDP2_COMPILED_ACT_SCALE": v["fsdp2_compiled_act_scale"], "FP8_ACT_SCALE": v["fp8_act_scale"],
         "DEEPSPEED": ds,
     }
     modules = [C, M, sys.modules[__name__]]

@@ -70,7 +70,7 @@ from ..models import ModelSpec
 from ..platforms import Platform
 from ..spec import RunSpec
 from .constants import (BACKENDS, BUCKETS, CACHED_ACTIVATION_FRACTION, CACHED_LOGITS_BYTES, COMPILED_ACT_SCALE,
-                        DEEPSPEED, FSDP2_FULL_ACT_SCALE, FSDP2_GATHERED_BYTES, FSDP2_LIVE_LAYERS, FSDP2_REDUCE_BYTES,
+                        DEEPSPEED, FP8_ACT_SCALE, FSDP2_COMPILED_ACT_SCALE, FSDP2_FULL_ACT_SCALE, FSDP2_GATHERED_BYTES, FSDP2_LIVE_LAYERS, FSDP2_REDUCE_BYTES,
                         FSDP2_REPLICATED, FSDP2_ROOT_REDUCE_BYTES, FSDP2_SHARDED, MEGATRON,
                         MEGATRON_DISTOPT, QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK, ZERO3_ACT_SCALE,
                         ZERO2_STEP_CACHED_GRAD_BYTES, ZERO3_MAX_LIVE_PARAMETERS, ZERO3_RECOMPUTED_ADAPTER_SCALE,
@@ -390,6 +390,15 @@ def quant4_full_parameter(tech: techniques.Technique) -> bool:
     return tech.quant4 and tech.adapter is None and not tech.recompute
 
 
+def compiled_scale(w: Workload) -> float:
+    """What compiled layers (C) save over the eager cell's activations at the backend's scale
+    (1 without C): a full-parameter FSDP2 cell's own FSDP2_COMPILED_ACT_SCALE (its eager
+    cell's FSDP2_FULL_ACT_SCALE not taken), else COMPILED_ACT_SCALE."""
+    if not w.tech.compiled:
+        return 1.0
+    return FSDP2_COMPILED_ACT_SCALE if w.backend == "fsdp2" and w.tech.adapter is None else COMPILED_ACT_SCALE
+
+
 def activation_bytes(w: Workload) -> tuple[float, float, float]:
     """(saved activations, one recomputed layer, logits) in bytes of one rank for one
     micro-batch. Without recomputation no layer is recomputed (0); a recomputed layer's
@@ -400,9 +409,9 @@ def activation_bytes(w: Workload) -> tuple[float, float, float]:
     seq = w.seq_len + (int((w.adapter or {}).get("num_virtual_tokens", 0)) if tech.adapter == "prompt_tuning" else 0)
     tokens = w.batch_size * seq
     zero3 = zero3_scale(tech) if w.backend == "deepspeed" else 1.0  # DeepSpeed's ZeRO-3 wrapper's copies
-    scale = (k.act_scale * (COMPILED_ACT_SCALE if tech.compiled else 1.0) * zero3
-             * (QUANT4_ACT_SCALE if quant4_full_parameter(tech) else 1.0)
-             * (FSDP2_FULL_ACT_SCALE if w.backend == "fsdp2" and tech.adapter is None and not tech.compiled else 1.0))
+    scale = (k.act_scale * compiled_scale(w) * zero3 * (QUANT4_ACT_SCALE if quant4_full_parameter(tech) else 1.0)
+             * (FSDP2_FULL_ACT_SCALE if w.backend == "fsdp2" and tech.adapter is None and not tech.compiled else 1.0)
+             * (FP8_ACT_SCALE if tech.fp8 else 1.0))
     per_layer = tokens * (scale * layer_activation_bytes(w.model, seq, tech.flash, tp)
                           + zero3 * adapter_dropout_bytes(w.model, w.adapter))
     logits = tokens * k.logits_bytes * w.model.vocab_size / tp
@@ -491,7 +500,7 @@ def predict(w: Workload) -> Prediction:
     step = step_states + (0.0 if buckets_in_backward_only(w) else buffers) + overhead
     cached, cached_step = cached_bytes(w, acts), step_cached_bytes(w)
     if w.backend == "fsdp2":  # a compiled layer's freed blocks are eager-sized (constants.FSDP2_REDUCE_BYTES)
-        eager = acts / COMPILED_ACT_SCALE if w.tech.compiled else acts
+        eager = acts / compiled_scale(w)
         cached_step = fsdp2_step_cached_bytes(w, eager + beside + fsdp2_gathered_bytes(w))
     pools = stream_pool_bytes(w)
     terms = {"states_fb": fb_states, "states_step": step_states, "activations": acts, "recomputed_layer": layer,

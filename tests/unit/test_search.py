@@ -470,6 +470,24 @@ def _capped_search_grid() -> dict:
                           "max_batch": {"max": 32}, "mem_cap_gib": 2.0}]}
 
 
+def test_the_runner_probes_in_the_step_the_grid_gives_and_records_it(tmp_path, monkeypatch, repo):
+    """A block's max_batch.step reaches the runner through the search's spec: every probe
+    that runs is a multiple of it, the answer is the largest multiple that fits (8 where 9
+    would), and search.json says the step and the bound of the space counted in steps."""
+    from llmbench import grid
+
+    ran = _probes_fit_to_9(monkeypatch)
+    base = _capped_search_grid()
+    base["pretrain"][0]["max_batch"]["step"] = 4
+    g = grid.expand(base, repo)
+    s = g.searches[0]
+    assert g.spec(s)["search"]["step"] == 4 and s.start == 4
+    out = search.run(g.spec(s), tmp_path / "a", Path(s.frontier_path(str(tmp_path / "results"))), tmp_path / "a.log")
+    assert ran and all(b % 4 == 0 for b in ran)
+    assert (out["largest_ok"], out["step"], out["bound"]) == (8, 4, bound(32 // 4))
+    assert "step 4" in (tmp_path / "a.log").read_text()
+
+
 def test_seed_frontier_rebuilds_a_lost_frontier_from_probe_records(tmp_path, monkeypatch, repo, capsys):
     """A search whose frontier file is gone (a GPU machine given back, a results folder
     lost) resumes from its probe records once seed-frontier has read them; records of

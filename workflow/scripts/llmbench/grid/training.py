@@ -76,8 +76,7 @@ def _block(b: Builder, stage: str, block: dict[str, Any], where: str, protocol: 
                                      parallel=parallel)
             if search is not None:
                 step = _search_step(where, search, tech, parsed.fp8, protocol.seq_len)
-                start = -(-search["start"] // step) * step
-                b.add_search(_search(where, search, cell(batch_size=start), step), where)
+                b.add_search(_search(where, search, cell(batch_size=search["start"]), step), where)
             for bs in (canon[tech] if canon is not None else sizes or []):
                 if parsed.fp8 and not fp8.dims_ok(bs * protocol.seq_len):
                     raise ConfigError(_fp8_tokens_error(f"{where}.batch_sizes", tech, protocol.seq_len, bs))
@@ -153,6 +152,7 @@ def _sizes_by_technique(sizes: dict[str, list[int]], names: list[str], where: st
 def _search(where: str, search: dict[str, Any], cell: Cell, step: int = 1) -> Search:
     """A max-batch search of ``cell`` (its batch size is the search's start, rounded up to
     a multiple of ``step``; max is rounded down to one)."""
+    cell = replace(cell, batch_size=-(-cell.batch_size // step) * step)
     top = search["max"] // step * step
     if top < step:
         raise ConfigError(f"{where}.max_batch.max: {search['max']} is below the search's step {step}, the "

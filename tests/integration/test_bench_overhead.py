@@ -3,6 +3,7 @@ launcher and the plain loop's variants in a child of their own, on the tiny mode
 numbers are a benchmark's and are not asserted; what is checked is that every side ran
 the same model and that each ratio is computed from windows that were timed."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -100,3 +101,11 @@ def test_on_a_gpu_the_platform_is_the_one_whose_gpu_name_the_gpu_has(monkeypatch
     with pytest.raises(ValueError, match="--platform h100: wrong GPU: GPU 0 is 'NVIDIA H200'"):
         bench_overhead.platform_for("cuda", "h100")
     assert bench_overhead.platform_for("cpu", None) == ("cpu", [])
+    # a run over several ranks reads every GPU its ranks take (bench_fsdp2 --gpus 2 read one)
+    asked = []
+    monkeypatch.setattr(gpus, "read_nvml", lambda ids: asked.append(ids) or [h200, dataclasses.replace(h200, id="1")])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("SLURM_STEP_GPUS", raising=False)
+    monkeypatch.delenv("SLURM_JOB_GPUS", raising=False)
+    platform, state = bench_overhead.platform_for("cuda", None, 2)
+    assert (platform, [g["id"] for g in state], asked) == ("h200", ["0", "1"], [["0", "1"]])

@@ -3,7 +3,7 @@
 # invocation per target, so that a call that must end by a deadline (a lent machine's
 # 10-minute call, a Slurm allocation's last minutes) never starts a cell it cannot finish:
 # a cell killed half-way is GPU time spent on nothing. Before each target it checks that
-# the time left is at least the longest cell so far took (or FIRST_S before any has run);
+# the time left is at least 1.2 times the longest cell so far (or FIRST_S before any has run);
 # a target it cannot hold is not started, and the list goes on with the next ones (a shorter
 # cell, or a search, may still fit the time left; the list's order is its priority); a
 # max-batch search needs FIRST_S only, as it starts no probe that its job's deadline cannot
@@ -182,7 +182,8 @@ while (( i < ${#targets[@]} )); do
     elif [[ $t != *.json ]]; then  # a search stops between probes at its job's deadline
         est="" need=$first why="a search needs FIRST_S (${first}s) for its first probe"
     else
-        est="" need=$longest why="the longest cell took ${longest}s"
+        # 1.2 times it, rounded up, as the cell's own deadline check wants (llmbench.ledger)
+        est="" need=$(( (longest * 6 + 4) / 5 )) why="the longest cell took ${longest}s (x 1.2: ${need}s)"
     fi
     # the line after the cell gives the whole cell's: its repeats still to run (those kept count as run)
     [[ $est =~ ^[0-9]+$ ]] && est=$((est * reps))

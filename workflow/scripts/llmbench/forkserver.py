@@ -382,7 +382,7 @@ def _lead(request: dict) -> int:
     return first
 
 
-def _fork_repeat(request: dict, close: list) -> int:
+def _fork_repeat(request: dict, close: list, close_fds: list[int] = ()) -> int:
     """Fork the repeat's leader; what can fail before its output goes to the cell's log (the
     log itself, the working directory) fails here, as the reply to the launcher."""
     if not os.path.isabs(request["log"]) or not os.path.isdir(request["cwd"]):
@@ -401,6 +401,9 @@ def _fork_repeat(request: dict, close: list) -> int:
         os.close(fd)
         for s in close:
             s.close()
+        signal.set_wakeup_fd(-1)
+        for other in close_fds:  # the server's wake-up pipe
+            os.close(other)
         os.setsid()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
@@ -412,6 +415,44 @@ def _fork_repeat(request: dict, close: list) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _accept(listener: socket.socket, children: dict[int, socket.socket], close_fds: list[int]) -> bool:
+    """Answer one launcher: fork its repeat (its leader's exit code goes back on the same
+    connection, _reap); True where it asked the server to stop once idle."""
+    conn, _ = listener.accept()
+    try:
+        conn.settimeout(10)
+        line = conn.makefile("rb").readline()
+        request = json.loads(line)
+        if request.get("stop"):
+            conn.close()
+            return True
+        pid = _fork_repeat(request, [listener, *children.values()], close_fds)
+        conn.settimeout(None)
+        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        children[pid] = conn
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode() + b"\n")
+        conn.close()
+    return False
+
+
+def _reap(children: dict[int, socket.socket]) -> bool:
+    """Every leader that has exited: its exit code to its launcher. True where one had."""
+    reaped = False
+    while children:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            break
+        reaped = True
+        conn = children.pop(pid, None)
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps({"rc": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+            conn.close()
+    return reaped
 
 
 def serve(path: Path, preload: list[str], idle_s: float, accelerator: str = "cpu") -> None:
@@ -431,42 +472,34 @@ def serve(path: Path, preload: list[str], idle_s: float, accelerator: str = "cpu
     listener.listen(64)
     os.replace(tmp, path)  # connectable only now, once everything is imported
     ino = path.stat().st_ino
+    # it sleeps until a launcher connects or a repeat's leader exits (SIGCHLD, written to a
+    # pipe by Python's wakeup fd), or until it has been idle for idle_s: no polling, so an
+    # idle server costs no CPU (a GPU node's, or a test session's several)
+    wake_r, wake_w = os.pipe()
+    for fd in (wake_r, wake_w):
+        os.set_blocking(fd, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the signal reaches the fd
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
-    children: dict[int, socket.socket] = {}
+    sel.register(wake_r, selectors.EVENT_READ)
+    children: dict[int, socket.socket] = {}  # leader pid -> its launcher's connection
     last, stopping = time.monotonic(), False
-    while True:
-        for _ in sel.select(timeout=0.05):
-            conn, _ = listener.accept()
-            try:
-                conn.settimeout(10)
-                line = conn.makefile("rb").readline()
-                request = json.loads(line)
-                if request.get("stop"):
-                    stopping = True
-                    conn.close()
-                    continue
-                pid = _fork_repeat(request, [listener, *children.values()])
-                conn.settimeout(None)
-                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-                children[pid] = conn
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                with contextlib.suppress(OSError):
-                    conn.sendall(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode() + b"\n")
-                conn.close()
+    while children or not stopping:
+        timeout = None if children else max(0.0, idle_s - (time.monotonic() - last))
+        events = sel.select(timeout=timeout)
+        if not events and not children:
+            break  # idle for idle_s
+        for key, _ in events:
+            if key.fileobj is listener:
+                stopping = _accept(listener, children, [wake_r, wake_w]) or stopping
+                last = time.monotonic()
+            else:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(wake_r, 512):
+                        pass
+        if _reap(children):
             last = time.monotonic()
-        while children:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            conn = children.pop(pid, None)
-            if conn is not None:
-                with contextlib.suppress(OSError):
-                    conn.sendall(json.dumps({"rc": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
-                conn.close()
-            last = time.monotonic()
-        if not children and (stopping or time.monotonic() - last > idle_s):
-            break
     with contextlib.suppress(OSError):
         if path.stat().st_ino == ino:  # not a successor's socket
             path.unlink()

@@ -80,3 +80,45 @@ def test_an_fp8_cell_is_set_over_its_bf16_cell_of_the_same_stack_and_shows_both_
     assert shown.loc["F+Z3+C+FP8", "FSDP2 MFU %"] == "2.0 (FP8 peak 13.1)"
     assert shown.loc["F+Z3+C+FP8", "FP8 / bf16 tok/s [95 %]"].endswith("(set)")
     assert shown.loc["F+Z3+C", "FP8 / bf16 tok/s [95 %]"] == ""
+
+
+def test_the_baseline_of_a_method_at_its_largest_batch_drops_only_what_deepspeed_cannot_run_with_it():
+    assert stacks.baseline_technique("F+Z3+C") == "F+Z3"  # DeepSpeed's ZeRO-3 does not run C
+    assert stacks.baseline_technique("F+Z2+C") == "F+Z2+C"  # with ZeRO-2 it does
+    assert stacks.baseline_technique("F+Z3+C+FP8") == "F+Z3"  # nor FP8
+    assert stacks.baseline_technique("Z2+FP8R") == "Z2"
+    assert stacks.baseline_technique("R+Z3+O") == "R+Z3+O" and stacks.baseline_technique("L+F") == "L+F"
+
+
+def test_each_side_at_its_largest_batch_pairs_in_the_set_and_fp8_meets_bf16_at_its_own_largest():
+    def at(backend, tech, bs, runs, searched, pset="big"):
+        r = row(backend, tech, runs, pset=pset, run="a")
+        r.update(batch_size=bs, searched_max_batch=searched, record_path=f"a/{backend}/{tech}/bs{bs}")
+        return r
+
+    tidy = pd.DataFrame([
+        at("deepspeed", "F+Z3", 1, [900, 910], 33, pset="small"),
+        at("deepspeed", "F+Z3", 33, [9800, 9820], 33),
+        at("fsdp2", "F+Z3+C", 1, [2000, 2010], 48, pset="small"),
+        at("fsdp2", "F+Z3+C", 48, [13400, 13500], 48),
+        at("fsdp2", "F+Z3+C+FP8", 48, [17900, 18000], 64),
+        at("fsdp2", "F+Z3+C+FP8", 64, [18600, 18700], 64),
+        at("fsdp2", "Z3", 1, [1500, 1510], None, pset="small"),  # batch 1 alone: no largest row
+    ])
+    df = stacks.build(tidy)
+    assert df["view"].value_counts().to_dict() == {"batch": 5, "largest": 2}
+    big = df[df["view"] == "largest"].set_index("technique")
+    c = big.loc["F+Z3+C"]
+    assert (c.batch_size, c.fsdp2_batch_size, c.deepspeed_technique, c.deepspeed_batch_size) == (48, 48, "F+Z3", 33)
+    assert c.pairing == "set" and c.ratio == pytest.approx((13400 / 9800 * 13500 / 9820) ** 0.5)
+    fp8 = big.loc["F+Z3+C+FP8"]
+    assert fp8.fsdp2_batch_size == 64 and fp8.deepspeed_batch_size == 33 and fp8.fp8_bf16_batch_size == 48
+    assert fp8.fp8_ratio == pytest.approx((18600 / 13400 * 18700 / 13500) ** 0.5) and fp8.fp8_pairing == "set"
+    # at each batch, the compiled cell has no DeepSpeed counterpart (ZeRO-3 does not run C)
+    assert df[(df["view"] == "batch") & (df["technique"] == "F+Z3+C")]["ratio"].isna().all()
+    parts = stacks.table(df).parts
+    assert [p.heading for p in parts] == ["", "At each side's largest batch"]
+    shown = parts[1].frame.set_index("Method")
+    assert shown.loc["F+Z3+C", "DeepSpeed BS"] == "F+Z3 33 (searched)"
+    assert shown.loc["F+Z3+C", "FSDP2 BS"] == "48 (searched)"
+    assert shown.loc["F+Z3+C+FP8", "FP8 / bf16 tok/s [95 %]"].endswith("(set, bf16 at bs 48)")

@@ -156,7 +156,7 @@ TABLES: tuple[Entry, ...] = (
     _t("advice", MEMORY, "Advice: the methods ranked per platform, model and stage, measured here or by the "
        "paper where measured, predicted with an interval elsewhere (llmbench.report.advice)", "tidy"),
     _t("stacks", STACKS, "The paper's stack and today's: every cell PyTorch FSDP2 ran, beside DeepSpeed's cell of the "
-       "same method (llmbench.report.stacks)", "tidy", "superseded"),
+       "same method, at each batch and at each side's largest (llmbench.report.stacks)", "tidy", "superseded"),
     _t("findings-ours", STACKS, "Our findings: claims of this project about today's stack, judged by the verdicts' "
        "engine (config/findings/ours.yaml)", "tidy", "superseded", "findings-ours"),
 )

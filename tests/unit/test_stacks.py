@@ -103,10 +103,12 @@ def test_each_side_at_its_largest_batch_pairs_in_the_set_and_fp8_meets_bf16_at_i
         at("fsdp2", "F+Z3+C", 48, [13400, 13500], 48),
         at("fsdp2", "F+Z3+C+FP8", 48, [17900, 18000], 64),
         at("fsdp2", "F+Z3+C+FP8", 64, [18600, 18700], 64),
-        at("fsdp2", "Z3", 1, [1500, 1510], None, pset="small"),  # batch 1 alone: no largest row
+        at("fsdp2", "Z3", 1, [1500, 1510], None, pset="small"),  # no search: no largest row
+        at("deepspeed", "Z2", 8, [6400, 6410], None),  # not searched: shown, but no ratio
+        at("fsdp2", "Z2", 12, [7100, 7120], 12),
     ])
     df = stacks.build(tidy)
-    assert df["view"].value_counts().to_dict() == {"batch": 5, "largest": 2}
+    assert df["view"].value_counts().to_dict() == {"batch": 6, "largest": 3}
     big = df[df["view"] == "largest"].set_index("technique")
     c = big.loc["F+Z3+C"]
     assert (c.batch_size, c.fsdp2_batch_size, c.deepspeed_technique, c.deepspeed_batch_size) == (48, 48, "F+Z3", 33)
@@ -116,9 +118,12 @@ def test_each_side_at_its_largest_batch_pairs_in_the_set_and_fp8_meets_bf16_at_i
     assert fp8.fp8_ratio == pytest.approx((18600 / 13400 * 18700 / 13500) ** 0.5) and fp8.fp8_pairing == "set"
     # at each batch, the compiled cell has no DeepSpeed counterpart (ZeRO-3 does not run C)
     assert df[(df["view"] == "batch") & (df["technique"] == "F+Z3+C")]["ratio"].isna().all()
+    z2 = big.loc["Z2"]
+    assert z2.deepspeed_batch_size == 8 and pd.isna(z2.ratio) and pd.isna(z2.memory_ratio)
     parts = stacks.table(df).parts
     assert [p.heading for p in parts] == ["", "At each side's largest batch"]
     shown = parts[1].frame.set_index("Method")
     assert shown.loc["F+Z3+C", "DeepSpeed BS"] == "F+Z3 33 (searched)"
     assert shown.loc["F+Z3+C", "FSDP2 BS"] == "48 (searched)"
     assert shown.loc["F+Z3+C+FP8", "FP8 / bf16 tok/s [95 %]"].endswith("(set, bf16 at bs 48)")
+    assert shown.loc["Z2", "DeepSpeed BS"] == "8 (not searched)" and shown.loc["Z2", "FSDP2 / DeepSpeed tok/s [95 %]"] == ""

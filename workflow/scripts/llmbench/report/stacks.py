@@ -12,12 +12,14 @@ DeepSpeed's cell ran out of memory.
 An FP8 cell (FP8, FP8R) is also set over the same stack's cell of its method in bf16 (the
 FP8 flag dropped), paired the same way.
 
-Then the same comparisons at the largest batch (``view`` "largest"): each side at the largest
-batch it ran ok (the search's answer, llmbench.search, where its method was searched; the
-table says whether each side's batch is that answer), one row per method of the other stack
-whose largest batch is above 1. There the baseline's cell of a method is the method less the
-flags the baseline does not run with it (ZeRO-3 with C, FP8): each stack at what it runs best,
-FSDP2's F+Z3+C beside DeepSpeed's F+Z3; and an FP8 cell's bf16 cell is at its own largest batch.
+Then the same comparisons at the largest batch (``view`` "largest"): one row per method of the
+other stack that a max-batch search answered (llmbench.search; tidy's searched_max_batch), each
+side at the largest batch it ran ok, and the table says whether that batch is its search's
+answer. There the baseline's cell of a method is the method less the flags the baseline does not
+run with it (ZeRO-3 with C, FP8): each stack at what it runs best, FSDP2's F+Z3+C beside
+DeepSpeed's F+Z3; an FP8 cell's bf16 cell is at its own largest batch. A ratio is given only
+where both sides were searched: a largest batch measured without a search may be far under
+what fits, and a ratio against it would say nothing about the stacks.
 
 The technique names map onto FSDP2 as docs/methods.md says (Z3: resharding after forward,
 Z2: no resharding, no Z flag: replication): a row compares the two frameworks' realisation of
@@ -144,6 +146,13 @@ def _cells(rows: pd.DataFrame, backend: str, key: dict, largest: pd.DataFrame | 
     return rows[mask & (rows["batch_size"] == key["batch_size"])]
 
 
+def _searched(row: pd.Series) -> bool:
+    """Whether a max-batch search of the row's method answered (its largest ok batch is then
+    known, not only the largest measured)."""
+    found = row.get("searched_max_batch")
+    return found is not None and not pd.isna(found)
+
+
 def _largest_batch(used: pd.DataFrame, backend: str, key: dict) -> int | None:
     """The largest batch at which ``backend`` ran ``key``'s method ok (the rows the report uses)."""
     mask = used["backend"] == backend
@@ -183,9 +192,9 @@ def build(tidy: pd.DataFrame, superseded: pd.DataFrame | None = None) -> pd.Data
     for _, group in others.groupby(GROUP + ["backend"], sort=False):
         other = group.loc[group["batch_size"].idxmax()]
         key = {**{k: other[k] for k in KEY}, "technique": baseline_technique(other["technique"])}
+        if not _searched(other):
+            continue  # its largest batch measured is not known to be the largest that fits
         base = _cells(rows, BASELINE, key, largest=used)
-        if other["batch_size"] <= 1 and (base.empty or base["batch_size"].max() <= 1):
-            continue  # nothing but batch 1: the first view has it
         out.append(ctx.row("largest", other, base, _bf16_of(rows, other, largest=used), key))
     return pd.DataFrame(out).reindex(columns=COLUMNS)
 
@@ -213,18 +222,24 @@ class _Context:
         key = {k: other[k] for k in KEY}
         row = {"view": view, **key}
         _fill(row, other["backend"], other)
+
+        def paired(r: pd.Series) -> bool:  # at the largest batch: both batches their searches' answers
+            return view != "largest" or _searched(r)
+
         picked = _pick(base, other, self.used_paths)
         if picked is None and len(_oom(self.tidy, base_key or key)):
             row[f"{BASELINE}_status"] = "oom"  # the paper's '-': memory ran out
         if picked is not None:
             found, pairing = picked
             _fill(row, BASELINE, found)
-            est = evidence.ratio(_side(other), _side(found), pairing, self.pooled, self.spread)
-            a, b = other.get("peak_mem_allocated_gib"), found.get("peak_mem_allocated_gib")
-            row.update({"ratio": est.value, "ratio_lo": est.lo, "ratio_hi": est.hi, "pairing": est.pairing,
-                        "method": est.method, "memory_ratio": a / b if a and b and a == a and b == b else None})
+            if paired(found):
+                est = evidence.ratio(_side(other), _side(found), pairing, self.pooled, self.spread)
+                a, b = other.get("peak_mem_allocated_gib"), found.get("peak_mem_allocated_gib")
+                row.update({"ratio": est.value, "ratio_lo": est.lo, "ratio_hi": est.hi, "pairing": est.pairing,
+                            "method": est.method,
+                            "memory_ratio": a / b if a and b and a == a and b == b else None})
         picked = _pick(bf16, other, self.used_paths)
-        if picked is not None:
+        if picked is not None and paired(picked[0]):
             found, pairing = picked
             est = evidence.ratio(_side(other), _side(found), pairing, self.pooled, self.spread)
             row.update({"fp8_ratio": est.value, "fp8_ratio_lo": est.lo, "fp8_ratio_hi": est.hi,
@@ -308,12 +323,13 @@ def table(df: pd.DataFrame) -> render.Table:
                     "platform, GPU count and batch (the paper's framework; the baseline).")
             note = NOTE
         else:
-            lead = ("Each FSDP2 method at the largest batch it ran ok, beside DeepSpeed's at the largest batch it ran "
-                    "ok (methods whose largest batch is above 1). DeepSpeed's cell is the method less what it does not "
+            lead = ("Each FSDP2 method a max-batch search answered, at the largest batch it ran ok, beside "
+                    "DeepSpeed's at the largest batch it ran ok. DeepSpeed's cell is the method less what it does not "
                     "run with it (C under ZeRO-3, FP8): its method is named in its BS column where it differs. BS: "
-                    "'(searched)' where that batch is the method's max-batch search answer, '(search: N)' where the "
-                    "search found N but the cell ran at a smaller batch, '(not searched)' where no search ran: then "
-                    "it is only the largest batch measured. An FP8 cell's bf16 cell is at its own largest batch.")
+                    "'(searched)' where that batch is the method's search answer, '(search: N)' where the search "
+                    "answered N and a cell ran ok at another batch, '(not searched)' where no search ran: then it is "
+                    "only the largest batch measured, and no ratio is given. An FP8 cell's bf16 cell is at its own "
+                    "largest batch.")
             note = ""
         parts.append(render.Part(frame=pd.DataFrame(rows, columns=head), heading="" if view == "batch" else heading,
                                  lead=lead, note=note))

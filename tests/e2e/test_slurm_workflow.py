@@ -32,7 +32,10 @@ TABLE_AND_FIGURE = ("results/tables/table3.md", "results/figures/pretrain.svg")
 CONFIG = {
     "protocol": {"warmup_steps": 1, "measured_steps": 3, "repeats": 1, "seq_len": 350, "timeout_s": 600},
     "pretrain": [
-        {"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive", "Z3", "Q"], "batch_sizes": [1]},
+        # one cell that runs and one that runs out of memory: each is a Slurm job that starts its
+        # worker cold (no fork server in a job), so what other methods add here is start-up time;
+        # ZeRO-3 through Slurm is tests/e2e/test_slurm_nodes.py's
+        {"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive"], "batch_sizes": [1]},
         {"platforms": ["cpu"], "models": ["tiny"], "techniques": ["Naive"], "batch_sizes": [64], "mem_cap_gib": 1.5},
     ],
 }
@@ -63,12 +66,12 @@ def test_pipeline_through_slurm(tmp_path):
     assert not _processes_using(conf), _processes_using(conf)
     assert not _marked_pids(marker), "processes of the test cluster survived teardown"
     records = {p: json.loads((ws / p).read_text()) for p in record_mtimes(ws)}
-    assert len(records) == 4
+    assert len(records) == 2
     statuses = {r["cell"]["technique"] + f"/bs{r['cell']['batch_size']}": r["status"] for r in records.values()}
-    assert statuses == {"Naive/bs1": "ok", "Z3/bs1": "ok", "Q/bs1": "ok", "Naive/bs64": "oom"}
+    assert statuses == {"Naive/bs1": "ok", "Naive/bs64": "oom"}
     # every cell ran inside a Slurm job of the test cluster
     job_ids = {r["provenance"]["host"]["slurm_job_id"] for r in records.values()}
-    assert None not in job_ids and len(job_ids) == 4
+    assert None not in job_ids and len(job_ids) == 2
     # a Slurm job execs its worker: no fork server outlives a job on a node it does not keep
     assert {tuple(r["provenance"]["launchers"]) for r in records.values()} == {("exec",)}
     assert any("run_training_cell" in str(p) for p in logs)

@@ -220,12 +220,18 @@ def test_a_request_the_server_cannot_start_is_refused_with_the_reason(tmp_path):
                           cwd=tmp_path / "missing", log=tmp_path / "run.log", server_env=base, preload=("json",))
 
 
-def test_stop_asks_an_idle_server_to_exit_now(tmp_path, monkeypatch, request):
-    # a folder of its own: stop_all asks every server of the user, and the other pytest
-    # processes' cells use theirs meanwhile (short: a Unix socket's path has 107 bytes)
+@pytest.fixture
+def own_servers(monkeypatch):
+    """A server folder of the test's own: stop_all asks every server of the user, and the
+    other pytest processes' cells use theirs meanwhile (short: a Unix socket's path has 107
+    bytes)."""
     own = Path(tempfile.mkdtemp(prefix="lbfs-", dir="/tmp"))
-    request.addfinalizer(lambda: shutil.rmtree(own, ignore_errors=True))
     monkeypatch.setattr(forkserver.tempfile, "gettempdir", lambda: str(own))
+    yield own
+    shutil.rmtree(own, ignore_errors=True)
+
+
+def test_stop_asks_an_idle_server_to_exit_now(tmp_path, own_servers):
     proc, _ = start(tmp_path, ranks=1, preload=("json", "sys"), idle_s=600)
     assert proc.wait(timeout=60) == 0
     path = forkserver.socket_path(forkserver._key(os.sys.executable, "cpu", ("json", "sys"), env()))
@@ -236,13 +242,10 @@ def test_stop_asks_an_idle_server_to_exit_now(tmp_path, monkeypatch, request):
     assert not path.exists()  # well before its 600 s of idleness
 
 
-def test_an_idle_server_sleeps_until_a_launcher_or_a_leaders_exit_wakes_it(tmp_path, monkeypatch, request):
+def test_an_idle_server_sleeps_until_a_launcher_or_a_leaders_exit_wakes_it(tmp_path, own_servers):
     """No polling: between repeats the server blocks in select (a launcher's connection, or
-    SIGCHLD through its wake-up pipe), so idle it is not woken at all; it polled 20 times a
-    second before, about 1 % of a core each with torch imported."""
-    own = Path(tempfile.mkdtemp(prefix="lbfs-", dir="/tmp"))
-    request.addfinalizer(lambda: shutil.rmtree(own, ignore_errors=True))
-    monkeypatch.setattr(forkserver.tempfile, "gettempdir", lambda: str(own))
+    SIGCHLD through its wake-up pipe), so idle it is not woken at all (a server polling 20
+    times a second holds about 1 % of a core with torch imported)."""
     proc, _ = start(tmp_path, ranks=1, preload=("json", "io"), idle_s=600)
     assert proc.wait(timeout=60) == 0
     path = forkserver.socket_path(forkserver._key(os.sys.executable, "cpu", ("json", "io"), env()))

@@ -382,7 +382,7 @@ def _lead(request: dict) -> int:
     return first
 
 
-def _fork_repeat(request: dict, close: list, close_fds: list[int] = ()) -> int:
+def _fork_repeat(request: dict, close: list, close_fds: tuple[int, ...] | list[int] = ()) -> int:
     """Fork the repeat's leader; what can fail before its output goes to the cell's log (the
     log itself, the working directory) fails here, as the reply to the launcher."""
     if not os.path.isabs(request["log"]) or not os.path.isdir(request["cwd"]):

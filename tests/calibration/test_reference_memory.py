@@ -93,9 +93,10 @@ def test_replay_reproduces_the_committed_searches_and_the_hint_finds_the_same_ba
     # error in the harness) nor 7B L+F (stopped where cuBLAS's failed allocation was still
     # recorded as an error)
     h100 = df[df["platform"] == "h100"]
-    # 54 on H200s, six a pair's (Megatron-LM's two layouts, llama2-7b's three pre-training
-    # searches, the FP8 one in steps of 8 sequences, and llama3.1-8b's F+Z3+C); QL+F+R began on one
-    assert len(df) == 96 and len(h100) == 42
+    # 58 on H200s, eight a pair's (Megatron-LM's two layouts, llama2-7b's and llama3.1-8b's
+    # three pre-training searches each, the FP8 ones in steps of 8 sequences), two llama3.1-70b
+    # QLoRA ones on one; QL+F+R began on one
+    assert len(df) == 100 and len(h100) == 42
     assert "L+F" not in set(h100.loc[h100["model"] == "llama2-7b", "technique"])
     small_ql = (h100["technique"] == "QL") & (h100["model"] != "llama2-70b")
     assert (h100.loc[small_ql, "run"] == "2026-11-25-h100-one-gpu-search-b").all()

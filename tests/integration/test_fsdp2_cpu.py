@@ -10,21 +10,21 @@ import textwrap
 
 import pytest
 
-from llmbench import grid, launch, record
+from llmbench import grid, launch, nf4, record
 
 from conftest import REPO
 
 PROTOCOL = {"warmup_steps": 1, "measured_steps": 2, "repeats": 1, "seq_len": 32, "timeout_s": 300}
 
 
-def expand(stage: str, technique: str, gpus: int):
-    block = {"backend": "fsdp2", "platforms": ["cpu"], "models": ["tiny"], "techniques": [technique],
+def expand(stage: str, technique: str, gpus: int, model: str = "tiny"):
+    block = {"backend": "fsdp2", "platforms": ["cpu"], "models": [model], "techniques": [technique],
              "batch_sizes": [1], "gpus": gpus}
     return grid.expand({"protocol": dict(PROTOCOL), stage: [block]})
 
 
-def run(stage, technique, gpus, tmp_path, dtype=None):
-    g = expand(stage, technique, gpus)
+def run(stage, technique, gpus, tmp_path, dtype=None, model="tiny"):
+    g = expand(stage, technique, gpus, model)
     cell = g.cells[0]
     spec = g.spec(cell)
     if dtype is not None:
@@ -87,6 +87,28 @@ def test_real_fsdp2_lora_cell(tmp_path, technique, gpus):
     sharded = not cell.tech.zero_stage == 0
     assert m.optimizer_param_numel == m.trainable_params * (1 if sharded else gpus)
     assert m.trainable_desc.startswith("LoRA-FA: B matrices only" if "LFA" in technique else "LoRA: adapters A and B")
+
+
+@pytest.mark.parametrize("technique,gpus,dtype", [("QL+Z3", 2, None), ("QL+R+Z2", 2, "bfloat16")])
+def test_real_fsdp2_qlora_cell(tmp_path, technique, gpus, dtype):
+    """QLoRA on torchao's NF4 base (tiny-wide: wide enough for NF4's blocks split over two
+    ranks): the decoder's 14 linears held as NF4 and sharded (Z2, Z3), the adapters trained
+    in fp32, the 4-bit base unchanged on every rank. One rank in the shard group is refused
+    (tests/unit/test_fsdp2.py)."""
+    g, cell, rec = run("finetune", technique, gpus, tmp_path, dtype=dtype, model="tiny-wide")
+    m, counts = rec.metrics, g.models["tiny-wide"].param_counts()
+    assert m.tokens_per_s_mean > 0 and m.total_params == counts["total"] and 0 < m.loss_last < 20
+    spec = g.models["tiny-wide"]
+    lora = cell.adapter["rank"] * sum(o + i for o, i in nf4.linear_shapes(spec).values()) * spec.num_hidden_layers
+    assert m.trainable_params == lora and m.frozen_params_unchanged is True
+    assert m.trainable_desc.startswith("QLoRA: adapters A and B") and m.trainable_desc.endswith("4-bit NF4 base (frozen)")
+    fc = rec.provenance["fsdp2_config"]
+    assert fc["nf4"]["linears"] == 14 and fc["nf4"]["block_size"] == 64 and fc["nf4"]["scaler_block_size"] == 256
+    assert fc["trained_dtypes"] == ["float32"]
+    assert fc["frozen_dtypes"] == sorted(["nf4", "bfloat16" if dtype else "float32"])
+    assert "NF4" in fc["description"] and fc["recompute"] == cell.tech.recompute
+    assert fc["sharding"] == ("full" if cell.tech.zero_stage == 3 else "no_reshard")
+    assert m.optimizer_param_numel == m.trainable_params
 
 
 @pytest.mark.parametrize("stage,technique", [("pretrain", "Z3"), ("finetune", "L+Z2")])

@@ -79,7 +79,7 @@ def test_only_platforms_filters():
         (dict(techniques=["Naive", "Z4"]), r"pretrain\[0\]\.techniques\[1\]: unknown flag 'Z4'.*flags are F, R, Z2, Z3, O, Q"),
         (dict(techniques=["Z2+Z3"]), r"pretrain\[0\]\.techniques\[0\]: .*both Z2 and Z3"),
         (dict(techniques=["O"]), r"techniques\[0\]: .*O \(offload\) needs Z2 or Z3"),
-        (dict(models=["llama9"]), r"pretrain\[0\]\.models\[0\]: unknown model 'llama9'; allowed: llama2-13b, llama2-70b, llama2-7b, llama3.1-70b, llama3.1-8b, tiny, tiny-gqa"),
+        (dict(models=["llama9"]), r"pretrain\[0\]\.models\[0\]: unknown model 'llama9'; allowed: llama2-13b, llama2-70b, llama2-7b, llama3.1-70b, llama3.1-8b, tiny, tiny-gqa, tiny-wide"),
         (dict(platforms=["tpu"]), r"pretrain\[0\]\.platforms\[0\]: unknown platform 'tpu'; allowed: a800, cpu, h100"),
         (dict(batch_sizes=[1, 0]), r"pretrain\[0\]\.batch_sizes\[1\]: 0 is less than the minimum of 1"),
         (dict(batch_sizes=["two"]), r"pretrain\[0\]\.batch_sizes\[0\]: 'two' is not of type 'integer'"),

@@ -115,8 +115,9 @@ def test_fsdp2_gathers_per_layer_without_zero3_hooks_and_pays_its_own_host_time(
     assert fsdp2("Z3")["host"] == pytest.approx(CONSTS["host_step_s"] + L * CONSTS["host_layer_fsdp2_s"])
     # the optimizer steps the rank's shard with Z2 and Z3, everything when replicated
     assert fsdp2("Z3")["optimizer"] == pytest.approx(fsdp2("Naive")["optimizer"] / 2)
-    for tech in ("Z3+O", "F+Z3+FP8"):  # not modelled: refused by name
-        with pytest.raises(ValueError, match="FSDP2 with CPU offload"):
+    for tech, why in (("Z3+O", "FSDP2 with CPU offload"), ("F+Z3+FP8", "FP8 training"),
+                      ("QL+Z3", "FSDP2 on a 4-bit NF4 base")):  # not modelled: refused by name
+        with pytest.raises(ValueError, match=f"{why} .*is not modelled"):
             cell(tech, backend="fsdp2")
 
 

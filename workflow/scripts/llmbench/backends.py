@@ -43,6 +43,9 @@ class Backend:
     adapters: tuple[str, ...] | None = None
     """Fine-tuning method tokens it runs (llmbench.techniques.ADAPTERS); None: every one. Why
     the others are not: ``flags_why``."""
+    adapter_only: tuple[tuple[str, ...], str] = ((), "")
+    """Accepted flags it runs only under a fine-tuning method (as its QL, not pre-training's
+    Q), with why (said in the config error)."""
     worker: str
     """Module run as ``python -m`` on each rank (llmbench.train.contract)."""
     record_builder: str = "llmbench.aggregate:build_record"
@@ -97,19 +100,25 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             flags_why="ZeRO, offload and 4-bit run with backend deepspeed",
             worker="llmbench.train.megatron_worker",
             description="Megatron-LM's megatron-core (pretrain, Table II)"),
-    Backend(name="fsdp2", stages=("pretrain", "finetune"), flags=("F", "R", "Z2", "Z3", "O", "C", "FP8", "FP8R"),
-            adapters=("L", "LFA"),
+    Backend(name="fsdp2", stages=("pretrain", "finetune"),
+            flags=("F", "R", "Z2", "Z3", "O", "C", "Q", "FP8", "FP8R"), adapters=("L", "LFA", "QL"),
+            adapter_only=(("Q",), "its 4-bit base is torchao's NF4 tensor, frozen: under FSDP2 4-bit weights train "
+                                  "nothing but LoRA adapters beside them (QL)"),
             rejects=((("FP8", "O"), "torchao's FP8 all-gather casts each shard where it lives, which CPUOffloadPolicy "
                                     "puts on the host; FP8 with offload is neither built nor tested by torchao"),
-                     (("FP8R", "O"), "FP8 training with CPU offload is neither built nor tested by torchao")),
-            flags_why="4-bit (Q, and so QL) needs bitsandbytes' NF4 weights, which FSDP2 cannot shard (its "
-                      "4-bit path is torchao's NF4 tensor, not built here); DoRA's magnitude and prompt "
-                      "tuning's virtual tokens are initialised from the whole base model, which FSDP2 cells "
-                      "never hold (they build it sharded from the meta device)",
+                     (("FP8R", "O"), "FP8 training with CPU offload is neither built nor tested by torchao"),
+                     (("Q", "O"), "torchao's NF4 tensor shards for FSDP2 but is neither built nor tested for "
+                                  "CPUOffloadPolicy"),
+                     (("Q", "C"), "the NF4 base's dequantisation (torchao's NF4 tensor, a tensor subclass) is not "
+                                  "compiled here: torchtune compiles its QLoRA layers, this backend has not been "
+                                  "checked to")),
+            flags_why="DoRA's magnitude and prompt tuning's virtual tokens are initialised from the whole base "
+                      "model, which FSDP2 cells never hold (they build it sharded from the meta device)",
             worker="llmbench.train.fsdp2_worker",
             description="PyTorch FSDP2 (torch.distributed.fsdp.fully_shard; pretrain, finetune): Z3 = "
                         "reshard after forward, Z2 = no reshard after forward, Naive = full replication; FP8, "
-                        "FP8R = torchao float8 training of the decoder's linears (llmbench.train.fsdp2_worker)"),
+                        "FP8R = torchao float8 training of the decoder's linears; QL = LoRA on torchao's NF4 "
+                        "base (llmbench.train.fsdp2_worker)"),
     Backend(name="torch", stages=("profile",), default_for=("profile",), flags=("F", "R"),
             flags_why="profile: communication profiles a DeepSpeed step's communication and copies for any "
                       "pre-training technique",

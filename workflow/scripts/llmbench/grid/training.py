@@ -10,7 +10,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from .. import backends, fp8, techniques
+from .. import backends, fp8, nf4, techniques
 from ..cells import SEARCH_STAGES, TRAINING_STAGES, Cell, Search
 from ..config import ConfigError
 from ..models import ModelSpec
@@ -69,6 +69,10 @@ def _block(b: Builder, stage: str, block: dict[str, Any], where: str, protocol: 
                                   f"{model_name!r} (max_position_embeddings {model.max_position_embeddings})")
             gpus_key = f"{where}.gpus" + (f"[{block['gpus'].index(gpus)}]" if isinstance(block["gpus"], list) else "")
             parallel = _parallel(block, where, backend, model, gpus, gpus_key)
+            shards = gpus if parsed.zero_stage >= 2 else 1  # FSDP2 without a Z flag replicates
+            if parsed.quant4 and backend == "fsdp2" and (bad := nf4.unshardable(model, shards)):
+                raise ConfigError(f"{where}: cell {stage}/{plat_name}/{model_name}/{backend}/{tech} on {gpus} GPU(s): "
+                                  f"{bad}")
 
             cell = functools.partial(Cell, stage=stage, platform=plat_name, model=model_name, backend=backend,
                                      technique=tech, gpus=gpus, nodes=nodes, protocol=protocol,
@@ -189,6 +193,10 @@ def _techniques(block: dict, where: str, stage: str, backend: backends.Backend) 
                               f"{text!r} asks for {', '.join(rejected)} ({backend.flags_why})")
         if combo := backend.rejected_combination(tech.flags):
             raise ConfigError(f"{key}: {what} does not run {' with '.join(combo[0])} ({text!r}): {combo[1]}")
+        only, why = backend.adapter_only
+        if not tech.adapter and (under := sorted(set(tech.flags) & set(only))):
+            raise ConfigError(f"{key}: {what} runs {', '.join(under)} only under a fine-tuning method ({text!r} "
+                              f"has none): {why}")
         if backend.rejected_adapter(tech.adapter_token):
             raise ConfigError(f"{key}: {what} runs the fine-tuning methods {', '.join(backend.adapters)}; "
                               f"{text!r} asks for {tech.adapter_token} ({backend.flags_why})")

@@ -193,10 +193,11 @@ FAMILIES = ("megatron", "fsdp2", "qlora", "lora", "4-bit", "offload", "zero3", "
 def modelled(backend: str, technique: str) -> bool:
     """Whether the model predicts a training cell of ``backend`` and ``technique``: DeepSpeed's
     and Megatron-LM's, and FSDP2's but with CPU offload (one record: too few to fit its
-    constants and check them on others)."""
+    constants and check them on others) or on an NF4 base (QL: no record yet)."""
     if backend not in BACKENDS:
         return False
-    return not (backend == "fsdp2" and techniques.parse(technique).offload)
+    tech = techniques.parse(technique)
+    return not (backend == "fsdp2" and (tech.offload or tech.quant4))
 
 
 def family(w: Workload) -> str:

@@ -51,6 +51,8 @@ def not_modelled(backend: str, tech: Technique) -> str | None:
         return f"backend {backend!r} is not modelled"
     if backend == "fsdp2" and tech.offload:
         return "FSDP2 with CPU offload (AdamW on the host) is not modelled"
+    if backend == "fsdp2" and tech.quant4:
+        return "FSDP2 on a 4-bit NF4 base (QL) is not modelled"
     if tech.fp8 is not None:
         return "FP8 training is not modelled"
     return None
@@ -108,8 +110,8 @@ class TrainCell:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if self.backend == "fsdp2" and (self.technique.offload or self.technique.fp8 is not None):
-            raise ValueError("FSDP2 with CPU offload (PyTorch's AdamW on the host) or FP8 is not modelled")
+        if self.backend == "fsdp2" and (why := not_modelled(self.backend, self.technique)):
+            raise ValueError(why)
 
     @property
     def tokens_per_step(self) -> int:

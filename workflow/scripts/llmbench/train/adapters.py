@@ -12,14 +12,19 @@ import torch
 from ..techniques import Technique
 
 
-def apply(model: torch.nn.Module, tech: Technique, settings: dict) -> tuple[torch.nn.Module, str]:
-    """Wrap ``model`` for the cell's fine-tuning method; returns (model, what trains)."""
+def apply(model: torch.nn.Module, tech: Technique, settings: dict,
+          prepare_kbit: bool = True) -> tuple[torch.nn.Module, str]:
+    """Wrap ``model`` for the cell's fine-tuning method; returns (model, what trains).
+    ``prepare_kbit``: QLoRA's preparation of a bitsandbytes 4-bit base (PEFT's
+    prepare_model_for_kbit_training: every other weight cast to fp32); False for a base whose
+    4-bit weights are torchao NF4 tensors (FSDP2), which that cast would dequantise: its other
+    weights stay in the compute dtype, as torchtune's QLoRA keeps them."""
     from peft import LoraConfig, PromptTuningConfig, get_peft_model, prepare_model_for_kbit_training
 
     from ..platforms import dtype_name
 
     base_dtype = dtype_name(model.get_input_embeddings().weight.dtype)  # the platform's compute dtype
-    if tech.quant4:
+    if tech.quant4 and prepare_kbit:
         # QLoRA's recipe: freeze the base, fp32 norms/embeddings, input grads for checkpointing
         model.is_loaded_in_4bit = True
         model = prepare_model_for_kbit_training(

@@ -98,7 +98,8 @@ def _zero_init_active() -> bool:
     return bool(zero is not None and zero.zero_init_context)
 
 
-def init_random(module: torch.nn.Module, std: float, seed: int | None = None, threads: int = 1) -> None:
+def init_random(module: torch.nn.Module, std: float, seed: int | None = None, threads: int = 1,
+                skip: frozenset[int] = frozenset()) -> None:
     """transformers' own initialisation of a Llama, applied to ``module``'s parameters: linear
     and embedding weights from N(0, std) (std = initializer_range, 0.02), RMSNorm weights 1,
     biases 0. The one initialiser of every random model here (training and profile builds,
@@ -108,7 +109,8 @@ def init_random(module: torch.nn.Module, std: float, seed: int | None = None, th
     GPU build pays no host work. ``seed`` given (the serving model directory, on the host):
     the i-th of ``module.named_parameters()`` draws from its own generator seeded
     ``seed * 1_000_003 + i``, ``threads`` tensors at a time (torch's CPU normal_ is serial:
-    llama2-7b took 5.6 min on one core), and the values do not depend on ``threads``."""
+    llama2-7b took 5.6 min on one core), and the values do not depend on ``threads``.
+    ``skip``: ids of parameters left as they are (drawn elsewhere: FSDP2's NF4 base)."""
     kinds: dict[int, str] = {}
     for sub in module.modules():
         if isinstance(sub, (torch.nn.Linear, torch.nn.Embedding)):
@@ -121,7 +123,7 @@ def init_random(module: torch.nn.Module, std: float, seed: int | None = None, th
     @torch.no_grad()
     def fill(item: tuple[int, tuple[str, torch.nn.Parameter]]) -> None:
         i, (_, param) = item
-        kind = kinds.get(id(param))
+        kind = None if id(param) in skip else kinds.get(id(param))
         if kind == "normal":
             gen = None if seed is None else torch.Generator(param.device).manual_seed(seed * 1_000_003 + i)
             param.normal_(0.0, std, generator=gen)

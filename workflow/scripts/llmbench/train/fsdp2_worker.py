@@ -44,6 +44,15 @@ What runs, as torchtitan's parallelize_llama does it:
 - Fine-tuning (L, LFA): LoRA through PEFT on a frozen base in the platform's compute dtype,
   adapters in fp32 (PEFT keeps adapter weights fp32 on a bf16 base), sharded as above; the
   adapters are re-initialised as PEFT does (A Kaiming-uniform, B zero) once materialised.
+- QL: QLoRA as torchtune runs it under FSDP2: the decoder's linears (llmbench.nf4.LINEARS)
+  hold their frozen weights as torchao NF4 tensors (4-bit NormalFloat in blocks of 64,
+  scalers double-quantised in blocks of 256), which fully_shard splits on dim 0 and
+  all-gathers in 4 bits; each forward and backward dequantises a gathered weight to the
+  compute dtype for its GEMM (torchao's linear_nf4). Everything else stays in the compute
+  dtype (PEFT's prepare_model_for_kbit_training, which casts it to fp32 for bitsandbytes'
+  QLoRA, would dequantise an NF4 tensor). The NF4 weights are drawn whole, one at a time, on
+  every rank from the same seed, quantised and split (torchtune's loading of an NF4 base):
+  no rank holds more than one unquantised weight at a time.
 - AdamW (lr 1e-5, betas 0.9/0.95, eps 1e-8, no weight decay; torch's fused kernel, as
   DeepSpeed's fused Adam on a GPU) with clipping at 1.0, as the DeepSpeed and Megatron-LM
   cells; gradients reduced in fp32.
@@ -55,7 +64,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import fp8
+from .. import fp8, nf4
 from ..spec import RunSpec
 from ..techniques import Technique
 from . import contract, scenario
@@ -92,14 +101,17 @@ class Plan:
     fp8_precompute_scales: bool = False
     """One all-reduce computes every FP8 weight's scale after each optimizer step (tensorwise
     with FP8 all-gather; torchao's precompute_float8_dynamic_scale_for_fsdp)."""
+    nf4: bool = False
+    """The decoder's linears a frozen 4-bit base of torchao NF4 tensors (QL)."""
     description: str
     """What the mapping means, in words (kept in provenance)."""
 
 
 def plan(tech: Technique, ranks: int) -> Plan:
     """The FSDP2 plan of a technique on ``ranks`` ranks (module docstring)."""
-    if tech.quant4:
-        raise ValueError("FSDP2 cells do not run 4-bit (Q) weights (llmbench.backends: fsdp2)")
+    if tech.quant4 and (tech.adapter is None or tech.offload or tech.compiled):
+        raise ValueError("FSDP2 cells run 4-bit (Q) weights only under LoRA (QL), without O or C "
+                         "(llmbench.backends: fsdp2)")
     if tech.zero_stage == 3:
         sharding, shape, reshard = "full", (ranks,), True
         what = ("parameters, gradients and optimizer state sharded; each layer's parameters gathered for "
@@ -117,6 +129,9 @@ def plan(tech: Technique, ranks: int) -> Plan:
         what += "; sharded parameters, gradients and optimizer state on the host (CPUOffloadPolicy)"
     if tech.fp8 is not None and tech.offload:
         raise ValueError("FSDP2 cells do not run FP8 training with CPU offload (llmbench.backends: fsdp2)")
+    if tech.quant4:
+        what += ("; the decoder's linears a frozen 4-bit base (torchao NF4 tensors, sharded and all-gathered in "
+                 "4 bits, dequantised for each GEMM)")
     tensorwise = tech.fp8 == "tensorwise"
     if tech.fp8 is not None:
         what += (f"; decoder linears in FP8 (torchao float8, {tech.fp8} scaling"
@@ -124,7 +139,7 @@ def plan(tech: Technique, ranks: int) -> Plan:
                     if tensorwise else ", weights all-gathered in bf16)"))
     return Plan(sharding=sharding, mesh_shape=shape, reshard_after_forward=reshard, cpu_offload=tech.offload,
                 recompute=tech.recompute, compiled=tech.compiled, fp8=tech.fp8, fp8_all_gather=tensorwise,
-                fp8_precompute_scales=tensorwise, description=what)
+                fp8_precompute_scales=tensorwise, nf4=tech.quant4, description=what)
 
 
 def process_group_backend(accelerator: str, tech: Technique) -> str:
@@ -190,6 +205,62 @@ def _local(p) -> Any:
     return p.to_local() if hasattr(p, "to_local") else p
 
 
+def _is_nf4(t) -> bool:
+    """Whether a tensor (a parameter's local part) is torchao's NF4 tensor."""
+    return type(t).__name__ == "NF4Tensor"
+
+
+def _frozen_sum(t) -> float:
+    """Sum of a frozen tensor's storage, float64: an NF4 tensor's quantised data, scalers and
+    their factors (it has no sum of its own)."""
+    import torch
+
+    parts = [t.quantized_data, t.quantized_scalers, t.quantization_factor] if _is_nf4(t) else [t]
+    return sum(float(x.detach().sum(dtype=torch.float64)) for x in parts)
+
+
+def convert_nf4(model) -> list[str]:
+    """Give the decoder's linears (nf4.LINEARS) frozen torchao NF4 weights, in place, on the meta
+    model before adapters and fully_shard (torchtune's FrozenNF4Linear); their names."""
+    import torch
+    from torchao.quantization import to_nf4
+
+    converted = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in nf4.LINEARS:
+            module.weight = torch.nn.Parameter(to_nf4(module.weight, nf4.BLOCK, nf4.SCALER_BLOCK),
+                                               requires_grad=False)
+            converted.append(name)
+    return converted
+
+
+def materialise_nf4(model, device, std: float, seed: int) -> frozenset[int]:
+    """Draw each NF4 weight whole from N(0, std) on ``device`` (the same values on every rank:
+    a generator seeded per weight), quantise it, keep this rank's rows (its dim-0 chunk in the
+    shard group, as fully_shard splits) and put them in place of the empty shard (torchtune's
+    loading of an NF4 base; FSDP2's load_state_dict hook re-reads the new shards); the ids of
+    the new parameters."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torchao.quantization import to_nf4
+
+    shards = {}
+    for i, (name, p) in enumerate(model.named_parameters()):
+        if not (isinstance(p, DTensor) and _is_nf4(p._local_tensor)):
+            continue
+        mesh = p.device_mesh
+        group = mesh["shard"] if mesh.ndim == 2 else mesh
+        gen = torch.Generator(device).manual_seed(seed * 1_000_003 + i)
+        full = torch.empty(p.shape, dtype=p.dtype, device=device).normal_(0.0, std, generator=gen)
+        rows = torch.chunk(to_nf4(full, nf4.BLOCK, nf4.SCALER_BLOCK), group.size(), dim=0)[group.get_local_rank()]
+        shards[name] = DTensor.from_local(rows, mesh, p.placements, run_check=False, shape=p.shape,
+                                          stride=p.stride())
+        del full
+    model.load_state_dict(shards, strict=False, assign=True)
+    named = dict(model.named_parameters())
+    return frozenset(id(named[n]) for n in shards)
+
+
 def _decoder_layers(model) -> list:
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
@@ -209,6 +280,7 @@ class FSDP2Backend:
         self.trainable_desc = "all parameters"
         self.compiled_layers = 0
         self.fp8_linears: list[str] = []
+        self.nf4_linears: list[str] = []
         self.frozen_before: float | None = None
         self.total_params = int(model_spec.param_counts()["total"])
         self.trainable_params = 0
@@ -236,8 +308,10 @@ class FSDP2Backend:
         with torch.device("meta"):
             model = LlamaForCausalLM._from_config(config, dtype=base_dtype)
         model.config.use_cache = False
+        if plan_.nf4:
+            self.nf4_linears = convert_nf4(model)
         if tech.adapter:
-            model, self.trainable_desc = adapters.apply(model, tech, self.cell.adapter)
+            model, self.trainable_desc = adapters.apply(model, tech, self.cell.adapter, prepare_kbit=False)
         if plan_.fp8 is not None:
             self.fp8_linears = convert_fp8(model, plan_)
         if plan_.recompute:
@@ -257,7 +331,9 @@ class FSDP2Backend:
         # the root (embeddings, final norm, lm_head): needed first in backward, never resharded
         fully_shard(model, reshard_after_forward=False, **common)
         model.to_empty(device="cpu" if plan_.cpu_offload else self.device)
-        build.init_random(model, config.initializer_range)
+        drawn = (materialise_nf4(model, self.device, config.initializer_range, self.cell.protocol.seed)
+                 if plan_.nf4 else frozenset())
+        build.init_random(model, config.initializer_range, skip=drawn)
         for module in model.modules():  # LoRA's own initialisation, on the materialised shards
             if hasattr(module, "reset_lora_parameters"):
                 for name in module.lora_A:
@@ -284,10 +360,7 @@ class FSDP2Backend:
 
     def frozen_checksum(self) -> float:
         """Sum of this rank's shards of every frozen parameter, float64 (no collective)."""
-        import torch
-
-        return float(sum(_local(p).detach().sum(dtype=torch.float64) for p in self.model.parameters()
-                         if not p.requires_grad))
+        return sum(_frozen_sum(_local(p)) for p in self.model.parameters() if not p.requires_grad)
 
     def step(self, ids):
         """Forward, backward (FSDP2 reduce-scatters the gradients), clipping and AdamW; the
@@ -322,17 +395,19 @@ class FSDP2Backend:
         import torch
 
         bf16 = self.dtype == torch.bfloat16
+        base = ("frozen base NF4 (the decoder's linears) and bf16 (the rest)" if self.plan.nf4 else
+                "frozen base bf16")
         return {
             "framework": f"torch {torch.__version__}",
             **asdict(self.plan),
             "mixed_precision": ("param_dtype bf16 (each layer's gathered copy), reduce_dtype fp32; sharded "
                                 "parameters fp32 (master weights)" if bf16 and not self.cell.tech.adapter else
-                                "param_dtype bf16, reduce_dtype fp32; frozen base bf16, adapters fp32" if bf16 else
+                                f"param_dtype bf16, reduce_dtype fp32; {base}, adapters fp32" if bf16 else
                                 "fp32 throughout"),
             # as built, read from the tensors: what AdamW updates and what stays frozen
             "trained_dtypes": sorted({str(_local(p).dtype).removeprefix("torch.") for p in self.params}),
-            "frozen_dtypes": sorted({str(_local(p).dtype).removeprefix("torch.") for p in self.model.parameters()
-                                     if not p.requires_grad}),
+            "frozen_dtypes": sorted({"nf4" if _is_nf4(_local(p)) else str(_local(p).dtype).removeprefix("torch.")
+                                     for p in self.model.parameters() if not p.requires_grad}),
             "wrapped": "fully_shard on each decoder layer, then on the root",
             "optimizer": f"torch.optim.AdamW (fused) {dict(ADAMW, betas=list(ADAMW['betas']))}, clip_grad_norm {CLIP_NORM}",
             "attention": self.attn_label,
@@ -342,11 +417,13 @@ class FSDP2Backend:
                         "linears_bf16": sorted(n for n, m in self.model.named_modules()
                                                if isinstance(m, torch.nn.Linear) and n not in self.fp8_linears)}}
                if self.plan.fp8 is not None else {}),
+            **({"nf4": {"torchao": _torchao_version(), "linears": len(self.nf4_linears), "block_size": nf4.BLOCK,
+                        "scaler_block_size": nf4.SCALER_BLOCK}} if self.plan.nf4 else {}),
         }
 
 
 def _torchao_version() -> str:
-    """torchao's version (FP8 cells only import it)."""
+    """torchao's version (FP8 and QL cells only import it)."""
     from importlib.metadata import version
 
     return version("torchao")

@@ -13,7 +13,9 @@
 #                          test cluster), which spends most of its time waiting on the cluster's
 #                          daemons: the process more than CORES fills that time. The smoke
 #                          module and tests/e2e/test_workflow.py are one unit there: they read one
-#                          run of the two grids together (tests/conftest.py, grid_runs)
+#                          run of the two grids together (tests/conftest.py, grid_runs). These
+#                          two units, the suite's longest, are collected first, so each starts
+#                          on its own process at once
 #   make lint              ruff (pyproject.toml's [tool.ruff]) and `snakemake --lint`
 SHELL := /bin/bash
 CORES ?= 2

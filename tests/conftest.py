@@ -44,12 +44,23 @@ def pytest_collection_modifyitems(config, items):
         # selects them alone
         if _slurm_module(Path(item.path).resolve().relative_to(TESTS)):
             item.add_marker(pytest.mark.slurm)
-    # the modules of one run in ONE_RUN's order, wherever the command line named them
+    # the longest units of work first, each in its order (stable: in-module order kept): the
+    # modules of one run in ONE_RUN's order, then the Slurm modules, then the rest as named.
+    # Under `make test` pytest-xdist then gives the first unit to one process and the second
+    # to another at the start (--no-loadscope-reorder keeps this order), so the two longest
+    # chains of the suite start at once
     module = {item: _one_run(item) for item in items}
-    slots = [i for i, item in enumerate(items) if module[item] is not None]
-    ordered = sorted((items[i] for i in slots), key=lambda item: module[item])  # stable: in-module order kept
-    for i, item in zip(slots, ordered):
-        items[i] = item
+
+    def unit(item) -> tuple[int, int]:
+        if module[item] is not None:
+            return 0, module[item]
+        try:
+            slurm = _slurm_module(Path(item.path).resolve().relative_to(TESTS))
+        except ValueError:
+            slurm = False
+        return (1, 0) if slurm else (2, 0)
+
+    items[:] = sorted(items, key=unit)
 
 
 def _slurm_module(path: Path) -> bool:

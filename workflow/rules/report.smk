@@ -85,8 +85,10 @@ rule build_table:
         html=report(f"{R}/tables/{{table}}.html", category=table_section, subcategory="Tables",
                     labels={"table": "{table}"}),
     params:
-        # our own findings (findings-ours) judge the models and plan for the machines the paper's do
-        models=config.get("findings_models"),
+        # our own findings (findings-ours) judge their own models (findings_ours_models; unset:
+        # the paper's findings' models) and plan for the machines the paper's findings do
+        models=lambda wildcards: (config.get("findings_ours_models") or config.get("findings_models")
+                                  if wildcards.table == "findings-ours" else config.get("findings_models")),
         machines=config.get("findings_machines"),
     log:
         f"{R}/logs/report/build_table-{{table}}.log",

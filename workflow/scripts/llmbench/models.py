@@ -11,6 +11,10 @@ from pathlib import Path
 
 from .config import REPO_ROOT, ConfigError, check_schema, load_named
 
+#: Linear layers of a Llama decoder layer: LoRA's allowed targets (llmbench.grid), the weights a
+#: 4-bit NF4 base holds (llmbench.nf4).
+LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ModelSpec:

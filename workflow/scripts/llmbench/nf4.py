@@ -11,10 +11,7 @@ divide by the shard group and the elements by BLOCK x SCALER_BLOCK x the group."
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .models import ModelSpec
+from .models import LLAMA_LINEARS, ModelSpec
 
 #: Values per NF4 block (one scaler each): torchao's default, torchtune's.
 BLOCK = 64
@@ -22,7 +19,7 @@ BLOCK = 64
 SCALER_BLOCK = 256
 #: The decoder's linears whose weights the 4-bit base holds in NF4 (bitsandbytes' QLoRA
 #: quantises the same: every linear but the LM head).
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LINEARS = LLAMA_LINEARS
 
 
 def linear_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:

@@ -13,14 +13,12 @@ from typing import Any
 from .. import backends, fp8, nf4, techniques
 from ..cells import SEARCH_STAGES, TRAINING_STAGES, Cell, Search
 from ..config import ConfigError
-from ..models import ModelSpec
+from ..models import LLAMA_LINEARS, ModelSpec
 from ..platforms import Platform
 from ..protocol import Protocol
 from .base import Builder
 from .paired import check_block
 
-#: Linear layers of a Llama decoder layer (LoRA targets must be among them).
-LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 #: Block keys of Megatron-LM's parallel layout (null in the schema: not given).
 MEGATRON_KEYS = ("tensor_parallel", "pipeline_parallel", "distributed_optimizer")
 

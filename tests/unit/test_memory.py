@@ -44,7 +44,7 @@ def test_lora_parameters_by_hand_and_as_the_70b_record_counted():
     ("Z2", 2, 4 + 12 / 2, 2 + 20 / 2), ("Z2", 8, 4 + 12 / 8, 2 + 20 / 8),
     ("Z2", 1, 4 + 12, 2 + 20),  # one H200's Z2 OOM: 18 bytes allocated + the 4-byte fp32 copy
     ("Z3", 4, 16 / 4, 16 / 4 + 6e9 / N7),  # + one optimizer sub-group's (1e9) gradient copy
-    ("Z2+O", 2, 2 + 0.53 / 2, 2 + 0.53 / 2), ("Z3+O", 2, 0.54 / 2, 0.54 / 2),
+    ("Z2+O", 2, 2 + 0.80 / 2, 2 + 0.80 / 2), ("Z3+O", 2, 0.83 / 2, 0.83 / 2),
 ])
 def test_full_parameter_states_by_hand(tech, gpus, fb, step):
     got = state_bytes(w(tech, gpus=gpus))
@@ -88,7 +88,7 @@ def test_frozen_bases_by_hand():
     assert z3 == pytest.approx(2 * N7 / 2 + 16 * lora / 2)
     # ZeRO-3 + offload moves the bf16 base to the host with the rest (a 4-bit base stays)
     fb, step, host = state_bytes(w("L+Z3+O", gpus=2, adapter=LORA_ALL))
-    assert fb == pytest.approx(2 * 1e9 + 0.54 * lora / 2) and host == pytest.approx((24 * lora + 3.17 * N7) / 2)
+    assert fb == pytest.approx(2 * 1e9 + 0.83 * lora / 2) and host == pytest.approx((24 * lora + 3.17 * N7) / 2)
     assert state_bytes(w("QL+Z3+O", adapter=LORA_ALL))[0] > counts["decoder_linear"] * 0.53
 
 
@@ -190,6 +190,24 @@ def test_reserved_is_allocated_plus_the_cached_blocks_and_is_what_must_fit():
     # at the optimizer step nothing is added: batch 1's step peak is its reserved peak
     one = predict(w("L+F+R", adapter=LORA_ALL))
     assert one.phase == "optimizer step" and one.reserved_gib == pytest.approx(one.gpu_gib)
+
+
+def test_zero2_offload_keeps_the_whole_bf16_gradients_cached_through_the_backward_pass():
+    n = L7.param_counts()["total"]
+    base = C.CACHED_LOGITS_BYTES * 350 * 32000 / GIB  # batch 1's cached logits, no offload term
+    for gpus in (1, 2, 4):  # whole gradients: the same on every rank, whatever the ranks
+        p = predict(w("Z2+O", gpus=gpus))
+        extra = p.terms["cached"] - base - C.CACHED_ACTIVATION_FRACTION * p.terms["activations"]
+        assert extra == pytest.approx(C.OFFLOAD_CACHED_GRAD_BYTES * n / GIB)
+        assert p.reserved_gib == pytest.approx(p.gpu_gib + p.terms["cached"])
+    # not without offload (the step's cache holds them there), nor under ZeRO-3's offload
+    for tech in ("Z2", "Z3+O"):
+        p = predict(w(tech, gpus=2))
+        assert p.terms["cached"] == pytest.approx(base + C.CACHED_ACTIVATION_FRACTION * p.terms["activations"])
+    # an adapter trains few parameters: the term is its adapter's gradients only
+    lora = predict(w("L+Z2+O", adapter=LORA_ALL))
+    extra = lora.terms["cached"] - base - C.CACHED_ACTIVATION_FRACTION * lora.terms["activations"]
+    assert extra == pytest.approx(C.OFFLOAD_CACHED_GRAD_BYTES * adapter_params(L7, LORA_ALL)[0] / GIB)
 
 
 def test_predicted_max_batch_is_the_boundary():

@@ -79,8 +79,8 @@ from .constants import (ACTIVATIONS_OF, BACKENDS, COMPILED_ACT_SCALE, DEEPSPEED,
                         FSDP2_COMPILED_ACT_SCALE, FSDP2_FULL_ACT_SCALE,
                         QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK, ZERO3_ACT_SCALE, ZERO3_RECOMPUTED_ADAPTER_SCALE)
 from .model import (GIB, Workload, activation_bytes, adapter_dropout_bytes, adapter_params,
-                    beside_activations_bytes, buffer_bytes, layer_activation_bytes, modelled, predict,
-                    quant4_full_parameter, state_bytes)
+                    beside_activations_bytes, buffer_bytes, layer_activation_bytes, modelled, offload_cached_bytes,
+                    predict, quant4_full_parameter, state_bytes)
 
 TRAIN_STAGES = ("pretrain", "finetune")
 #: The rows the allocator's slack is fitted on: an allocated peak at least this share of
@@ -262,7 +262,7 @@ def fit_rows(training: list[Row], root: Path = REPO_ROOT) -> dict[str, Any]:
                 or tech.zero_stage == 3 or predict(w).phase != "forward-backward"):
             continue
         xs.append([w.batch_size * w.seq_len * w.model.vocab_size / GIB, predict(w).terms["activations"]])
-        ys.append(r.reserved_gib - r.measured_gib)
+        ys.append(r.reserved_gib - r.measured_gib - offload_cached_bytes(w) / GIB)
     if len(xs) >= 2:
         (per_element, fraction), *_ = np.linalg.lstsq(np.array(xs), np.array(ys), rcond=None)
         out["cached_logits_bytes"], out["cached_activation_fraction"] = float(per_element), float(fraction)

@@ -51,7 +51,9 @@ Reserved memory (``Prediction.reserved_gib``): PyTorch's caching allocator keeps
 blocks, and at a large batch the loss's blocks leave the others cached: reserved runs ahead
 of allocated by ``CACHED_LOGITS_BYTES · V`` per token plus ``CACHED_ACTIVATION_FRACTION`` of
 the saved activations (both fitted), on top of the forward/backward peak; through a ZeRO-1/2
-optimizer step the freed whole bf16 gradients stay cached (``ZERO2_STEP_CACHED_GRAD_BYTES``).
+optimizer step the freed whole bf16 gradients stay cached (``ZERO2_STEP_CACHED_GRAD_BYTES``),
+and with offload through the backward pass that hands them to the host
+(``OFFLOAD_CACHED_GRAD_BYTES``).
 
 ``margin``: a cell is predicted to fit when ``reserved_gib · (1 + margin)`` is at most the
 platform's ``gpu_memory_gib`` (and, with offload, the host memory holds every rank's host
@@ -74,7 +76,7 @@ from .constants import (BACKENDS, BUCKETS, CACHED_ACTIVATION_FRACTION, CACHED_LO
                         FSDP2_GATHERED_BYTES, FSDP2_LIVE_LAYERS, FSDP2_REDUCE_BYTES,
                         FSDP2_REPLICATED, FSDP2_ROOT_REDUCE_BYTES, FSDP2_SHARDED, MEGATRON,
                         MEGATRON_DISTOPT, QUANT4_ACT_SCALE, RECOMPUTED_LAYER_PEAK, ZERO3_ACT_SCALE,
-                        ZERO2_STEP_CACHED_GRAD_BYTES, ZERO3_MAX_LIVE_PARAMETERS, ZERO3_RECOMPUTED_ADAPTER_SCALE,
+                        ZERO2_STEP_CACHED_GRAD_BYTES, OFFLOAD_CACHED_GRAD_BYTES, ZERO3_MAX_LIVE_PARAMETERS, ZERO3_RECOMPUTED_ADAPTER_SCALE,
                         ZERO3_REDUCE_BUCKET_ELEMENTS, ZERO3_REDUCE_BUCKETS_IN_FLIGHT,
                         ZERO3_STEP_GRAD_COPY_BYTES, ZERO3_SUB_GROUP_SIZE, margin_for)
 
@@ -459,6 +461,17 @@ def cached_bytes(w: Workload, activations: float) -> float:
             + CACHED_ACTIVATION_FRACTION * activations)
 
 
+def _trained_params(w: Workload) -> int:
+    """The parameters ``w`` trains: an adapter's, or under 4-bit those outside the decoder's
+    linears, else all."""
+    counts = w.model.param_counts()
+    if w.tech.adapter is not None:
+        return adapter_params(w.model, w.adapter)[0]
+    if w.tech.quant4:
+        return counts["total"] - counts["decoder_linear"]
+    return counts["total"]
+
+
 def step_cached_bytes(w: Workload) -> float:
     """What the caching allocator keeps reserved through the optimizer step beyond what it
     allocates: under DeepSpeed's ZeRO-1/2 without offload the whole bf16 gradients of the
@@ -466,14 +479,17 @@ def step_cached_bytes(w: Workload) -> float:
     tech = w.tech
     if w.backend != "deepspeed" or tech.zero_stage not in (1, 2) or tech.offload:
         return 0.0
-    counts = w.model.param_counts()
-    if tech.adapter is not None:
-        trainable = adapter_params(w.model, w.adapter)[0]
-    elif tech.quant4:
-        trainable = counts["total"] - counts["decoder_linear"]
-    else:
-        trainable = counts["total"]
-    return ZERO2_STEP_CACHED_GRAD_BYTES * trainable
+    return ZERO2_STEP_CACHED_GRAD_BYTES * _trained_params(w)
+
+
+def offload_cached_bytes(w: Workload) -> float:
+    """What the caching allocator keeps reserved through the forward/backward pass beyond
+    ``cached_bytes``: under DeepSpeed's ZeRO-1/2 with offload the whole bf16 gradients of the
+    trained parameters, freed as they go to the host (OFFLOAD_CACHED_GRAD_BYTES); 0 elsewhere."""
+    tech = w.tech
+    if w.backend != "deepspeed" or tech.zero_stage not in (1, 2) or not tech.offload:
+        return 0.0
+    return OFFLOAD_CACHED_GRAD_BYTES * _trained_params(w)
 
 
 def stream_pool_bytes(w: Workload) -> float:
@@ -500,7 +516,7 @@ def predict(w: Workload) -> Prediction:
     beside = beside_activations_bytes(w, logits, layer, buffers)
     fb = fb_states + acts + beside + overhead
     step = step_states + (0.0 if buckets_in_backward_only(w) else buffers) + overhead
-    cached, cached_step = cached_bytes(w, acts), step_cached_bytes(w)
+    cached, cached_step = cached_bytes(w, acts) + offload_cached_bytes(w), step_cached_bytes(w)
     if w.backend == "fsdp2":  # a compiled layer's freed blocks are eager-sized (constants.FSDP2_REDUCE_BYTES)
         eager = acts / compiled_scale(w)
         cached_step = fsdp2_step_cached_bytes(w, eager + beside + fsdp2_gathered_bytes(w))

@@ -232,10 +232,10 @@ COMPILED_ACT_SCALE = 0.58
 #: with or without offload; one H200's llama2-7b Z3 and F+Z3 searches at batch 9-17, 1.34 and
 #: 1.38 at every batch; the H200 pair's llama2-7b and -13b ZeRO-3 cells at batch 1, and
 #: llama2-7b F+Z3+O at batch 16 on one GPU; four H200s' llama2-7b F+Z3 and Z3+O at batch 1).
-#: Full-parameter cells take it too: without it
-#: the model falls 4.8-6.7 % (6-9 GiB) short of those Z3 and F+Z3 rows. DeepSpeed's ZeRO-3
-#: linear wrapper is the likely holder of the extra copies (not traced). LoRA's dropout copies are counted on their own
-#: (adapter_dropout_bytes); left in this scale, the adapter rows would give 2.16.
+#: Full-parameter cells take it too: without it the model falls 4.8-6.7 % (6-9 GiB) short of
+#: those Z3 and F+Z3 rows. DeepSpeed's ZeRO-3 linear wrapper is the likely holder of the extra
+#: copies (not traced). LoRA's dropout copies are counted on their own (adapter_dropout_bytes);
+#: left in this scale, the adapter rows would give 2.16.
 ZERO3_ACT_SCALE = 1.45
 
 #: Saved activations of a 4-bit full-parameter cell (Q: frozen NF4 decoder linears, the

@@ -228,6 +228,20 @@ def test_a_platform_filter_and_a_cross_platform_check(tmp_path):
     assert "0.451" in r.paper_value  # the paper's own: 4879.2 / 10813.4
 
 
+def test_a_finding_grouped_by_batch_shows_each_rows_batch_and_only_then(tmp_path):
+    """group_by batch_size judges each batch on its own row; the report's table shows the
+    batch column for such rows, and leaves it out where no row has one (it would be empty)."""
+    bz = finding(group_by=["platform", "model", "gpus", "batch_size"], where={"backend": "deepspeed"})
+    frame = rows(*[("h100", "llama2-7b", t, bs, 1, "ok", 1.0, mem * bs) for bs in (1, 4)
+                   for t, mem in (("Z2", 30.0), ("Naive", 64.0))])
+    by_batch = judge(tmp_path, frame, bz)
+    assert sorted(by_batch["batch_size"]) == [1, 4] and set(by_batch["verdict"]) == {"holds"}
+    shown = findings.report_table(by_batch, by_batch.iloc[0:0]).parts[0].frame
+    assert list(shown["batch_size"]) == list(by_batch["batch_size"])
+    plain = judge(tmp_path, frame, finding())
+    assert "batch_size" not in findings.report_table(plain, plain.iloc[0:0]).parts[0].frame
+
+
 def test_the_larger_of_two_rows_a_selection_picks_does_not_hide_the_other(tmp_path):
     """Two rows match one selection (the tidy table holds one record per cell, so rows of
     cells the selection does not tell apart): the verdict uses both (their geometric mean) and

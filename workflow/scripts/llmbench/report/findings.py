@@ -1260,10 +1260,11 @@ def summary_line(table: pd.DataFrame) -> str:
 
 
 #: the findings table's columns shown in Markdown and HTML (the CSV has them all)
-SHOWN = ["finding", "section", "claim", "platform", "model", "gpus", "verdict", "ours_value", "tolerance", "n",
-         "pairing", "paper_value", "paper_check", "missing", "engines", "protocols"]
+SHOWN = ["finding", "section", "claim", "platform", "model", "gpus", "batch_size", "verdict", "ours_value",
+         "tolerance", "n", "pairing", "paper_value", "paper_check", "missing", "engines", "protocols"]
 NOTE = (
-    "How to read it: each row judges one claim of the paper on one group of our cells (platform, model, GPUs). "
+    "How to read it: each row judges one claim of the paper on one group of our cells (platform, model, GPUs; and "
+    "batch, `batch_size`, where the finding groups by it). "
     "`ours_value` gives each check in words with its value and 95 % interval (llmbench.report.evidence: from the "
     "repeats; memory is exact; a cell measured once takes the pooled repeat-to-repeat spread); `tolerance` is the "
     "interval the claim implies. A check holds where its whole interval lies inside, contradicts where it lies "
@@ -1301,7 +1302,9 @@ def report_table(table: pd.DataFrame, missing: pd.DataFrame, name: str = "findin
     if "machine_spread" in table.attrs:
         spread = f" Machine-to-machine spread of a cell's throughput: {table.attrs['machine_spread']}."
     ours = name != "findings"
-    shown = [c for c in SHOWN if not (ours and c in PAPER_SHOWN)]
+    # batch_size: only where a finding groups its cells by batch (group_by), else every row's is empty
+    shown = [c for c in SHOWN if not (ours and c in PAPER_SHOWN)
+             and not (c == "batch_size" and table.get(c, pd.Series(dtype=object)).isna().all())]
     parts = [render.Part(frame=table.reindex(columns=shown), lead=summary_line(table) + "." + spread,
                          note=NOTE_OURS if ours else NOTE)]
     if len(missing):

@@ -12,7 +12,6 @@ non-negative constants (Lawson-Hanson NNLS): every prediction is linear in the c
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -47,23 +46,12 @@ def select(df: pd.DataFrame) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
-def _host_cpus(row, root: Path) -> int | None:
-    """The record's own host CPU count (provenance), a ``host_cpus`` column, or None."""
-    val = row.get("host_cpus")
-    if val is not None and not pd.isna(val):
-        return int(val)
-    path = row.get("record_path")
-    if isinstance(path, str) and (root / path).is_file():
-        return int(json.loads((root / path).read_text())["provenance"]["host"]["cpus"])
-    return None
-
-
 def cell_of(row, root: Path = REPO_ROOT) -> TrainCell:
     """A TrainCell from one tidy-table row."""
     return TrainCell(
         stage=row["stage"], platform=row["platform"], model=ModelSpec.load(row["model"], root),
         technique=techniques.parse(row["technique"]), batch_size=int(row["batch_size"]), gpus=int(row["gpus"]),
-        seq_len=int(row["seq_len"]), backend=row["backend"], host_cpus=_host_cpus(row, root),
+        seq_len=int(row["seq_len"]), backend=row["backend"],
     )
 
 

@@ -53,7 +53,6 @@ def predict_rows(df: pd.DataFrame, constants: dict[str, float], root: Path = REP
             stage=row["stage"], platform=row["platform"], model=ModelSpec.load(row["model"], root),
             technique=techniques.parse(row["technique"]), batch_size=int(row["batch_size"]),
             gpus=int(row["gpus"]), seq_len=int(row["seq_len"]), backend=row["backend"],
-            host_cpus=calibrate._host_cpus(row, root),
         )
         parts = terms(cell, constants, root)
         step = sum(parts.values())

@@ -104,6 +104,11 @@ def test_real_fsdp2_qlora_cell(tmp_path, technique, gpus, dtype):
     assert m.trainable_desc.startswith("QLoRA: adapters A and B") and m.trainable_desc.endswith("4-bit NF4 base (frozen)")
     fc = rec.provenance["fsdp2_config"]
     assert fc["nf4"]["linears"] == 14 and fc["nf4"]["block_size"] == 64 and fc["nf4"]["scaler_block_size"] == 256
+    # each rank holds only its rows of the base: NF4's chunks are views of the whole weight, so
+    # a shard kept as a view would reference twice the bytes it holds over two ranks
+    linear = sum(o * i for o, i in nf4.linear_shapes(spec).values()) * spec.num_hidden_layers
+    assert fc["nf4"]["storage_bytes"] == fc["nf4"]["local_bytes"]
+    assert linear / gpus / 2 <= fc["nf4"]["local_bytes"] < linear / gpus * 0.6  # 4 bits + scalers a weight
     assert fc["trained_dtypes"] == ["float32"]
     assert fc["frozen_dtypes"] == sorted(["nf4", "bfloat16" if dtype else "float32"])
     assert "NF4" in fc["description"] and fc["recompute"] == cell.tech.recompute

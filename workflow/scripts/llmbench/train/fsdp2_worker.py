@@ -219,6 +219,20 @@ def _frozen_sum(t) -> float:
     return sum(float(x.detach().sum(dtype=torch.float64)) for x in parts)
 
 
+def nf4_storage_bytes(model) -> tuple[int, int]:
+    """(bytes this rank's NF4 parameters reference, bytes their own elements take): the storage
+    behind each local NF4 tensor's quantised data, scalers and factors, against what those
+    tensors hold. Equal where each rank holds only its shard (materialise_nf4)."""
+    referenced = held = 0
+    for p in model.parameters():
+        t = _local(p)
+        if _is_nf4(t):
+            for x in (t.quantized_data, t.quantized_scalers, t.quantization_factor):
+                referenced += x.untyped_storage().nbytes()
+                held += x.numel() * x.element_size()
+    return referenced, held
+
+
 def convert_nf4(model) -> list[str]:
     """Give the decoder's linears (nf4.LINEARS) frozen torchao NF4 weights, in place, on the meta
     model before adapters and fully_shard (torchtune's FrozenNF4Linear); their names."""
@@ -236,10 +250,12 @@ def convert_nf4(model) -> list[str]:
 
 def materialise_nf4(model, device, std: float, seed: int) -> frozenset[int]:
     """Draw each NF4 weight whole from N(0, std) on ``device`` (the same values on every rank:
-    a generator seeded per weight), quantise it, keep this rank's rows (its dim-0 chunk in the
-    shard group, as fully_shard splits) and put them in place of the empty shard (torchtune's
-    loading of an NF4 base; FSDP2's load_state_dict hook re-reads the new shards); the ids of
-    the new parameters."""
+    a generator seeded per weight), quantise it, copy this rank's rows (its dim-0 chunk in the
+    shard group, as fully_shard splits) into a tensor of their own and put it in place of the
+    empty shard (torchtune's loading of an NF4 base; FSDP2's load_state_dict hook re-reads the
+    new shards); the ids of the new parameters. The copy matters: an NF4 chunk is a view of
+    the whole weight's storage, and kept as the shard it would hold the whole base on every
+    rank (nf4_storage_bytes counts it)."""
     import torch
     from torch.distributed.tensor import DTensor
     from torchao.quantization import to_nf4
@@ -252,10 +268,13 @@ def materialise_nf4(model, device, std: float, seed: int) -> frozenset[int]:
         group = mesh["shard"] if mesh.ndim == 2 else mesh
         gen = torch.Generator(device).manual_seed(seed * 1_000_003 + i)
         full = torch.empty(p.shape, dtype=p.dtype, device=device).normal_(0.0, std, generator=gen)
-        rows = torch.chunk(to_nf4(full, nf4.BLOCK, nf4.SCALER_BLOCK), group.size(), dim=0)[group.get_local_rank()]
+        whole = to_nf4(full, nf4.BLOCK, nf4.SCALER_BLOCK)
+        chunk = torch.chunk(whole, group.size(), dim=0)[group.get_local_rank()]
+        rows = whole.new_zeros(chunk.size())  # torchtune's way: the rows in storage of their own
+        rows.copy_(chunk)
         shards[name] = DTensor.from_local(rows, mesh, p.placements, run_check=False, shape=p.shape,
                                           stride=p.stride())
-        del full
+        del full, whole, chunk
     model.load_state_dict(shards, strict=False, assign=True)
     named = dict(model.named_parameters())
     return frozenset(id(named[n]) for n in shards)
@@ -418,7 +437,9 @@ class FSDP2Backend:
                                                if isinstance(m, torch.nn.Linear) and n not in self.fp8_linears)}}
                if self.plan.fp8 is not None else {}),
             **({"nf4": {"torchao": _torchao_version(), "linears": len(self.nf4_linears), "block_size": nf4.BLOCK,
-                        "scaler_block_size": nf4.SCALER_BLOCK}} if self.plan.nf4 else {}),
+                        "scaler_block_size": nf4.SCALER_BLOCK,
+                        **dict(zip(("storage_bytes", "local_bytes"), nf4_storage_bytes(self.model)))}}
+               if self.plan.nf4 else {}),
         }
 
 

@@ -96,12 +96,17 @@ def test_13b_pretraining_on_8_a800s_follows_the_papers_measurements():
 
 def test_70b_finetuning_on_8_a800s_does_not_put_lora_zero3_first():
     """L+Z3 is among the slowest fine-tuning methods in every group measured; the cost table
-    ranked it first."""
+    ranked it first. The paper's fastest 70B rows on 8 A800s are QLoRA's (Table IX): the top
+    row is a QLoRA method, measured there or predicted at a batch the paper did not run with
+    even its interval's low end faster than the paper's QL+F (the module's ranking rule)."""
     df = advice.build(tidy_rows(), ask("a800", "llama2-70b", "finetune", 8), root=REPO).set_index("technique")
     ranked = df[df["rank"].notna()]
-    assert ranked.loc[ranked["rank"] == 1].index[0] != "L+Z3"
+    first = ranked[ranked["rank"] == 1].iloc[0]
+    assert first.name != "L+Z3" and first.name.startswith("QL")
     assert df.loc["L+Z3", "rank"] > len(ranked) / 2
-    assert ranked.loc[ranked["rank"] == 1, "basis"].iloc[0] == "paper"
+    assert df.loc["QL+F", "basis"] == "paper"
+    if first["basis"] == "predicted":
+        assert first["tokens_per_s_low"] > df.loc["QL+F", "tokens_per_s"] and first["batch_size"] > 1
 
 
 def test_4bit_ranks_near_the_top_for_7b_pretraining_where_it_is_fastest():

@@ -64,6 +64,19 @@ def test_offload_cell_is_optimizer_and_pcie_bound():
     assert terms(cell("Z2", gpus=2))["offload"] == 0
 
 
+def test_a_step_overlaps_host_and_gpu_work_by_the_share():
+    """A batch-1 adapter cell is host-bound: its step is its host time plus the share of its
+    GPU time; added (share 1) it is the sum of its terms; the offloaded CPU Adam is serial."""
+    c = cell("L", stage="finetune")
+    by_side = model.sides(c, CONSTS, hw=HW)
+    assert by_side["host"] > by_side["device"] > 0 and by_side["serial"] == 0
+    assert model.step_time_s(c, CONSTS, hw=HW) == pytest.approx(sum(terms(c).values()))  # no share: they add
+    half = model.step_time_s(c, {**CONSTS, model.OVERLAP: 0.5}, hw=HW)
+    assert half == pytest.approx(by_side["host"] + 0.5 * by_side["device"])
+    off = model.sides(cell("Z2+O", gpus=2), CONSTS, hw=HW)
+    assert off["serial"] == pytest.approx(terms(cell("Z2+O", gpus=2))["optimizer"])
+
+
 def test_tokens_per_s_grows_with_batch_and_gpus():
     for tech in ("Naive", "Z3", "F+R+Z2", "QL"):
         stage = "finetune" if tech == "QL" else "pretrain"
@@ -157,8 +170,9 @@ def test_constants_file_loads_and_every_constant_has_a_source():
             vals = val.values() if "value" not in val else [val]
             assert all(v["source"].strip() for v in vals), (block, key)
     consts = data["calibrated"]["constants"]
-    assert set(consts) == set(CALIBRATED)
+    assert set(consts) == {*CALIBRATED, model.OVERLAP}
     assert all(v["source"].strip() and v["value"] >= 0 for v in consts.values())
+    assert consts[model.OVERLAP]["value"] <= 1
 
 
 @pytest.mark.parametrize("platform", ["a800", "rtx4090", "rtx3090", "rtx3090-nonvlink", "h100", "h200", "h200x4"])
@@ -210,12 +224,16 @@ def _fixture_records(consts) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def test_calibration_recovers_known_constants_and_is_reproducible():
-    df = calibrate.select(_fixture_records(CONSTS))
+@pytest.mark.parametrize("overlap", [1.0, 0.35])
+def test_calibration_recovers_known_constants_and_is_reproducible(overlap):
+    """Records made by the model itself, its sides added (1.0) or overlapping: the fit finds
+    the constants and the share again, and twice the same."""
+    consts = {**CONSTS, model.OVERLAP: overlap}
+    df = calibrate.select(_fixture_records(consts))
     assert len(df) == 36
     first, second = calibrate.fit(df, REPO), calibrate.fit(df, REPO)
     assert first == second
-    for name, want in CONSTS.items():
+    for name, want in consts.items():
         assert first[name] == pytest.approx(want, rel=1e-6), name
 
 

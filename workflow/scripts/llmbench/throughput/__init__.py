@@ -1,6 +1,6 @@
 """Predicted step time and tokens/s of a training cell (DeepSpeed; Megatron-LM as data parallel).
 
-A sum of terms (model), constants fitted on our own H100/H200 records only (calibrate), and a
+Terms on the host's side and the GPU's, which overlap (model), constants fitted on our own H100/H200 records only (calibrate), and a
 score against the paper's Tables II, III, IV and IX, which never enter the fit (score); a
 prediction with its interval and a note for each way a cell lies outside what the
 calibration records cover (interval.predict).
@@ -12,4 +12,5 @@ See docs/throughput-model.md.
 
 from .calibrate import CALIBRATION_PLATFORMS, fit
 from .interval import Prediction, predict
-from .model import CALIBRATED, TERMS, Hardware, TrainCell, hardware, step_time_s, terms, tokens_per_s
+from .model import (CALIBRATED, OVERLAP, SIDES, TERMS, Hardware, TrainCell, hardware, sides, step_time_s, terms,
+                    tokens_per_s)

@@ -15,7 +15,8 @@ from .. import techniques
 from ..config import REPO_ROOT
 from ..models import ModelSpec
 from . import calibrate, interval, score, widths
-from .model import BACKENDS, CALIBRATED_MARKER, CONSTANTS_FILE, TERMS, TrainCell, calibrated_constants, terms
+from .model import (BACKENDS, CALIBRATED_MARKER, CONSTANTS_FILE, OVERLAP, TERMS, TrainCell, calibrated_constants,
+                    sides, step_time_s, terms)
 
 
 def _calibrate(args) -> int:
@@ -62,10 +63,13 @@ def _predict(args) -> int:
     cell = TrainCell(stage=args.stage, platform=args.platform, model=ModelSpec.load(args.model),
                      technique=techniques.parse(args.technique), batch_size=args.batch_size,
                      gpus=args.gpus, seq_len=args.seq_len, backend=args.backend)
-    parts = terms(cell, calibrated_constants())
-    step = sum(parts.values())
+    constants = calibrated_constants()
+    parts, by_side = terms(cell, constants), sides(cell, constants)
+    step = step_time_s(cell, constants)
     for k in TERMS:
         print(f"{k:>14} {parts[k]:9.4f} s")
+    print("   sides: " + ", ".join(f"{k} {v:.4f} s" for k, v in by_side.items())
+          + f"; a step is the longer of host and device + {constants[OVERLAP]:g} x the shorter + serial")
     pred = interval.predict(cell)
     print(f"{'step':>14} {step:9.4f} s   {pred.value:,.0f} tokens/s "
           f"({pred.low:,.0f}-{pred.high:,.0f}, {pred.quantile:.0%} interval)")

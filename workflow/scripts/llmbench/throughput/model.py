@@ -1,4 +1,4 @@
-"""Step time of a training cell, as a sum of terms (docs/throughput-model.md).
+"""Step time of a training cell, from terms on the host's side and the GPU's (docs/throughput-model.md).
 
 Per GPU and per optimizer step, with T = batch_size x seq_len tokens on each GPU:
 
@@ -12,12 +12,16 @@ Per GPU and per optimizer step, with T = batch_size x seq_len tokens on each GPU
   zero3          ZeRO-3's per-parameter hooks (fetch, release, partition), present on one GPU too
   host           per-step and per-layer host work (Python, launches): dominant at batch 1
 
-Terms add: compute and communication are taken as not overlapped, and host work as not
-hidden behind GPU work (both are upper bounds; the calibrated host constants absorb part).
-Hardware facts come from config/platforms (peaks) and config/throughput/constants.yaml (with a
-source each), replaced by our microbenchmark records where a platform has them. The
-calibrated constants (llmbench.throughput.calibrate) multiply basis features, so every term
-is ``known seconds + sum(constant x feature)``; a prediction is linear in the constants.
+The terms fall on three sides (SIDES, side_of): the host's (host, zero3's hooks, the per-layer
+host costs of recomputation and 4-bit weights), the GPU's (the rest) and a serial one (the
+offloaded CPU Adam, which runs while the GPU waits for it). Host work launches GPU work
+asynchronously, so the two overlap: a step takes the longer of the host's and the GPU's time,
+plus OVERLAP (a fitted share, 0-1) of the shorter, plus the serial time (step_of). Within
+the GPU's side, compute and communication add (an upper bound). Hardware facts come from
+config/platforms (peaks) and config/throughput/constants.yaml (with a source each), replaced by
+our microbenchmark records where a platform has them. The calibrated constants
+(llmbench.throughput.calibrate) multiply basis features, so every term is ``known seconds +
+sum(constant x feature)``: each side is linear in the constants, and the step piecewise so.
 """
 
 from __future__ import annotations
@@ -60,6 +64,12 @@ def not_modelled(backend: str, tech: Technique) -> str | None:
 
 #: Terms of a step, in report order.
 TERMS = ("gemm", "recompute", "memory", "optimizer", "communication", "offload", "dequant", "zero3", "host")
+#: The sides a term's seconds fall on (side_of): the host's, the GPU's, and serial to both.
+SIDES = ("host", "device", "serial")
+#: The calibrated share of the shorter of host and GPU time that a step does not hide behind
+#: the longer (step_of): 1 adds them, 0 overlaps them fully. Fitted with the others
+#: (llmbench.throughput.calibrate.fit), not a linear constant: it is not in CALIBRATED.
+OVERLAP = "host_device_overlap"
 #: Calibrated constants: name -> (term it belongs to, unit, meaning).
 CALIBRATED = {
     "host_step_s": ("host", "s", "host time per optimizer step (engine step, logging, data)"),
@@ -174,11 +184,11 @@ def calibrated_constants(root: Path = REPO_ROOT) -> dict[str, float]:
     """The calibrated block's values (name -> value)."""
     block = load_constants(root).get("calibrated") or {}
     values = block.get("constants") or {}
-    missing = set(CALIBRATED) - set(values)
+    missing = {*CALIBRATED, OVERLAP} - set(values)
     if missing:
         raise ConfigError(f"{root / CONSTANTS_FILE}: calibrated.constants lacks {sorted(missing)}; "
                           "run `python -m llmbench.throughput calibrate --write`")
-    return {k: float(values[k]["value"]) for k in CALIBRATED}
+    return {k: float(values[k]["value"]) for k in (*CALIBRATED, OVERLAP)}
 
 
 def _facts(name: str, hw: dict) -> dict:
@@ -411,6 +421,33 @@ def features(cell: TrainCell, hw: Hardware, work: dict) -> list[tuple[str, str |
     return out
 
 
+def side_of(term: str, const: str | None) -> str:
+    """The side (SIDES) of one feature of a step: host work (the host terms, ZeRO-3's hooks,
+    recomputation's and 4-bit weights' per-layer host costs), the offloaded CPU Adam (serial:
+    the GPU waits for it), else GPU work."""
+    if term in ("host", "zero3") or const in ("host_layer_recompute_s", "host_layer_quant_s"):
+        return "host"
+    if const == "cpu_adam_s_per_gparam":
+        return "serial"
+    return "device"
+
+
+def sides(cell: TrainCell, constants: dict[str, float], root: Path = REPO_ROOT,
+          hw: Hardware | None = None) -> dict[str, float]:
+    """Seconds per step on each side (SIDES) for a cell under the given calibrated constants."""
+    hw = hw or hardware(cell.platform, root)
+    out = dict.fromkeys(SIDES, 0.0)
+    for term, const, value in features(cell, hw, _work(root)):
+        out[side_of(term, const)] += value if const is None else constants[const] * value
+    return out
+
+
+def step_of(host: float, device: float, serial: float, overlap: float) -> float:
+    """A step's seconds from its sides: the longer of host and GPU time, ``overlap`` of the
+    shorter, and the serial time."""
+    return max(host, device) + overlap * min(host, device) + serial
+
+
 def terms(cell: TrainCell, constants: dict[str, float], root: Path = REPO_ROOT,
           hw: Hardware | None = None) -> dict[str, float]:
     """Seconds per step of each term (TERMS) for a cell under the given calibrated constants."""
@@ -423,8 +460,10 @@ def terms(cell: TrainCell, constants: dict[str, float], root: Path = REPO_ROOT,
 
 def step_time_s(cell: TrainCell, constants: dict[str, float], root: Path = REPO_ROOT,
                 hw: Hardware | None = None) -> float:
-    """Predicted seconds per optimizer step."""
-    return sum(terms(cell, constants, root, hw).values())
+    """Predicted seconds per optimizer step (step_of; without OVERLAP in ``constants``, the
+    sides add)."""
+    s = sides(cell, constants, root, hw)
+    return step_of(s["host"], s["device"], s["serial"], constants.get(OVERLAP, 1.0))
 
 
 def tokens_per_s(cell: TrainCell, constants: dict[str, float], root: Path = REPO_ROOT,

@@ -21,7 +21,7 @@ from ..config import REPO_ROOT
 from ..models import ModelSpec
 from ..report import paper_frame
 from . import calibrate
-from .model import TERMS, TrainCell, calibrated_constants, terms
+from .model import TERMS, TrainCell, calibrated_constants, step_time_s, terms
 
 #: Groups of fewer methods than this get no rank correlation.
 MIN_RANKED = 3
@@ -55,7 +55,7 @@ def predict_rows(df: pd.DataFrame, constants: dict[str, float], root: Path = REP
             gpus=int(row["gpus"]), seq_len=int(row["seq_len"]), backend=row["backend"],
         )
         parts = terms(cell, constants, root)
-        step = sum(parts.values())
+        step = step_time_s(cell, constants, root)
         pred = cell.tokens_per_step / step
         out.append({**{k: row.get(k) for k in ("table", "stage", "platform", "model", "backend", "technique",
                                                "batch_size", "gpus", "seq_len", "run")},

@@ -481,6 +481,37 @@ def test_fsdp2_states_by_hand():
         activation_bytes(w("L", adapter=LORA_ALL))[0])
 
 
+def test_fsdp2_qlora_shards_its_nf4_base_and_gathers_it_in_nf4(tmp_path):
+    """FSDP2's QLoRA (QL): the NF4 decoder linears and the bf16 rest sharded over the ranks,
+    every layer gathered whole through forward/backward without resharding (Z2) in NF4 for the
+    linears and bf16 for the rest, two layers and the root with it (Z3); the adapters' 12 bytes
+    sharded. A record of the worker that held the whole base on every rank is left out of the
+    fit and its scores (fit.holds_whole_nf4_base)."""
+    from llmbench.memory.fit import holds_whole_nf4_base
+    from llmbench.memory.model import NF4, fsdp2_gathered_bytes
+
+    counts, n_lora = L7.param_counts(), adapter_params(L7, LORA_ALL)[0]
+    lin, rest = counts["decoder_linear"], counts["total"] - counts["decoder_linear"]
+    z2 = w("QL+F+Z2", gpus=2, backend="fsdp2", adapter=LORA_ALL)
+    assert fsdp2_gathered_bytes(z2) == pytest.approx(NF4 * lin + 2 * (rest + n_lora))
+    assert state_bytes(z2)[0] == pytest.approx((NF4 * lin + 2 * rest) / 2 + fsdp2_gathered_bytes(z2) + 12 * n_lora / 2)
+    z3 = w("QL+F+Z3", gpus=2, backend="fsdp2", adapter=LORA_ALL)
+    root = 2 * 32000 * 4096 + 4096
+    layer = (counts["total"] + n_lora - root) / 32
+    assert fsdp2_gathered_bytes(z3) == pytest.approx(2 * (root + 2 * (layer - lin / 32)) + NF4 * 2 * lin / 32)
+    assert predict(z2).family == "fsdp2"
+    rec = {"cell": {"backend": "fsdp2"}, "provenance": {"fsdp2_config": {"nf4": {"linears": 224}}}}
+    paths = []
+    for i, nf4 in enumerate([{"linears": 224}, {"storage_bytes": 4, "local_bytes": 2},
+                             {"storage_bytes": 2, "local_bytes": 2}]):
+        paths.append(tmp_path / f"{i}.json")
+        rec["provenance"]["fsdp2_config"]["nf4"] = nf4
+        paths[-1].write_text(json.dumps(rec))
+    assert [holds_whole_nf4_base(p) for p in paths] == [True, True, False]
+    (tmp_path / "ds.json").write_text(json.dumps({"cell": {"backend": "deepspeed"}, "provenance": {}}))
+    assert not holds_whole_nf4_base(tmp_path / "ds.json")
+
+
 def test_fsdp2_with_cpu_offload_is_not_modelled():
     from llmbench.memory.model import modelled
 

@@ -197,6 +197,8 @@ FSDP2_REPLICATED = StateRow(fb=StateBytes(12, 0), step=StateBytes(16.17, 0))
 #: use, one prefetched). A LoRA cell's frozen bf16 base is so held twice through
 #: forward/backward: one H200's llama2-7b L at batch 1 and 4 and llama3.1-8b L at batch 4
 #: held 12.6 and 15.0 GiB more than DeepSpeed's (2 bytes x 6.74e9 and 8.03e9 parameters).
+#: On an NF4 base (QL) the decoder's linears are gathered in NF4 as they are stored (model.NF4
+#: a weight; llmbench.memory.model.fsdp2_gathered_bytes), the rest in bf16.
 FSDP2_GATHERED_BYTES = 2.0
 FSDP2_LIVE_LAYERS = 2
 #: The backward's reduce-scatter per layer: the layer's unsharded bf16 gradients (2) and

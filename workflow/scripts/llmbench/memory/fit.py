@@ -140,6 +140,8 @@ def rows(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> list[tuple[pd.Series, Ro
             continue
         path = Path(r["record_path"])
         full = path if path.is_absolute() else root / path
+        if holds_whole_nf4_base(full):
+            continue
         spec = record_spec(full, root)
         measured, reserved = r["peak_mem_allocated_gib"], r.get("peak_mem_reserved_gib")
         rss = r["peak_rss_gib"]
@@ -150,6 +152,20 @@ def rows(tidy: pd.DataFrame, root: Path = REPO_ROOT) -> list[tuple[pd.Series, Ro
                            mem_cap_gib=spec.cell.mem_cap_gib, started=_started(full),
                            run=None if pd.isna(r.get("run")) else str(r.get("run")))))
     return out
+
+
+def holds_whole_nf4_base(path: Path) -> bool:
+    """Whether an FSDP2 QLoRA record was made by the worker that kept each rank's rows of an NF4
+    weight as a view of the whole quantised weight, so that every rank held the whole 4-bit base
+    (llmbench.train.fsdp2_worker.materialise_nf4, fixed since): its fsdp2_config.nf4 has no
+    storage_bytes, or they exceed local_bytes. The model predicts the sharded base, so such
+    records enter neither its fit nor its scores (the run's README says by how much they hold
+    more)."""
+    rec = json.loads(path.read_text())
+    nf4 = ((rec.get("provenance") or {}).get("fsdp2_config") or {}).get("nf4")
+    if not nf4 or (rec.get("cell") or {}).get("backend") != "fsdp2":
+        return False
+    return "storage_bytes" not in nf4 or nf4["storage_bytes"] > nf4.get("local_bytes", 0)
 
 
 def _started(path: Path) -> str | None:

@@ -196,11 +196,10 @@ FAMILIES = ("megatron", "fsdp2", "qlora", "lora", "4-bit", "offload", "zero3", "
 def modelled(backend: str, technique: str) -> bool:
     """Whether the model predicts a training cell of ``backend`` and ``technique``: DeepSpeed's
     and Megatron-LM's, and FSDP2's but with CPU offload (one record: too few to fit its
-    constants and check them on others) or on an NF4 base (QL: no record yet)."""
+    constants and check them on others)."""
     if backend not in BACKENDS:
         return False
-    tech = techniques.parse(technique)
-    return not (backend == "fsdp2" and (tech.offload or tech.quant4))
+    return not (backend == "fsdp2" and techniques.parse(technique).offload)
 
 
 def family(w: Workload) -> str:
@@ -294,15 +293,16 @@ def state_bytes(w: Workload) -> tuple[float, float, float]:
 
 def _fsdp2_state_bytes(w: Workload) -> tuple[float, float, float]:
     """FSDP2's model states of one rank (constants.FSDP2_*): the trained parameters' row,
-    sharded or (no Z flag) replicated; an adapter's frozen bf16 base in bf16 shards; through
+    sharded or (no Z flag) replicated; an adapter's frozen base in shards (bf16, or on an NF4
+    base (QL) the decoder's linears in NF4 and the rest in bf16); through
     forward/backward the all-gathered bf16 copies (fsdp2_gathered_bytes); at the step, where
     sharded over several ranks, the root's fp32 gradients to reduce."""
     tech = w.tech
     shard = 1 if tech.zero_stage == 0 else w.gpus
     row = FSDP2_REPLICATED if tech.zero_stage == 0 else FSDP2_SHARDED
-    if tech.adapter is not None:
+    if tech.adapter is not None:  # QL: the decoder's linears in torchao's NF4, sharded as they are
         trainable, frozen_extra = adapter_params(w.model, w.adapter)
-        base = WEIGHTS_BF16 * (w.model.param_counts()["total"] + frozen_extra) / shard
+        base = (_frozen_base_bytes(w.model.param_counts(), quant4=tech.quant4) + WEIGHTS_BF16 * frozen_extra) / shard
     else:
         trainable, base = w.model.param_counts()["total"], 0.0
     fb = base + fsdp2_gathered_bytes(w) + row.fb.per_rank(trainable, shard)
@@ -313,16 +313,20 @@ def _fsdp2_state_bytes(w: Workload) -> tuple[float, float, float]:
 
 
 def fsdp2_gathered_bytes(w: Workload) -> float:
-    """FSDP2's all-gathered bf16 parameters alive at the forward pass's end: every layer's
-    without resharding after forward (Z2, no Z flag), else the root's and FSDP2_LIVE_LAYERS
-    decoder layers' (constants.FSDP2_GATHERED_BYTES); 0 for another backend."""
+    """FSDP2's all-gathered parameters alive at the forward pass's end: every layer's without
+    resharding after forward (Z2, no Z flag), else the root's and FSDP2_LIVE_LAYERS decoder
+    layers' (constants.FSDP2_GATHERED_BYTES a bf16 parameter; on an NF4 base (QL) the
+    decoder's linears are gathered in NF4, as they are stored); 0 for another backend."""
     if w.backend != "fsdp2":
         return 0.0
     extra = sum(adapter_params(w.model, w.adapter)) if w.tech.adapter is not None else 0
+    linear = w.model.param_counts()["decoder_linear"] if w.tech.quant4 else 0
     if w.tech.zero_stage != 3:
-        return FSDP2_GATHERED_BYTES * (w.model.param_counts()["total"] + extra)
+        return FSDP2_GATHERED_BYTES * (w.model.param_counts()["total"] + extra - linear) + NF4 * linear
     root, layer = _fsdp2_units(w.model, extra)
-    return FSDP2_GATHERED_BYTES * (root + FSDP2_LIVE_LAYERS * layer)
+    per_layer = linear / w.model.num_hidden_layers
+    return (FSDP2_GATHERED_BYTES * (root + FSDP2_LIVE_LAYERS * (layer - per_layer))
+            + NF4 * FSDP2_LIVE_LAYERS * per_layer)
 
 
 def _fsdp2_units(model: ModelSpec, extra: float = 0.0) -> tuple[float, float]:

@@ -1255,7 +1255,7 @@ def summary_line(table: pd.DataFrame) -> str:
     fv = finding_verdicts(table).value_counts()
     n = table["finding"].nunique() if len(table) else 0
     return (f"{n} findings: " + ", ".join(f"{int(fv.get(v, 0))} {v}" for v in FINDING_VERDICTS if fv.get(v, 0))
-            + f"; {len(table)} rows (a finding on one platform, model and GPU count): "
+            + f"; {len(table)} rows (a finding on one platform, model, GPU count and, where it groups by it, batch): "
             + ", ".join(f"{c[v]} {v}" for v in VERDICTS))
 
 

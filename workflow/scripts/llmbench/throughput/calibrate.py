@@ -25,7 +25,7 @@ from .. import techniques
 from ..config import REPO_ROOT
 from ..models import ModelSpec
 from .model import (CALIBRATED, OVERLAP, SIDES, Hardware, TrainCell, features, hardware, load_constants,
-                    not_modelled, side_of)
+                    not_modelled, side_of, step_of)
 
 #: The tidy table calibration reads (relative to the repository root).
 RECORDS_CSV = Path("results") / "reference" / "combined" / "tables" / "records.csv"
@@ -137,9 +137,7 @@ def _fit_share(known: np.ndarray, X: np.ndarray, y: np.ndarray, overlap: float) 
         weights = np.ones_like(weights)
         weights[:, device] = np.where(longer, overlap, 1.0)
         weights[:, host] = np.where(longer, 1.0, overlap)
-    sides = known + X @ coef
-    step = (np.maximum(sides[:, host], sides[:, device]) + overlap * np.minimum(sides[:, host], sides[:, device])
-            + sides[:, SIDES.index("serial")])
+    step = np.array([step_of(*row, overlap) for row in known + X @ coef])  # rows in SIDES' order
     return coef, float((((step - y) / y) ** 2).sum())
 
 

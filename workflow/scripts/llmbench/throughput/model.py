@@ -55,8 +55,6 @@ def not_modelled(backend: str, tech: Technique) -> str | None:
         return f"backend {backend!r} is not modelled"
     if backend == "fsdp2" and tech.offload:
         return "FSDP2 with CPU offload (AdamW on the host) is not modelled"
-    if backend == "fsdp2" and tech.quant4:
-        return "FSDP2 on a 4-bit NF4 base (QL) is not modelled"
     if tech.fp8 is not None:
         return "FP8 training is not modelled"
     return None
@@ -80,6 +78,8 @@ CALIBRATED = {
     "host_layer_adapter_s": ("host", "s", "extra host time per layer with adapters (PEFT wrappers, small kernels)"),
     "host_layer_recompute_s": ("recompute", "s", "extra host time per layer with recomputation (checkpoint replay)"),
     "host_layer_quant_s": ("dequant", "s", "extra host time per layer with 4-bit weights (bitsandbytes kernels)"),
+    "host_layer_nf4_fsdp2_s": ("dequant", "s", "extra host time per layer with FSDP2's 4-bit base (torchao's NF4 "
+                               "tensors: gathered in parts, dequantised by several kernels per linear)"),
     "zero3_s_per_gparam": ("zero3", "s per 1e9 params per pass", "ZeRO-3 hook cost per gathered parameter"),
     "zero3_s_per_tensor": ("zero3", "s per tensor per pass",
                            "ZeRO-3 cost per gathered parameter tensor (fetch and release hooks, whatever its size)"),
@@ -391,7 +391,10 @@ def features(cell: TrainCell, hw: Hardware, work: dict) -> list[tuple[str, str |
         # resharded after it (Z3), again in backward, where a recomputed layer reuses that
         # gather; gradients are reduce-scattered in fp32 (MixedPrecisionPolicy's reduce_dtype)
         comm = ring * n_train * w["fsdp2_reduce_bytes"] / bus
-        comm += (2.0 if t.zero_stage == 3 else 1.0) * ring * counts["total"] * w["param_bytes"] / bus
+        # an NF4 base (QL) is gathered as stored: its decoder linears in NF4, the rest in bf16
+        linear = counts["decoder_linear"] if t.quant4 else 0
+        gathered = linear * w["nf4_bytes_per_param"] + (counts["total"] - linear) * w["param_bytes"]
+        comm += (2.0 if t.zero_stage == 3 else 1.0) * ring * gathered / bus
     elif fsdp2:  # replicated (no Z flag): an fp32 all-reduce of the gradients
         comm = 2 * ring * n_train * w["fsdp2_reduce_bytes"] / bus
     elif t.zero_stage == 3:
@@ -408,7 +411,7 @@ def features(cell: TrainCell, hw: Hardware, work: dict) -> list[tuple[str, str |
         uses = 2.0 + r  # forward, backward (input gradients), replayed forward
         out.append(("dequant", None, uses * counts["decoder_linear"] * w["nf4_dequant_bytes_per_param"]
                     / hw.hbm_bytes_per_s))
-        out.append(("dequant", "host_layer_quant_s", L))
+        out.append(("dequant", "host_layer_nf4_fsdp2_s" if fsdp2 else "host_layer_quant_s", L))
     out.append(("host", "host_step_s", 1.0))
     if cell.backend == "megatron":
         out.append(("host", "host_layer_megatron_s", L))
@@ -425,7 +428,7 @@ def side_of(term: str, const: str | None) -> str:
     """The side (SIDES) of one feature of a step: host work (the host terms, ZeRO-3's hooks,
     recomputation's and 4-bit weights' per-layer host costs), the offloaded CPU Adam (serial:
     the GPU waits for it), else GPU work."""
-    if term in ("host", "zero3") or const in ("host_layer_recompute_s", "host_layer_quant_s"):
+    if term in ("host", "zero3") or const in ("host_layer_recompute_s", "host_layer_quant_s", "host_layer_nf4_fsdp2_s"):
         return "host"
     if const == "cpu_adam_s_per_gparam":
         return "serial"

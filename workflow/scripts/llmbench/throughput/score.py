@@ -16,12 +16,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import techniques
 from ..config import REPO_ROOT
-from ..models import ModelSpec
 from ..report import paper_frame
 from . import calibrate
-from .model import TERMS, TrainCell, calibrated_constants, step_time_s, terms
+from .model import TERMS, calibrated_constants, step_time_s, terms
 
 #: Groups of fewer methods than this get no rank correlation.
 MIN_RANKED = 3
@@ -49,11 +47,7 @@ def predict_rows(df: pd.DataFrame, constants: dict[str, float], root: Path = REP
     """Each row with predicted tokens/s, signed error (pred/meas - 1) and the seconds per term."""
     out = []
     for row in df.to_dict("records"):
-        cell = TrainCell(
-            stage=row["stage"], platform=row["platform"], model=ModelSpec.load(row["model"], root),
-            technique=techniques.parse(row["technique"]), batch_size=int(row["batch_size"]),
-            gpus=int(row["gpus"]), seq_len=int(row["seq_len"]), backend=row["backend"],
-        )
+        cell = calibrate.cell_of(row, root)
         parts = terms(cell, constants, root)
         step = step_time_s(cell, constants, root)
         pred = cell.tokens_per_step / step

@@ -103,6 +103,8 @@ def test_gpu_engines_default_to_the_node_and_single_gpu_engines_to_one():
     (dict(loads={"s": {**BURST, "prefix_length": 8}}), "serve[0].loads.s: unknown key(s) 'prefix_length'"),
     (dict(prefix_caching=False), "serve[0].prefix_caching: engine 'transformers' has no prefix-cache switch"),
     (dict(prefix_caching="off"), "serve[0].prefix_caching: 'off' is not of type"),
+    (dict(platforms=["h200"], models=["llama2-7b", "llama3.1-8b"], engines=["vllm", "lightllm"]),
+     "serve[0].engines[1]: engine 'lightllm' does not implement the RoPE scaling 'llama3' of model 'llama3.1-8b'"),
 ])
 def test_bad_serving_config_names_the_key(edit, needle):
     with pytest.raises(ConfigError) as exc:
@@ -276,3 +278,11 @@ def test_concurrency_shared_prefix_and_ramped_loads_expand_with_their_keys():
     assert (cells["c4"].load_spec["max_concurrency"], cells["c16"].load_spec["max_concurrency"]) == (4, 16)
     assert cells["c4"].load_spec["prefix_len"] == 256 and cells["ramp"].load_spec["ramp_up_s"] == 30
     assert "prefix_len" not in cells["ramp"].load_spec  # absent keys stay absent: other cells' specs unchanged
+
+
+def test_engines_serve_the_models_whose_rope_scaling_they_implement():
+    # vLLM and SGLang implement Llama 3.1's scaling; LightLLM 0.0.1 serves Llama 2 (none)
+    g = grid.expand(cfg(platforms=["h200"], models=["llama3.1-8b"], engines=["vllm", "sglang"]))
+    assert {c.engine for c in g.cells} == {"vllm", "sglang"}
+    g = grid.expand(cfg(platforms=["h200"], models=["llama2-7b"], engines=["lightllm"]))
+    assert {c.engine for c in g.cells} == {"lightllm"}

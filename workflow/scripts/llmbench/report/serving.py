@@ -17,7 +17,7 @@ from .render import fmt
 
 KEY = ["platform", "model", "engine", "load", "gpus"]
 COLUMNS = KEY + [
-    "status", "mode", "num_requests", "input_len", "output_len", "completed", "failed",
+    "engine_version", "status", "mode", "num_requests", "input_len", "output_len", "completed", "failed",
     "output_shortfall_requests", "request_throughput_per_s", "output_tokens_per_s", "total_tokens_per_s",
     *[f"{s}_{m}" for m in ("ttft_s", "tpot_s", "itl_s", "e2e_latency_s") for s in ("p50", "p90", "p99")],
     "server_peak_gpu_mem_gib", "server_peak_rss_gib", "server_ready_s", "rate_per_s", "max_concurrency",
@@ -28,7 +28,7 @@ COLUMNS = KEY + [
 ]
 #: what makes two serving cells runs of one point (llmbench.serve.runs pools them)
 LOAD_SPEC = ["mode", "num_requests", "input_len", "output_len", "rate_per_s", "max_concurrency", "prefix_len",
-             "ramp_up_s", "warm_engine", "engine_args"]
+             "ramp_up_s", "warm_engine", "engine_args", "engine_version"]
 #: engines no longer maintained upstream: kept, labelled
 LEGACY = {"tgi": "TGI: archived upstream in March 2026 (maintenance mode from December 2025); its launch spec and "
                  "HTTP test doubles are kept, no GPU time goes to it."}
@@ -51,12 +51,14 @@ NOTES = (
     "'warm engine': served by an engine that had served other loads before it (a paired set's share_engine), "
     "not started for it as the paper's runs are; such a point never pools with a fresh engine's. "
     "GPU: the first GPU's mean SM clock and power over the measured window (NVML), where there is one. "
+    "Engine: its version as its record's provenance says (the engine's own package), where it does. "
     + " ".join(LEGACY.values())
 )
 POINTS_LEAD = ("Points over runs: cells of one platform, model, engine, GPU count and load that differ only in "
                "their run (loads named <name>-1, <name>-2, ..., a fresh engine each, or the same load in several "
-               "results folders) pool into mean ± sample std; points that differ in their load (Poisson rates) "
-               "or in the engine's launch arguments (its prefix cache on or off) never pool.")
+               "results folders) pool into mean ± sample std; points that differ in their load (Poisson rates), "
+               "in the engine's launch arguments (its prefix cache on or off) or in its version never pool. "
+               "GPU: the first GPU's mean SM clock and power over each run's measured window, pooled alike.")
 
 
 def build(tidy: pd.DataFrame) -> pd.DataFrame:
@@ -118,7 +120,7 @@ def table(df: pd.DataFrame) -> render.Table:
             return "" if all(v is None or pd.isna(v) for v in vals) else " / ".join(fmt(v, spec) for v in vals)
         mem = r.server_peak_gpu_mem_gib if not pd.isna(r.server_peak_gpu_mem_gib) else r.server_peak_rss_gib
         status = r.status if r.status != "oom" else "- (oom)"
-        engine = r.engine + (" (legacy)" if r.engine in LEGACY else "")
+        engine = runs.engine_label(r.engine, r.engine_version) + (" (legacy)" if r.engine in LEGACY else "")
         rate = f", {fmt(r.rate_per_s, 'g')}/s" if r.mode == "poisson" else ""
         rate += f" ramp {fmt(r.ramp_up_s, 'g')} s" if r.mode == "poisson" and _given(r.ramp_up_s) else ""
         rate += f" {fmt(r.max_concurrency, '.0f')} in flight" if r.mode == "concurrency" else ""

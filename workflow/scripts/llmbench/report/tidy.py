@@ -14,6 +14,7 @@ import pandas as pd
 from .. import cells
 from ..platforms import DTYPE_SHORT
 from ..profile import kernels
+from ..serve.engines import engine_version
 from ..serve.runs import engine_args, warm_engine
 from ..record import Record, RecordError, read
 from ..search import measured_batch, read_summary
@@ -92,18 +93,6 @@ SAMPLE_KEYS = {"serve": ["platform", "model", "engine", "load", "gpus"],
                "profile": ["platform", "model", "backend", "technique", "batch_size", "gpus"]}
 REQUEST_COLUMNS = SAMPLE_KEYS["serve"] + ["index", "scheduled_s", "sent_s", "ttft_s", "tpot_s", "e2e_s",
                                           "output_tokens", "ok", "error"]
-
-
-def engine_version(engine: str, versions: dict) -> str | None:
-    """The version of the serving engine a record ran (its provenance's engine_versions, by the
-    engine's packages, llmbench.serve.engines)."""
-    from ..serve.engines import ENGINES
-
-    spec = ENGINES.get(engine)
-    for pkg in (spec.packages if spec and spec.packages else (engine,)):
-        if versions.get(pkg):
-            return f"{pkg} {versions[pkg]}" if pkg != engine else str(versions[pkg])
-    return None
 
 
 def serve_row(record: Record, path: str) -> dict:

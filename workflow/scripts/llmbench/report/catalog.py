@@ -174,7 +174,7 @@ FIGURES: tuple[Entry, ...] = (
        "the cut; Fig. 6)", "table:serving"),
     _f("serve-latency-cdf", SERVING, "Serving: latency CDF per engine, fraction of all requests (ok and timeout "
        "cells; Figs. 7-10)", "table:serving", "requests"),
-    _f("serve-sweep", SERVING, "Serving sweeps: throughput, median latency and goodput against the offered rate "
+    _f("serve-sweep", SERVING, "Serving sweeps: throughput, p50 and p99 latency and goodput against the offered rate "
        "(Poisson arrivals) and against the requests in flight (concurrency), per engine (beyond the paper)",
        "table:serving"),
     _f("micro-gemm", MICRO, "GEMM throughput against M (Fig. 11)", "table:micro-gemm"),

@@ -385,13 +385,16 @@ def sweep_knees(df: pd.DataFrame, col: str) -> pd.DataFrame:
 
 
 def _sweep_row(df: pd.DataFrame, col: str, label: str, log: bool) -> alt.HConcatChart:
-    """One sweep's three panels: output tokens/s, the throughput-latency curve and goodput."""
+    """One sweep's three panels: output tokens/s, the throughput-latency curve (median and p99
+    end-to-end latency, solid and dashed) and goodput."""
     tip = ["series", "load", alt.Tooltip(f"{col}:Q", title=label),
            alt.Tooltip("output_tokens_per_s:Q", format=",.1f"), alt.Tooltip("p50_ttft_s:Q", format=".3f"),
            alt.Tooltip("p50_tpot_s:Q", format=".4f"), alt.Tooltip("p50_e2e_latency_s:Q", format=".2f"),
-           alt.Tooltip("goodput_share:Q", format=".3f")]
+           alt.Tooltip("p99_e2e_latency_s:Q", format=".2f"), alt.Tooltip("goodput_share:Q", format=".3f")]
+    # tableau20: a sweep figure holds more than category10's ten series (engines x models x caches)
     base = alt.Chart(df).mark_line(point=True).encode(
-        color=alt.Color("series:N", title="engine · platform · model", legend=alt.Legend(labelLimit=400)), tooltip=tip)
+        color=alt.Color("series:N", title="engine · platform · model", legend=alt.Legend(labelLimit=400),
+                        scale=alt.Scale(scheme="tableau20")), tooltip=tip)
     x = alt.X(f"{col}:Q", title=label, scale=alt.Scale(type="log", base=2) if log else alt.Undefined)
     served = base.encode(x=x, y=alt.Y("output_tokens_per_s:Q", title="output tokens/s"))
     knees = sweep_knees(df, col)
@@ -400,8 +403,13 @@ def _sweep_row(df: pd.DataFrame, col: str, label: str, log: bool) -> alt.HConcat
             x=x, y="output_tokens_per_s:Q", color=alt.Color("series:N"),
             tooltip=["series", alt.Tooltip(f"{col}:Q", title=f"knee: {label}"),
                      alt.Tooltip("output_tokens_per_s:Q", format=",.1f")]))
-    curve = base.encode(x=alt.X("output_tokens_per_s:Q", title="output tokens/s"),
-                        y=alt.Y("p50_e2e_latency_s:Q", title="median end-to-end latency (s)"), order=f"{col}:Q")
+    curve = base.transform_fold(["p50_e2e_latency_s", "p99_e2e_latency_s"], as_=["percentile", "latency_s"]).encode(
+        x=alt.X("output_tokens_per_s:Q", title="output tokens/s"),
+        y=alt.Y("latency_s:Q", title="end-to-end latency (s): p50 solid, p99 dashed"),
+        strokeDash=alt.StrokeDash("percentile:N", legend=None,
+                                  scale=alt.Scale(domain=["p50_e2e_latency_s", "p99_e2e_latency_s"],
+                                                  range=[[1, 0], [4, 3]])),
+        order=f"{col}:Q")
     good = base.encode(x=x, y=alt.Y("goodput_share:Q", title="goodput (share meeting TTFT and TPOT targets)",
                                     scale=alt.Scale(domain=[0, 1])))
     return alt.hconcat(*(c.properties(width=260, height=220) for c in (served, curve, good)))
@@ -422,7 +430,7 @@ def serve_sweep_chart(tables: Tables | None = None) -> alt.VConcatChart | alt.HC
     requests kept in flight (a concurrency load), one row each where it ran. How much does
     it serve as the load grows (saturation, its knee a diamond: the lightest load that reaches
     KNEE_SHARE of the most the series served, where a heavier one follows), what does that
-    cost in median end-to-end latency (the throughput-latency curve), and which share of
+    cost in median and p99 end-to-end latency (the throughput-latency curve), and which share of
     requests still meets the TTFT and TPOT targets (goodput)? One line per engine, platform
     and model."""
     df = _get(tables, "serving", SWEEP)

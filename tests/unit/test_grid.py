@@ -419,3 +419,10 @@ def test_one_deduplication_for_every_stage():
                                ("micro", micro, {"iters": 3})]:
         with pytest.raises(ConfigError, match=rf"^{stage}\[1\]: cell .* is defined twice with different settings"):
             grid.expand({"protocol": {}, stage: [block, {**block, **edit}]})
+
+
+def test_every_recipe_has_its_row_in_the_config_readme(repo):
+    """config/README.md's recipe table is where a user picks a recipe: each file has a row."""
+    text = (repo / "config" / "README.md").read_text()
+    missing = [p.name for p in sorted((repo / "config" / "recipes").glob("*.yaml")) if f"| `{p.name}` |" not in text]
+    assert missing == []

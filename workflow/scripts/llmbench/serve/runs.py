@@ -77,8 +77,8 @@ def over_runs(df: pd.DataFrame) -> pd.DataFrame:
     pooled = []
     for _, g in df.groupby(KEY + ["load_spec"], sort=True):
         ok = g[g["status"] == "ok"]
-        warm = " (warm engine)" if json.loads(g.iloc[0]["load_spec"]).get("warm_engine") else ""
         spec = json.loads(g.iloc[0]["load_spec"])
+        warm = " (warm engine)" if spec.get("warm_engine") else ""
         row = {**g.iloc[0][KEY].to_dict(), "engine_version": spec.get("engine_version"),
                "point": _point(g["load"].sort_values()) + warm, "mode": spec["mode"], "runs": len(g), "ok": len(ok),
                "rate_per_s": spec.get("rate_per_s"), "max_concurrency": spec.get("max_concurrency")}

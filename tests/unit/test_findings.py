@@ -13,7 +13,7 @@ from test_transcription import normalise, paper_text
 
 from llmbench.config import ConfigError
 from llmbench.memory import constants
-from llmbench.report import findings, paper_frame
+from llmbench.report import findings, paper_frame, tidy
 
 FINDINGS = REPO / "config" / "reference" / "findings.yaml"
 
@@ -272,6 +272,34 @@ def test_to_run_plans_the_smallest_paired_set_per_undecided_finding_on_given_mac
     assert plan.loc["sharding", "gpus"] == 2
     with pytest.raises(ConfigError, match="findings_machines\\[0\\].platform: unknown platform 'h900'"):
         findings.MachineKind.parse([{"platform": "h900", "gpus": 1}], ours)
+
+
+def test_to_run_plans_no_cell_for_a_check_only_a_legacy_engine_could_decide(tmp_path):
+    """LightLLM against vLLM measured together (slower: that check contradicts) and against
+    TGI not run: the group stays undecided, but no set we would run decides it (TGI is a
+    legacy engine), so no plan offers LightLLM's burst again; with vLLM's bursts alone, the
+    plan is the pair that decides the vLLM check, measured together."""
+    def burst(engine, i, tps):
+        return {"stage": "serve", "platform": "h200", "model": "llama2-7b", "gpus": 1, "engine": engine,
+                "backend": engine, "load": f"burst-{i + 1}", "mode": "burst", "status": "ok",
+                "output_tokens_per_s": tps, "run": "r", "kind": "cell", "machine": "m1", "paired_set": "s",
+                "paired_round": i, "superseded_by": None, "layout": None, "tokens_per_s_mean": None,
+                "peak_mem_allocated_gib": None, "peak_rss_gib": None,
+                "record_path": f"results/reference/r/runs/serve/h200/llama2-7b/{engine}/burst-{i + 1}-g1/record.json"}
+    fs = load_entries(tmp_path, finding(
+        id="lightllm-fastest", stage="serve", where={"mode": "burst", "model": "llama2-7b"}, checks=[
+            {"metric": "output_tokens_per_s", "relation": "ratio", "a": {"engine": "lightllm"}, "b": {"engine": e},
+             "expect": {"min": 1.0}} for e in ("vllm", "tgi")]))
+    ran = pd.DataFrame([burst(e, i, v) for e, vs in {"vllm": [4000, 4050, 3990], "lightllm": [3300, 3280, 3310]}.items()
+                        for i, v in enumerate(vs)])
+    ran = ran.reindex(columns=list(dict.fromkeys([*tidy.ALL_COLUMNS, *ran.columns])))  # a tidy table's columns
+    ours = findings.facts(ran)
+    assert {r["verdict"] for r in findings.evaluate_finding(fs[0], ours, findings.context(ours))} == {"inconclusive"}
+    kinds = findings.MachineKind.parse([{"platform": "h200", "gpus": 1}], ours)
+    assert findings.to_run(fs, ours, kinds).empty
+    vllm = findings.facts(ran[ran["engine"] == "vllm"])
+    plan = findings.to_run(fs, vllm, kinds)
+    assert list(plan["cells"]) == ["serve h200 llama2-7b lightllm burst g1; serve h200 llama2-7b vllm burst g1"]
 
 
 def test_the_committed_findings_on_the_papers_own_numbers():

@@ -1169,9 +1169,10 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
     smallest paired set that would decide it on the given machine kinds: the cells its
     undecided checks read there (those not run, not ok, or whose interval straddled the
     bound, measured again together), with whether they can fit (model states on the
-    kind's GPU count, then the memory model at batch 1). A kind the claim's scope excludes
-    (too few GPUs) or whose platform the claim is not about is left out. ``judged``: as
-    ``evaluate``'s."""
+    kind's GPU count, then the memory model at batch 1). A check that reads a legacy
+    engine's cell (LEGACY_ENGINES) plans none of its cells: the other side alone would not
+    decide it. A kind the claim's scope excludes (too few GPUs) or whose platform the claim
+    is not about is left out. ``judged``: as ``evaluate``'s."""
     ctx = ctx or context(ours)
     ours = _one_block(ours)
     out = []
@@ -1199,8 +1200,11 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
                     o = evaluate_check(c, f, rows, group, ctx)
                     if o.verdict in ("holds", "contradicts"):
                         continue
-                    for spec in _check_cells(f, c, {**group, "gpus": kind.gpus}):
-                        if spec.get("platform") != kind.platform or spec.get("engine") in LEGACY_ENGINES:
+                    specs = _check_cells(f, c, {**group, "gpus": kind.gpus})
+                    if any(spec.get("engine") in LEGACY_ENGINES for spec in specs):
+                        continue  # no set we would run decides it: its other side alone is no plan
+                    for spec in specs:
+                        if spec.get("platform") != kind.platform:
                             continue
                         text = _cell_text(f.stage, {}, spec)
                         cells[text] = spec

@@ -31,6 +31,7 @@ import pandas as pd
 from .. import backends, techniques
 from ..config import REPO_ROOT, ConfigError, available, load_yaml, validate
 from . import evidence, paper_frame, scaling
+from . import serving as serving_table
 from . import runs as runs_rule
 from . import tidy as tidy_table
 
@@ -1057,9 +1058,9 @@ COLUMNS = ["finding", "section", "claim", "compares", "platform", "model", "gpus
            "runs", "protocols", "engines", "how"]
 
 
-#: Engines no longer maintained upstream (TGI: archived in March 2026): kept runnable and
-#: judged where they ran, never ranked as a cell worth GPU time.
-LEGACY_ENGINES = ("tgi",)
+#: Engines no longer maintained upstream (the serving table's LEGACY, which says why): kept
+#: runnable and judged where they ran, never ranked as a cell worth GPU time.
+LEGACY_ENGINES = tuple(serving_table.LEGACY)
 #: The paper's models, for ranking cells a finding names without a model.
 PAPER_MODELS = ("llama2-7b", "llama2-13b", "llama2-70b")
 

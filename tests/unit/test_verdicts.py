@@ -87,6 +87,20 @@ def test_a_set_is_preferred_to_the_records_the_report_uses(tmp_path):
     assert r.pairing == "set" and r.runs == "set"
 
 
+def test_of_two_sets_of_one_protocol_the_later_one_decides_whatever_their_ids(tmp_path):
+    """Two paired sets hold both sides under the same protocol: the later set decides, as a
+    cell's later run does (llmbench.report.runs), not the one whose id sorts first."""
+    old = [row("F", [900, 905, 895], paired_set="a-set", run="old") | {"started": "2026-11-01T10:00:00+00:00"},
+           row("Naive", [1000, 1004, 996], paired_set="a-set", run="old") | {"started": "2026-11-01T10:05:00+00:00"}]
+    new = [row("F", [1100, 1105, 1095], paired_set="z-set", run="new") | {"started": "2026-12-01T10:00:00+00:00"},
+           row("Naive", [1000, 1004, 996], paired_set="z-set", run="new") | {"started": "2026-12-01T10:05:00+00:00"}]
+    r = judge(tmp_path, old + new, entry([ratio("F", "Naive", min=1.0)])).iloc[0]
+    assert r.pairing == "set" and r.verdict == "holds" and r.ours_value.startswith("tokens_per_s_per_gpu F / Naive: 1.1 [")
+    # without start times (records older than the field), the order stays a fixed one: the ids'
+    undated = [{**x, "started": None} for x in old + new]
+    assert judge(tmp_path, undated, entry([ratio("F", "Naive", min=1.0)])).iloc[0].verdict == "contradicts"
+
+
 def test_a_cross_machine_pair_carries_the_machine_spread_and_leaves_a_small_effect_undecided(tmp_path):
     # one cell measured on two machines, 20 % apart: the spread every cross-machine ratio carries
     spread = [row("R", [800, 805, 795], machine="m1", run="a"),

@@ -610,8 +610,10 @@ def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> Iterator[tuple[str, pd.DataFr
             continue
         ka, kb = a[key].astype(object), b[key].astype(object)
         sides = {c: (a[ka == c], b[kb == c]) for c in common}
-        # the strongest protocol of the two sides first, then the later run
-        for c in sorted(common, key=lambda c: (-_strength(sides[c][0]) - _strength(sides[c][1]), c)):
+        # the strongest protocol of the two sides first, then the later run (the latest start
+        # among the context's records), as for a cell's records (llmbench.report.runs)
+        order = sorted(sorted(common), key=lambda c: _latest(*sides[c]), reverse=True)
+        for c in sorted(order, key=lambda c: -_strength(sides[c][0]) - _strength(sides[c][1])):
             yield pairing, _best_per_cell(sides[c][0]), _best_per_cell(sides[c][1])
     ua, ub = _used(a), _used(b)
     same = ("machine" in ua and "machine" in ub and len(ua) and len(ub)
@@ -619,6 +621,12 @@ def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> Iterator[tuple[str, pd.DataFr
             and set(ua["machine"]) == set(ub["machine"])
             and ua["machine"].nunique() == 1 and "+" not in str(ua["machine"].iloc[0]))
     yield "machine" if same else "machines", ua, ub
+
+
+def _latest(*sides: pd.DataFrame) -> str:
+    """The latest start (UTC, ISO 8601) among the records of the sides; '' where none is known."""
+    times = [str(t) for s in sides if "started" in s for t in s["started"].dropna() if str(t)]
+    return max(times, default="")
 
 
 def _strengths(rows: pd.DataFrame) -> pd.Series:

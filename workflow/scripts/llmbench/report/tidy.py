@@ -39,6 +39,7 @@ COLUMNS = [
     # cell or a max-batch search's probe ("kind"); several folders feed the combined view,
     # and where several hold one cell, which record is used and why (llmbench.report.runs)
     "run", "kind", *runs.COLUMNS,
+    "started",  # the record's start time in UTC (llmbench.report.runs.started; '' where unknown)
     # the machine a record ran on (its boot id; a record whose repeats ran on several boots names
     # them all; without a boot id, its results folder) and the paired set it was measured in
     # (llmbench.launch.run_set), which the findings pair comparisons by
@@ -378,6 +379,7 @@ def build_all(paths: Iterable[str | Path]) -> pd.DataFrame:
             r["run"], r["kind"] = origin(p)
         r["machine"], r["paired_set"] = machine_of(rec, r["run"]), (rec.provenance.get("paired_set") or {}).get("id")
         r["paired_round"] = paired_round(rec, str(p))
+        r["started"] = runs.started(rec.provenance)
         r["repeat_machines"] = repeat_machines(rec)
         rows.append(r)
         with _fields_of(p):

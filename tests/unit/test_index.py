@@ -1,12 +1,15 @@
 """results/README.md is the index of the committed runs, generated from their READMEs
-(llmbench.report.index): the committed file must equal the generator's output."""
+(llmbench.report.index): the committed file must equal the generator's output. The runs
+it lists hold whole results: no state of a set stopped before it wrote its records."""
 
 import re
 from pathlib import Path
 
 import pytest
 
+from llmbench import ledger
 from llmbench.report import index
+from llmbench.serve import paired
 
 REPO = Path(__file__).resolve().parents[2]
 REGENERATE = "PYTHONPATH=workflow/scripts .venv/bin/python -m llmbench.report.index results/reference > results/README.md"
@@ -15,6 +18,17 @@ REGENERATE = "PYTHONPATH=workflow/scripts .venv/bin/python -m llmbench.report.in
 def test_the_committed_index_is_the_generated_one():
     committed = (REPO / "results" / "README.md").read_text()
     assert committed == index.render(REPO / "results" / "reference"), f"results/README.md is stale: {REGENERATE}"
+
+
+def test_no_committed_run_holds_a_stopped_sets_kept_runs():
+    """A kept repeat or serving run (llmbench.ledger.PARTIAL, llmbench.serve.paired.KEPT) is the
+    state of a set stopped before its records were written: it belongs to the results folder
+    that resumes the set, never to a committed run, whose records are its whole result."""
+    kept = re.compile(re.escape(ledger.PARTIAL).replace(r"\{index\}", r"\d+") + "$")
+    names = {paired.KEPT, paired.KEPT_SERVER_LOG}
+    found = [str(p.relative_to(REPO)) for p in (REPO / "results" / "reference").rglob(".*")
+             if p.name in names or kept.match(p.name)]
+    assert not found, f"kept runs of a stopped set in committed runs: {found}"
 
 
 def _run(root: Path, name: str, text: str) -> None:

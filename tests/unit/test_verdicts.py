@@ -87,13 +87,34 @@ def test_a_set_is_preferred_to_the_records_the_report_uses(tmp_path):
     assert r.pairing == "set" and r.runs == "set"
 
 
-def test_of_two_sets_of_one_protocol_the_later_one_decides_whatever_their_ids(tmp_path):
-    """Two paired sets hold both sides under the same protocol: the later set decides, as a
-    cell's later run does (llmbench.report.runs), not the one whose id sorts first."""
-    old = [row("F", [900, 905, 895], paired_set="a-set", run="old") | {"started": "2026-11-01T10:00:00+00:00"},
-           row("Naive", [1000, 1004, 996], paired_set="a-set", run="old") | {"started": "2026-11-01T10:05:00+00:00"}]
-    new = [row("F", [1100, 1105, 1095], paired_set="z-set", run="new") | {"started": "2026-12-01T10:00:00+00:00"},
-           row("Naive", [1000, 1004, 996], paired_set="z-set", run="new") | {"started": "2026-12-01T10:05:00+00:00"}]
+def _dated(rows, started):
+    return [r | {"started": started} for r in rows]
+
+
+def test_sets_of_one_protocol_are_pooled_each_with_its_own_rounds(tmp_path):
+    """Two paired sets on two machines hold both sides: their six rounds decide together
+    (a round pairs two cells of one set; the sets' spread of the ratio is in the interval),
+    where either set's three alone leave the effect undecided."""
+    one = [row("F", [1030, 1180, 960], paired_set="s1", machine="m1", run="a"),
+           row("Naive", [1000, 1200, 900], paired_set="s1", machine="m1", run="a")]
+    two = [row("F", [1080, 1040, 1150], paired_set="s2", machine="m2", run="b"),
+           row("Naive", [1000, 1010, 1100], paired_set="s2", machine="m2", run="b")]
+    check = entry([ratio("F", "Naive", min=1.0)])
+    alone = [judge(tmp_path, rows, check).iloc[0] for rows in (one, two)]
+    assert [r.verdict for r in alone] == ["inconclusive", "inconclusive"]
+    r = judge(tmp_path, one + two, check).iloc[0]
+    assert r.pairing == "set" and "paired rounds (6), t(5)" in r.method and r.verdict == "holds"
+    assert r.runs == "a, b"
+
+
+def test_of_two_sets_the_later_decides_where_the_earlier_is_superseded(tmp_path):
+    """A set measured again (its cells' records superseded by the later run's): the later
+    set decides, as a cell's later run does (llmbench.report.runs), whatever the sets' ids."""
+    old = _dated([row("F", [900, 905, 895], paired_set="a-set", run="old", superseded_by="new"),
+                  row("Naive", [1000, 1004, 996], paired_set="a-set", run="old", superseded_by="new")],
+                 "2026-11-01T10:00:00+00:00")
+    new = _dated([row("F", [1100, 1105, 1095], paired_set="z-set", run="new"),
+                  row("Naive", [1000, 1004, 996], paired_set="z-set", run="new")], "2026-12-01T10:00:00+00:00")
     r = judge(tmp_path, old + new, entry([ratio("F", "Naive", min=1.0)])).iloc[0]
     assert r.pairing == "set" and r.verdict == "holds" and r.ours_value.startswith("tokens_per_s_per_gpu F / Naive: 1.1 [")
     # without start times (records older than the field), the order stays a fixed one: the ids'

@@ -575,32 +575,43 @@ def _side(rows: pd.DataFrame, metric: str, ctx: Context) -> evidence.Side | None
         return None
     ok = rows if keep.all() else rows[keep]
     exact = ctx.exact or metric in evidence.EXACT  # the paper's number, or a deterministic peak
-    logs, rounds, each = [], [], []
+    logs, rounds, each, sets = [], [], [], []
     for _, r in ok.iterrows():
         vals = [float(r[metric])] if exact else [v for v in evidence.repeat_values(r, metric) if v > 0]
         logs += [math.log(v) for v in vals if v > 0]
         rounds += evidence.round_keys(r, len(vals))
+        sets += [str(r.get("paired_set"))] * len(vals)
         each.append(r)
     if not logs:
         return None
     r = each[0]
     machines = {str(x["machine"]) for x in each if pd.notna(x["machine"])} if "machine" in ok else set()
+    # several paired sets pooled (_contexts): each set's rounds are its own
+    pooled = "paired_set" in ok and ok["paired_set"].notna().all() and ok["paired_set"].nunique() > 1
     if len(ok) > 1:  # several cells pooled (a serving point's bursts): their rounds, where a set ran them
         known = [x["paired_round"] for x in each] if "paired_round" in ok else []
         where = [x["machine"] for x in each] if "machine" in ok else [""] * len(known)
-        rounds = [(int(x), str(m)) for x, m in zip(known, where)] \
-            if known and all(x == x and x is not None for x in known) and len(known) == len(logs) else []
+        if known and all(x == x and x is not None for x in known) and len(known) == len(logs):
+            rounds = [(int(x), str(m)) for x, m in zip(known, where)]
+        elif not (pooled and ok["paired_set"].is_unique):  # one cell's record per set keeps its repeats' rounds
+            rounds = []
+    if pooled and len(rounds) == len(sets):
+        rounds = [((s, i), m) for (i, m), s in zip(rounds, sets)]
     paired_rounds = (metric == "scaling_efficiency" and len(ok) == 1 and not ctx.exact
                      and isinstance(r.get("scaling_efficiency_runs"), str))
-    return evidence.Side(logs, machine="+".join(sorted(machines)), paired_set=r.get("paired_set"),
+    paired_set = "+".join(sorted(set(sets))) if pooled else r.get("paired_set")
+    return evidence.Side(logs, machine="+".join(sorted(machines)), paired_set=paired_set,
                          run=str(r.get("run") or ""), exact=ctx.exact or metric in evidence.EXACT,
                          rounds=rounds, noisy=metric in evidence.NOISY, paired_rounds=paired_rounds)
 
 
 def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> Iterator[tuple[str, pd.DataFrame, pd.DataFrame]]:
-    """Where both sides can come from, strongest pairing first: one paired set, one machine,
-    then the records the report uses (two machines, or one by chance). Made as they are
-    asked for: the first with both sides ends the search (``_pair``)."""
+    """Where both sides can come from, strongest pairing first: paired sets, one machine,
+    then the records the report uses (two machines, or one by chance). Where several sets
+    hold both sides under the strongest protocol with records the report uses, they come
+    first pooled, each set's rounds its own (a round pairs two cells on one machine; the
+    sets' spread of the ratio goes into its interval), then one set at a time. Made as they
+    are asked for: the first with both sides ends the search (``_pair``)."""
     for key, pairing in (("paired_set", "set"), ("machine", "machine")):
         if key not in a or key not in b:
             continue
@@ -613,7 +624,14 @@ def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> Iterator[tuple[str, pd.DataFr
         # the strongest protocol of the two sides first, then the later run (the latest start
         # among the context's records), as for a cell's records (llmbench.report.runs)
         order = sorted(sorted(common), key=lambda c: _latest(*sides[c]), reverse=True)
-        for c in sorted(order, key=lambda c: -_strength(sides[c][0]) - _strength(sides[c][1])):
+        order = sorted(order, key=lambda c: -_strength(sides[c][0]) - _strength(sides[c][1]))
+        if pairing == "set":
+            top = _strength(sides[order[0]][0]) + _strength(sides[order[0]][1])
+            pool = [c for c in order if _strength(sides[c][0]) + _strength(sides[c][1]) == top
+                    and all(len(_used(x)) == len(x) for x in sides[c])]
+            if len(pool) > 1:
+                yield pairing, *(pd.concat([_best_per_cell(sides[c][k]) for c in pool]) for k in (0, 1))
+        for c in order:
             yield pairing, _best_per_cell(sides[c][0]), _best_per_cell(sides[c][1])
     ua, ub = _used(a), _used(b)
     same = ("machine" in ua and "machine" in ub and len(ua) and len(ub)

@@ -107,6 +107,19 @@ def test_sets_of_one_protocol_are_pooled_each_with_its_own_rounds(tmp_path):
     assert r.runs == "a, b"
 
 
+def test_a_set_whose_cell_another_comparison_measured_again_stays_in_the_pool(tmp_path):
+    """Set s1's Naive cell was measured again by a run that is not a set of this comparison
+    (a later set of other cells that shares its name): the report uses that record for the
+    table, but s1's own pairing is whole and pools with s2."""
+    one = [row("F", [1030, 1180, 960], paired_set="s1", machine="m1", run="a"),
+           row("Naive", [1000, 1200, 900], paired_set="s1", machine="m1", run="a", superseded_by="c"),
+           row("Naive", [990, 1000, 1010], paired_set="s3", machine="m3", run="c")]
+    two = [row("F", [1080, 1040, 1150], paired_set="s2", machine="m2", run="b"),
+           row("Naive", [1000, 1010, 1100], paired_set="s2", machine="m2", run="b")]
+    r = judge(tmp_path, one + two, entry([ratio("F", "Naive", min=1.0)])).iloc[0]
+    assert r.pairing == "set" and "paired rounds (6), t(5)" in r.method and r.runs == "a, b"
+
+
 def test_of_two_sets_the_later_decides_where_the_earlier_is_superseded(tmp_path):
     """A set measured again (its cells' records superseded by the later run's): the later
     set decides, as a cell's later run does (llmbench.report.runs), whatever the sets' ids."""

@@ -12,8 +12,8 @@ machines (a host-bound batch-1 cell by 10-20 % between two lent machines of one 
   t-interval (n - 1 degrees of freedom). Slow drifts of the machine cancel round by round. A
   set resumed on another boot (a lent call's machine is not the next call's) pairs only the
   rounds whose two repeats ran on one machine; the method says how many it left out.
-  **Several sets** holding both sides under one protocol, with records the report uses
-  (none re-measured by a later run): their rounds pooled, each set's its own, so that how
+  **Several sets** holding both sides under one protocol, none of them measured again by
+  another (a later set of the same cells): their rounds pooled, each set's its own, so that how
   the ratio moves between the sets' machines is in the interval; otherwise one set, the
   strongest protocol's, then the later one (llmbench.report.findings).
 - **One machine** (both sides on one boot, not in one set): Welch's interval of the

@@ -608,8 +608,8 @@ def _side(rows: pd.DataFrame, metric: str, ctx: Context) -> evidence.Side | None
 def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> Iterator[tuple[str, pd.DataFrame, pd.DataFrame]]:
     """Where both sides can come from, strongest pairing first: paired sets, one machine,
     then the records the report uses (two machines, or one by chance). Where several sets
-    hold both sides under the strongest protocol with records the report uses, they come
-    first pooled, each set's rounds its own (a round pairs two cells on one machine; the
+    hold both sides under the strongest protocol, none of them measured again by another
+    (``_remeasured``), they come first pooled, each set's rounds its own (a round pairs two cells on one machine; the
     sets' spread of the ratio goes into its interval), then one set at a time. Made as they
     are asked for: the first with both sides ends the search (``_pair``)."""
     for key, pairing in (("paired_set", "set"), ("machine", "machine")):
@@ -627,8 +627,8 @@ def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> Iterator[tuple[str, pd.DataFr
         order = sorted(order, key=lambda c: -_strength(sides[c][0]) - _strength(sides[c][1]))
         if pairing == "set":
             top = _strength(sides[order[0]][0]) + _strength(sides[order[0]][1])
-            pool = [c for c in order if _strength(sides[c][0]) + _strength(sides[c][1]) == top
-                    and all(len(_used(x)) == len(x) for x in sides[c])]
+            pool = [c for c in order if _strength(sides[c][0]) + _strength(sides[c][1]) == top]
+            pool = [c for c in pool if not _remeasured(c, pool, sides)]
             if len(pool) > 1:
                 yield pairing, *(pd.concat([_best_per_cell(sides[c][k]) for c in pool]) for k in (0, 1))
         for c in order:
@@ -639,6 +639,15 @@ def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> Iterator[tuple[str, pd.DataFr
             and set(ua["machine"]) == set(ub["machine"])
             and ua["machine"].nunique() == 1 and "+" not in str(ua["machine"].iloc[0]))
     yield "machine" if same else "machines", ua, ub
+
+
+def _remeasured(c: str, sets: list[str], sides: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> bool:
+    """Whether a record of set ``c`` was superseded by another of ``sets`` (its run's): the
+    comparison measured again, so the set is not pooled with the one that replaced it. A
+    record superseded by a run outside the comparison (another set's cell of the same name)
+    leaves the set's own pairing whole."""
+    by = {str(x) for s in sides[c] if "superseded_by" in s for x in s["superseded_by"].dropna()}
+    return any(by & {str(x) for s in sides[o] if "run" in s for x in s["run"].dropna()} for o in sets if o != c)
 
 
 def _latest(*sides: pd.DataFrame) -> str:

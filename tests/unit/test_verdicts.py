@@ -103,7 +103,7 @@ def test_sets_of_one_protocol_are_pooled_each_with_its_own_rounds(tmp_path):
     alone = [judge(tmp_path, rows, check).iloc[0] for rows in (one, two)]
     assert [r.verdict for r in alone] == ["inconclusive", "inconclusive"]
     r = judge(tmp_path, one + two, check).iloc[0]
-    assert r.pairing == "set" and "paired rounds (6), t(5)" in r.method and r.verdict == "holds"
+    assert r.pairing == "set" and "paired rounds (6 from 2 sets), t(5)" in r.method and r.verdict == "holds"
     assert r.runs == "a, b"
 
 
@@ -117,7 +117,7 @@ def test_a_set_whose_cell_another_comparison_measured_again_stays_in_the_pool(tm
     two = [row("F", [1080, 1040, 1150], paired_set="s2", machine="m2", run="b"),
            row("Naive", [1000, 1010, 1100], paired_set="s2", machine="m2", run="b")]
     r = judge(tmp_path, one + two, entry([ratio("F", "Naive", min=1.0)])).iloc[0]
-    assert r.pairing == "set" and "paired rounds (6), t(5)" in r.method and r.runs == "a, b"
+    assert r.pairing == "set" and "paired rounds (6 from 2 sets), t(5)" in r.method and r.runs == "a, b"
 
 
 def test_of_two_sets_the_later_decides_where_the_earlier_is_superseded(tmp_path):

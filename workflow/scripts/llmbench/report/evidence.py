@@ -285,8 +285,10 @@ def ratio(a: Side, b: Side, pairing: str, pooled: Spread = NO_SPREAD, spread: Sp
             t = t975(len(d) - 1)
             across = len({i for i, _ in by_a} & {i for i, _ in by_b}) - len(common)  # same round, two machines
             note = f"; {across} round(s) across machines left out" if across > 0 else ""
+            sets = {r[0][0] for r in common if isinstance(r[0], tuple)}  # pooled sets' rounds: ((set, i), machine)
+            where = f" from {len(sets)} sets" if len(sets) > 1 else ""
             return Estimate(math.exp(m), math.exp(m - t * se), math.exp(m + t * se), n, "set",
-                            f"paired rounds ({len(d)}), t({len(d) - 1}){note}", machines)
+                            f"paired rounds ({len(d)}{where}), t({len(d) - 1}){note}", machines)
         # fewer than two common rounds: as two sides of one machine, or of two
         pairing = "machine" if a.machine == b.machine and "+" not in a.machine else "machines"
     va, dfa, na = _side_var(a, pooled)

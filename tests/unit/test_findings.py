@@ -274,6 +274,20 @@ def test_to_run_plans_the_smallest_paired_set_per_undecided_finding_on_given_mac
         findings.MachineKind.parse([{"platform": "h900", "gpus": 1}], ours)
 
 
+@pytest.mark.parametrize("platform, model, gpus, note", [
+    ("h200", "llama2-70b", 1, "cannot fit: bf16 weights 128 GiB a GPU over 1 > 127 GiB, an engine's 90 % of 141 GiB"),
+    ("h200", "llama2-70b", 2, ""),  # tensor parallel 2: 64 GiB a GPU
+    ("h100", "llama2-70b", 1, "cannot fit: bf16 weights 128 GiB a GPU over 1 > 72 GiB"),
+    ("h100", "llama2-13b", 1, ""),
+])
+def test_a_serving_cell_fits_where_its_weights_a_gpu_leave_an_engine_room_for_its_kv_cache(platform, model, gpus,
+                                                                                         note):
+    """70B's bf16 weights (128 GiB) are under one H200's 141 GiB but over the 90 % an engine
+    takes: no KV cache is left, so the plan must not offer it as a cell that may run."""
+    got = findings._fit_note({"stage": "serve", "platform": platform, "model": model, "gpus": gpus})
+    assert got.startswith(note) and bool(got) == bool(note)
+
+
 def test_to_run_plans_no_cell_for_a_check_only_a_legacy_engine_could_decide(tmp_path):
     """LightLLM against vLLM measured together (slower: that check contradicts) and against
     TGI not run: the group stays undecided, but no set we would run decides it (TGI is a

@@ -1108,8 +1108,16 @@ def _model_spec(name: str):
     return ModelSpec.load(name)
 
 
+#: The share of a GPU's memory a serving engine takes by default (vLLM's
+#: ``--gpu-memory-utilization`` 0.9; SGLang's static fraction is lower on large GPUs): weights
+#: that fill it leave no KV cache, so the engine cannot serve.
+SERVE_MEMORY_SHARE = 0.9
+
+
 def _fit_note(spec: dict) -> str:
-    """'' where the cell may fit its GPU, else why it cannot (its model states alone)."""
+    """'' where the cell may fit its GPU, else why it cannot: a training cell's model states
+    alone; a serving cell's bf16 weights per GPU (tensor parallel over its GPUs) against an
+    engine's share of the GPU (SERVE_MEMORY_SHARE)."""
     from .. import memory
 
     tech, model, plat = spec.get("technique"), spec.get("model"), spec.get("platform")
@@ -1118,14 +1126,17 @@ def _fit_note(spec: dict) -> str:
         return ""
     try:
         spec_model = _model_spec(model)
-        if spec.get("stage") == "serve":  # bf16 weights alone
-            need, what = spec_model.param_counts()["total"] * memory.WEIGHTS_BF16 / memory.GIB, "bf16 weights"
-        elif spec.get("stage") in ("pretrain", "finetune") and isinstance(tech, str):
-            # a cell without a GPU count (a paper platform's) ran on its platform's node
-            gpus = spec.get("gpus") or _platform_facts(plat).get("gpus_per_node") or 1
-            need, what = memory.model_states_gib(spec_model, tech, int(gpus)), f"model states on {int(gpus)} GPU(s)"
-        else:
+        # a cell without a GPU count (a paper platform's) ran on its platform's node
+        gpus = spec.get("gpus") or _platform_facts(plat).get("gpus_per_node") or 1
+        if spec.get("stage") == "serve":
+            need = spec_model.param_counts()["total"] * memory.WEIGHTS_BF16 / memory.GIB / int(gpus)
+            share = cap * SERVE_MEMORY_SHARE
+            return (f"cannot fit: bf16 weights {need:.0f} GiB a GPU over {int(gpus)} > {share:.0f} GiB, "
+                    f"an engine's {SERVE_MEMORY_SHARE * 100:.0f} % of {cap:g} GiB, with no room for its KV cache"
+                    if need > share else "")
+        if spec.get("stage") not in ("pretrain", "finetune") or not isinstance(tech, str):
             return ""
+        need, what = memory.model_states_gib(spec_model, tech, int(gpus)), f"model states on {int(gpus)} GPU(s)"
     except (ConfigError, techniques.TechniqueError):
         return ""
     return f"cannot fit: {what} {need:.0f} GiB > {cap:g} GiB" if need > cap else ""

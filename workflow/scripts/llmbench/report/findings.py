@@ -609,9 +609,10 @@ def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> Iterator[tuple[str, pd.DataFr
     """Where both sides can come from, strongest pairing first: paired sets, one machine,
     then the records the report uses (two machines, or one by chance). Where several sets
     hold both sides under the strongest protocol, none of them measured again by another
-    (``_remeasured``), they come first pooled, each set's rounds its own (a round pairs two cells on one machine; the
-    sets' spread of the ratio goes into its interval), then one set at a time. Made as they
-    are asked for: the first with both sides ends the search (``_pair``)."""
+    (``_remeasured``), they come first pooled, each set's rounds its own (a round pairs two
+    cells on one machine; the sets' spread of the ratio goes into its interval), then one set
+    at a time. Made as they are asked for: the first with both sides ends the search
+    (``_pair``)."""
     for key, pairing in (("paired_set", "set"), ("machine", "machine")):
         if key not in a or key not in b:
             continue
@@ -642,8 +643,8 @@ def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> Iterator[tuple[str, pd.DataFr
 
 
 def _remeasured(c: str, sets: list[str], sides: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> bool:
-    """Whether a record of set ``c`` was superseded by another of ``sets`` (its run's): the
-    comparison measured again, so the set is not pooled with the one that replaced it. A
+    """Whether a record of set ``c`` was superseded by one in the run of another of ``sets``:
+    the comparison measured again, so the set is not pooled with the one that replaced it. A
     record superseded by a run outside the comparison (another set's cell of the same name)
     leaves the set's own pairing whole."""
     by = {str(x) for s in sides[c] if "superseded_by" in s for x in s["superseded_by"].dropna()}

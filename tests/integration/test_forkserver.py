@@ -231,6 +231,24 @@ def own_servers(monkeypatch):
     shutil.rmtree(own, ignore_errors=True)
 
 
+def test_a_repeat_whose_server_dies_under_it_is_an_error_that_says_so(tmp_path, own_servers):
+    """The server killed while its repeat runs (the repeat, in its own session, lives on and
+    then ends): its exit code is lost, and the launcher's outcome says the server went away
+    rather than reporting an exit code of -1."""
+    proc, log = start(tmp_path, ranks=1, preload=("json", "csv"), idle_s=600, PROBE_MODE="sleep")
+    rank = ranks_seen(tmp_path, 1)[0]
+    path = forkserver.socket_path(forkserver._key(os.sys.executable, "cpu", ("json", "csv"), env(PROBE_MODE="sleep")))
+    server = next(p for p in psutil.process_iter(["cmdline"]) if str(path) in " ".join(p.info["cmdline"] or []))
+    server.kill()
+    server.wait(timeout=30)
+    assert proc.poll() is None  # the repeat still runs: its server's death is not its end
+    os.killpg(rank["pgid"], 9)
+    out = launch._classify(proc, log=log, workdir=tmp_path, out=tmp_path / "out.json", timeout_s=60,
+                           mem_cap_gib=None, label="repeat 0", oom_kills_before=launch.oom_kills())
+    assert proc.returncode == forkserver.LOST and out.status == "error"
+    assert out.reason.startswith("repeat 0: its fork server went away while it ran, so its exit code is unknown")
+
+
 def test_stop_asks_an_idle_server_to_exit_now(tmp_path, own_servers):
     proc, _ = start(tmp_path, ranks=1, preload=("json", "sys"), idle_s=600)
     assert proc.wait(timeout=60) == 0

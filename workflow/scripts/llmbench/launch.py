@@ -200,7 +200,8 @@ def _classify(proc, *, log: Path, workdir: Path, out: Path, timeout_s: float, me
     usual sender, and the reason says so. Over several nodes (``sigkill_is_oom`` False) a
     SIGKILL is no OOM at all: srun reports any task killed by a signal, for any reason, and a
     node's OOM is said in the log (Slurm's oom-kill event, a worker's OOM message or marker
-    file)."""
+    file). A repeat forked by a fork server that went away while it ran has no exit code: an
+    error that says so (and whether the OOM killer ran), never a result."""
     dog = None
     if mem_cap_gib:
         dog = RssWatchdog(proc, mem_cap_gib * 2**30)
@@ -237,6 +238,12 @@ def _classify(proc, *, log: Path, workdir: Path, out: Path, timeout_s: float, me
                            f"OOM killer ran (/proc/vmstat oom_kill {oom_kills_before} -> {after})", log_tail=log_tail_text)
         return Outcome(status="error", reason=f"{label}: a rank was killed by SIGKILL, not by the kernel's OOM killer "
                        f"(/proc/vmstat oom_kill stayed at {after})", log_tail=log_tail_text)
+    if isinstance(proc, forkserver.Forked) and rc == forkserver.LOST:
+        after = oom_kills()
+        killer = (f"; the kernel's OOM killer ran meanwhile (/proc/vmstat oom_kill {oom_kills_before} -> {after})"
+                  if None not in (oom_kills_before, after) and after > oom_kills_before else "")
+        return Outcome(status="error", reason=f"{label}: its fork server went away while it ran, so its exit code is "
+                       f"unknown{killer}: {last_error(log)}", log_tail=log_tail_text)
     return Outcome(status="error", reason=f"{label} exited with code {rc}: {last_error(log)}", log_tail=log_tail_text)
 
 

@@ -120,6 +120,18 @@ def test_a_set_whose_cell_another_comparison_measured_again_stays_in_the_pool(tm
     assert r.pairing == "set" and "paired rounds (6 from 2 sets), t(5)" in r.method and r.runs == "a, b"
 
 
+def test_a_pool_that_pairs_no_rounds_gives_way_to_one_set(tmp_path):
+    """Two sets hold both cells, but one side ran out of memory in the second: the pool's
+    sides then come from different sets and pair no round, so one set decides, paired by
+    its rounds, rather than the pool as two machines."""
+    one = [row("F", [1100, 1330, 985], paired_set="s1", machine="m1", run="a"),
+           row("Naive", [1000, 1200, 900], paired_set="s1", machine="m1", run="a")]
+    two = [row("F", [1080, 1040, 1150], paired_set="s2", machine="m2", run="b"),
+           row("Naive", status="oom", reason="CUDA out of memory", paired_set="s2", machine="m2", run="b")]
+    r = judge(tmp_path, one + two, entry([ratio("F", "Naive", min=1.0)])).iloc[0]
+    assert r.pairing == "set" and r.method.startswith("paired rounds (3), t(2)") and r.verdict == "holds"
+
+
 def test_of_two_sets_the_later_decides_where_the_earlier_is_superseded(tmp_path):
     """A set measured again (its cells' records superseded by the later run's): the later
     set decides, as a cell's later run does (llmbench.report.runs), whatever the sets' ids."""

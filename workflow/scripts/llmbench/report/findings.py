@@ -609,9 +609,9 @@ def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> Iterator[tuple[str, pd.DataFr
     """Where both sides can come from, strongest pairing first: paired sets, one machine,
     then the records the report uses (two machines, or one by chance). Where several sets
     hold both sides under the strongest protocol, none of them measured again by another
-    (``_remeasured``), they come first pooled, each set's rounds its own (a round pairs two
-    cells on one machine; the sets' spread of the ratio goes into its interval), then one set
-    at a time. Made as they are asked for: the first with both sides ends the search
+    (``_remeasured``), they come first pooled (pairing ``sets``), each set's rounds its own (a
+    round pairs two cells on one machine; the sets' spread of the ratio goes into its
+    interval), then one set at a time. Made as they are asked for: the first with both sides ends the search
     (``_pair``)."""
     for key, pairing in (("paired_set", "set"), ("machine", "machine")):
         if key not in a or key not in b:
@@ -631,7 +631,7 @@ def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> Iterator[tuple[str, pd.DataFr
             pool = [c for c in order if _strength(sides[c][0]) + _strength(sides[c][1]) == top]
             pool = [c for c in pool if not _remeasured(c, pool, sides)]
             if len(pool) > 1:
-                yield pairing, *(pd.concat([_best_per_cell(sides[c][k]) for c in pool]) for k in (0, 1))
+                yield "sets", *(pd.concat([_best_per_cell(sides[c][k]) for c in pool]) for k in (0, 1))
         for c in order:
             yield pairing, _best_per_cell(sides[c][0]), _best_per_cell(sides[c][1])
     ua, ub = _used(a), _used(b)
@@ -686,9 +686,12 @@ def _pair(a: pd.DataFrame, b: pd.DataFrame, metric: str, ctx: Context
         sa, sb = _side(ra, metric, ctx), _side(rb, metric, ctx)
         if sa is None or sb is None or (sa.lower_bound and sb.lower_bound):
             continue  # two out-of-memory cells bound nothing between them
+        pooled, pairing = pairing == "sets", "set" if pairing == "sets" else pairing
         if pairing == "set" and sa.paired_set != sb.paired_set:
             pairing = "machine"
         est = evidence.ratio(sa, sb, "exact" if ctx.exact else pairing, ctx.pooled, ctx.spread)
+        if pooled and est.pairing != "set":
+            continue  # the pooled sets paired no rounds (a side missing in one): one set at a time
         return est, ra, rb
     return None, ra, rb  # the last context's: the used rows
 

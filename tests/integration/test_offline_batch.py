@@ -86,8 +86,8 @@ def test_a_target_still_running_at_the_deadline_is_stopped_there(batch, tmp_path
     """A target longer than the longest so far (a search's probes, a first cell) does not
     outlive the deadline: it is stopped, the batch says so and stops with status 3."""
     run, targets = batch
-    # 6 s: the first target starts whatever a loaded machine costs the batch's start (with 2 s,
-    # a CI run once had 1 s left, under the 1.2 s the first cell's 1 s asks), and its 20 s outlive it
+    # 6 s: the first target starts whatever a loaded machine costs the batch's start (which can
+    # leave less than the 1.2 s the first cell's 1 s asks of a 2 s deadline), and its 20 s outlive it
     done = run(deadline_s=6, fake_s=20, first_s=1)
     assert done.returncode == 3, done.stdout + done.stderr
     lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]

@@ -611,8 +611,8 @@ def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> Iterator[tuple[str, pd.DataFr
     hold both sides under the strongest protocol, none of them measured again by another
     (``_remeasured``), they come first pooled (pairing ``sets``), each set's rounds its own (a
     round pairs two cells on one machine; the sets' spread of the ratio goes into its
-    interval), then one set at a time. Made as they are asked for: the first with both sides ends the search
-    (``_pair``)."""
+    interval), then one set at a time. Made as they are asked for: the first with both sides
+    ends the search (``_pair``)."""
     for key, pairing in (("paired_set", "set"), ("machine", "machine")):
         if key not in a or key not in b:
             continue
@@ -624,11 +624,11 @@ def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> Iterator[tuple[str, pd.DataFr
         sides = {c: (a[ka == c], b[kb == c]) for c in common}
         # the strongest protocol of the two sides first, then the later run (the latest start
         # among the context's records), as for a cell's records (llmbench.report.runs)
+        strength = {c: _strength(sides[c][0]) + _strength(sides[c][1]) for c in common}
         order = sorted(sorted(common), key=lambda c: _latest(*sides[c]), reverse=True)
-        order = sorted(order, key=lambda c: -_strength(sides[c][0]) - _strength(sides[c][1]))
+        order = sorted(order, key=lambda c: -strength[c])
         if pairing == "set":
-            top = _strength(sides[order[0]][0]) + _strength(sides[order[0]][1])
-            pool = [c for c in order if _strength(sides[c][0]) + _strength(sides[c][1]) == top]
+            pool = [c for c in order if strength[c] == strength[order[0]]]
             pool = [c for c in pool if not _remeasured(c, pool, sides)]
             if len(pool) > 1:
                 yield "sets", *(pd.concat([_best_per_cell(sides[c][k]) for c in pool]) for k in (0, 1))
@@ -686,7 +686,9 @@ def _pair(a: pd.DataFrame, b: pd.DataFrame, metric: str, ctx: Context
         sa, sb = _side(ra, metric, ctx), _side(rb, metric, ctx)
         if sa is None or sb is None or (sa.lower_bound and sb.lower_bound):
             continue  # two out-of-memory cells bound nothing between them
-        pooled, pairing = pairing == "sets", "set" if pairing == "sets" else pairing
+        pooled = pairing == "sets"
+        if pooled:
+            pairing = "set"
         if pairing == "set" and sa.paired_set != sb.paired_set:
             pairing = "machine"
         est = evidence.ratio(sa, sb, "exact" if ctx.exact else pairing, ctx.pooled, ctx.spread)

@@ -198,6 +198,27 @@ def test_a_set_that_shares_engines_orders_launches_and_runs_a_launchs_points_in_
     assert "share_engine" not in unshared.plan() and unshared.plan()["rounds"] != plan["rounds"]
 
 
+def test_a_set_that_shares_engines_asks_slurm_for_one_engine_start_per_launch_and_round():
+    """The serving set's job time limit (llmbench.estimate.serve_set_runtime_min): each run's
+    load timeout, and an engine's ready timeout and slack where the set starts one: every run
+    without share_engine, once per launch and round with it (as llmbench.serve.paired starts
+    them: engine_sessions)."""
+    from llmbench import estimate
+
+    loads = [f"c{c}-{k}" for c in (1, 2, 4) for k in (1, 2)]
+    blocks = [serve_block(engines=[e], loads=loads, paired="sw", share_engine=True) for e in ("transformers", "vllm")]
+    shared = grid.expand(config(*blocks, stage="serve")).sets[0]
+    unshared = grid.expand(config(*[{**b, "share_engine": False} for b in blocks], stage="serve")).sets[0]
+    for r in shared.plan()["rounds"]:  # two launches a round, three runs each
+        assert [len(g) for g in paired.engine_sessions(r, shared.cells, True)] == [3, 3]
+        assert len(paired.engine_sessions(r, shared.cells, False)) == 6
+    c = shared.cells[0]
+    start = (c.ready_timeout_s + c.timeout_s) // 60 + estimate.SERVE_SLACK_MIN
+    assert estimate.serve_set_runtime_min(shared.cells, shared.plan()["rounds"], True) == 4 * start + 8 * (
+        c.timeout_s // 60 + 1)
+    assert estimate.serve_set_runtime_min(unshared.cells, unshared.plan()["rounds"], False) == 12 * start
+
+
 @pytest.mark.parametrize("blocks, match", [
     ([serve_block(paired="Eng")], r"serve\[0\]\.paired: 'Eng' does not match"),
     ([serve_block(paired_order="rotate")], r"serve\[0\]\.paired_order: only with paired"),

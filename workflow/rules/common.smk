@@ -334,7 +334,7 @@ def serve_runtime_min(wildcards):
 
 def serve_runtime_of(cell):
     """Slurm time limit of a serving cell: start-up, the load's timeout, and slack."""
-    return (cell.ready_timeout_s + cell.timeout_s) // 60 + 10
+    return lbestimate.serve_runtime_min(cell)
 
 
 def serving_sets():
@@ -362,8 +362,9 @@ def serve_set_threads(pset):
 
 
 def serve_set_runtime_min(pset):
-    """Slurm time limit of a serving set's job: its cells' one after the other."""
-    return sum(serve_runtime_of(c) for c in pset.cells)
+    """Slurm time limit of a serving set's job: its runs one after the other, an engine start
+    where the set makes one (llmbench.estimate.serve_set_runtime_min)."""
+    return lbestimate.serve_set_runtime_min(pset.cells, pset.plan()["rounds"], pset.share_engine)
 
 
 def serve_set_env_file(pset):

@@ -36,14 +36,18 @@ where the model's constants, or the records its hardware numbers are read from, 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 from .cells import SEARCH_STAGES, Cell, MicroCell, ServeCell
 from .config import REPO_ROOT, ConfigError
+from .grid.paired import engine_sessions
 from .models import ModelSpec
 
+#: Minutes a serving job adds per engine it starts, beyond the engine's ready_timeout_s (serve_runtime_min)
+SERVE_SLACK_MIN = 10
 #: Seconds of the prediction a job's deadline check wants left before an untimed repeat (module docstring).
 DEADLINE_MARGIN = 1.5
 #: A Slurm time limit is this times the predicted repeats ...
@@ -185,6 +189,26 @@ def timeout_runtime_min(cell: Cell) -> int:
     SLURM_SLACK_MIN: the bound no prediction exceeds."""
     p = cell.protocol
     return p.repeats * (p.timeout_s // 60 + 1) + SLURM_SLACK_MIN
+
+
+def serve_runtime_min(cell: ServeCell, starts_engine: bool = True) -> int:
+    """A serving run's share of its job's Slurm time limit, in minutes: its load's bound
+    (timeout_s) and, where the run starts its engine, the engine's (ready_timeout_s) and
+    SERVE_SLACK_MIN (the engine's stop, the model folder's check); a run an engine already
+    serves (a set that shares engines) adds a minute for the load generator's backstop and
+    its record. Serving is not predicted (why_not): these are the bounds its job enforces."""
+    if starts_engine:
+        return (cell.ready_timeout_s + cell.timeout_s) // 60 + SERVE_SLACK_MIN
+    return cell.timeout_s // 60 + 1
+
+
+def serve_set_runtime_min(cells: Sequence[ServeCell], rounds: Sequence[Sequence[int]], share_engine: bool) -> int:
+    """A paired serving set's Slurm time limit, in minutes: its runs one after the other
+    (serve_runtime_min), each round's engine starts as the set makes them
+    (llmbench.grid.paired.engine_sessions): one a run, or, where the set shares engines, one
+    for the consecutive runs of one launch in a round. ``rounds``: the plan's, cell indices."""
+    opens = {g[0] for r in rounds for g in engine_sessions(r, cells, share_engine)}
+    return sum(serve_runtime_min(c, i in opens) for i, c in enumerate(cells))
 
 
 def runtime_min(cell: Cell, model: ModelSpec | None, root: Path = REPO_ROOT) -> int:

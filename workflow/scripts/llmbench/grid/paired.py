@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,20 @@ def serving_points(cells: Iterable[ServeCell]) -> list[list[int]]:
         same = json.dumps({**c.to_dict(), "load": point}, sort_keys=True) if m else f"{i}"
         points.setdefault(same, []).append((run, i))
     return [[i for _, i in sorted(runs)] for runs in points.values()]
+
+
+def engine_sessions(to_run: Iterable[int], cells: Sequence[ServeCell], share: bool) -> list[list[int]]:
+    """The engine starts of a serving set's round: its runs (cell indices, in the round's order)
+    in groups that one engine serves, the consecutive runs of one launch
+    (ServeCell.launch_key) where the set shares engines (llmbench.serve.bench.EngineSession),
+    else one run each."""
+    groups: list[list[int]] = []
+    for i in to_run:
+        if share and groups and cells[groups[-1][-1]].launch_key == cells[i].launch_key:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def round_order(n: int, r: int, how: str, seed: int) -> list[int]:

@@ -35,8 +35,7 @@ from typing import Any
 
 from .. import gpus, provenance
 from ..aggregate import Outcome, provenance_of
-from ..cells import ServeCell
-from ..grid.paired import serving_points
+from ..grid.paired import engine_sessions, serving_points
 from ..ledger import deadline_from_env, deadline_stop, spec_digest, stop_at_deadline
 from ..record import Record, write, write_json_atomic
 from ..spec import RunSpec
@@ -93,7 +92,7 @@ def run_set(specs: Sequence[RunSpec | dict], model_dirs: Sequence[Path], record_
         for planned in plan["rounds"]:
             order.append([])
             to_run = [i for i in planned if i not in records and point[i] not in failed]
-            first_of = {g[0]: g for g in _sessions(to_run, cells, share)}
+            first_of = {g[0]: g for g in engine_sessions(to_run, cells, share)}
             session = None
             for i in planned:
                 if i in records:  # kept by an earlier run (ok)
@@ -145,19 +144,6 @@ def run_set(specs: Sequence[RunSpec | dict], model_dirs: Sequence[Path], record_
         (Path(path).parent / KEPT).unlink(missing_ok=True)
         (Path(path).parent / KEPT_SERVER_LOG).unlink(missing_ok=True)
     return out
-
-
-def _sessions(to_run: list[int], cells: list[ServeCell], share: bool) -> list[list[int]]:
-    """The engine starts of a round: its runs (cell indices, in the round's order) in groups
-    that one engine serves, the consecutive runs of one launch where the set shares engines
-    (llmbench.serve.bench.EngineSession), else one run each."""
-    groups: list[list[int]] = []
-    for i in to_run:
-        if share and groups and cells[groups[-1][-1]].launch_key == cells[i].launch_key:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
 
 
 def _say(log: Path, line: str) -> None:

@@ -162,6 +162,41 @@ def test_a_cross_machine_pair_carries_the_machine_spread_and_leaves_a_small_effe
     assert r.pairing == "machine" and r.verdict == "holds"
 
 
+def _at(r, batch):
+    """A row() at another batch (its own cell)."""
+    return {**r, "batch_size": batch, "record_path": r["record_path"].replace("/bs1-", f"/bs{batch}-")}
+
+
+def test_the_machine_spread_is_pooled_by_how_a_cell_is_paced(monkeypatch):
+    """A host-paced cell (batch 1, CPU offload) moves between machines by tens of percent, a
+    GPU-paced one (batch 8 and up, no offload) by a percent: each class pools its own cells,
+    and a cross-machine ratio carries its sides' class's spread; a class with too few degrees
+    of freedom, or a side in neither class, carries every cell's."""
+    assert [evidence.pace(b, t) for b, t in [(1, "Z3"), (16, "Z3+O"), (8, "F+Z3"), (4, "Z3"), (None, "L")]] == [
+        "host", "host", "gpu", "", ""]
+    host = [row("R", [800, 805, 795], machine="m1", run="a"),
+            row("R", [1000, 1005, 995], machine="m2", run="b", superseded_by="a")]
+    gpu = [_at(row("Z2", [1000, 1002, 998], machine="m1", run="a"), 8),
+           _at(row("Z2", [1010, 1012, 1008], machine="m2", run="b", superseded_by="a"), 8)]
+    frame = findings.facts(pd.DataFrame(host + gpu))
+    monkeypatch.setattr(evidence, "MIN_SPREAD_DF", 1)
+    s = evidence.machine_spreads(frame)
+    assert s["host"].sd == pytest.approx(math.log(1000 / 800) / math.sqrt(2), rel=0.05)
+    assert 0 < s["gpu"].sd < 0.01 and s[""].df == 2 and s["host"].df == s["gpu"].df == 1
+
+    def side(values, machine, pace):
+        return evidence.Side([math.log(v) for v in values], machine=machine, pace=pace)
+
+    ten = ([1100, 1105, 1095], [1000, 1004, 996])  # 10 % apart, two machines
+    on_gpu = evidence.ratio(side(ten[0], "m1", "gpu"), side(ten[1], "m2", "gpu"), "machines", spread=s)
+    on_host = evidence.ratio(side(ten[0], "m1", "host"), side(ten[1], "m2", "host"), "machines", spread=s)
+    assert on_gpu.lo > 1 > on_host.lo and on_gpu.pairing == on_host.pairing == "machines"
+    mixed = evidence.ratio(side(ten[0], "m1", ""), side(ten[1], "m2", "gpu"), "machines", spread=s)
+    assert f"machine spread {s[''].pct()} / {s['gpu'].pct()}" in mixed.method
+    monkeypatch.setattr(evidence, "MIN_SPREAD_DF", 2)
+    assert evidence.machine_spreads(frame)["gpu"] == evidence.machine_spreads(frame)[""]
+
+
 def test_a_sharding_claim_on_one_gpu_is_untestable_saying_why(tmp_path):
     rows = [row("Z2", mem=80.0), row("Naive", mem=100.0)]
     e = entry([ratio("Z2", "Naive", metric="peak_mem_gb", max=0.7)],

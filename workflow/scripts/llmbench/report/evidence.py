@@ -22,6 +22,11 @@ machines (a host-bound batch-1 cell by 10-20 % between two lent machines of one 
   as well (``machine_spread``: the variance of a cell's mean between the machines that
   measured it, less what its repeats explain, pooled over every cell measured on more than
   one machine); a cross-machine ratio then decides only effects larger than that spread.
+  The spread is pooled by how a training cell's step is paced (``pace``, ``machine_spreads``):
+  where the host sets the pace (batch 1, CPU offload) a cell moves between machines by tens of
+  percent, where the GPU does (batch 8 and more, no offload) by a few; each side carries its
+  class's spread, the spread of every cell where its class has too few degrees of freedom
+  (``MIN_SPREAD_DF``) or it is in neither class (batch 2-7, serving).
 - A throughput measured once (one repeat) has no spread of its own: it takes the pooled
   repeat-to-repeat CV of every cell with several repeats (``pooled_cv``), said so in the
   method. A profiled cell of several repeats keeps each repeat's kernel breakdown (its
@@ -64,6 +69,11 @@ OOM_SHARE = 0.9
 GIB_TO_GB = 2**30 / 1e9
 #: pairings, strongest first (a comparison says which it had)
 PAIRINGS = ("set", "machine", "machines", "exact")
+#: A training cell without CPU offload from this batch a GPU up is GPU-paced (pace)
+GPU_PACED_BATCH = 8
+#: A pace class's machine spread stands for its cells from these degrees of freedom; below,
+#: its cells carry the spread pooled over every cell (machine_spreads)
+MIN_SPREAD_DF = 10
 
 
 def t975(df: float) -> float:
@@ -119,6 +129,8 @@ class Side:
     paired_rounds: bool = False
     """Its values are per-round ratios of two cells of one paired set (a scaling efficiency
     against its base): its interval is a set's paired one."""
+    pace: str = ""
+    """How its cell's step is paced (``pace``): which machine spread it carries."""
 
     @property
     def n(self) -> int:
@@ -253,6 +265,40 @@ def machine_spread(frame: pd.DataFrame) -> tuple[Spread, pd.DataFrame]:
     return Spread(math.sqrt(max(0.0, (between - within) / df)), df, cells), pd.DataFrame(listed)
 
 
+def pace(batch_size: object, technique: object) -> str:
+    """How a training cell's step is paced, for its machine-to-machine spread: ``host`` where
+    the host sets it (batch 1: launches and hooks outweigh the GPU's work; CPU offload: the
+    optimizer steps on the host), ``gpu`` from GPU_PACED_BATCH a GPU up without offload, ``""``
+    in between or unknown (not a training cell)."""
+    try:
+        batch = int(batch_size)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return ""
+    if batch == 1 or "O" in str(technique).split("+"):
+        return "host"
+    return "gpu" if batch >= GPU_PACED_BATCH else ""
+
+
+def machine_spreads(frame: pd.DataFrame) -> dict[str, Spread]:
+    """The machine spread (machine_spread) of every training cell (key ``""``) and of each pace
+    class's cells (``host``, ``gpu``); a class with fewer than MIN_SPREAD_DF degrees of freedom
+    takes the spread of every cell."""
+    every = machine_spread(frame)[0]
+    out = {"": every}
+    rows = _training_ok(frame)
+    paces = ([pace(b, t) for b, t in zip(rows["batch_size"], rows["technique"])]
+             if {"batch_size", "technique"} <= set(rows.columns) else [""] * len(rows))
+    for cls in ("host", "gpu"):
+        own = machine_spread(rows[[p == cls for p in paces]])[0] if len(rows) else NO_SPREAD
+        out[cls] = own if own.df >= MIN_SPREAD_DF else every
+    return out
+
+
+def _spread_of(spread: Spread | dict[str, Spread], side: Side) -> Spread:
+    """The machine spread a side carries: its pace class's where the spreads are by class."""
+    return spread.get(side.pace, spread[""]) if isinstance(spread, dict) else spread
+
+
 def _side_var(side: Side, pooled: Spread) -> tuple[float, float, str]:
     """(variance of the side's mean log value, its degrees of freedom, a note)."""
     if side.n > 1:
@@ -262,8 +308,10 @@ def _side_var(side: Side, pooled: Spread) -> tuple[float, float, str]:
     return pooled.sd ** 2, pooled.df, "one repeat: pooled CV"
 
 
-def ratio(a: Side, b: Side, pairing: str, pooled: Spread = NO_SPREAD, spread: Spread = NO_SPREAD) -> Estimate:
-    """a / b with its 95 % interval (module docstring), ``pairing`` as the caller found it."""
+def ratio(a: Side, b: Side, pairing: str, pooled: Spread = NO_SPREAD,
+          spread: Spread | dict[str, Spread] = NO_SPREAD) -> Estimate:
+    """a / b with its 95 % interval (module docstring), ``pairing`` as the caller found it;
+    ``spread``: the machine spread, one for every side or by pace class (machine_spreads)."""
     machines = tuple(sorted({a.machine, b.machine} - {""}))
     n = f"{a.n}/{b.n}"
     if a.exact and b.exact:
@@ -296,8 +344,10 @@ def ratio(a: Side, b: Side, pairing: str, pooled: Spread = NO_SPREAD, spread: Sp
     parts = [(va, dfa), (vb, dfb)]
     notes = [x for x in (na, nb) if x]
     if pairing == "machines":
-        parts += [(spread.sd ** 2, spread.df)] * 2
-        notes.append(f"+ machine spread {spread.pct()}" + ("" if spread.df else " (none measured)"))
+        sa, sb = _spread_of(spread, a), _spread_of(spread, b)
+        parts += [(sa.sd ** 2, sa.df), (sb.sd ** 2, sb.df)]
+        both = sa.pct() if sa == sb else f"{sa.pct()} / {sb.pct()}"
+        notes.append(f"+ machine spread {both}" + ("" if sa.df and sb.df else " (none measured)"))
     var = sum(v for v, _ in parts)
     m = statistics.fmean(a.logs) - statistics.fmean(b.logs)
     if var <= 0:

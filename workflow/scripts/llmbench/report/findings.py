@@ -442,8 +442,9 @@ class Context:
     exact: bool = False
     pooled: evidence.Spread = evidence.NO_SPREAD
     """Repeat-to-repeat spread a side measured once is taken to have."""
-    spread: evidence.Spread = evidence.NO_SPREAD
-    """Machine-to-machine spread a cross-machine comparison carries."""
+    spread: evidence.Spread | dict[str, evidence.Spread] = evidence.NO_SPREAD
+    """Machine-to-machine spread a cross-machine comparison carries, by pace class
+    (evidence.machine_spreads) for our records."""
 
 
 PAPER = Context(exact=True)
@@ -600,9 +601,12 @@ def _side(rows: pd.DataFrame, metric: str, ctx: Context) -> evidence.Side | None
     paired_rounds = (metric == "scaling_efficiency" and len(ok) == 1 and not ctx.exact
                      and isinstance(r.get("scaling_efficiency_runs"), str))
     paired_set = "+".join(sorted(set(sets))) if pooled else r.get("paired_set")
+    paces = {evidence.pace(x.get("batch_size"), x.get("technique")) if x.get("stage") in ("pretrain", "finetune") else ""
+             for x in each}
     return evidence.Side(logs, machine="+".join(sorted(machines)), paired_set=paired_set,
                          run=str(r.get("run") or ""), exact=ctx.exact or metric in evidence.EXACT,
-                         rounds=rounds, noisy=metric in evidence.NOISY, paired_rounds=paired_rounds)
+                         rounds=rounds, noisy=metric in evidence.NOISY, paired_rounds=paired_rounds,
+                         pace=paces.pop() if len(paces) == 1 else "")
 
 
 def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> Iterator[tuple[str, pd.DataFrame, pd.DataFrame]]:
@@ -1005,9 +1009,29 @@ def _paper_text(f: Finding, paper_results: list[dict], model) -> tuple[str, str]
     return "; ".join(vals), "; ".join(checks)
 
 
+def spread_text(spread: evidence.Spread | dict[str, evidence.Spread]) -> str:
+    """The machine spread as the findings table states it: every cell's, then each pace
+    class's where it has one of its own (evidence.machine_spreads)."""
+    by = spread if isinstance(spread, dict) else {"": spread}
+
+    def one(s: evidence.Spread) -> str:
+        what = f"{s.cells} cells measured on several machines, {s.df:.0f} df"
+        if not s.sd:  # the between-machine variance less the repeats' came out at or below 0
+            return f"{s.pct()} (their machines differ no more than their repeats explain: {what})"
+        return f"{s.pct()} (log-scale sd from {what})"
+
+    if not by[""].df:
+        return "none measured"
+    text = one(by[""])
+    names = {"host": "host-paced cells (batch 1, CPU offload)",
+             "gpu": f"GPU-paced cells (batch {evidence.GPU_PACED_BATCH} and up, no offload)"}
+    own = [f"{names[k]} {one(v)}" for k, v in by.items() if k and v != by[""]]
+    return text + ("; by pace: " + "; ".join(own) if own else "")
+
+
 def context(ours: pd.DataFrame) -> Context:
     """Our records' spreads: repeat-to-repeat (pooled) and machine-to-machine."""
-    return Context(exact=False, pooled=evidence.pooled_cv(ours), spread=evidence.machine_spread(ours)[0])
+    return Context(exact=False, pooled=evidence.pooled_cv(ours), spread=evidence.machine_spreads(ours))
 
 
 def _engines(rows: pd.DataFrame) -> str:
@@ -1387,7 +1411,5 @@ def build(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None, micro_ro
     ctx = context(ours)
     judged = {f.id: evaluate_finding(f, ours, ctx) for f in fs}  # the table's groups, and the plan's
     table = evaluate(fs, ours, paper, ctx, judged)
-    spread = ctx.spread
-    table.attrs["machine_spread"] = (f"{spread.pct()} (log-scale sd from {spread.cells} cells measured on several "
-                                     f"machines, {spread.df:.0f} df)" if spread.df else "none measured")
+    table.attrs["machine_spread"] = spread_text(ctx.spread)
     return table, missing_cells(fs, ours, MachineKind.parse(machines, ours), ctx, judged)

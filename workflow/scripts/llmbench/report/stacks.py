@@ -78,7 +78,8 @@ def _side(row: pd.Series) -> evidence.Side:
     vals = _repeats(row)
     return evidence.Side([math.log(v) for v in vals], machine=str(row.get("machine") or ""),
                          paired_set=row.get("paired_set") if isinstance(row.get("paired_set"), str) else None,
-                         run=str(row.get("run") or ""), rounds=evidence.round_keys(row, len(vals)))
+                         run=str(row.get("run") or ""), rounds=evidence.round_keys(row, len(vals)),
+                         pace=evidence.pace(row.get("batch_size"), row.get("technique")))
 
 
 def _pick(base: pd.DataFrame, other: pd.Series, used: set[str]) -> tuple[pd.Series, str] | None:
@@ -213,7 +214,7 @@ class _Context:
         self.used_paths = set(self.used["record_path"].astype(str)) if "record_path" in self.used else set()
         self.pooled = evidence.pooled_cv(self.tidy)
         both = pd.concat([self.tidy, superseded], ignore_index=True) if superseded is not None else self.tidy
-        self.spread, _ = evidence.machine_spread(both)
+        self.spread = evidence.machine_spreads(both)
 
     def row(self, view: str, other: pd.Series, base: pd.DataFrame, bf16: pd.DataFrame,
             base_key: dict | None = None) -> dict:

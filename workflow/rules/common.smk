@@ -328,13 +328,9 @@ def micro_runtime_min(wildcards):
 
 
 def serve_runtime_min(wildcards):
-    """Slurm time limit of a serving cell's job (serve_runtime_of)."""
-    return serve_runtime_of(cell_of(wildcards))
-
-
-def serve_runtime_of(cell):
-    """Slurm time limit of a serving cell: start-up, the load's timeout, and slack."""
-    return lbestimate.serve_runtime_min(cell)
+    """Slurm time limit of a serving cell's job: start-up, the load's timeout, and slack
+    (llmbench.estimate.serve_runtime_min)."""
+    return lbestimate.serve_runtime_min(cell_of(wildcards))
 
 
 def serving_sets():

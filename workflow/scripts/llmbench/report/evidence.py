@@ -220,10 +220,14 @@ def pooled_cv(frame: pd.DataFrame) -> Spread:
     return Spread(math.sqrt(ss / df), df, cells) if df else NO_SPREAD
 
 
+#: the stages whose records are training cells (their throughput is tokens/s of steps)
+TRAINING_STAGES = ("pretrain", "finetune")
+
+
 def _training_ok(frame: pd.DataFrame) -> pd.DataFrame:
     if frame.empty or "stage" not in frame:
         return frame.iloc[0:0]
-    keep = frame["stage"].isin(["pretrain", "finetune"]) & (frame["status"] == "ok")
+    keep = frame["stage"].isin(TRAINING_STAGES) & (frame["status"] == "ok")
     if "kind" in frame:
         keep &= frame["kind"].fillna("cell") == "cell"
     return frame[keep & frame["tokens_per_s_mean"].notna()]
@@ -279,6 +283,13 @@ def pace(batch_size: object, technique: object) -> str:
     return "gpu" if batch >= GPU_PACED_BATCH else ""
 
 
+def pace_of(row: pd.Series | dict) -> str:
+    """A tidy row's pace (``pace``); ``""`` for a record that is not a training cell's."""
+    if row.get("stage") not in TRAINING_STAGES:
+        return ""
+    return pace(row.get("batch_size"), row.get("technique"))
+
+
 def machine_spreads(frame: pd.DataFrame) -> dict[str, Spread]:
     """The machine spread (machine_spread) of every training cell (key ``""``) and of each pace
     class's cells (``host``, ``gpu``); a class with fewer than MIN_SPREAD_DF degrees of freedom
@@ -286,10 +297,9 @@ def machine_spreads(frame: pd.DataFrame) -> dict[str, Spread]:
     every = machine_spread(frame)[0]
     out = {"": every}
     rows = _training_ok(frame)
-    paces = ([pace(b, t) for b, t in zip(rows["batch_size"], rows["technique"])]
-             if {"batch_size", "technique"} <= set(rows.columns) else [""] * len(rows))
+    paces = [pace_of(r) for _, r in rows.iterrows()]
     for cls in ("host", "gpu"):
-        own = machine_spread(rows[[p == cls for p in paces]])[0] if len(rows) else NO_SPREAD
+        own = machine_spread(rows[[p == cls for p in paces]])[0]
         out[cls] = own if own.df >= MIN_SPREAD_DF else every
     return out
 

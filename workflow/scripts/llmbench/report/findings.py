@@ -601,8 +601,7 @@ def _side(rows: pd.DataFrame, metric: str, ctx: Context) -> evidence.Side | None
     paired_rounds = (metric == "scaling_efficiency" and len(ok) == 1 and not ctx.exact
                      and isinstance(r.get("scaling_efficiency_runs"), str))
     paired_set = "+".join(sorted(set(sets))) if pooled else r.get("paired_set")
-    paces = {evidence.pace(x.get("batch_size"), x.get("technique")) if x.get("stage") in ("pretrain", "finetune") else ""
-             for x in each}
+    paces = {evidence.pace_of(x) for x in each}
     return evidence.Side(logs, machine="+".join(sorted(machines)), paired_set=paired_set,
                          run=str(r.get("run") or ""), exact=ctx.exact or metric in evidence.EXACT,
                          rounds=rounds, noisy=metric in evidence.NOISY, paired_rounds=paired_rounds,

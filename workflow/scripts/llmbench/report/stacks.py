@@ -79,7 +79,7 @@ def _side(row: pd.Series) -> evidence.Side:
     return evidence.Side([math.log(v) for v in vals], machine=str(row.get("machine") or ""),
                          paired_set=row.get("paired_set") if isinstance(row.get("paired_set"), str) else None,
                          run=str(row.get("run") or ""), rounds=evidence.round_keys(row, len(vals)),
-                         pace=evidence.pace(row.get("batch_size"), row.get("technique")))
+                         pace=evidence.pace_of(row))
 
 
 def _pick(base: pd.DataFrame, other: pd.Series, used: set[str]) -> tuple[pd.Series, str] | None:

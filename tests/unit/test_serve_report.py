@@ -2,6 +2,8 @@
 concurrency sweep, a shared-prefix load with prefix caching on and off, a ramped rate,
 GPU telemetry; and a record written before those keys existed reads as before."""
 
+import itertools
+
 import pandas as pd
 
 from llmbench import grid, record
@@ -16,7 +18,10 @@ LOADS = {"c2": {**BASE, "mode": "concurrency", "max_concurrency": 2},
 
 
 def md_rows(md: str) -> list[dict]:
-    lines = [l for l in md.splitlines() if l.startswith("|")]
+    """The rows of the page's first table (a later part, e.g. the sweeps' knees, has its own head)."""
+    body = md.splitlines()
+    start = next(i for i, l in enumerate(body) if l.startswith("|"))
+    lines = list(itertools.takewhile(lambda l: l.startswith("|"), body[start:]))
     head = [h.strip() for h in lines[0].strip("|").split("|")]
     return [dict(zip(head, (c.strip() for c in l.strip("|").split("|")))) for l in lines[2:]]
 

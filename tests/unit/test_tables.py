@@ -629,10 +629,42 @@ def test_a_concurrency_sweep_is_plotted_against_requests_in_flight_beside_the_ra
     figures.save(chart(conc + rate), tmp_path / "sweep")
     assert (tmp_path / "sweep.svg").stat().st_size > 0
     # still growing at 64 in flight: no knee; saturated from 64 on: the knee at 64, a diamond
-    assert figures.sweep_knees(pd.DataFrame(conc).assign(series="s"), "max_concurrency").empty
+    assert serving.sweep_knees(pd.DataFrame(conc).assign(series="s"), "max_concurrency").empty
     flat = conc + [{**conc[-1], "load": f"conc-{c}", "max_concurrency": c, "output_tokens_per_s": v}
                    for c, v in ((256, 6600.0), (512, 6500.0))]
-    knee = figures.sweep_knees(pd.DataFrame(flat).assign(series="s"), "max_concurrency")
+    knee = serving.sweep_knees(pd.DataFrame(flat).assign(series="s"), "max_concurrency")
     assert list(knee["max_concurrency"]) == [64]
     served = chart(flat).to_dict()["hconcat"][0]
     assert served["layer"][1]["mark"]["shape"] == "diamond"
+
+
+def test_each_sweep_series_gets_its_knee_and_its_most_in_the_serving_table():
+    """The serving table's "Sweeps" part: one row per engine, platform, model and kind of load;
+    the runs of one load pool by their mean before the knee is found (two sweeps of one engine
+    on two machines make one series, not two knees); a series still growing at its heaviest
+    load has none; another engine version is a series of its own."""
+    from llmbench.report import serving
+
+    base = dict(stage="serve", platform="h200", model="llama2-7b", engine="vllm", engine_version="0.26.0", gpus=1,
+                status="ok", num_requests=256, input_len=512, output_len=128, mode="concurrency", rate_per_s=None,
+                p50_ttft_s=0.1, p50_tpot_s=0.01, goodput_share=1.0)
+    # vLLM twice (two results folders), saturating at 64 in flight: 5,000 at 256 is the most,
+    # 4,600 (>= 0.9 x 5,000) at 64 the lightest load near it; alone, run 2's 64 (4,000) would not be
+    tok = {1: (200.0, 200.0), 16: (2000.0, 2000.0), 64: (5200.0, 4000.0), 256: (5000.0, 5000.0)}
+    cells = [{**base, "load": f"c{c}", "run": f"run{k}", "max_concurrency": c, "output_tokens_per_s": v[k],
+              "goodput_share": 1.0 if c < 256 else 0.5} for c, v in tok.items() for k in (0, 1)]
+    # LightLLM still growing at 256 in flight; SGLang of another version on three loads
+    cells += [{**base, "engine": "lightllm", "engine_version": "0.0.1", "load": f"c{c}", "max_concurrency": c,
+               "output_tokens_per_s": 10.0 * c} for c in (1, 16, 64, 256)]
+    cells += [{**base, "engine": "sglang", "engine_version": v, "load": f"c{c}", "max_concurrency": c,
+               "output_tokens_per_s": min(100.0 * c, 3000.0)} for v in ("0.5.17", "0.5.23") for c in (1, 64, 256)]
+    k = serving.knees(serving.build(pd.DataFrame(cells))).set_index("engine")
+    assert list(k.index) == ["lightllm (0.0.1)", "sglang (0.5.17)", "sglang (0.5.23)", "vllm (0.26.0)"]
+    assert (k.loc["vllm (0.26.0)", "knee"], k.loc["vllm (0.26.0)", "knee_output_tokens_per_s"]) == (64, 4600.0)
+    assert (k.loc["vllm (0.26.0)", "most_output_tokens_per_s"], k.loc["vllm (0.26.0)", "most_at"]) == (5000.0, 256)
+    assert (k.loc["vllm (0.26.0)", "loads"], k.loc["vllm (0.26.0)", "runs"]) == (4, 8)
+    assert pd.isna(k.loc["lightllm (0.0.1)", "knee"]) and k.loc["lightllm (0.0.1)", "most_at"] == 256
+    assert list(k.loc[["sglang (0.5.17)", "sglang (0.5.23)"], "knee"]) == [64, 64]
+    part = serving.table(serving.build(pd.DataFrame(cells))).parts[-1]
+    assert part.heading == "Sweeps" and part.frame.set_index("engine").loc["lightllm (0.0.1)", "knee"] == "none"
+    assert part.frame.set_index("engine").loc["vllm (0.26.0)", "most out tok/s at"] == "5,000.0 at 256"

@@ -14,7 +14,7 @@ from pathlib import Path
 import altair as alt
 import pandas as pd
 
-from . import catalog, render
+from . import catalog, render, serving
 from .render import fmt
 
 Tables = Mapping[str, pd.DataFrame]
@@ -332,9 +332,6 @@ def scaling_chart(tables: Tables | None = None) -> alt.TopLevelMixin:
 
 # Serving ---------------------------------------------------------------------------------
 
-#: serving cells whose numbers a figure shows: complete loads, and loads cut at timeout_s
-#: (what completed before the cut; llmbench.serve.bench)
-MEASURED_LOADS = ("ok", "timeout")
 SERVING = ["platform", "model", "engine", "load", "gpus", "status", "num_requests", "completed", "input_len",
            "output_len", "output_tokens_per_s", "request_throughput_per_s", "p50_e2e_latency_s"]
 
@@ -343,7 +340,7 @@ def serve_throughput_chart(tables: Tables | None = None) -> alt.FacetChart:
     """Fig. 6: output-token throughput per engine, grouped by platform, one panel per model.
     A load cut at its timeout shows what completed before the cut (status in the tooltip)."""
     df = _get(tables, "serving", SERVING)
-    df = df[df["status"].isin(MEASURED_LOADS)].copy()
+    df = df[df["status"].isin(serving.MEASURED_LOADS)].copy()
     df["cell"] = df["platform"].astype(str) + " / " + df["load"].astype(str)
     bars = alt.Chart(df).mark_bar().encode(
         x=alt.X("cell:N", title="platform / load", sort=None),
@@ -359,29 +356,9 @@ def serve_throughput_chart(tables: Tables | None = None) -> alt.FacetChart:
         title=_title("serve-throughput"))
 
 
-SWEEP = ["platform", "model", "engine", "load", "gpus", "status", "mode", "rate_per_s", "max_concurrency",
-         "prefix_len", "prefix_caching", "output_tokens_per_s", "p50_ttft_s", "p50_tpot_s", "p50_e2e_latency_s",
-         "p99_e2e_latency_s", "goodput_share"]
-#: the load kinds a sweep is made of: mode -> (the column its points vary, axis title, log axis)
-SWEEPS = {"poisson": ("rate_per_s", "offered requests/s", False),
-          "concurrency": ("max_concurrency", "requests in flight", True)}
-#: A sweep's knee: the lightest load whose output tokens/s reaches this share of the most the
-#: series served, where a heavier load follows it (saturation reached, not the last point)
-KNEE_SHARE = 0.9
-
-
-def sweep_knees(df: pd.DataFrame, col: str) -> pd.DataFrame:
-    """Each series' knee (KNEE_SHARE) over ``col``; none for a series of fewer than three
-    points or one still growing at its heaviest load."""
-    out = []
-    for _, g in df.dropna(subset=[col, "output_tokens_per_s"]).groupby("series"):
-        g = g.sort_values(col)
-        if len(g) < 3:
-            continue
-        at = g[g["output_tokens_per_s"] >= KNEE_SHARE * g["output_tokens_per_s"].max()].iloc[0]
-        if at[col] < g[col].max():
-            out.append(at)
-    return pd.DataFrame(out, columns=df.columns)
+SWEEP = ["platform", "model", "engine", "engine_version", "load", "gpus", "status", "mode", "rate_per_s",
+         "max_concurrency", "prefix_len", "prefix_caching", "output_tokens_per_s", "p50_ttft_s", "p50_tpot_s",
+         "p50_e2e_latency_s", "p99_e2e_latency_s", "goodput_share"]
 
 
 def _sweep_row(df: pd.DataFrame, col: str, label: str, log: bool) -> alt.HConcatChart:
@@ -397,7 +374,7 @@ def _sweep_row(df: pd.DataFrame, col: str, label: str, log: bool) -> alt.HConcat
                         scale=alt.Scale(scheme="tableau20")), tooltip=tip)
     x = alt.X(f"{col}:Q", title=label, scale=alt.Scale(type="log", base=2) if log else alt.Undefined)
     served = base.encode(x=x, y=alt.Y("output_tokens_per_s:Q", title="output tokens/s"))
-    knees = sweep_knees(df, col)
+    knees = serving.sweep_knees(df, col)
     if len(knees):  # each series' knee, a diamond on its line
         served = alt.layer(served, alt.Chart(knees).mark_point(shape="diamond", size=150, filled=True).encode(
             x=x, y="output_tokens_per_s:Q", color=alt.Color("series:N"),
@@ -415,34 +392,21 @@ def _sweep_row(df: pd.DataFrame, col: str, label: str, log: bool) -> alt.HConcat
     return alt.hconcat(*(c.properties(width=260, height=220) for c in (served, curve, good)))
 
 
-def _prefix_label(prefix_len, caching) -> str:
-    """' · prefix P, cache on|off' for a shared-prefix load, '' for one without."""
-    if prefix_len is None or pd.isna(prefix_len) or not prefix_len:
-        return ""
-    cache = "" if caching is None or pd.isna(caching) else (
-        ", cache on" if str(caching).lower() in ("true", "1") else ", cache off")
-    return f" · prefix {int(prefix_len)}{cache}"
-
-
 def serve_sweep_chart(tables: Tables | None = None) -> alt.VConcatChart | alt.HConcatChart | alt.Chart:
     """Beyond the paper: the sweeps serving users run (vLLM's bench sweep, SGLang's
     bench_serving), per engine: against the offered rate (Poisson arrivals) and against the
     requests kept in flight (a concurrency load), one row each where it ran. How much does
     it serve as the load grows (saturation, its knee a diamond: the lightest load that reaches
-    KNEE_SHARE of the most the series served, where a heavier one follows), what does that
+    serving.KNEE_SHARE of the most the series served, where a heavier one follows), what does that
     cost in median and p99 end-to-end latency (the throughput-latency curve), and which share of
     requests still meets the TTFT and TPOT targets (goodput)? One line per engine, platform
     and model."""
-    df = _get(tables, "serving", SWEEP)
-    df = df[df["mode"].isin(list(SWEEPS)) & df["status"].isin(MEASURED_LOADS)].copy()
+    df = serving.sweep_loads(_get(tables, "serving", SWEEP))
     if df.empty:
         return _empty(_title("serve-sweep"), "requests/s offered, or requests in flight",
                       "no Poisson or concurrency load ran")
-    df["series"] = df["engine"].astype(str) + " · " + df["platform"].astype(str) + " · " + df["model"].astype(str)
-    # a shared-prefix workload is a series of its own, cache on and off apart
-    df["series"] += [_prefix_label(p, c) for p, c in zip(df["prefix_len"], df["prefix_caching"])]
     rows = [_sweep_row(df[df["mode"] == mode].sort_values(["series", col]), col, label, log)
-            for mode, (col, label, log) in SWEEPS.items() if (df["mode"] == mode).any()]
+            for mode, (col, label, log) in serving.SWEEPS.items() if (df["mode"] == mode).any()]
     chart = rows[0] if len(rows) == 1 else alt.vconcat(*rows)
     return chart.properties(title=_title("serve-sweep"))
 
@@ -456,7 +420,7 @@ def serve_latency_cdf_chart(tables: Tables | None = None) -> alt.FacetChart:
     keys = ["platform", "model", "engine", "load"]
     req = _get(tables, "requests", keys + ["e2e_s", "ok"])
     cells = _get(tables, "serving", SERVING)
-    cells = cells[cells["status"].isin(MEASURED_LOADS)][keys]
+    cells = cells[cells["status"].isin(serving.MEASURED_LOADS)][keys]
     frames = []
     if not req.empty:
         req = req.merge(cells, on=keys)

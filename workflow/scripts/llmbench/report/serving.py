@@ -54,6 +54,22 @@ NOTES = (
     "Engine: its version as its record's provenance says (the engine's own package), where it does. "
     + " ".join(LEGACY.values())
 )
+#: serving cells whose numbers a table part or figure shows: complete loads, and loads cut at
+#: timeout_s (what completed before the cut; llmbench.serve.bench)
+MEASURED_LOADS = ("ok", "timeout")
+#: the load kinds a sweep is made of: mode -> (the column its points vary, what it is, a log axis)
+SWEEPS = {"poisson": ("rate_per_s", "offered requests/s", False),
+          "concurrency": ("max_concurrency", "requests in flight", True)}
+#: A sweep's knee: the lightest load whose output tokens/s reaches this share of the most the
+#: series served, where a heavier load follows it (saturation reached, not the last point)
+KNEE_SHARE = 0.9
+KNEES_LEAD = (f"Sweeps: where each engine saturates. A series is one engine (its version), platform, model and "
+              f"GPU count under one kind of load (a shared-prefix workload apart, its cache on and off apart); "
+              f"the runs of one load pool by their mean. Knee: the lightest load whose output tokens/s reaches "
+              f"{KNEE_SHARE:.0%} of the most the series served, where a heavier load follows it (none: still "
+              f"growing at its heaviest load, or under three loads); its goodput and median TTFT and TPOT beside "
+              f"it; most: the series' highest output tokens/s and the load that served it. The sweep figure marks "
+              f"the same knees.")
 POINTS_LEAD = ("Points over runs: cells of one platform, model, engine, GPU count and load that differ only in "
                "their run (loads named <name>-1, <name>-2, ..., a fresh engine each, or the same load in several "
                "results folders) pool into mean ± sample std; points that differ in their load (Poisson rates), "
@@ -80,6 +96,81 @@ def points(df: pd.DataFrame) -> pd.DataFrame:
     frame = df.assign(load_spec=[json.dumps({k: _plain(r[k]) for k in LOAD_SPEC}, sort_keys=True)
                                  for _, r in df.iterrows()])
     return runs.over_runs(frame)
+
+
+def _prefix_label(prefix_len, caching) -> str:
+    """' · prefix P, cache on|off' for a shared-prefix load, '' for one without."""
+    if prefix_len is None or pd.isna(prefix_len) or not prefix_len:
+        return ""
+    cache = "" if caching is None or pd.isna(caching) else (
+        ", cache on" if str(caching).lower() in ("true", "1") else ", cache off")
+    return f" · prefix {int(prefix_len)}{cache}"
+
+
+def sweep_loads(df: pd.DataFrame) -> pd.DataFrame:
+    """The measured loads of the sweeps (SWEEPS) among serving rows, each with its ``series``:
+    engine (its version) · platform · model, the GPU count where over one, a shared-prefix
+    workload a series of its own, cache on and off apart."""
+    df = df[df["mode"].isin(list(SWEEPS)) & df["status"].isin(MEASURED_LOADS)].copy()
+    gpus = ["" if pd.isna(g) or int(g) <= 1 else f" · {int(g)} GPUs" for g in df["gpus"]]
+    df["series"] = [f"{runs.engine_label(e, v)} · {p} · {m}{g}{_prefix_label(pl, pc)}" for e, v, p, m, g, pl, pc in
+                    zip(df["engine"], df["engine_version"], df["platform"], df["model"], gpus, df["prefix_len"],
+                        df["prefix_caching"])]
+    return df
+
+
+def sweep_knees(df: pd.DataFrame, col: str) -> pd.DataFrame:
+    """Each series' knee (KNEE_SHARE) over ``col`` (``df``: one sweep's rows of sweep_loads),
+    the runs of one load pooled by their mean first: series, ``col``, output_tokens_per_s,
+    goodput_share, p50_ttft_s, p50_tpot_s. None for a series of fewer than three loads or one
+    still growing at its heaviest."""
+    metrics = ["output_tokens_per_s", "goodput_share", "p50_ttft_s", "p50_tpot_s"]
+    out = []
+    for series, g in df.dropna(subset=[col, "output_tokens_per_s"]).groupby("series"):
+        g = g.reindex(columns=[col, *metrics]).astype(float).groupby(col, as_index=False).mean().sort_values(col)
+        if len(g) < 3:
+            continue
+        at = g[g["output_tokens_per_s"] >= KNEE_SHARE * g["output_tokens_per_s"].max()].iloc[0]
+        if at[col] < g[col].max():
+            out.append({"series": series, **at.to_dict()})
+    return pd.DataFrame(out, columns=["series", col, *metrics])
+
+
+def knees(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per sweep series (sweep_loads) and kind of load: its loads, its knee (sweep_knees)
+    and the most it served."""
+    loads = sweep_loads(df)
+    rows = []
+    for mode, (col, what, _) in SWEEPS.items():
+        one = loads[loads["mode"] == mode]
+        knee = sweep_knees(one, col).set_index("series")
+        for series, g in one.dropna(subset=[col, "output_tokens_per_s"]).groupby("series", sort=True):
+            means = g.groupby(col)["output_tokens_per_s"].mean()
+            first = g.iloc[0]
+            row = {"series": series, "platform": first["platform"], "model": first["model"],
+                   "engine": runs.engine_label(first["engine"], first["engine_version"]), "gpus": first["gpus"],
+                   "sweep": what + _prefix_label(first["prefix_len"], first["prefix_caching"]),
+                   "loads": len(means), "runs": len(g), "knee": None, "knee_output_tokens_per_s": None,
+                   "knee_goodput_share": None, "knee_p50_ttft_s": None, "knee_p50_tpot_s": None,
+                   "most_output_tokens_per_s": means.max(), "most_at": means.idxmax()}
+            if series in knee.index:
+                k = knee.loc[series]
+                row.update(knee=k[col], knee_output_tokens_per_s=k["output_tokens_per_s"],
+                           knee_goodput_share=k["goodput_share"], knee_p50_ttft_s=k["p50_ttft_s"],
+                           knee_p50_tpot_s=k["p50_tpot_s"])
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _knees_display(k: pd.DataFrame) -> pd.DataFrame:
+    rows = [[r.platform, r.model, r.engine, fmt(r.gpus, ".0f"), r.sweep, f"{r.loads} ({r.runs})",
+             "none" if pd.isna(r.knee) else fmt(r.knee, "g"), fmt(r.knee_output_tokens_per_s, ",.1f"),
+             fmt(r.knee_goodput_share, ".3f"),
+             "" if pd.isna(r.knee) else f"{fmt(r.knee_p50_ttft_s, '.3f')} / {fmt(r.knee_p50_tpot_s, '.4f')}",
+             f"{fmt(r.most_output_tokens_per_s, ',.1f')} at {fmt(r.most_at, 'g')}"] for r in k.itertuples()]
+    return pd.DataFrame(rows, columns=["platform", "model", "engine", "GPUs", "sweep", "loads (runs)", "knee",
+                                       "out tok/s at knee", "goodput at knee", "TTFT / TPOT p50 s at knee",
+                                       "most out tok/s at"])
 
 
 def _settings(r) -> str:
@@ -109,7 +200,7 @@ def _requests(r) -> str:
 
 def table(df: pd.DataFrame) -> render.Table:
     """One row per serving cell (latencies in seconds, throughput per second), then the
-    points pooled over their runs."""
+    points pooled over their runs, then each sweep's knee (knees)."""
     head = ["Platform", "Model", "Engine", "Load", "GPUs", "Status", "Requests (failed)", "req/s", "out tok/s",
             "TTFT p50/p90/p99 s", "TPOT p50/p90/p99 s", "ITL p50/p90/p99 s", "E2E p50/p90/p99 s",
             "goodput", "server mem GiB", "settings", "GPU MHz / W"]
@@ -137,8 +228,10 @@ def table(df: pd.DataFrame) -> render.Table:
             else f"{fmt(r.gpu0_sm_clock_mhz_mean, '.0f')} / {fmt(r.gpu0_power_w_mean, '.0f')}",
         ])
     t = render.simple("serving", df, head, rows, NOTES)
+    parts = t.parts
     pooled = points(df)
     if len(pooled) and (pooled["runs"] > 1).any():
-        t = render.Table(title=t.title, long=t.long, parts=t.parts + (
-            render.Part(frame=runs.display(pooled), heading="Points over runs", lead=POINTS_LEAD),))
-    return t
+        parts += (render.Part(frame=runs.display(pooled), heading="Points over runs", lead=POINTS_LEAD),)
+    if len(k := knees(df)):
+        parts += (render.Part(frame=_knees_display(k), heading="Sweeps", lead=KNEES_LEAD),)
+    return render.Table(title=t.title, long=t.long, parts=parts)

@@ -325,10 +325,12 @@ def test_a_megatron_search_is_addressed_by_its_layout():
     assert g.find_search(**s.key) is s
 
 
-def test_the_8_gpu_config_covers_issue_6(repo):
+def test_the_8_gpu_config_covers_the_papers_8_gpu_layout_in_paired_sets(repo):
     """The multi-GPU runs, declared for an 8 x H200 node: Tables III and IV (every method of
-    llama2-7b and -13b at batch 1 and searched), Fig. 4 on 1-8 GPUs, the 70B rows of
-    Table IX, collectives over 8 ranks with and without P2P."""
+    llama2-7b and -13b at batch 1 and searched), Fig. 4 on 1-8 GPUs, Table II's Megatron-LM
+    layouts, the 70B rows of Table IX, collectives over 8 ranks with and without P2P, 7B and
+    70B served with tensor parallel 8; every measured cell that a table compares in a paired
+    set (the searches' cells are found, not planned)."""
     g = grid.load(repo / "config" / "recipes" / "h200x8-node.yaml")
     paper = grid.load(repo / "config" / "paper.yaml")
     methods = {c.technique for c in paper.cells if c.stage == "pretrain" and c.backend == "deepspeed" and c.batch_size == 1}
@@ -337,8 +339,14 @@ def test_the_8_gpu_config_covers_issue_6(repo):
     assert {(s.cell.model, s.cell.technique) for s in g.searches} == table3
     assert {c.gpus for c in g.cells if c.stage == "pretrain" and c.technique == "Q" and c.batch_size == 2} == {1, 2, 4, 8}
     assert sorted(c.technique for c in g.cells if c.stage == "finetune") == sorted(
-        ["L+F+R+Z3", "L+F+R+Z3+O", "QL+F+R", "QL+R", "QL+F"])
+        ["L+F+R+Z3", "L+F+R+Z3+O", "QL+F+R", "QL+R", "QL+F", "L+Z3", "L+F+Z3", "L+R+Z3"])
     assert sorted((c.case, c.gpus) for c in g.cells if c.stage == "micro") == [("nop2p", 8), ("p2p", 8)]
+    assert sorted(c.parallel["tensor_parallel"] for c in g.cells if getattr(c, "backend", "") == "megatron") == [1, 2, 4, 8]
+    served = {(c.model, c.engine, c.gpus) for c in g.cells if c.stage == "serve"}
+    assert served == {(m, e, 8) for m in ("llama2-7b", "llama2-70b") for e in ("vllm", "sglang")}
+    in_sets = {p for s in g.sets for p in s.record_paths(g.results_dir)}
+    compared = [c for c in g.cells if c.stage in ("pretrain", "finetune", "serve")]
+    assert compared and all(c.record_path(g.results_dir) in in_sets for c in compared)
 
 
 def test_each_platform_and_model_file_is_read_once_per_grid(repo, monkeypatch):

@@ -197,3 +197,49 @@ def test_the_advise_command_runs_nothing_and_prints_the_ranking(capsys, tmp_path
                  "--tidy", str(tidy)]) == 0
     out = capsys.readouterr().out
     assert "llama2-7b, finetune, h100 x 1 GPU" in out and "| L+F " in out and "out of memory at batch 1" in out
+
+
+def serve_rows(*rows):
+    """Serving records of the tidy table: (engine, load, in flight or rate, out tok/s, goodput, prefix)."""
+    base = dict(stage="serve", platform="h200", model="llama2-7b", engine_version="1.0", gpus=1, status="ok",
+                num_requests=512, input_len=512, output_len=128, p99_ttft_s=1.0, p99_tpot_s=0.05,
+                goodput_ttft_target_s=2.0, goodput_tpot_target_s=0.2, prefix_len=0)
+    out = []
+    for engine, load, level, tok, good, prefix in rows:
+        mode = "poisson" if load.startswith("r") else "concurrency"
+        out.append({**base, "engine": engine, "load": load, "mode": mode, "output_tokens_per_s": tok,
+                    "goodput_share": good, "prefix_len": prefix,
+                    "max_concurrency": level if mode == "concurrency" else None,
+                    "rate_per_s": float(level) if mode == "poisson" else None})
+    return pd.DataFrame(out)
+
+
+def test_serving_engines_rank_by_what_they_serve_within_the_latency_targets():
+    """An engine's rank: the most output tokens/s among its loads with 99 % of requests within
+    the TTFT and TPOT targets, then the most at all. vLLM serves more at saturation (6,000
+    against 5,500) but misses the targets there: SGLang, 4,500 within them at 64 in flight
+    against vLLM's 4,000, ranks first. A shared-prefix load (its cache serves what others
+    compute) never answers; an engine with no load within the targets ranks last and says so."""
+    tidy = pd.concat([FIXTURE, serve_rows(
+        ("vllm", "c16", 16, 2000.0, 1.0, 0), ("vllm", "c64", 64, 4000.0, 1.0, 0), ("vllm", "c256", 256, 6000.0, 0.5, 0),
+        ("sglang", "c16", 16, 2100.0, 1.0, 0), ("sglang", "c64", 64, 4500.0, 0.995, 0),
+        ("sglang", "c256", 256, 5500.0, 0.7, 0), ("sglang", "shared", 128, 9000.0, 1.0, 384),
+        ("lightllm", "c64", 64, 1500.0, 0.9, 0), ("lightllm", "r16", 16, 1400.0, 0.98, 0))])
+    df = advice.build(tidy, {"platforms": ["h200"], "models": ["llama2-7b"], "stage": "serve", "gpus": 1}, root=REPO)
+    assert list(df["engine"]) == ["sglang (1.0)", "vllm (1.0)", "lightllm (1.0)"] and list(df["rank"]) == [1, 2, 3]
+    sglang, vllm, lightllm = df.to_dict("records")
+    assert (sglang["tokens_per_s"], sglang["within_point"], sglang["most_output_tokens_per_s"]) == (
+        4500.0, "64 in flight", 5500.0)
+    assert (vllm["tokens_per_s"], vllm["most_output_tokens_per_s"], vllm["most_point"]) == (4000.0, 6000.0,
+                                                                                          "256 in flight")
+    assert pd.isna(lightllm["tokens_per_s"]) and lightllm["why_not"] == "none of its 2 loads within the targets"
+    part = advice.table(df).parts[0]
+    assert part.heading.startswith("llama2-7b, serve, h200 x 1 GPU (512 in / 128 out;")
+    assert part.frame["Out tok/s within targets"].tolist() == ["4,500", "4,000", ""]
+    # by default every stage with records is advised, serving among them; serving ranks by throughput only
+    assert "serve" in set(advice.build(tidy, {"platforms": ["h200"], "models": ["llama2-7b"], "gpus": 1},
+                                       root=REPO)["stage"])
+    with pytest.raises(ConfigError, match="serving engines rank by throughput only"):
+        advice.build(tidy, {"platforms": ["h200"], "stage": "serve", "goal": "memory"}, root=REPO)
+    assert "serve" not in set(advice.build(tidy, {"platforms": ["h200"], "goal": "memory", "gpus": 1},
+                                           root=REPO)["stage"])

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("advise", help="the advisor's ranking for one request, printed (runs nothing)")
     p.add_argument("--platform", action="append", required=True, help="platform file name (repeatable)")
     p.add_argument("--model", action="append", required=True, help="model file name (repeatable)")
-    p.add_argument("--stage", choices=["pretrain", "finetune"])
+    p.add_argument("--stage", choices=["pretrain", "finetune", "serve"])
     p.add_argument("--goal", choices=["throughput", "memory", "fits"], default="throughput")
     p.add_argument("--gpus", type=int, action="append")
     p.add_argument("--tidy", default="results/reference/combined/tables/records.csv",

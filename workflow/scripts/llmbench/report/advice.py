@@ -36,6 +36,12 @@ Goals:
               predicted), least first;
   fits        every method that fits, by the predicted largest batch, largest first.
 Methods that do not fit (measured, or predicted) are listed last, unranked, with why.
+
+Serving (stage ``serve``, goal throughput only): the engines measured on a platform, model
+and GPU count, per workload (input and output lengths, latency targets), ranked by the most
+output tokens/s they served with at least 99 % of requests within the TTFT and TPOT targets,
+then by the most they served at all (llmbench.report.serving.engine_choice). Measured only:
+no model predicts serving, so a platform, model or GPU count nobody served on gets no part.
 """
 
 from __future__ import annotations
@@ -52,11 +58,13 @@ from ..config import REPO_ROOT, ConfigError
 from ..memory import Workload, fits, host_memory_gib, machine_host_gib, predict, predicted_max_batch
 from ..models import ModelSpec
 from ..platforms import Platform
-from . import catalog, render
+from . import catalog, render, serving
 from .render import fmt
 
 GOALS = ("throughput", "memory", "fits")
 STAGES = ("pretrain", "finetune")
+#: The serving stage: engines, not methods, ranked for throughput (module docstring)
+SERVE = "serve"
 #: Where a row's numbers come from (module docstring), strongest first.
 SOURCES = ("measured", "paper", "predicted")
 #: Sequence length of every advised cell (the paper's, Section III).
@@ -67,7 +75,11 @@ PAPER_LORA = {"kind": "lora", "rank": 64, "alpha": 16, "dropout": 0.05,
 COLUMNS = ["platform", "model", "stage", "gpus", "goal", "rank", "technique", "basis", "fits", "tokens_per_s",
            "tokens_per_s_low", "tokens_per_s_high", "tokens_per_s_per_gpu", "batch_size", "measured_tokens_per_s",
            "measured_batch_size", "predicted_max_batch",
-           "memory_gib", "predicted_gib_bs1", "capacity_gib", "evidence", "why_not"]
+           "memory_gib", "predicted_gib_bs1", "capacity_gib", "evidence", "why_not",
+           # a serving row's (llmbench.report.serving.CHOICE; its output tokens/s within the targets in tokens_per_s)
+           "engine", "input_len", "output_len", "ttft_target_s", "tpot_target_s", "within_point",
+           "within_p99_ttft_s", "within_p99_tpot_s", "most_output_tokens_per_s", "most_point", "most_goodput_share",
+           "points", "runs"]
 
 
 def _as_list(value) -> list:
@@ -81,17 +93,20 @@ def request(advice: dict[str, Any] | None, config_cells: list[tuple[str, str]], 
     """The (platform, model, stage, gpus, goal, methods) to advise on: the ``advice`` key's,
     with the defaults of the module docstring (values may come as strings from --config)."""
     advice = dict(advice or {})
-    train = tidy[tidy["stage"].isin(STAGES)] if "stage" in tidy else tidy
-    known = sorted(set(config_cells) | set(zip(train.get("platform", []), train.get("model", []))))
+    rows = tidy[tidy["stage"].isin((*STAGES, SERVE))] if "stage" in tidy else tidy
+    known = sorted(set(config_cells) | set(zip(rows.get("platform", []), rows.get("model", []))))
     plats = _as_list(advice.get("platforms") or advice.get("platform")) or sorted({p for p, _ in known})
     models = _as_list(advice.get("models") or advice.get("model")) or sorted({m for _, m in known})
-    stages = _as_list(advice.get("stages") or advice.get("stage")) or list(STAGES)
     goal = str(advice.get("goal") or "throughput")
     if goal not in GOALS:
         raise ConfigError(f"advice.goal must be one of {GOALS}, got {goal!r}")
+    stages = _as_list(advice.get("stages") or advice.get("stage")) or [*STAGES, *([SERVE] if goal == "throughput"
+                                                                                   else [])]
     for s in stages:
-        if s not in STAGES:
-            raise ConfigError(f"advice.stage must be one of {STAGES}, got {s!r}")
+        if s not in (*STAGES, SERVE):
+            raise ConfigError(f"advice.stage must be one of {(*STAGES, SERVE)}, got {s!r}")
+        if s == SERVE and goal != "throughput":
+            raise ConfigError(f"advice.goal {goal!r} with stage {SERVE!r}: serving engines rank by throughput only")
     by_platform = advice.get("gpus") if isinstance(advice.get("gpus"), dict) else None
     gpus = [] if by_platform else [int(g) for g in _as_list(advice.get("gpus"))]
     methods = [techniques.canonical(str(m)) for m in _as_list(advice.get("methods"))]
@@ -103,7 +118,7 @@ def request(advice: dict[str, Any] | None, config_cells: list[tuple[str, str]], 
             for m in models:
                 for s in stages:
                     out.append({"platform": p, "model": m, "stage": s, "gpus": g, "goal": goal,
-                                "methods": methods or paper_methods(s)})
+                                "methods": [] if s == SERVE else methods or paper_methods(s)})
     return out
 
 
@@ -330,9 +345,17 @@ def _method_row(tidy: pd.DataFrame, ask: dict[str, Any], model: ModelSpec, tech:
 
 def advise(tidy: pd.DataFrame, asks: list[dict[str, Any]], platforms: dict[str, Platform],
            root: Path = REPO_ROOT, margin: float | None = None) -> pd.DataFrame:
-    """One row per (ask, method), ranked within each ask (see the module docstring)."""
+    """One row per (ask, method), ranked within each ask (see the module docstring); a serving
+    ask's rows are its engines (serving_rows)."""
     rows = []
+    choice = None
     for ask in asks:
+        if ask["stage"] == SERVE:
+            if choice is None:
+                choice = serving.engine_choice(serving.build(tidy)) if "stage" in tidy else \
+                    pd.DataFrame(columns=serving.CHOICE)
+            rows += serving_rows(choice, ask)
+            continue
         plat = platforms[ask["platform"]].to_dict()
         model = ModelSpec.load(ask["model"], root)
         host = offload_host_gib(tidy, plat, ask["gpus"])
@@ -346,6 +369,27 @@ def advise(tidy: pd.DataFrame, asks: list[dict[str, Any]], platforms: dict[str, 
             group.append(row)
         rows += _rank(group, ask["goal"])
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _given(v) -> bool:
+    """A value that is there (not None, not NaN)."""
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+def serving_rows(choice: pd.DataFrame, ask: dict[str, Any]) -> list[dict]:
+    """An ask's serving rows: the engines of engine_choice (llmbench.report.serving) on its
+    platform, model and GPU count, each measured, in their rank, one group per workload."""
+    mine = choice[(choice["platform"] == ask["platform"]) & (choice["model"] == ask["model"])
+                  & (choice["gpus"] == ask["gpus"])]
+    rows = []
+    for r in mine.to_dict("records"):
+        within = r["within_output_tokens_per_s"]
+        rows.append({**r, "stage": SERVE, "goal": ask["goal"], "basis": "measured", "technique": None,
+                     "tokens_per_s": within, "tokens_per_s_per_gpu": within / ask["gpus"] if within else None,
+                     "evidence": "our records",
+                     "why_not": "" if _given(r["within_point"]) else
+                     f"none of its {r['points']} loads within the targets"})
+    return rows
 
 
 def _speed(r: dict) -> float:
@@ -379,7 +423,7 @@ def build(tidy: pd.DataFrame, advice: dict[str, Any] | None = None, config_cells
     names = set(platform_names or []) | {p for p, _ in config_cells}
     names |= set(_as_list((advice or {}).get("platforms") or (advice or {}).get("platform")))
     if "platform" in tidy:
-        names |= set(tidy.loc[tidy["stage"].isin(STAGES), "platform"])
+        names |= set(tidy.loc[tidy["stage"].isin((*STAGES, SERVE)), "platform"])
     platforms = {}
     for n in names:
         try:
@@ -395,10 +439,34 @@ def _interval(r) -> str:
     return "" if low is None or pd.isna(low) else f"{low:,.0f}-{high:,.0f}"
 
 
+def _serving_parts(p: str, g: int, m: str, grp: pd.DataFrame) -> list[render.Part]:
+    """A serving ask's parts: one per workload, its engines in their rank."""
+    parts = []
+    for (i, o, ttft, tpot), w in grp.groupby(["input_len", "output_len", "ttft_target_s", "tpot_target_s"],
+                                             sort=True):
+        rows = [[str(int(r.rank)), r.engine, r.basis, fmt(r.tokens_per_s, ",.0f"),
+                 r.within_point if _given(r.within_point) else "",
+                 f"{fmt(r.within_p99_ttft_s, '.2f')} / {fmt(r.within_p99_tpot_s, '.3f')}" if _given(r.within_point)
+                 else "",
+                 fmt(r.most_output_tokens_per_s, ",.0f"), r.most_point, fmt(r.most_goodput_share, ".2f"),
+                 f"{int(r.points)} ({int(r.runs)})", r.why_not or r.evidence] for r in w.itertuples()]
+        parts.append(render.Part(
+            frame=pd.DataFrame(rows, columns=["Rank", "Engine", "Basis", "Out tok/s within targets", "Its load",
+                                              "Its TTFT / TPOT p99 s", "Most out tok/s", "Load of the most",
+                                              "Goodput of the most", "Loads (runs)", "Evidence / why not"]),
+            heading=f"{m}, serve, {p} x {g} GPU{'s' if g > 1 else ''} ({fmt(i, '.0f')} in / {fmt(o, '.0f')} out; "
+                    f"goal: the most output tokens/s with {serving.WITHIN_TARGETS:.0%} of requests within TTFT "
+                    f"{fmt(ttft, 'g')} s and TPOT {fmt(tpot, 'g')} s)"))
+    return parts
+
+
 def table(df: pd.DataFrame) -> render.Table:
-    """The advisor's page: one part per (platform, GPUs, model, stage)."""
+    """The advisor's page: one part per (platform, GPUs, model, stage), a serving one per workload."""
     parts = []
     for (p, g, m, s), grp in df.groupby(["platform", "gpus", "model", "stage"], sort=True):
+        if s == SERVE:
+            parts += _serving_parts(p, g, m, grp)
+            continue
         rows = [["" if pd.isna(r.rank) else str(int(r.rank)), r.technique, r.basis,
                  "" if r.fits is None or (not isinstance(r.fits, bool) and pd.isna(r.fits)) else
                  ("yes" if r.fits else "no"), fmt(r.tokens_per_s, ",.0f"), _interval(r), fmt(r.batch_size, ".0f"),
@@ -417,7 +485,11 @@ def table(df: pd.DataFrame) -> render.Table:
             "cover, which the evidence column names). A measurement of ours below the largest batch predicted to fit "
             "gives way to the prediction at that batch where the prediction's low end is faster. Throughput ranks "
             "measured and paper rows by tokens/s and predicted rows by their interval's low end. Sequence length "
-            "350; LoRA rank 64 on every decoder linear (Table IX).")
+            "350; LoRA rank 64 on every decoder linear (Table IX). Serving parts: the engines measured here, "
+            "ranked by the most output tokens/s among their loads (runs pooled by their mean) with at least "
+            f"{serving.WITHIN_TARGETS:.0%} of requests within the TTFT and TPOT targets (MLPerf's server "
+            "scenario), then by the most they served at all; shared-prefix loads left out. Measured only: the "
+            "paper prints no serving numbers and no model predicts serving.")
     if not parts:
         parts = [render.Part(frame=pd.DataFrame(columns=["Rank", "Method"]))]
     parts[-1] = render.Part(frame=parts[-1].frame, heading=parts[-1].heading, note=note)

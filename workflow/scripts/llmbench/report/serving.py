@@ -11,7 +11,7 @@ import json
 
 import pandas as pd
 
-from ..serve import runs
+from ..serve import metrics, runs
 from . import render
 from .render import fmt
 
@@ -28,7 +28,8 @@ COLUMNS = KEY + [
 ]
 #: what makes two serving cells runs of one point (llmbench.serve.runs pools them)
 LOAD_SPEC = ["mode", "num_requests", "input_len", "output_len", "rate_per_s", "max_concurrency", "prefix_len",
-             "ramp_up_s", "warm_engine", "engine_args", "engine_version"]
+             "ramp_up_s", "warm_engine", "engine_args", "engine_version", "goodput_ttft_target_s",
+             "goodput_tpot_target_s"]
 #: engines no longer maintained upstream: kept, labelled
 LEGACY = {"tgi": "TGI: archived upstream in March 2026 (maintenance mode from December 2025); its launch spec and "
                  "HTTP test doubles are kept, no GPU time goes to it."}
@@ -60,6 +61,13 @@ MEASURED_LOADS = ("ok", "timeout")
 #: the load kinds a sweep is made of: mode -> (the column its points vary, what it is, a log axis)
 SWEEPS = {"poisson": ("rate_per_s", "offered requests/s", False),
           "concurrency": ("max_concurrency", "requests in flight", True)}
+#: A serving point is within the latency targets where this share of its requests met both its
+#: TTFT and TPOT targets (MLPerf's server scenario: the 99th percentile within them)
+WITHIN_TARGETS = 0.99
+#: engine_choice's columns
+CHOICE = ["platform", "model", "gpus", "input_len", "output_len", "ttft_target_s", "tpot_target_s", "rank",
+          "engine", "within_output_tokens_per_s", "within_point", "within_p99_ttft_s", "within_p99_tpot_s",
+          "most_output_tokens_per_s", "most_point", "most_goodput_share", "points", "runs"]
 #: A sweep's knee: the lightest load whose output tokens/s reaches this share of the most the
 #: series served, where a heavier load follows it (saturation reached, not the last point)
 KNEE_SHARE = 0.9
@@ -73,8 +81,9 @@ KNEES_LEAD = (f"Sweeps: where each engine saturates. A series is one engine (its
 POINTS_LEAD = ("Points over runs: cells of one platform, model, engine, GPU count and load that differ only in "
                "their run (loads named <name>-1, <name>-2, ..., a fresh engine each, or the same load in several "
                "results folders) pool into mean ± sample std; points that differ in their load (Poisson rates), "
-               "in the engine's launch arguments (its prefix cache on or off) or in its version never pool. "
-               "GPU: the first GPU's mean SM clock and power over each run's measured window, pooled alike.")
+               "in the engine's launch arguments (its prefix cache on or off), in its version or in their goodput "
+               "targets never pool. GPU: the first GPU's mean SM clock and power over each run's measured window, "
+               "pooled alike.")
 
 
 def build(tidy: pd.DataFrame) -> pd.DataFrame:
@@ -90,9 +99,14 @@ def _plain(v):
 
 
 def points(df: pd.DataFrame) -> pd.DataFrame:
-    """The serving cells pooled into points (llmbench.serve.runs.over_runs on the tidy rows)."""
+    """The serving cells pooled into points (llmbench.serve.runs.over_runs on the tidy rows); runs
+    pool only under the same goodput targets (LOAD_SPEC)."""
     if df.empty:
         return pd.DataFrame()
+    # a record older than goodput states no targets: it was served to the same load as one that
+    # states the defaults (its goodput is simply not there)
+    df = df.assign(goodput_ttft_target_s=df["goodput_ttft_target_s"].fillna(metrics.TTFT_TARGET_S),
+                   goodput_tpot_target_s=df["goodput_tpot_target_s"].fillna(metrics.TPOT_TARGET_S))
     frame = df.assign(load_spec=[json.dumps({k: _plain(r[k]) for k in LOAD_SPEC}, sort_keys=True)
                                  for _, r in df.iterrows()])
     return runs.over_runs(frame)
@@ -160,6 +174,58 @@ def knees(df: pd.DataFrame) -> pd.DataFrame:
                            knee_p50_tpot_s=k["p50_tpot_s"])
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _load_label(spec: dict, runs_: int) -> str:
+    """A point's load in words: 'burst of 1000', '64 in flight', 'Poisson 16/s', a warm engine
+    and the runs said."""
+    mode = spec.get("mode")
+    text = (f"{fmt(spec.get('max_concurrency'), '.0f')} in flight" if mode == "concurrency" else
+            f"Poisson {fmt(spec.get('rate_per_s'), 'g')}/s" if mode == "poisson" else
+            f"burst of {fmt(spec.get('num_requests'), '.0f')}" if mode == "burst" else str(mode))
+    extra = [f"{runs_} runs"] if runs_ > 1 else []
+    extra += ["warm engine"] if spec.get("warm_engine") else []
+    return text + (f" ({', '.join(extra)})" if extra else "")
+
+
+def engine_choice(df: pd.DataFrame) -> pd.DataFrame:
+    """Which engine to pick (CHOICE; the advisor's serving parts, llmbench.report.advice): per
+    platform, model, GPU count and workload (input and output lengths, latency targets;
+    shared-prefix loads left out, their cache serves what others compute), each engine (its
+    version) ranked by the most output tokens/s among its points within the targets (a point's
+    mean goodput >= WITHIN_TARGETS), then by the most it served at all. Points pooled over
+    their runs (points); only measured points answer: no model predicts serving."""
+    pooled = points(df)
+    if pooled.empty:
+        return pd.DataFrame(columns=CHOICE)
+    spec = pooled["load_spec"].map(json.loads)
+    for key, col in (("input_len", "input_len"), ("output_len", "output_len"), ("prefix_len", "prefix_len"),
+                     ("goodput_ttft_target_s", "ttft_target_s"), ("goodput_tpot_target_s", "tpot_target_s")):
+        pooled[col] = spec.map(lambda s, key=key: s.get(key))
+    pooled["load"] = [_load_label(s, n) for s, n in zip(spec, pooled["runs"])]
+    pooled = pooled[(pooled["ok"] > 0) & ~pooled["prefix_len"].map(_given)
+                    & pooled["output_tokens_per_s_mean"].notna()]
+    rows = []
+    keys = ["platform", "model", "gpus", "input_len", "output_len", "ttft_target_s", "tpot_target_s"]
+    for key, g in pooled.groupby(keys, dropna=False, sort=True):
+        group = []
+        for (engine, version), e in g.groupby(["engine", "engine_version"], dropna=False, sort=True):
+            within = e[e["goodput_share_mean"] >= WITHIN_TARGETS]
+            most = e.loc[e["output_tokens_per_s_mean"].idxmax()]
+            row = {**dict(zip(keys, key)), "engine": runs.engine_label(engine, version),
+                   "within_output_tokens_per_s": None, "within_point": None, "within_p99_ttft_s": None,
+                   "within_p99_tpot_s": None, "most_output_tokens_per_s": most["output_tokens_per_s_mean"],
+                   "most_point": most["load"], "most_goodput_share": most["goodput_share_mean"],
+                   "points": len(e), "runs": int(e["runs"].sum())}
+            if len(within):
+                best = within.loc[within["output_tokens_per_s_mean"].idxmax()]
+                row.update(within_output_tokens_per_s=best["output_tokens_per_s_mean"], within_point=best["load"],
+                           within_p99_ttft_s=best["p99_ttft_s_mean"], within_p99_tpot_s=best["p99_tpot_s_mean"])
+            group.append(row)
+        group.sort(key=lambda r: (r["within_output_tokens_per_s"] is None, -(r["within_output_tokens_per_s"] or 0),
+                                  -r["most_output_tokens_per_s"], r["engine"]))
+        rows += [{**r, "rank": i} for i, r in enumerate(group, 1)]
+    return pd.DataFrame(rows, columns=CHOICE)
 
 
 def _knees_display(k: pd.DataFrame) -> pd.DataFrame:

@@ -73,14 +73,16 @@ def _point(loads: pd.Series) -> str:
 
 def over_runs(df: pd.DataFrame) -> pd.DataFrame:
     """Pool the runs of each point: n, how many were ok, mean and std of METRICS over the ok
-    runs (std NaN for one run). A run that is not ok counts in n and is left out of the means."""
+    runs (std NaN for one run), its load spec (JSON). A run that is not ok counts in n and is
+    left out of the means."""
     pooled = []
     for _, g in df.groupby(KEY + ["load_spec"], sort=True):
         ok = g[g["status"] == "ok"]
         spec = json.loads(g.iloc[0]["load_spec"])
         warm = " (warm engine)" if spec.get("warm_engine") else ""
         row = {**g.iloc[0][KEY].to_dict(), "engine_version": spec.get("engine_version"),
-               "point": _point(g["load"].sort_values()) + warm, "mode": spec["mode"], "runs": len(g), "ok": len(ok),
+               "point": _point(g["load"].sort_values()) + warm, "load_spec": g.iloc[0]["load_spec"],
+               "mode": spec["mode"], "runs": len(g), "ok": len(ok),
                "rate_per_s": spec.get("rate_per_s"), "max_concurrency": spec.get("max_concurrency")}
         for m in METRICS:
             vals = pd.to_numeric(ok[m], errors="coerce")

@@ -371,11 +371,6 @@ def advise(tidy: pd.DataFrame, asks: list[dict[str, Any]], platforms: dict[str, 
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _given(v) -> bool:
-    """A value that is there (not None, not NaN)."""
-    return v is not None and not (isinstance(v, float) and math.isnan(v))
-
-
 def serving_rows(choice: pd.DataFrame, ask: dict[str, Any]) -> list[dict]:
     """An ask's serving rows: the engines of engine_choice (llmbench.report.serving) on its
     platform, model and GPU count, each measured, in their rank, one group per workload."""
@@ -385,9 +380,9 @@ def serving_rows(choice: pd.DataFrame, ask: dict[str, Any]) -> list[dict]:
     for r in mine.to_dict("records"):
         within = r["within_output_tokens_per_s"]
         rows.append({**r, "stage": SERVE, "goal": ask["goal"], "basis": "measured", "technique": None,
-                     "tokens_per_s": within, "tokens_per_s_per_gpu": within / ask["gpus"] if within else None,
+                     "tokens_per_s": within, "tokens_per_s_per_gpu": within / ask["gpus"] if pd.notna(within) else None,
                      "evidence": "our records",
-                     "why_not": "" if _given(r["within_point"]) else
+                     "why_not": "" if pd.notna(r["within_point"]) else
                      f"none of its {r['points']} loads within the targets"})
     return rows
 
@@ -445,8 +440,8 @@ def _serving_parts(p: str, g: int, m: str, grp: pd.DataFrame) -> list[render.Par
     for (i, o, ttft, tpot), w in grp.groupby(["input_len", "output_len", "ttft_target_s", "tpot_target_s"],
                                              sort=True):
         rows = [[str(int(r.rank)), r.engine, r.basis, fmt(r.tokens_per_s, ",.0f"),
-                 r.within_point if _given(r.within_point) else "",
-                 f"{fmt(r.within_p99_ttft_s, '.2f')} / {fmt(r.within_p99_tpot_s, '.3f')}" if _given(r.within_point)
+                 r.within_point if pd.notna(r.within_point) else "",
+                 f"{fmt(r.within_p99_ttft_s, '.2f')} / {fmt(r.within_p99_tpot_s, '.3f')}" if pd.notna(r.within_point)
                  else "",
                  fmt(r.most_output_tokens_per_s, ",.0f"), r.most_point, fmt(r.most_goodput_share, ".2f"),
                  f"{int(r.points)} ({int(r.runs)})", r.why_not or r.evidence] for r in w.itertuples()]

@@ -396,11 +396,11 @@ def serve_sweep_chart(tables: Tables | None = None) -> alt.VConcatChart | alt.HC
     """Beyond the paper: the sweeps serving users run (vLLM's bench sweep, SGLang's
     bench_serving), per engine: against the offered rate (Poisson arrivals) and against the
     requests kept in flight (a concurrency load), one row each where it ran. How much does
-    it serve as the load grows (saturation, its knee a diamond: the lightest load that reaches
-    serving.KNEE_SHARE of the most the series served, where a heavier one follows), what does that
-    cost in median and p99 end-to-end latency (the throughput-latency curve), and which share of
-    requests still meets the TTFT and TPOT targets (goodput)? One line per engine, platform
-    and model."""
+    it serve as the load grows (saturation, its knee a diamond: llmbench.report.serving's
+    sweep_knees, the serving table's "Sweeps" part), what does that cost in median and p99
+    end-to-end latency (the throughput-latency curve), and which share of requests still meets
+    the TTFT and TPOT targets (goodput)? One line per engine (its version), platform and model
+    (serving.sweep_loads)."""
     df = serving.sweep_loads(_get(tables, "serving", SWEEP))
     if df.empty:
         return _empty(_title("serve-sweep"), "requests/s offered, or requests in flight",

@@ -169,7 +169,8 @@ def test_the_goals_order(goal):
 
 def test_defaults_and_bad_requests():
     df = advice.build(FIXTURE, None, root=REPO)  # every platform and model of the records, 1 GPU (h100 has 1)
-    assert set(df["platform"]) == {"h100"} and set(df["stage"]) == {"pretrain", "finetune"}
+    assert set(df["platform"]) == {"h100"} and set(df["stage"]) == {"pretrain", "finetune", "serve"}
+    assert set(df.loc[df["stage"] == "serve", "basis"]) == {"predicted"}  # nobody served there
     with pytest.raises(ConfigError, match="goal"):
         advice.build(FIXTURE, {"goal": "speed"}, root=REPO)
     with pytest.raises(ConfigError, match="nowhere"):
@@ -203,7 +204,7 @@ def serve_rows(*rows):
     """Serving records of the tidy table: (engine, load, in flight or rate, out tok/s, goodput, prefix)."""
     base = dict(stage="serve", platform="h200", model="llama2-7b", engine_version="1.0", gpus=1, status="ok",
                 num_requests=512, input_len=512, output_len=128, p99_ttft_s=1.0, p99_tpot_s=0.05,
-                goodput_ttft_target_s=2.0, goodput_tpot_target_s=0.2, prefix_len=0)
+                goodput_ttft_target_s=2.0, goodput_tpot_target_s=0.2, prefix_len=0, kv_cache_tokens=64000)
     out = []
     for engine, load, level, tok, good, prefix in rows:
         mode = "poisson" if load.startswith("r") else "concurrency"
@@ -226,16 +227,20 @@ def test_serving_engines_rank_by_what_they_serve_within_the_latency_targets():
         ("sglang", "c256", 256, 5500.0, 0.7, 0), ("sglang", "shared", 128, 9000.0, 1.0, 384),
         ("lightllm", "c64", 64, 1500.0, 0.9, 0), ("lightllm", "r16", 16, 1400.0, 0.98, 0))])
     df = advice.build(tidy, {"platforms": ["h200"], "models": ["llama2-7b"], "stage": "serve", "gpus": 1}, root=REPO)
-    assert list(df["engine"]) == ["sglang (1.0)", "vllm (1.0)", "lightllm (1.0)"] and list(df["rank"]) == [1, 2, 3]
+    assert list(df["engine"]) == ["sglang", "vllm", "lightllm"] and list(df["rank"]) == [1, 2, 3]
     sglang, vllm, lightllm = df.to_dict("records")
     assert (sglang["tokens_per_s"], sglang["within_point"], sglang["most_output_tokens_per_s"]) == (
         4500.0, "64 in flight", 5500.0)
     assert (vllm["tokens_per_s"], vllm["most_output_tokens_per_s"], vllm["most_point"]) == (4000.0, 6000.0,
                                                                                           "256 in flight")
     assert pd.isna(lightllm["tokens_per_s"]) and lightllm["why_not"] == "none of its 2 loads within the targets"
+    # vLLM and SGLang measured, LightLLM has no KV model: no predicted row joins them
+    assert set(df["basis"]) == {"measured"}
     part = advice.table(df).parts[0]
     assert part.heading.startswith("llama2-7b, serve, h200 x 1 GPU (512 in / 128 out;")
     assert part.frame["Out tok/s within targets"].tolist() == ["4,500", "4,000", ""]
+    assert part.frame["KV tokens (requests resident)"].iloc[0] == "64,000 (100)"  # its records' KV over 640 tokens
+    assert part.frame["Engine"].iloc[0] == "sglang (1.0)"
     # by default every stage with records is advised, serving among them; serving ranks by throughput only
     assert "serve" in set(advice.build(tidy, {"platforms": ["h200"], "models": ["llama2-7b"], "gpus": 1},
                                        root=REPO)["stage"])
@@ -243,3 +248,26 @@ def test_serving_engines_rank_by_what_they_serve_within_the_latency_targets():
         advice.build(tidy, {"platforms": ["h200"], "stage": "serve", "goal": "memory"}, root=REPO)
     assert "serve" not in set(advice.build(tidy, {"platforms": ["h200"], "goal": "memory", "gpus": 1},
                                            root=REPO)["stage"])
+
+
+def test_where_nobody_served_the_kv_cache_is_predicted_and_a_70b_model_needs_two_h200s():
+    """No serving record of llama2-70b on the H200: vLLM's and SGLang's rows are the KV-cache
+    model's (llmbench.serve.capacity), unranked (no model predicts serving throughput): on one
+    GPU its weights do not fit the engine's share; on two they do, with the requests of the
+    paper's burst (512 + 128 tokens) the cache holds at once."""
+    one = advice.build(FIXTURE, {"platforms": ["h200"], "models": ["llama2-70b"], "stage": "serve", "gpus": 1},
+                       root=REPO)
+    assert list(one["engine"]) == ["vllm", "sglang"] and set(one["basis"]) == {"predicted"}
+    assert not one["fits"].any() and one["why_not"].str.contains("exceed its share").all()
+    two = advice.build(FIXTURE, {"platforms": ["h200"], "models": ["llama2-70b"], "stage": "serve", "gpus": 2},
+                       root=REPO)
+    assert two["fits"].all() and two["rank"].isna().all() and (two["resident_requests"] > 500).all()
+    assert (two["resident_requests"] == two["kv_cache_tokens"] // 640).all()
+    frame = advice.table(two).parts[0].frame
+    assert frame["Rank"].tolist() == ["", ""] and frame["Basis"].tolist() == ["predicted", "predicted"]
+    # vLLM measured there, SGLang not: SGLang's predicted row follows vLLM's ranked one
+    tidy = pd.concat([FIXTURE, serve_rows(("vllm", "c64", 64, 1400.0, 1.0, 0)).assign(model="llama2-70b", gpus=2)])
+    mixed = advice.build(tidy, {"platforms": ["h200"], "models": ["llama2-70b"], "stage": "serve", "gpus": 2},
+                         root=REPO)
+    assert list(zip(mixed["engine"], mixed["basis"], mixed["rank"].fillna(0))) == [
+        ("vllm", "measured", 1), ("sglang", "predicted", 0)]

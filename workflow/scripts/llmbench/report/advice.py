@@ -40,8 +40,10 @@ Methods that do not fit (measured, or predicted) are listed last, unranked, with
 Serving (stage ``serve``, goal throughput only): the engines measured on a platform, model
 and GPU count, per workload (input and output lengths, latency targets), ranked by the most
 output tokens/s they served with at least 99 % of requests within the TTFT and TPOT targets,
-then by the most they served at all (llmbench.report.serving.engine_choice). Measured only:
-no model predicts serving, so a platform, model or GPU count nobody served on gets no part.
+then by the most they served at all (llmbench.report.serving.engine_choice), each with the KV
+cache its records report. Where nobody served, vLLM's and SGLang's KV cache is predicted
+(llmbench.serve.capacity: whether the model fits, how many requests of the paper's burst stay
+resident), unranked: no model predicts serving throughput.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from ..config import REPO_ROOT, ConfigError
 from ..memory import Workload, fits, host_memory_gib, machine_host_gib, predict, predicted_max_batch
 from ..models import ModelSpec
 from ..platforms import Platform
+from ..serve import capacity, metrics, runs
 from . import catalog, render, serving
 from .render import fmt
 
@@ -65,6 +68,8 @@ GOALS = ("throughput", "memory", "fits")
 STAGES = ("pretrain", "finetune")
 #: The serving stage: engines, not methods, ranked for throughput (module docstring)
 SERVE = "serve"
+#: The paper's burst request (input, output tokens): the workload a predicted serving row holds
+BURST_TOKENS = (512, 128)
 #: Where a row's numbers come from (module docstring), strongest first.
 SOURCES = ("measured", "paper", "predicted")
 #: Sequence length of every advised cell (the paper's, Section III).
@@ -77,9 +82,9 @@ COLUMNS = ["platform", "model", "stage", "gpus", "goal", "rank", "technique", "b
            "measured_batch_size", "predicted_max_batch",
            "memory_gib", "predicted_gib_bs1", "capacity_gib", "evidence", "why_not",
            # a serving row's (llmbench.report.serving.CHOICE; its output tokens/s within the targets in tokens_per_s)
-           "engine", "input_len", "output_len", "ttft_target_s", "tpot_target_s", "within_point",
+           "engine", "engine_version", "input_len", "output_len", "ttft_target_s", "tpot_target_s", "within_point",
            "within_p99_ttft_s", "within_p99_tpot_s", "most_output_tokens_per_s", "most_point", "most_goodput_share",
-           "points", "runs"]
+           "points", "runs", "kv_cache_tokens", "resident_requests"]
 
 
 def _as_list(value) -> list:
@@ -354,7 +359,7 @@ def advise(tidy: pd.DataFrame, asks: list[dict[str, Any]], platforms: dict[str, 
             if choice is None:
                 choice = serving.engine_choice(serving.build(tidy)) if "stage" in tidy else \
                     pd.DataFrame(columns=serving.CHOICE)
-            rows += serving_rows(choice, ask)
+            rows += serving_rows(choice, ask, platforms[ask["platform"]], ModelSpec.load(ask["model"], root))
             continue
         plat = platforms[ask["platform"]].to_dict()
         model = ModelSpec.load(ask["model"], root)
@@ -371,19 +376,37 @@ def advise(tidy: pd.DataFrame, asks: list[dict[str, Any]], platforms: dict[str, 
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def serving_rows(choice: pd.DataFrame, ask: dict[str, Any]) -> list[dict]:
-    """An ask's serving rows: the engines of engine_choice (llmbench.report.serving) on its
-    platform, model and GPU count, each measured, in their rank, one group per workload."""
+def serving_rows(choice: pd.DataFrame, ask: dict[str, Any], platform: Platform, model: ModelSpec) -> list[dict]:
+    """An ask's serving rows: the engines of engine_choice (llmbench.report.serving) measured on
+    its platform, model and GPU count, in their rank, one group per workload, each with the KV
+    cache its records report and the requests of the workload's length it holds at once; then
+    vLLM's and SGLang's predicted KV cache for the paper's burst where that engine was not
+    measured (llmbench.serve.capacity), unranked: no model predicts serving throughput."""
     mine = choice[(choice["platform"] == ask["platform"]) & (choice["model"] == ask["model"])
                   & (choice["gpus"] == ask["gpus"])]
+    base = {"platform": ask["platform"], "model": ask["model"], "gpus": ask["gpus"], "stage": SERVE,
+            "goal": ask["goal"], "technique": None}
     rows = []
     for r in mine.to_dict("records"):
-        within = r["within_output_tokens_per_s"]
-        rows.append({**r, "stage": SERVE, "goal": ask["goal"], "basis": "measured", "technique": None,
-                     "tokens_per_s": within, "tokens_per_s_per_gpu": within / ask["gpus"] if pd.notna(within) else None,
+        within, kv = r["within_output_tokens_per_s"], r["kv_cache_tokens"]
+        rows.append({**r, **base, "basis": "measured", "tokens_per_s": within,
+                     "tokens_per_s_per_gpu": within / ask["gpus"] if pd.notna(within) else None,
+                     "resident_requests": int(kv // (r["input_len"] + r["output_len"])) if pd.notna(kv) else None,
                      "evidence": "our records",
                      "why_not": "" if pd.notna(r["within_point"]) else
-                     f"none of its {r['points']} loads within the targets"})
+                     f"none of its {r['points']} load{'s' if r['points'] != 1 else ''} within the targets"})
+    if platform.gpu_memory_gib is None or platform.accelerator != "cuda":
+        return rows
+    i, o = BURST_TOKENS
+    served = set(mine["engine"])
+    for engine in (e for e in capacity.SHARE if e not in served):
+        c = capacity.predict(engine, model, platform.gpu_memory_gib, ask["gpus"])
+        rows.append({**base, "engine": engine, "basis": "predicted", "fits": c.fits, "input_len": i,
+                     "output_len": o, "ttft_target_s": metrics.TTFT_TARGET_S, "tpot_target_s": metrics.TPOT_TARGET_S,
+                     "kv_cache_tokens": c.kv_tokens if c.fits else None,
+                     "resident_requests": c.resident(i + o) if c.fits else None,
+                     "evidence": "predicted KV cache (llmbench.serve.capacity); no model predicts its throughput",
+                     "why_not": c.why_not()})
     return rows
 
 
@@ -439,16 +462,22 @@ def _serving_parts(p: str, g: int, m: str, grp: pd.DataFrame) -> list[render.Par
     parts = []
     for (i, o, ttft, tpot), w in grp.groupby(["input_len", "output_len", "ttft_target_s", "tpot_target_s"],
                                              sort=True):
-        rows = [[str(int(r.rank)), r.engine, r.basis, fmt(r.tokens_per_s, ",.0f"),
+        rows = [["" if pd.isna(r.rank) else str(int(r.rank)), runs.engine_label(r.engine, r.engine_version), r.basis,
+                 fmt(r.tokens_per_s, ",.0f"),
                  r.within_point if pd.notna(r.within_point) else "",
                  f"{fmt(r.within_p99_ttft_s, '.2f')} / {fmt(r.within_p99_tpot_s, '.3f')}" if pd.notna(r.within_point)
                  else "",
-                 fmt(r.most_output_tokens_per_s, ",.0f"), r.most_point, fmt(r.most_goodput_share, ".2f"),
-                 f"{int(r.points)} ({int(r.runs)})", r.why_not or r.evidence] for r in w.itertuples()]
+                 fmt(r.most_output_tokens_per_s, ",.0f"), r.most_point if pd.notna(r.most_point) else "",
+                 fmt(r.most_goodput_share, ".2f"),
+                 "" if pd.isna(r.kv_cache_tokens) else
+                 f"{fmt(r.kv_cache_tokens, ',.0f')} ({fmt(r.resident_requests, ',.0f')})",
+                 "" if pd.isna(r.points) else f"{int(r.points)} ({int(r.runs)})", r.why_not or r.evidence]
+                for r in w.itertuples()]
         parts.append(render.Part(
             frame=pd.DataFrame(rows, columns=["Rank", "Engine", "Basis", "Out tok/s within targets", "Its load",
                                               "Its TTFT / TPOT p99 s", "Most out tok/s", "Load of the most",
-                                              "Goodput of the most", "Loads (runs)", "Evidence / why not"]),
+                                              "Goodput of the most", "KV tokens (requests resident)",
+                                              "Loads (runs)", "Evidence / why not"]),
             heading=f"{m}, serve, {p} x {g} GPU{'s' if g > 1 else ''} ({fmt(i, '.0f')} in / {fmt(o, '.0f')} out; "
                     f"goal: the most output tokens/s with {serving.WITHIN_TARGETS:.0%} of requests within TTFT "
                     f"{fmt(ttft, 'g')} s and TPOT {fmt(tpot, 'g')} s)"))
@@ -483,8 +512,12 @@ def table(df: pd.DataFrame) -> render.Table:
             "350; LoRA rank 64 on every decoder linear (Table IX). Serving parts: the engines measured here, "
             "ranked by the most output tokens/s among their loads (runs pooled by their mean) with at least "
             f"{serving.WITHIN_TARGETS:.0%} of requests within the TTFT and TPOT targets (MLPerf's server "
-            "scenario), then by the most they served at all; shared-prefix loads left out. Measured only: the "
-            "paper prints no serving numbers and no model predicts serving.")
+            "scenario), then by the most they served at all; shared-prefix loads left out; KV tokens: the cache "
+            "the engine reserved (its records) and the requests of the workload's length it holds at once. Where "
+            "nobody served: vLLM's and SGLang's KV cache predicted for the paper's burst (llmbench.serve.capacity: "
+            "the GPU's share less the sharded bf16 weights and the engine's own overhead, within 1 % of every "
+            "committed engine report), or why the model does not fit; unranked, as no model predicts serving "
+            "throughput and the paper prints no serving numbers.")
     if not parts:
         parts = [render.Part(frame=pd.DataFrame(columns=["Rank", "Method"]))]
     parts[-1] = render.Part(frame=parts[-1].frame, heading=parts[-1].heading, note=note)

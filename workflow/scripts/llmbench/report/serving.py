@@ -66,8 +66,8 @@ SWEEPS = {"poisson": ("rate_per_s", "offered requests/s", False),
 WITHIN_TARGETS = 0.99
 #: engine_choice's columns
 CHOICE = ["platform", "model", "gpus", "input_len", "output_len", "ttft_target_s", "tpot_target_s", "rank",
-          "engine", "within_output_tokens_per_s", "within_point", "within_p99_ttft_s", "within_p99_tpot_s",
-          "most_output_tokens_per_s", "most_point", "most_goodput_share", "points", "runs"]
+          "engine", "engine_version", "within_output_tokens_per_s", "within_point", "within_p99_ttft_s", "within_p99_tpot_s",
+          "most_output_tokens_per_s", "most_point", "most_goodput_share", "points", "runs", "kv_cache_tokens"]
 #: A sweep's knee: the lightest load whose output tokens/s reaches this share of the most the
 #: series served, where a heavier load follows it (saturation reached, not the last point)
 KNEE_SHARE = 0.9
@@ -198,6 +198,8 @@ def engine_choice(df: pd.DataFrame) -> pd.DataFrame:
     pooled = points(df)
     if pooled.empty:
         return pd.DataFrame(columns=CHOICE)
+    # the KV cache an engine reserved there, as its records say (the largest where starts differed)
+    kv = df.groupby(["platform", "model", "gpus", "engine", "engine_version"], dropna=False)["kv_cache_tokens"].max()
     spec = pooled["load_spec"].map(json.loads)
     for key, col in (("input_len", "input_len"), ("output_len", "output_len"), ("prefix_len", "prefix_len"),
                      ("goodput_ttft_target_s", "ttft_target_s"), ("goodput_tpot_target_s", "tpot_target_s")):
@@ -212,18 +214,19 @@ def engine_choice(df: pd.DataFrame) -> pd.DataFrame:
         for (engine, version), e in g.groupby(["engine", "engine_version"], dropna=False, sort=True):
             within = e[e["goodput_share_mean"] >= WITHIN_TARGETS]
             most = e.loc[e["output_tokens_per_s_mean"].idxmax()]
-            row = {**dict(zip(keys, key)), "engine": runs.engine_label(engine, version),
+            row = {**dict(zip(keys, key)), "engine": engine, "engine_version": version,
                    "within_output_tokens_per_s": None, "within_point": None, "within_p99_ttft_s": None,
                    "within_p99_tpot_s": None, "most_output_tokens_per_s": most["output_tokens_per_s_mean"],
                    "most_point": most["load"], "most_goodput_share": most["goodput_share_mean"],
-                   "points": len(e), "runs": int(e["runs"].sum())}
+                   "points": len(e), "runs": int(e["runs"].sum()),
+                   "kv_cache_tokens": kv.get((key[0], key[1], key[2], engine, version))}
             if len(within):
                 best = within.loc[within["output_tokens_per_s_mean"].idxmax()]
                 row.update(within_output_tokens_per_s=best["output_tokens_per_s_mean"], within_point=best["load"],
                            within_p99_ttft_s=best["p99_ttft_s_mean"], within_p99_tpot_s=best["p99_tpot_s_mean"])
             group.append(row)
         group.sort(key=lambda r: (r["within_output_tokens_per_s"] is None, -(r["within_output_tokens_per_s"] or 0),
-                                  -r["most_output_tokens_per_s"], r["engine"]))
+                                  -r["most_output_tokens_per_s"], r["engine"], str(r["engine_version"])))
         rows += [{**r, "rank": i} for i, r in enumerate(group, 1)]
     return pd.DataFrame(rows, columns=CHOICE)
 

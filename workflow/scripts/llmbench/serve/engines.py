@@ -171,12 +171,16 @@ def _parse(argv: list[str], *flags: tuple[str, dict[str, Any]]) -> argparse.Name
     return parser.parse_known_args(argv)[0]
 
 
+#: vLLM's default share of GPU memory for weights, activations and KV cache (--gpu-memory-utilization)
+VLLM_GPU_MEMORY_UTILIZATION = 0.9
+
+
 def _vllm_settings(argv: list[str], env: dict[str, str], accelerator: str) -> dict[str, Any]:
     # vLLM 0.26 (vllm/engine/arg_utils.py, config/scheduler.py, config/cache.py): chunked
     # prefill and prefix caching on by default (V1), gpu_memory_utilization 0.9; max_num_batched_tokens and
     # the KV cache are sized at start-up when not given (observe reads the latter back)
     a = _parse(argv, ("--max-num-seqs", {"type": int}), ("--max-num-batched-tokens", {"type": int}),
-               ("--gpu-memory-utilization", {"type": float, "default": 0.9}),
+               ("--gpu-memory-utilization", {"type": float, "default": VLLM_GPU_MEMORY_UTILIZATION}),
                ("--enforce-eager", {"action": "store_true"}),
                ("--enable-chunked-prefill", {"action": argparse.BooleanOptionalAction, "default": True}),
                ("--enable-prefix-caching", {"action": argparse.BooleanOptionalAction, "default": True}),

@@ -41,7 +41,7 @@ Serving (stage ``serve``, goal throughput only): the engines measured on a platf
 and GPU count, per workload (input and output lengths, latency targets), ranked by the most
 output tokens/s they served with at least 99 % of requests within the TTFT and TPOT targets,
 then by the most they served at all (llmbench.report.serving.engine_choice), each with the KV
-cache its records report. Where nobody served, vLLM's and SGLang's KV cache is predicted
+cache its records report. Where vLLM or SGLang was not measured, its KV cache is predicted
 (llmbench.serve.capacity: whether the model fits, how many requests of the paper's burst stay
 resident), unranked: no model predicts serving throughput.
 """
@@ -514,7 +514,7 @@ def table(df: pd.DataFrame) -> render.Table:
             f"{serving.WITHIN_TARGETS:.0%} of requests within the TTFT and TPOT targets (MLPerf's server "
             "scenario), then by the most they served at all; shared-prefix loads left out; KV tokens: the cache "
             "the engine reserved (its records) and the requests of the workload's length it holds at once. Where "
-            "nobody served: vLLM's and SGLang's KV cache predicted for the paper's burst (llmbench.serve.capacity: "
+            "vLLM or SGLang was not measured: its KV cache predicted for the paper's burst (llmbench.serve.capacity: "
             "the GPU's share less the sharded bf16 weights and the engine's own overhead, within 1 % of every "
             "committed engine report), or why the model does not fit; unranked, as no model predicts serving "
             "throughput and the paper prints no serving numbers.")

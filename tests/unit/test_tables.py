@@ -647,7 +647,7 @@ def test_each_sweep_series_gets_its_knee_and_its_most_in_the_serving_table():
 
     base = dict(stage="serve", platform="h200", model="llama2-7b", engine="vllm", engine_version="0.26.0", gpus=1,
                 status="ok", num_requests=256, input_len=512, output_len=128, mode="concurrency", rate_per_s=None,
-                p50_ttft_s=0.1, p50_tpot_s=0.01, goodput_share=1.0)
+                p50_ttft_s=0.1, p50_tpot_s=0.01, goodput_share=1.0, kv_cache_tokens=230000)
     # vLLM twice (two results folders), saturating at 64 in flight: 5,000 at 256 is the most,
     # 4,600 (>= 0.9 x 5,000) at 64 the lightest load near it; alone, run 2's 64 (4,000) would not be
     tok = {1: (200.0, 200.0), 16: (2000.0, 2000.0), 64: (5200.0, 4000.0), 256: (5000.0, 5000.0)}
@@ -668,3 +668,5 @@ def test_each_sweep_series_gets_its_knee_and_its_most_in_the_serving_table():
     part = serving.table(serving.build(pd.DataFrame(cells))).parts[-1]
     assert part.heading == "Sweeps" and part.frame.set_index("engine").loc["lightllm (0.0.1)", "knee"] == "none"
     assert part.frame.set_index("engine").loc["vllm (0.26.0)", "most out tok/s at"] == "5,000.0 at 256"
+    # 230,000 KV tokens over 640-token requests: 359 resident, so 512 in flight would queue
+    assert part.frame.set_index("engine").loc["vllm (0.26.0)", "requests the KV cache holds"] == "359"

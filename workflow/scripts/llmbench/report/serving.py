@@ -76,8 +76,10 @@ KNEES_LEAD = (f"Sweeps: where each engine saturates. A series is one engine (its
               f"the runs of one load pool by their mean. Knee: the lightest load whose output tokens/s reaches "
               f"{KNEE_SHARE:.0%} of the most the series served, where a heavier load follows it (none: still "
               f"growing at its heaviest load, or under three loads); its goodput and median TTFT and TPOT beside "
-              f"it; most: the series' highest output tokens/s and the load that served it. The sweep figure marks "
-              f"the same knees.")
+              f"it; most: the series' highest output tokens/s and the load that served it; requests the KV cache "
+              f"holds: the engine's KV tokens (its report, or its launch) over a request's input and output "
+              f"tokens, beyond which requests in flight wait for cache blocks. The sweep figure marks the same "
+              f"knees.")
 POINTS_LEAD = ("Points over runs: cells of one platform, model, engine, GPU count and load that differ only in "
                "their run (loads named <name>-1, <name>-2, ..., a fresh engine each, or the same load in several "
                "results folders) pool into mean ± sample std; points that differ in their load (Poisson rates), "
@@ -151,8 +153,8 @@ def sweep_knees(df: pd.DataFrame, col: str) -> pd.DataFrame:
 
 
 def knees(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per sweep series (sweep_loads) and kind of load: its loads, its knee (sweep_knees)
-    and the most it served."""
+    """One row per sweep series (sweep_loads) and kind of load: its loads, its knee (sweep_knees),
+    the most it served and how many of its requests its engine's KV cache holds at once."""
     loads = sweep_loads(df)
     rows = []
     for mode, (col, what, _) in SWEEPS.items():
@@ -161,12 +163,16 @@ def knees(df: pd.DataFrame) -> pd.DataFrame:
         for series, g in one.dropna(subset=[col, "output_tokens_per_s"]).groupby("series", sort=True):
             means = g.groupby(col)["output_tokens_per_s"].mean()
             first = g.iloc[0]
+            # requests of the series' length its engine's KV cache holds at once (the smallest
+            # cache where starts differed): beyond them, requests in flight wait for blocks
+            resident = (g["kv_cache_tokens"] // (g["input_len"] + g["output_len"])).min()
             row = {"series": series, "platform": first["platform"], "model": first["model"],
                    "engine": runs.engine_label(first["engine"], first["engine_version"]), "gpus": first["gpus"],
                    "sweep": what + _prefix_label(first["prefix_len"], first["prefix_caching"]),
                    "loads": len(means), "runs": len(g), "knee": None, "knee_output_tokens_per_s": None,
                    "knee_goodput_share": None, "knee_p50_ttft_s": None, "knee_p50_tpot_s": None,
-                   "most_output_tokens_per_s": means.max(), "most_at": means.idxmax()}
+                   "most_output_tokens_per_s": means.max(), "most_at": means.idxmax(),
+                   "resident_requests": resident}
             if series in knee.index:
                 k = knee.loc[series]
                 row.update(knee=k[col], knee_output_tokens_per_s=k["output_tokens_per_s"],
@@ -236,10 +242,11 @@ def _knees_display(k: pd.DataFrame) -> pd.DataFrame:
              "none" if pd.isna(r.knee) else fmt(r.knee, "g"), fmt(r.knee_output_tokens_per_s, ",.1f"),
              fmt(r.knee_goodput_share, ".3f"),
              "" if pd.isna(r.knee) else f"{fmt(r.knee_p50_ttft_s, '.3f')} / {fmt(r.knee_p50_tpot_s, '.4f')}",
-             f"{fmt(r.most_output_tokens_per_s, ',.1f')} at {fmt(r.most_at, 'g')}"] for r in k.itertuples()]
+             f"{fmt(r.most_output_tokens_per_s, ',.1f')} at {fmt(r.most_at, 'g')}",
+             fmt(r.resident_requests, ",.0f")] for r in k.itertuples()]
     return pd.DataFrame(rows, columns=["platform", "model", "engine", "GPUs", "sweep", "loads (runs)", "knee",
                                        "out tok/s at knee", "goodput at knee", "TTFT / TPOT p50 s at knee",
-                                       "most out tok/s at"])
+                                       "most out tok/s at", "requests the KV cache holds"])
 
 
 def _settings(r) -> str:

@@ -391,7 +391,8 @@ def serving_rows(choice: pd.DataFrame, ask: dict[str, Any], platform: Platform, 
         within, kv = r["within_output_tokens_per_s"], r["kv_cache_tokens"]
         rows.append({**r, **base, "basis": "measured", "tokens_per_s": within,
                      "tokens_per_s_per_gpu": within / ask["gpus"] if pd.notna(within) else None,
-                     "resident_requests": int(kv // (r["input_len"] + r["output_len"])) if pd.notna(kv) else None,
+                     "resident_requests": int(capacity.resident(kv, r["input_len"] + r["output_len"]))
+                     if pd.notna(kv) else None,
                      "evidence": "our records",
                      "why_not": "" if pd.notna(r["within_point"]) else
                      f"none of its {r['points']} load{'s' if r['points'] != 1 else ''} within the targets"})

@@ -11,7 +11,7 @@ import json
 
 import pandas as pd
 
-from ..serve import metrics, runs
+from ..serve import capacity, metrics, runs
 from . import render
 from .render import fmt
 
@@ -140,16 +140,16 @@ def sweep_knees(df: pd.DataFrame, col: str) -> pd.DataFrame:
     the runs of one load pooled by their mean first: series, ``col``, output_tokens_per_s,
     goodput_share, p50_ttft_s, p50_tpot_s. None for a series of fewer than three loads or one
     still growing at its heaviest."""
-    metrics = ["output_tokens_per_s", "goodput_share", "p50_ttft_s", "p50_tpot_s"]
+    values = ["output_tokens_per_s", "goodput_share", "p50_ttft_s", "p50_tpot_s"]
     out = []
     for series, g in df.dropna(subset=[col, "output_tokens_per_s"]).groupby("series"):
-        g = g.reindex(columns=[col, *metrics]).astype(float).groupby(col, as_index=False).mean().sort_values(col)
+        g = g.reindex(columns=[col, *values]).astype(float).groupby(col, as_index=False).mean().sort_values(col)
         if len(g) < 3:
             continue
         at = g[g["output_tokens_per_s"] >= KNEE_SHARE * g["output_tokens_per_s"].max()].iloc[0]
         if at[col] < g[col].max():
             out.append({"series": series, **at.to_dict()})
-    return pd.DataFrame(out, columns=["series", col, *metrics])
+    return pd.DataFrame(out, columns=["series", col, *values])
 
 
 def knees(df: pd.DataFrame) -> pd.DataFrame:
@@ -165,7 +165,7 @@ def knees(df: pd.DataFrame) -> pd.DataFrame:
             first = g.iloc[0]
             # requests of the series' length its engine's KV cache holds at once (the smallest
             # cache where starts differed): beyond them, requests in flight wait for blocks
-            resident = (g["kv_cache_tokens"] // (g["input_len"] + g["output_len"])).min()
+            resident = capacity.resident(g["kv_cache_tokens"], g["input_len"] + g["output_len"]).min()
             row = {"series": series, "platform": first["platform"], "model": first["model"],
                    "engine": runs.engine_label(first["engine"], first["engine_version"]), "gpus": first["gpus"],
                    "sweep": what + _prefix_label(first["prefix_len"], first["prefix_caching"]),
@@ -200,7 +200,7 @@ def engine_choice(df: pd.DataFrame) -> pd.DataFrame:
     shared-prefix loads left out, their cache serves what others compute), each engine (its
     version) ranked by the most output tokens/s among its points within the targets (a point's
     mean goodput >= WITHIN_TARGETS), then by the most it served at all. Points pooled over
-    their runs (points); only measured points answer: no model predicts serving."""
+    their runs (points); only measured points answer: no model predicts serving throughput."""
     pooled = points(df)
     if pooled.empty:
         return pd.DataFrame(columns=CHOICE)

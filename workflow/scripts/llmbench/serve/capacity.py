@@ -64,12 +64,18 @@ class Capacity:
 
     def resident(self, tokens_per_request: int) -> int:
         """How many requests of that many tokens (input + output) the cache holds at once."""
-        return self.kv_tokens // tokens_per_request
+        return resident(self.kv_tokens, tokens_per_request)
 
     def why_not(self) -> str:
         return "" if self.fits else (
             f"weights {self.weights_gib:.1f} GiB a GPU (tensor parallel {self.gpus}) and the engine's "
             f"{OVERHEAD_GIB[self.engine]} GiB exceed its share of the GPU by {-self.budget_gib:.1f} GiB")
+
+
+def resident(kv_tokens, tokens_per_request):
+    """How many requests of ``tokens_per_request`` tokens (input + output) a KV cache of
+    ``kv_tokens`` holds at once (numbers, or pandas Series of them)."""
+    return kv_tokens // tokens_per_request
 
 
 def kv_bytes_per_token(model: ModelSpec, gpus: int) -> int:

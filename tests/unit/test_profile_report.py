@@ -84,6 +84,26 @@ def test_a_profile_block_names_its_kind_with_profile_and_backend_still_works():
         grid.expand({"protocol": {}, "profile": [{**block, "techniques": ["R"], "profile": "inference"}]})
 
 
+def test_a_profile_record_of_several_repeats_keeps_each_repeats_phases_and_rows():
+    """The samples are the mean rows; summary.repeats holds each repeat's own phase times and
+    rows (the spread a finding's interval needs); one repeat keeps none."""
+    g = grid.expand({"protocol": {"repeats": 2}, "profile": [
+        {"platforms": ["cpu"], "models": ["llama2-7b"], "techniques": ["Naive"], "batch_sizes": [2]}]})
+    spec = g.spec(g.cells[0])
+    slow, fast = worker_result(False, scale=1.2), worker_result(False, scale=0.8)
+    rec = build_record(spec, [Outcome(status="ok", result=slow), Outcome(status="ok", result=fast)], "t0", ["x"])
+    reps = rec.summary["repeats"]
+    assert [r["phases"]["optimizer_wall_s"] for r in reps] == pytest.approx([0.06, 0.04])
+    assert rec.summary["optimizer_wall_s"] == pytest.approx(0.05)
+    mlp = [dict(zip(zip(r["rows"]["phase"], r["rows"]["module"]), r["rows"]["time_s"]))[("forward", "mlp")]
+           for r in reps]
+    assert mlp == pytest.approx([0.06, 0.04])
+    assert dict(zip(zip(rec.samples["phase"], rec.samples["module"]), rec.samples["time_s"]))[("forward", "mlp")] \
+        == pytest.approx(0.05)
+    one = build_record(spec, [Outcome(status="ok", result=slow)], "t0", ["x"])
+    assert "repeats" not in one.summary
+
+
 def test_profile_tables_beside_the_paper(tmp_path):
     paths = [write(tmp_path, "Naive", 2, worker_result(False))[0], write(tmp_path, "F", 2, worker_result(True))[0]]
     _, rec = write(tmp_path, "R", 32, worker_result(False, scale=10))

@@ -1,5 +1,8 @@
 """A profile cell's repeats -> its Record: the module-wise rows (mean over repeats) as
-samples, the phase times as summary, throughput without the profiler as metrics."""
+samples, the phase times as summary, throughput without the profiler as metrics; with
+several repeats, each repeat's phase times and rows too (summary ``repeats``), so that a
+finding on a profiled cell has the spread of its repeats and pairs them round by round in a
+set (llmbench.report.findings derives each repeat's metrics as it derives the mean's)."""
 
 from __future__ import annotations
 
@@ -34,6 +37,17 @@ def mean_rows(results: list[dict]) -> dict[str, list]:
     return cols
 
 
+def phase_summary(phases: dict[str, dict]) -> dict[str, float]:
+    """A worker's phase times as summary keys: ``<phase>_<key>`` (forward_wall_s, ...)."""
+    return {f"{phase}_{k}": v for phase, keys in phases.items() for k, v in (keys or {}).items()}
+
+
+def repeats_summary(results: list[dict]) -> list[dict]:
+    """Each repeat's phase times (phase_summary) and module rows (mean_rows' columns): the
+    summary's ``repeats`` of a cell of several repeats."""
+    return [{"phases": phase_summary(r["phases"]), "rows": mean_rows([r])} for r in results]
+
+
 def build_record(spec: RunSpec | dict, outcomes: list[Outcome], started: str, command: list[str]) -> Record:
     """Aggregate a profile cell's repeat outcomes into its Record (``spec``: its run spec,
     llmbench.spec.RunSpec, or its JSON form)."""
@@ -61,6 +75,8 @@ def build_record(spec: RunSpec | dict, outcomes: list[Outcome], started: str, co
     for phase in results[-1]["phases"]:  # forward, backward, optimizer; or prefill, decode
         for k in (results[-1]["phases"].get(phase) or {}):
             summary[f"{phase}_{k}"] = fmean((r["phases"].get(phase) or {}).get(k) or 0.0 for r in results)
+    if len(results) > 1:
+        summary["repeats"] = repeats_summary(results)
     metrics = Metrics(tokens_per_s_mean=tps.mean, tokens_per_s_std=tps.std, tokens_per_s_runs=tps.values,
                       step_time_s_mean=step.mean, step_time_s_runs=step.values,
                       attention=results[-1].get("attention"), compute_dtype=results[-1].get("compute_dtype"),

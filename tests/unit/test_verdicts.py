@@ -357,6 +357,41 @@ def test_a_profiled_pair_of_several_repeats_has_the_interval_of_its_rounds(tmp_p
     assert "one measurement, no spread measured" in r.method
 
 
+def test_a_profiled_pair_pairs_each_repeats_module_shares_and_phase_times(tmp_path):
+    """Two torch-profiled cells of one set, three repeats each: every repeat's phase times and
+    module rows (the record's summary repeats, the tidy table's profile_repeats) give that
+    repeat's optimizer time and MLP share, derived as the means are, so the ratio pairs round
+    by round; a machine that slowed in round 2 slows both sides."""
+    def repeat(opt, mlp):
+        rows = {"phase": ["forward", "forward", "forward", "optimizer"], "module": ["mlp", "qkv", "other", "other"],
+                "time_s": [mlp, 0.02, 0.03, opt], "share": [None] * 4, "gemm_time_s": [0.0] * 4,
+                "recompute_s": [0.0] * 4}
+        fwd = mlp + 0.05
+        return {"phases": {"forward_wall_s": fwd, "backward_wall_s": 2 * fwd, "optimizer_wall_s": opt}, "rows": rows}
+
+    def prof(tech, reps, with_repeats=True):
+        r = row(tech, [1000] * len(reps), paired_set="s1", stage="profile")
+        r.update(backend="torch", record_path=r["record_path"].replace("deepspeed", "torch"),
+                 forward_wall_s=sum(x["phases"]["forward_wall_s"] for x in reps) / len(reps),
+                 backward_wall_s=sum(x["phases"]["backward_wall_s"] for x in reps) / len(reps),
+                 optimizer_wall_s=sum(x["phases"]["optimizer_wall_s"] for x in reps) / len(reps),
+                 profile_repeats=json.dumps(reps) if with_repeats else None)
+        return r
+    a = [repeat(0.050, 0.05), repeat(0.060, 0.06), repeat(0.051, 0.05)]
+    b = [repeat(0.049, 0.05), repeat(0.059, 0.06), repeat(0.050, 0.05)]
+    e = entry([{"metric": "optimizer_s", "relation": "ratio", "a": {"technique": "R"}, "b": {"technique": "Naive"},
+                "expect": {"about": 1.0}}], stage="profile", where={"backend": "torch"}, tolerance=0.05)
+    r = judge(tmp_path, [prof("R", a), prof("Naive", b)], e).iloc[0]
+    assert r.pairing == "set" and r.method.startswith("paired rounds (3)") and r.verdict == "holds"
+    r = judge(tmp_path, [prof("R", a, False), prof("Naive", b, False)], e).iloc[0]
+    assert "one measurement, no spread measured" in r.method
+    frame = pd.DataFrame([prof("R", a)]).reindex(columns=list(dict.fromkeys([*tidy.ALL_COLUMNS, "profile_repeats"])))
+    runs = json.loads(findings.facts(frame).iloc[0]["kernel_runs"])
+    assert runs["optimizer_s"] == pytest.approx([0.050, 0.060, 0.051])
+    assert runs["mlp_forward_share"] == pytest.approx([0.05 / 0.10, 0.06 / 0.11, 0.05 / 0.10])
+    assert "tokens_per_s_per_gpu" not in runs and "peak_mem_gb" not in runs  # the record's, not a repeat's
+
+
 def test_a_serving_set_pairs_its_bursts_round_by_round(tmp_path):
     """vLLM and LightLLM alternating burst after burst in one set: each round's ratio, so a
     machine that slowed in round 2 slows both."""

@@ -29,13 +29,14 @@ machines (a host-bound batch-1 cell by 10-20 % between two lent machines of one 
   (``MIN_SPREAD_DF``) or it is in neither class (batch 2-7, serving).
 - A throughput measured once (one repeat) has no spread of its own: it takes the pooled
   repeat-to-repeat CV of every cell with several repeats (``pooled_cv``), said so in the
-  method. A profiled cell of several repeats keeps each repeat's kernel breakdown (its
-  record's ``summary.kernel_runs``: communication and copy seconds and shares), so its
-  values have their repeats' spread and pair round by round in a set. Other metrics measured
-  once (a microbenchmark's best point, a profile's shares from one repeat, or from a record
-  made before the breakdown was kept per repeat) have none to borrow: they are taken as
-  measured ("one measurement, no spread measured"), and a reader weighs a value near its
-  bound accordingly.
+  method. A profiled cell of several repeats keeps each repeat's breakdown (its record's
+  ``summary.kernel_runs``: communication and copy seconds and shares; ``summary.repeats``:
+  phase times and module rows, whose metrics llmbench.report.findings derives per repeat
+  into the same ``kernel_runs``), so its values have their repeats' spread and pair round by
+  round in a set. Other metrics measured once (a microbenchmark's best point, a profile's
+  shares from one repeat, or from a record made before the breakdown was kept per repeat)
+  have none to borrow: they are taken as measured ("one measurement, no spread measured"),
+  and a reader weighs a value near its bound accordingly.
 - Memory (allocated peak) is deterministic for a given stack: exact, no interval; a bound
   of 1 on a ratio is then strict (``findings``: "more" is not "equal").
 - An out-of-memory cell bounds its peak from below (``OOM_SHARE`` of its GPU's memory), so
@@ -197,7 +198,7 @@ def repeat_values(row: pd.Series, metric: str) -> list[float]:
     if metric in ("tokens_per_s_per_gpu", "mfu") and isinstance(runs, str) and runs and mean:
         vals = [float(x) for x in runs.split(";") if x]
         return [float(value) * v / float(mean) for v in vals if v > 0]
-    kernel = row.get("kernel_runs")  # a profiled cell's kernel breakdown per repeat (llmbench.aggregate)
+    kernel = row.get("kernel_runs")  # a profiled cell's breakdown per repeat (module docstring)
     if isinstance(kernel, str) and kernel and len(per := json.loads(kernel).get(metric) or []) > 1:
         return [float(v) for v in per]
     return [float(value)]

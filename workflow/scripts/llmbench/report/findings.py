@@ -18,6 +18,7 @@ paper platforms (RTX4090 against RTX3090, say) is decided only where those platf
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterator
@@ -80,6 +81,8 @@ METRICS: dict[str, str] = {
 }
 #: modules whose forward share is a metric (``<module>_forward_share``)
 SHARE_MODULES = ("mlp", "qkv", "rmsnorm", "rope")
+#: what names a profiled cell (its rows in the per-row profile table)
+PROFILE_KEYS = tidy_table.SAMPLE_KEYS["profile"]
 #: keys a selection may name (columns of the tidy table)
 SELECT_KEYS = ("stage", "platform", "model", "backend", "technique", "batch_size", "gpus", "layout", "engine",
                "load", "mode", "num_requests", "input_len", "output_len", "bench", "case")
@@ -307,7 +310,7 @@ def derive(df: pd.DataFrame) -> pd.DataFrame:
 
 def _from_profile_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """Per profile cell: the attention core's time per phase and the MLP's lead."""
-    keys = ["platform", "model", "backend", "technique", "batch_size", "gpus"]
+    keys = PROFILE_KEYS
     if rows is None or rows.empty or "module" not in rows:
         return pd.DataFrame(columns=keys)
     core = rows[rows["module"].isin(["attn_scores", "softmax", "attn_values", "attention_fused"])]
@@ -328,6 +331,34 @@ def _from_profile_rows(rows: pd.DataFrame) -> pd.DataFrame:
                                                                         aggfunc="sum")
     shares = shares.div(total, axis=0).rename(columns={m: f"{m}_forward_share" for m in SHARE_MODULES})
     return out.join(lead, how="outer").join(shares, how="outer").reset_index()
+
+
+def profile_repeat_metrics(keys: dict, phases: dict[str, float], rows: dict[str, list]) -> dict[str, float]:
+    """One profiled repeat's metrics, derived from its phase times and module rows (the
+    record's summary ``repeats``) as a cell's are from the means (_from_profile_rows,
+    derive): the metrics this repeat's data gives a finite value, nothing else (throughput
+    and memory are the record's, not a repeat's breakdown)."""
+    one = pd.DataFrame([{**keys, **phases}])
+    prof = _from_profile_rows(pd.DataFrame(rows).assign(**keys))
+    if len(prof):
+        one = one.merge(prof, on=PROFILE_KEYS, how="left")
+    got = derive(one).iloc[0]
+    return {m: float(got[m]) for m in METRICS if m in got and pd.notna(got[m]) and math.isfinite(got[m])}
+
+
+def _with_profile_repeats(row: pd.Series) -> str | None:
+    """A row's ``kernel_runs`` (metric -> one value a repeat, llmbench.report.evidence) with
+    the metrics of each of its profiled repeats (profile_repeat_metrics) added, a metric kept
+    where every repeat has it; the kernel breakdown a record already holds stands."""
+    runs = json.loads(row["kernel_runs"]) if isinstance(row.get("kernel_runs"), str) and row["kernel_runs"] else {}
+    reps = row.get("profile_repeats")
+    if not isinstance(reps, str) or not reps:
+        return json.dumps(runs, sort_keys=True) if runs else None
+    keys = {k: row[k] for k in PROFILE_KEYS}
+    per = [profile_repeat_metrics(keys, r["phases"], r["rows"]) for r in json.loads(reps)]
+    for metric in set.intersection(*(set(p) for p in per)) - set(runs):
+        runs[metric] = [p[metric] for p in per]
+    return json.dumps(runs, sort_keys=True) if runs else None
 
 
 def _from_micro_rows(rows: pd.DataFrame) -> pd.DataFrame:
@@ -398,9 +429,10 @@ def facts(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None,
         df["scaling_efficiency_runs"] = _paired_efficiency_runs(df)
     prof = _from_profile_rows(profile_rows)
     if len(prof):
-        keys = ["platform", "model", "backend", "technique", "batch_size", "gpus"]
         prof = prof.assign(stage="profile")
-        df = df.merge(prof, on=["stage"] + keys, how="left", suffixes=("", "_p"))
+        df = df.merge(prof, on=["stage"] + PROFILE_KEYS, how="left", suffixes=("", "_p"))
+    if "profile_repeats" in df:
+        df["kernel_runs"] = [_with_profile_repeats(row) for _, row in df.iterrows()]
     micro = _from_micro_rows(micro_rows)
     if len(micro):
         df = df.merge(micro.assign(stage="micro"), on=["stage", "platform", "bench", "case", "gpus"], how="left",

@@ -85,7 +85,8 @@ MICRO_COLUMNS = ["bench", "case", "points", "all_correct", "best_tflops", "best_
 PROFILE_COLUMNS = [f"{p}_{k}_s" for p in ("forward", "backward", "optimizer", "prefill", "decode")
                    for k in ("wall", "profiled_wall", "kernel", "gemm", "device")] + [
     "wall_basis", "profiled_step_time_s", "unaccounted_s", "decode_steps"] + kernels.COLUMNS + [
-    "kernel_runs"]  # a profiled cell of several repeats: each repeat's kernel breakdown (JSON: metric -> values)
+    "kernel_runs",  # a profiled cell of several repeats: each repeat's kernel breakdown (JSON: metric -> values)
+    "profile_repeats"]  # ... and each repeat's phase times and module rows (JSON, llmbench.profile.results)
 ALL_COLUMNS = COLUMNS + SERVE_LOAD_COLUMNS + SERVE_METRIC_COLUMNS + MICRO_COLUMNS + PROFILE_COLUMNS
 #: Per-sample tables (one row per request, or per microbenchmark point): the cell's path
 #: fields, then the record's samples columns.
@@ -163,6 +164,7 @@ def row(record: Record, path: str) -> dict:
         "layout": cells.layout_name(c.get("parallel")),
         **{k: record.summary.get(k) for k in PROFILE_COLUMNS},
         "kernel_runs": json.dumps(record.summary["kernel_runs"], sort_keys=True) if record.summary.get("kernel_runs") else None,
+        "profile_repeats": json.dumps(record.summary["repeats"]) if record.summary.get("repeats") else None,
     }
 
 

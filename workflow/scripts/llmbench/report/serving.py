@@ -204,8 +204,9 @@ def engine_choice(df: pd.DataFrame) -> pd.DataFrame:
     pooled = points(df)
     if pooled.empty:
         return pd.DataFrame(columns=CHOICE)
-    # the KV cache an engine reserved there, as its records say (the largest where starts differed)
-    kv = df.groupby(["platform", "model", "gpus", "engine", "engine_version"], dropna=False)["kv_cache_tokens"].max()
+    # the KV cache an engine reserved there, as its records say (the smallest where starts
+    # differed, as knees() counts resident requests: what every start of it held)
+    kv = df.groupby(["platform", "model", "gpus", "engine", "engine_version"], dropna=False)["kv_cache_tokens"].min()
     spec = pooled["load_spec"].map(json.loads)
     for key, col in (("input_len", "input_len"), ("output_len", "output_len"), ("prefix_len", "prefix_len"),
                      ("goodput_ttft_target_s", "ttft_target_s"), ("goodput_tpot_target_s", "tpot_target_s")):

@@ -102,6 +102,11 @@ def test_a_profile_record_of_several_repeats_keeps_each_repeats_phases_and_rows(
         == pytest.approx(0.05)
     one = build_record(spec, [Outcome(status="ok", result=slow)], "t0", ["x"])
     assert "repeats" not in one.summary
+    assert rec.metrics.peak_mem_allocated_gib is None  # results from before peaks were kept
+    peaks = [{**slow, "peak_mem_allocated_gib": 80.5, "peak_mem_reserved_gib": 90.0, "peak_rss_gib": 3.0},
+             {**fast, "peak_mem_allocated_gib": 81.0, "peak_mem_reserved_gib": 88.0, "peak_rss_gib": 3.5}]
+    m = build_record(spec, [Outcome(status="ok", result=r) for r in peaks], "t0", ["x"]).metrics
+    assert (m.peak_mem_allocated_gib, m.peak_mem_reserved_gib, m.peak_rss_gib) == (81.0, 90.0, 3.5)
 
 
 def test_profile_tables_beside_the_paper(tmp_path):

@@ -33,7 +33,8 @@ class Outcome:
     """The hostnames of a repeat over several nodes (llmbench.nodes), first node first."""
 
 
-def _max(values: list[Any]) -> float | None:
+def largest(values: list[Any]) -> float | None:
+    """The largest of the values (None left out); None where there is none."""
     vals = [v for v in values if v is not None]
     return max(vals) if vals else None
 
@@ -96,9 +97,9 @@ def build_record(spec: RunSpec | dict, outcomes: list[Outcome], started: str, co
     metrics = Metrics(
         tokens_per_s_mean=tps.mean, tokens_per_s_std=tps.std, tokens_per_s_runs=tps.values,
         step_time_s_mean=step.mean, step_time_s_runs=step.values,
-        peak_mem_allocated_gib=_max([r["peak_mem_allocated_gib"] for r in results]),
-        peak_mem_reserved_gib=_max([r["peak_mem_reserved_gib"] for r in results]),
-        peak_rss_gib=_max([r["peak_rss_gib"] for r in results]),
+        peak_mem_allocated_gib=largest([r["peak_mem_allocated_gib"] for r in results]),
+        peak_mem_reserved_gib=largest([r["peak_mem_reserved_gib"] for r in results]),
+        peak_rss_gib=largest([r["peak_rss_gib"] for r in results]),
         mfu=mfu, mfu_formula=formula, mfu_fp8_peak=mfu_fp8,
         total_params=last["total_params"], trainable_params=last["trainable_params"],
         trainable_desc=last["trainable_desc"], attention=last["attention"],

@@ -10,7 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import fmean
 
-from ..aggregate import Outcome, provenance_of
+from ..aggregate import Outcome, largest, provenance_of
 from ..protocol import summarize
 from ..record import Metrics, Record
 from ..spec import RunSpec
@@ -18,6 +18,8 @@ from ..spec import RunSpec
 #: Per (phase, module) values of a worker's rows; recompute_s: the part of a backward row
 #: that reruns forward work under R (Fig. 5 compares backward without it).
 VALUES = ("time_s", "share", "gemm_time_s", "recompute_s")
+#: a repeat's peak memory (GiB), as training workers report it (llmbench.train.scenario)
+PEAKS = ("peak_mem_allocated_gib", "peak_mem_reserved_gib", "peak_rss_gib")
 
 
 def mean_rows(results: list[dict]) -> dict[str, list]:
@@ -79,6 +81,8 @@ def build_record(spec: RunSpec | dict, outcomes: list[Outcome], started: str, co
         summary["repeats"] = repeats_summary(results)
     metrics = Metrics(tokens_per_s_mean=tps.mean, tokens_per_s_std=tps.std, tokens_per_s_runs=tps.values,
                       step_time_s_mean=step.mean, step_time_s_runs=step.values,
+                      # the largest over repeats; a result from before peaks were kept has none
+                      **{k: largest([r.get(k) for r in results]) for k in PEAKS},
                       attention=results[-1].get("attention"), compute_dtype=results[-1].get("compute_dtype"),
                       global_batch_tokens=cell.batch_size * cell.protocol.seq_len * cell.gpus)
     return Record(cell=cell.to_dict(), status="ok", metrics=metrics, summary=summary,

@@ -176,6 +176,13 @@ def _set_up(spec: RunSpec, tech: techniques.Technique, seed: int) -> tuple[Any, 
     return cuda, device, sync, model_spec, model, dtype, attn_ctx, attn_label
 
 
+def _peaks(peak: Any) -> dict[str, float | None]:
+    """A repeat's peak memory (train.scenario.peak_memory: device memory since the model's
+    build, host RSS over the process) as the result keys training workers write."""
+    return {"peak_mem_allocated_gib": peak.allocated_gib, "peak_mem_reserved_gib": peak.reserved_gib,
+            "peak_rss_gib": peak.rss_gib}
+
+
 def _attribute(prof: Any, walls: dict[str, float], profiled: dict[str, float], steps: int,
                phases_run: tuple[str, ...], cuda: bool) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
     """A finished profiler's events -> rows adding up to ``walls`` and phase totals
@@ -249,6 +256,7 @@ def run(spec: RunSpec | dict, out: Path, trace_dir: Path) -> dict:
     with instrument(model), profile(activities=activities) as prof:
         measured = [step() for _ in range(proto.measured_steps)]
 
+    peak = scenario.peak_memory(device, spec.platform.accelerator)
     trace_dir.mkdir(parents=True, exist_ok=True)
     trace = trace_dir / f"{out.stem}.trace.json"
     prof.export_chrome_trace(str(trace))
@@ -276,6 +284,7 @@ def run(spec: RunSpec | dict, out: Path, trace_dir: Path) -> dict:
         "warmup_steps": proto.warmup_steps,
         "profiled_steps": proto.measured_steps,
         "loss_last": float(losses[-1].float().item()),
+        **_peaks(peak),
         "trace": str(trace),
         "method": attr.METHOD,
         "versions": provenance.versions(),
@@ -338,6 +347,7 @@ def run_inference(spec: RunSpec | dict, out: Path, trace_dir: Path) -> dict:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with instrument(model), profile(activities=activities) as prof:
         marks = generate(True)
+    peak = scenario.peak_memory(device, spec.platform.accelerator)
     trace_dir.mkdir(parents=True, exist_ok=True)
     trace = trace_dir / f"{out.stem}.trace.json"
     prof.export_chrome_trace(str(trace))
@@ -352,7 +362,7 @@ def run_inference(spec: RunSpec | dict, out: Path, trace_dir: Path) -> dict:
         "decode_steps": proto.measured_steps, "attention": attn_label, "technique": tech.name,
         "compute_dtype": platforms.dtype_name(dtype),
         "recompute": False, "world_size": 1, "warmup_steps": proto.warmup_steps, "profiled_steps": 1,
-        "loss_last": None, "trace": str(trace),
+        "loss_last": None, **_peaks(peak), "trace": str(trace),
         "method": ("Serving forward passes: prefill of the batch's prompts, then decode steps with the KV cache "
                    "(transformers' model, greedy); " + attr.METHOD),
         "versions": provenance.versions(), "devices": provenance.devices(),

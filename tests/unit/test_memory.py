@@ -250,7 +250,7 @@ def test_plan_counts_the_cells_that_would_be_skipped_per_platform(mini):
     from llmbench.memory.cells import plan
 
     cells, per = plan(mini, REPO)
-    assert per.to_dict("records") == [{"platform": "h100", "cells": 2, "skipped": 1, "runs": 1}]
+    assert per.to_dict("records") == [{"platform": "h100", "cells": 2, "skipped": 1, "runs": 1, "not_modelled": 0}]
     naive = cells.set_index("technique").loc["Naive"]
     assert not naive["predicted_fits"] and "80 GiB" in naive["reason"]
 
@@ -260,6 +260,29 @@ def test_the_plan_command_prints_the_per_platform_counts(mini, capsys):
 
     assert main(["plan", str(mini)]) == 0
     assert "1 of 2 training cells predicted not to fit" in capsys.readouterr().out
+
+
+def test_the_plan_names_the_cells_it_does_not_predict(mini, capsys):
+    """A profile cell of plain PyTorch has no fitted constants: the plan counts it as run
+    unchecked and says why, where it used to leave it out without a word."""
+    from llmbench.memory.__main__ import main
+    from llmbench.memory.cells import plan
+
+    mini.write_text(mini.read_text() + """profile:
+  - platforms: [h100]
+    models: [llama2-7b]
+    techniques: [Naive, F]
+    batch_sizes: [2]
+""")
+    cells, per = plan(mini, REPO)
+    assert per.to_dict("records") == [{"platform": "h100", "cells": 4, "skipped": 1, "runs": 3, "not_modelled": 2}]
+    torch_rows = cells[cells["stage"] == "profile"]
+    assert torch_rows["predicted_fits"].isna().all()
+    assert torch_rows["reason"].str.startswith("backend 'torch' is not modelled").all()
+    assert main(["plan", str(mini)]) == 0
+    out = capsys.readouterr().out
+    assert "1 of 4 training cells predicted not to fit" in out
+    assert "2 cell(s) not modelled (they run unchecked): backend 'torch' is not modelled" in out
 
 
 def _spec(mini, technique):

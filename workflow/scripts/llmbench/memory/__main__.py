@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         print(per.to_markdown(index=False) if not per.empty else "no training cells")
         print(f"\n{int(per['skipped'].sum()) if not per.empty else 0} of {len(cells)} training cells predicted not "
               "to fit (skip_predicted_oom: true would skip them)")
+        unchecked = cells[cells["predicted_fits"].isna()] if not cells.empty else cells
+        for why, g in (unchecked.groupby("reason", sort=True) if len(unchecked) else ()):
+            print(f"{len(g)} cell(s) not modelled (they run unchecked): {why}")
         return 0
     if args.command == "heldout":
         from .heldout import TIME_SHARE, main as heldout_main

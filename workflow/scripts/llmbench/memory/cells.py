@@ -25,8 +25,8 @@ from ..config import REPO_ROOT, ConfigError
 from ..platforms import Platform
 from ..spec import RunSpec
 from .constants import margin_for
-from .model import (Prediction, Workload, batch_slope_gib, fits, host_memory_gib, modelled, predict,
-                    predicted_max_batch)
+from .model import (Prediction, Workload, batch_slope_gib, fits, host_memory_gib, modelled, not_modelled_why,
+                    predict, predicted_max_batch)
 
 #: the stages whose cells the model predicts (training steps)
 STAGES = ("pretrain", "finetune", "profile")
@@ -102,25 +102,30 @@ def start_slope(spec: RunSpec | dict[str, Any], hint: int | None) -> float | Non
 
 def plan(configfile: Path | str, root: Path = REPO_ROOT,
          margin: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(one row per training cell of a config with its verdict, per platform: cells and how
-    many ``skip_predicted_oom`` would skip)."""
+    """(one row per training cell of a config with its verdict, per platform: cells, how
+    many ``skip_predicted_oom`` would skip, how many run, and how many the model does not
+    predict (``not_modelled``: they run unchecked; their rows' ``predicted_fits`` is None and
+    ``reason`` says why))."""
     from ..grid import load
 
     grid = load(Path(configfile), root)
     rows = []
     for cell in grid.cells:
-        if not isinstance(cell, Cell):
+        if not isinstance(cell, Cell) or cell.stage not in STAGES:
             continue
         v = check(grid.spec(cell), margin, root)
         if v is None:
+            rows.append({**cell.key, "predicted_fits": None, "reason": not_modelled_why(cell.backend, cell.technique)})
             continue
         rows.append({**cell.key, "family": v.prediction.family, "margin": v.margin,
                      "predicted_gpu_gib": v.prediction.gpu_gib, "predicted_host_gib": v.prediction.host_gib,
                      "capacity_gib": v.capacity_gib, "predicted_fits": v.fits, "reason": v.reason})
     cells = pd.DataFrame(rows)
     if cells.empty:
-        return cells, pd.DataFrame(columns=["platform", "cells", "skipped", "runs"])
-    per = cells.groupby("platform").agg(cells=("predicted_fits", "size"),
-                                        skipped=("predicted_fits", lambda s: int((~s).sum()))).reset_index()
+        return cells, pd.DataFrame(columns=["platform", "cells", "skipped", "runs", "not_modelled"])
+    verdict = cells["predicted_fits"]
+    per = cells.assign(skipped=verdict.map(lambda f: f is False), unchecked=verdict.isna()).groupby("platform").agg(
+        cells=("predicted_fits", "size"), skipped=("skipped", "sum"), not_modelled=("unchecked", "sum")).reset_index()
     per["runs"] = per["cells"] - per["skipped"]
-    return cells, per
+    return cells, per[["platform", "cells", "skipped", "runs", "not_modelled"]].astype(
+        {"skipped": int, "runs": int, "not_modelled": int})

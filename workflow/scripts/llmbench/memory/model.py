@@ -202,6 +202,14 @@ def modelled(backend: str, technique: str) -> bool:
     return not (backend == "fsdp2" and techniques.parse(technique).offload)
 
 
+def not_modelled_why(backend: str, technique: str) -> str:
+    """Why the model predicts no cell of ``backend`` and ``technique`` (modelled is False)."""
+    if backend not in BACKENDS:
+        return (f"backend {backend!r} is not modelled (the model predicts {', '.join(sorted(BACKENDS))}; "
+                "a profile cell's plain PyTorch step and serving forward passes have no fitted constants)")
+    return f"{backend} with CPU offload ({technique}) is not modelled: one record, too few to fit its constants"
+
+
 def family(w: Workload) -> str:
     """A workload's technique family (FAMILIES): Megatron-LM; FSDP2; DeepSpeed's adapters on a 4-bit
     base (QLoRA) or on a bf16 one (LoRA, LoRA-FA, DoRA, prompt tuning); then full-parameter

@@ -141,7 +141,10 @@ def test_the_memory_and_throughput_models_predict_fsdp2_but_its_offload(tmp_path
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     planned, _ = memory.cells.plan(path)
-    assert set(planned.loc[planned["backend"] == "fsdp2", "technique"]) == {"Z3"}  # the offload cell: no verdict
+    fsdp2 = planned[planned["backend"] == "fsdp2"].set_index("technique")
+    assert fsdp2.loc["Z3", "predicted_fits"] is True
+    unplanned = fsdp2.loc["F+R+Z3+O"]  # the offload cell: no verdict, and the plan says why
+    assert unplanned["predicted_fits"] is None and "CPU offload (F+R+Z3+O) is not modelled" in unplanned["reason"]
     targets = [c.record_path() for c in mine]
     # the batch planner times the cell the throughput model predicts, and not the offload one
     timed = {t: (s, why) for t, s, why in offline.plan(targets, path)}

@@ -25,7 +25,7 @@ from ..config import REPO_ROOT, ConfigError
 from ..platforms import Platform
 from ..spec import RunSpec
 from .constants import margin_for
-from .model import (Prediction, Workload, batch_slope_gib, fits, host_memory_gib, modelled, not_modelled_why,
+from .model import (Prediction, Workload, batch_slope_gib, fits, host_memory_gib, modelled, not_modelled,
                     predict, predicted_max_batch)
 
 #: the stages whose cells the model predicts (training steps)
@@ -115,7 +115,7 @@ def plan(configfile: Path | str, root: Path = REPO_ROOT,
             continue
         v = check(grid.spec(cell), margin, root)
         if v is None:
-            rows.append({**cell.key, "predicted_fits": None, "reason": not_modelled_why(cell.backend, cell.technique)})
+            rows.append({**cell.key, "predicted_fits": None, "reason": not_modelled(cell.backend, cell.technique)})
             continue
         rows.append({**cell.key, "family": v.prediction.family, "margin": v.margin,
                      "predicted_gpu_gib": v.prediction.gpu_gib, "predicted_host_gib": v.prediction.host_gib,

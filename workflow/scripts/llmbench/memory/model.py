@@ -195,19 +195,19 @@ FAMILIES = ("megatron", "fsdp2", "qlora", "lora", "4-bit", "offload", "zero3", "
 
 def modelled(backend: str, technique: str) -> bool:
     """Whether the model predicts a training cell of ``backend`` and ``technique``: DeepSpeed's
-    and Megatron-LM's, and FSDP2's but with CPU offload (one record: too few to fit its
-    constants and check them on others)."""
-    if backend not in BACKENDS:
-        return False
-    return not (backend == "fsdp2" and techniques.parse(technique).offload)
+    and Megatron-LM's, and FSDP2's but with CPU offload (not_modelled says why not)."""
+    return not_modelled(backend, technique) is None
 
 
-def not_modelled_why(backend: str, technique: str) -> str:
-    """Why the model predicts no cell of ``backend`` and ``technique`` (modelled is False)."""
+def not_modelled(backend: str, technique: str) -> str | None:
+    """Why the model predicts no cell of ``backend`` and ``technique``; None where it does
+    (as llmbench.throughput.model.not_modelled answers for step times)."""
     if backend not in BACKENDS:
         return (f"backend {backend!r} is not modelled (the model predicts {', '.join(sorted(BACKENDS))}; "
                 "a profile cell's plain PyTorch step and serving forward passes have no fitted constants)")
-    return f"{backend} with CPU offload ({technique}) is not modelled: one record, too few to fit its constants"
+    if backend == "fsdp2" and techniques.parse(technique).offload:
+        return f"{backend} with CPU offload ({technique}) is not modelled: one record, too few to fit its constants"
+    return None
 
 
 def family(w: Workload) -> str:

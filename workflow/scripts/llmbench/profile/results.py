@@ -74,9 +74,8 @@ def build_record(spec: RunSpec | dict, outcomes: list[Outcome], started: str, co
         "wall_basis": results[-1].get("wall_basis", "profiled"),
         **({"decode_steps": results[-1]["decode_steps"]} if "decode_steps" in results[-1] else {}),
     }
-    for phase in results[-1]["phases"]:  # forward, backward, optimizer; or prefill, decode
-        for k in (results[-1]["phases"].get(phase) or {}):
-            summary[f"{phase}_{k}"] = fmean((r["phases"].get(phase) or {}).get(k) or 0.0 for r in results)
+    phases = [phase_summary(r["phases"]) for r in results]  # forward, backward, optimizer; or prefill, decode
+    summary.update({key: fmean(p.get(key) or 0.0 for p in phases) for key in phases[-1]})
     if len(results) > 1:
         summary["repeats"] = repeats_summary(results)
     metrics = Metrics(tokens_per_s_mean=tps.mean, tokens_per_s_std=tps.std, tokens_per_s_runs=tps.values,

@@ -108,6 +108,35 @@ def test_our_own_findings_load_without_quotes_and_a_papers_finding_needs_its_quo
         findings.load(path)
 
 
+def test_our_profile_finding_reads_the_module_rows_and_leaves_the_host_paced_remainder_out(tmp_path):
+    """Our own findings get the per-row profile table as the paper's do: a module's share of
+    the forward less 'other' (the wall no module range holds) is flat from batch 2 to 32 where
+    its share of the whole wall halves, because at batch 2 the device waits on the host."""
+    from llmbench.report import tables
+
+    frame = rows(("h200", "llama2-7b", "Naive", 2, 1, "ok", 4000.0, None),
+                 ("h200", "llama2-7b", "R", 32, 1, "ok", 7700.0, None), stage="profile").assign(backend="torch")
+    keys = {"platform": "h200", "model": "llama2-7b", "backend": "torch", "gpus": 1}
+    points = pd.DataFrame([{**keys, "technique": tech, "batch_size": bs, "phase": "forward", "module": m, "time_s": t}
+                           for tech, bs, parts in (("Naive", 2, {"mlp": 0.009, "qkv": 0.003, "rope": 0.013,
+                                                                 "other": 0.025}),
+                                                   ("R", 32, {"mlp": 0.13, "qkv": 0.045, "rope": 0.2, "other": 0.01}))
+                           for m, t in parts.items()])
+    checks = [{"metric": f"mlp_forward{kind}_share", "relation": "ratio", "a": {"technique": "R", "batch_size": 32},
+               "b": {"technique": "Naive", "batch_size": 2}, "expect": {"min": 0.75, "max": 1.33}}
+              for kind in ("", "_busy")]
+    path = tmp_path / "ours.yaml"
+    entry = {k: v for k, v in finding(id="balance", stage="profile", where={"backend": "torch"},
+                                      checks=checks).items() if k != "quote"}
+    path.write_text(yaml.safe_dump({"source": "ours", "findings": [entry]}))
+    table = tables.findings_ours(tables.Inputs({"tidy": frame, "profile": points, "findings-ours": str(path)}))
+    shown = table.parts[0].frame.iloc[0]
+    # of the wall: (0.13 / 0.385) / (0.009 / 0.05) = 1.88, outside; of the modules: 0.347 / 0.36 = 0.963
+    assert shown["verdict"] == "partly"
+    assert "mlp_forward_share bs32 R / bs2 Naive: 1.88" in shown["ours_value"]
+    assert "mlp_forward_busy_share bs32 R / bs2 Naive: 0.963" in shown["ours_value"]
+
+
 def test_our_findings_table_judges_fsdp2_against_deepspeed_without_a_paper_side(tmp_path):
     from llmbench.report import tables
 

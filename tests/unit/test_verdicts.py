@@ -389,6 +389,7 @@ def test_a_profiled_pair_pairs_each_repeats_module_shares_and_phase_times(tmp_pa
     runs = json.loads(findings.facts(frame).iloc[0]["kernel_runs"])
     assert runs["optimizer_s"] == pytest.approx([0.050, 0.060, 0.051])
     assert runs["mlp_forward_share"] == pytest.approx([0.05 / 0.10, 0.06 / 0.11, 0.05 / 0.10])
+    assert runs["mlp_forward_busy_share"] == pytest.approx([0.05 / 0.07, 0.06 / 0.08, 0.05 / 0.07])  # less 'other'
     assert "tokens_per_s_per_gpu" not in runs and "peak_mem_gb" not in runs  # the record's, not a repeat's
 
 

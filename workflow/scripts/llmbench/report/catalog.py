@@ -158,7 +158,7 @@ TABLES: tuple[Entry, ...] = (
     _t("stacks", STACKS, "The paper's stack and today's: every cell PyTorch FSDP2 ran, beside DeepSpeed's cell of the "
        "same method, at each batch and at each side's largest (llmbench.report.stacks)", "tidy", "superseded"),
     _t("findings-ours", STACKS, "Our findings: claims of this project about today's stack, judged by the verdicts' "
-       "engine (config/findings/ours.yaml)", "tidy", "superseded", "findings-ours"),
+       "engine (config/findings/ours.yaml)", "tidy", "superseded", "profile", "micro", "findings-ours"),
 )
 
 #: Every figure; each answers one question and reads the table(s) it plots.

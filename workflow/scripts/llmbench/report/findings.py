@@ -43,6 +43,8 @@ RELATIONS = {
     "best": "metric(a) / the largest metric(x) of the other cells x of the group (among)",
     "runs": "1 if a ran (ok), 0 if it ran out of memory",
 }
+#: modules whose forward share is a metric (``<module>_forward_share``, ``..._forward_busy_share``)
+SHARE_MODULES = ("mlp", "qkv", "rmsnorm", "rope")
 #: metric -> what it is (every metric is a column of the tidy table or derived in ``derive``)
 METRICS: dict[str, str] = {
     "tokens_per_s_per_gpu": "training tokens/s divided by the cell's GPUs",
@@ -59,7 +61,9 @@ METRICS: dict[str, str] = {
     "attention_core_backward_s": "backward time of the attention core",
     "mlp_over_next_module": "forward time of the MLP / that of the next most expensive decoder module",
     **{f"{m}_forward_share": f"the {m} module's share of a profiled forward pass (Table VI, Fig. 5)"
-       for m in ("mlp", "qkv", "rmsnorm", "rope")},
+       for m in SHARE_MODULES},
+    **{f"{m}_forward_busy_share": f"the {m} module's share of the time module ranges hold in a profiled forward pass "
+       "(the pass less 'other', where a host-paced step's device waits)" for m in SHARE_MODULES},
     "optimizer_s": "the optimizer phase's wall time of a profiled step (s)",
     "memcpy_share": "memory-copy kernels' share of a DeepSpeed step",
     "memcpy_s_per_iter": "memory-copy kernel time per iteration (s)",
@@ -79,8 +83,6 @@ METRICS: dict[str, str] = {
     "p50_e2e_latency_s": "serving: median end-to-end request latency (s)",
     "duration_s": "serving: time to complete the whole load (s)",
 }
-#: modules whose forward share is a metric (``<module>_forward_share``)
-SHARE_MODULES = ("mlp", "qkv", "rmsnorm", "rope")
 #: what names a profiled cell (its rows in the per-row profile table)
 PROFILE_KEYS = tidy_table.SAMPLE_KEYS["profile"]
 #: keys a selection may name (columns of the tidy table)
@@ -324,13 +326,17 @@ def _from_profile_rows(rows: pd.DataFrame) -> pd.DataFrame:
             nxt = t.drop("mlp").iloc[0]
             lead.append({**dict(zip(keys, key)), "mlp_over_next_module": t["mlp"] / nxt if nxt else float("nan")})
     lead = pd.DataFrame(lead, columns=keys + ["mlp_over_next_module"]).set_index(keys)
-    # each module's share of the forward pass (Table VI, Fig. 5), of all the forward rows
+    # each module's share of the forward pass (Table VI, Fig. 5), of all the forward rows, and
+    # of the rows a module range holds (less 'other': where the host paces the step, mostly
+    # the device waiting for it)
     fwd_all = rows[rows["phase"] == "forward"]
     total = fwd_all.groupby(keys)["time_s"].sum()
-    shares = fwd_all[fwd_all["module"].isin(SHARE_MODULES)].pivot_table(index=keys, columns="module", values="time_s",
-                                                                        aggfunc="sum")
-    shares = shares.div(total, axis=0).rename(columns={m: f"{m}_forward_share" for m in SHARE_MODULES})
-    return out.join(lead, how="outer").join(shares, how="outer").reset_index()
+    busy = fwd_all[fwd_all["module"] != "other"].groupby(keys)["time_s"].sum()
+    times = fwd_all[fwd_all["module"].isin(SHARE_MODULES)].pivot_table(index=keys, columns="module", values="time_s",
+                                                                       aggfunc="sum")
+    shares = times.div(total, axis=0).rename(columns={m: f"{m}_forward_share" for m in SHARE_MODULES})
+    busy_shares = times.div(busy, axis=0).rename(columns={m: f"{m}_forward_busy_share" for m in SHARE_MODULES})
+    return out.join(lead, how="outer").join(shares, how="outer").join(busy_shares, how="outer").reset_index()
 
 
 def profile_repeat_metrics(keys: dict, phases: dict[str, float], rows: dict[str, list]) -> dict[str, float]:

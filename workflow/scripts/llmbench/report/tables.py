@@ -54,12 +54,14 @@ class Inputs:
         return self._frame("superseded", pd.read_csv) if "superseded" in self._sources else None
 
     @property
-    def profile(self) -> pd.DataFrame:
-        return self._frame("profile", pd.read_parquet)
+    def profile(self) -> pd.DataFrame | None:
+        """The per-row profile table (None where not given: a table of training cells alone)."""
+        return self._frame("profile", pd.read_parquet) if "profile" in self._sources else None
 
     @property
-    def micro(self) -> pd.DataFrame:
-        return self._frame("micro", pd.read_parquet)
+    def micro(self) -> pd.DataFrame | None:
+        """The per-point microbenchmark table (None where not given)."""
+        return self._frame("micro", pd.read_parquet) if "micro" in self._sources else None
 
     def path(self, key: str) -> str | None:
         """A file input (the findings file), or None where the table was given none."""
@@ -103,8 +105,9 @@ def findings(inputs: Inputs) -> render.Table:
 
 def findings_ours(inputs: Inputs) -> render.Table:
     """Our own findings (config/findings/ours.yaml), judged as the paper's are."""
-    table, missing = verdicts.build(inputs.tidy, path=inputs.path("findings-ours"), superseded=inputs.superseded,
-                                    models=inputs.findings_models, machines=inputs.findings_machines, **inputs.kw)
+    table, missing = verdicts.build(inputs.tidy, inputs.profile, inputs.micro, path=inputs.path("findings-ours"),
+                                    superseded=inputs.superseded, models=inputs.findings_models,
+                                    machines=inputs.findings_machines, **inputs.kw)
     return verdicts.report_table(table, missing, "findings-ours")
 
 

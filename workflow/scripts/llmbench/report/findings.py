@@ -311,7 +311,8 @@ def derive(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _from_profile_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per profile cell: the attention core's time per phase and the MLP's lead."""
+    """Per profile cell: the attention core's time per phase, the MLP's lead and the share
+    modules' forward shares (of the whole forward, and of the time module ranges hold)."""
     keys = PROFILE_KEYS
     if rows is None or rows.empty or "module" not in rows:
         return pd.DataFrame(columns=keys)
@@ -352,19 +353,16 @@ def profile_repeat_metrics(keys: dict, phases: dict[str, float], rows: dict[str,
     return {m: float(got[m]) for m in METRICS if m in got and pd.notna(got[m]) and math.isfinite(got[m])}
 
 
-def _with_profile_repeats(row: pd.Series) -> str | None:
-    """A row's ``kernel_runs`` (metric -> one value a repeat, llmbench.report.evidence) with
-    the metrics of each of its profiled repeats (profile_repeat_metrics) added, a metric kept
-    where every repeat has it; the kernel breakdown a record already holds stands."""
+def _with_profile_repeats(row: pd.Series) -> str:
+    """The ``kernel_runs`` (metric -> one value a repeat, llmbench.report.evidence) of a row
+    with profiled repeats, the metrics of each repeat (profile_repeat_metrics) added, a metric
+    kept where every repeat has it; the kernel breakdown a record already holds stands."""
     runs = json.loads(row["kernel_runs"]) if isinstance(row.get("kernel_runs"), str) and row["kernel_runs"] else {}
-    reps = row.get("profile_repeats")
-    if not isinstance(reps, str) or not reps:
-        return json.dumps(runs, sort_keys=True) if runs else None
     keys = {k: row[k] for k in PROFILE_KEYS}
-    per = [profile_repeat_metrics(keys, r["phases"], r["rows"]) for r in json.loads(reps)]
+    per = [profile_repeat_metrics(keys, r["phases"], r["rows"]) for r in json.loads(row["profile_repeats"])]
     for metric in set.intersection(*(set(p) for p in per)) - set(runs):
         runs[metric] = [p[metric] for p in per]
-    return json.dumps(runs, sort_keys=True) if runs else None
+    return json.dumps(runs, sort_keys=True)
 
 
 def _from_micro_rows(rows: pd.DataFrame) -> pd.DataFrame:
@@ -437,8 +435,9 @@ def facts(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None,
     if len(prof):
         prof = prof.assign(stage="profile")
         df = df.merge(prof, on=["stage"] + PROFILE_KEYS, how="left", suffixes=("", "_p"))
-    if "profile_repeats" in df:
-        df["kernel_runs"] = [_with_profile_repeats(row) for _, row in df.iterrows()]
+    if "profile_repeats" in df and (has := df["profile_repeats"].map(lambda v: isinstance(v, str) and v != "")).any():
+        df["kernel_runs"] = df.get("kernel_runs", pd.Series(None, index=df.index)).astype(object)
+        df.loc[has, "kernel_runs"] = [_with_profile_repeats(row) for _, row in df[has].iterrows()]
     micro = _from_micro_rows(micro_rows)
     if len(micro):
         df = df.merge(micro.assign(stage="micro"), on=["stage", "platform", "bench", "case", "gpus"], how="left",

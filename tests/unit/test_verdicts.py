@@ -132,19 +132,42 @@ def test_a_pool_that_pairs_no_rounds_gives_way_to_one_set(tmp_path):
     assert r.pairing == "set" and r.method.startswith("paired rounds (3), t(2)") and r.verdict == "holds"
 
 
-def test_of_two_sets_the_later_decides_where_the_earlier_is_superseded(tmp_path):
-    """A set measured again (its cells' records superseded by the later run's): the later
-    set decides, as a cell's later run does (llmbench.report.runs), whatever the sets' ids."""
-    old = _dated([row("F", [900, 905, 895], paired_set="a-set", run="old", superseded_by="new"),
-                  row("Naive", [1000, 1004, 996], paired_set="a-set", run="old", superseded_by="new")],
+def test_a_set_run_again_under_its_name_is_decided_by_its_later_records(tmp_path):
+    """A recipe run again (after a fix, say) keeps its set's name: the later run's records
+    replace the earlier ones, as they do in the tables (llmbench.report.runs), whatever order
+    the rows come in; the two runs are never pooled."""
+    old = _dated([row("F", [900, 905, 895], paired_set="s", run="old", superseded_by="new"),
+                  row("Naive", [1000, 1004, 996], paired_set="s", run="old", superseded_by="new")],
                  "2026-11-01T10:00:00+00:00")
-    new = _dated([row("F", [1100, 1105, 1095], paired_set="z-set", run="new"),
-                  row("Naive", [1000, 1004, 996], paired_set="z-set", run="new")], "2026-12-01T10:00:00+00:00")
-    r = judge(tmp_path, old + new, entry([ratio("F", "Naive", min=1.0)])).iloc[0]
-    assert r.pairing == "set" and r.verdict == "holds" and r.ours_value.startswith("tokens_per_s_per_gpu F / Naive: 1.1 [")
-    # without start times (records older than the field), the order stays a fixed one: the ids'
+    new = _dated([row("F", [1100, 1105, 1095], paired_set="s", run="new"),
+                  row("Naive", [1000, 1004, 996], paired_set="s", run="new")], "2026-12-01T10:00:00+00:00")
+    for rows in (old + new, new + old):
+        r = judge(tmp_path, rows, entry([ratio("F", "Naive", min=1.0)])).iloc[0]
+        assert r.pairing == "set" and r.verdict == "holds" and r.runs == "new"
+        assert r.method.startswith("paired rounds (3), t(2)")
+    # without start times (records older than the field): the record the report uses
     undated = [{**x, "started": None} for x in old + new]
-    assert judge(tmp_path, undated, entry([ratio("F", "Naive", min=1.0)])).iloc[0].verdict == "contradicts"
+    assert judge(tmp_path, undated, entry([ratio("F", "Naive", min=1.0)])).iloc[0].runs == "new"
+
+
+def test_a_later_set_of_other_name_replicates_and_pools_with_the_earlier(tmp_path):
+    """Two sets of different names measuring the same cells alike (10 warm-up and 50 steps a
+    repeat, 5 rounds against 4): the table shows the stronger's records, the verdict pools
+    all nine rounds, each set's its own."""
+    five = _dated([row("F", [1030, 1180, 960, 1100, 1050], paired_set="five", machine="m1", run="a"),
+                   row("Naive", [1000, 1200, 900, 1000, 1000], paired_set="five", machine="m1", run="a")],
+                  "2026-11-01T10:00:00+00:00")
+    four = _dated([row("F", [1080, 1040, 1150, 1100], paired_set="four", machine="m2", run="b",
+                       superseded_by="a"),
+                   row("Naive", [1000, 1010, 1100, 1000], paired_set="four", machine="m2", run="b",
+                       superseded_by="a")], "2026-12-01T10:00:00+00:00")
+    alike = [x | {"warmup_steps": 10, "measured_steps": 50, "seq_len": 350} for x in five + four]
+    r = judge(tmp_path, alike, entry([ratio("F", "Naive", min=1.0)])).iloc[0]
+    assert r.pairing == "set" and "paired rounds (9 from 2 sets), t(8)" in r.method and r.runs == "a, b"
+    # measured otherwise (20 steps a repeat in the second set): the stronger set alone decides
+    unlike = [x | {"measured_steps": 20} if x["run"] == "b" else x for x in alike]
+    r = judge(tmp_path, unlike, entry([ratio("F", "Naive", min=1.0)])).iloc[0]
+    assert r.pairing == "set" and r.method.startswith("paired rounds (5), t(4)") and r.runs == "a"
 
 
 def test_a_cross_machine_pair_carries_the_machine_spread_and_leaves_a_small_effect_undecided(tmp_path):

@@ -12,10 +12,12 @@ machines (a host-bound batch-1 cell by 10-20 % between two lent machines of one 
   t-interval (n - 1 degrees of freedom). Slow drifts of the machine cancel round by round. A
   set resumed on another boot (a lent call's machine is not the next call's) pairs only the
   rounds whose two repeats ran on one machine; the method says how many it left out.
-  **Several sets** holding both sides under one protocol, none of them measured again by
-  another (a later set of the same cells): their rounds pooled, each set's its own, so that how
-  the ratio moves between the sets' machines is in the interval; otherwise one set, the
-  strongest protocol's, then the later one (llmbench.report.findings).
+  **Several sets** holding both sides whose repeats measure alike (the same warm-up and
+  measured steps, sequence and engine versions; their numbers of rounds may differ): their
+  rounds pooled, each set's its own, so that how the ratio moves between the sets' machines
+  is in the interval; otherwise one set, the strongest protocol's, then the later one
+  (llmbench.report.findings). A set run again under its own name (a recipe rerun, say after
+  a fix) stays one set, its later records replacing the earlier ones.
 - **One machine** (both sides on one boot, not in one set): Welch's interval of the
   difference of the two sides' mean log values (Welch-Satterthwaite degrees of freedom).
 - **Two machines**: as one machine, and each side carries the machine-to-machine spread

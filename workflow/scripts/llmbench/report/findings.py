@@ -648,11 +648,13 @@ def _side(rows: pd.DataFrame, metric: str, ctx: Context) -> evidence.Side | None
 def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> Iterator[tuple[str, pd.DataFrame, pd.DataFrame]]:
     """Where both sides can come from, strongest pairing first: paired sets, one machine,
     then the records the report uses (two machines, or one by chance). Where several sets
-    hold both sides under the strongest protocol, none of them measured again by another
-    (``_remeasured``), they come first pooled (pairing ``sets``), each set's rounds its own (a
-    round pairs two cells on one machine; the sets' spread of the ratio goes into its
-    interval), then one set at a time. Made as they are asked for: the first with both sides
-    ends the search (``_pair``)."""
+    hold both sides and their repeats measure alike (``_per_repeat``: the strongest set's
+    warm-up and measured steps, sequence and engine versions, however many rounds each ran),
+    they come first pooled (pairing ``sets``), each set's rounds its own (a round pairs two
+    cells on one machine; the sets' spread of the ratio goes into its interval), then one set
+    at a time. A set is its name: a recipe run again under it (after a fix, say) is one set
+    whose later records replace the earlier ones (``_best_per_cell``), never pooled with
+    them. Made as they are asked for: the first with both sides ends the search (``_pair``)."""
     for key, pairing in (("paired_set", "set"), ("machine", "machine")):
         if key not in a or key not in b:
             continue
@@ -661,19 +663,19 @@ def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> Iterator[tuple[str, pd.DataFr
         if not common:
             continue
         ka, kb = a[key].astype(object), b[key].astype(object)
-        sides = {c: (a[ka == c], b[kb == c]) for c in common}
+        sides = {c: (_best_per_cell(a[ka == c]), _best_per_cell(b[kb == c])) for c in common}
         # the strongest protocol of the two sides first, then the later run (the latest start
         # among the context's records), as for a cell's records (llmbench.report.runs)
         strength = {c: _strength(sides[c][0]) + _strength(sides[c][1]) for c in common}
         order = sorted(sorted(common), key=lambda c: _latest(*sides[c]), reverse=True)
         order = sorted(order, key=lambda c: -strength[c])
         if pairing == "set":
-            pool = [c for c in order if strength[c] == strength[order[0]]]
-            pool = [c for c in pool if not _remeasured(c, pool, sides)]
+            alike = _per_repeat(*sides[order[0]])
+            pool = [c for c in order if _per_repeat(*sides[c]) == alike]
             if len(pool) > 1:
-                yield "sets", *(pd.concat([_best_per_cell(sides[c][k]) for c in pool]) for k in (0, 1))
+                yield "sets", *(pd.concat([sides[c][k] for c in pool]) for k in (0, 1))
         for c in order:
-            yield pairing, _best_per_cell(sides[c][0]), _best_per_cell(sides[c][1])
+            yield pairing, *sides[c]
     ua, ub = _used(a), _used(b)
     same = ("machine" in ua and "machine" in ub and len(ua) and len(ub)
             and ua["machine"].notna().all() and ub["machine"].notna().all()
@@ -682,13 +684,21 @@ def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> Iterator[tuple[str, pd.DataFr
     yield "machine" if same else "machines", ua, ub
 
 
-def _remeasured(c: str, sets: list[str], sides: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> bool:
-    """Whether a record of set ``c`` was superseded by one in the run of another of ``sets``:
-    the comparison measured again, so the set is not pooled with the one that replaced it. A
-    record superseded by a run outside the comparison (another set's cell of the same name)
-    leaves the set's own pairing whole."""
-    by = {str(x) for s in sides[c] if "superseded_by" in s for x in s["superseded_by"].dropna()}
-    return any(by & {str(x) for s in sides[o] if "run" in s for x in s["run"].dropna()} for o in sets if o != c)
+#: what one repeat (a training process, a serving run) of a set measures; sets that agree on
+#: all of it pool their rounds (_contexts)
+PER_REPEAT = ("warmup_steps", "measured_steps", "seq_len", "engine_version")
+
+
+def _per_repeat(*sides: pd.DataFrame) -> frozenset:
+    """What one repeat of the sides' ok records measures (PER_REPEAT's columns, as far as the
+    rows have them); the number of repeats is not part of it."""
+    out: set = set()
+    for rows in sides:
+        ok = rows[rows["status"] == "ok"] if "status" in rows else rows
+        cols = [c for c in PER_REPEAT if c in ok]
+        out |= {tuple((c, None if pd.isna(v) else v) for c, v in zip(cols, vals))
+                for vals in zip(*(ok[c] for c in cols))}
+    return frozenset(out)
 
 
 def _latest(*sides: pd.DataFrame) -> str:
@@ -710,11 +720,15 @@ def _strength(rows: pd.DataFrame) -> int:
 
 
 def _best_per_cell(rows: pd.DataFrame) -> pd.DataFrame:
-    """Of several records of one cell in one context, the one with a result and the strongest protocol."""
+    """Of several records of one cell in one context (a set run again under its name, one
+    machine), the one with a result, then the one the report uses (not superseded), then the
+    strongest protocol, then the later start."""
     if "cell_id" not in rows or rows["cell_id"].is_unique:
         return rows
-    key = rows.assign(_ok=rows["status"].isin(runs_rule.RESULTS), _s=_strengths(rows))
-    key = key.sort_values(["_ok", "_s"], ascending=False)
+    key = rows.assign(_ok=rows["status"].isin(runs_rule.RESULTS), _s=_strengths(rows),
+                      _u=rows["superseded_by"].isna() if "superseded_by" in rows else True,
+                      _t=rows["started"].fillna("").astype(str) if "started" in rows else "")
+    key = key.sort_values(["_ok", "_u", "_s", "_t"], ascending=False, kind="stable")
     return rows.loc[key.drop_duplicates("cell_id").index]
 
 

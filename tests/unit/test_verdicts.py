@@ -463,3 +463,34 @@ def test_a_microbenchmark_measured_once_borrows_no_throughput_spread(tmp_path):
               stage="micro", where={})
     r = judge(tmp_path, many + [gemm], e).iloc[0]
     assert r.verdict == "holds" and r.method == "one measurement, no spread measured"
+
+
+def _plan(tmp_path, rows, *entries):
+    path = tmp_path / "findings.yaml"
+    path.write_text(yaml.safe_dump({"findings": list(entries)}))
+    frame = pd.DataFrame(rows).reindex(columns=list(dict.fromkeys([*tidy.ALL_COLUMNS, *pd.DataFrame(rows).columns])))
+    ours = findings.facts(frame)
+    return findings.to_run(findings.load(path), ours, findings.MachineKind.parse([{"platform": "h200", "gpus": [1]}],
+                                                                                 ours)).iloc[0]
+
+
+def test_the_plan_says_how_many_more_paired_rounds_would_decide_an_undecided_ratio(tmp_path):
+    """Four rounds whose log ratios are 0.05 +- 0.1 (sd 0.115): the interval straddles 1. With
+    the same mean and spread, t(N-1) 0.115 / sqrt(N) < 0.05 first at N = 23 rounds in all:
+    19 more. A ratio a hair off its bound gets no number, and the note says why."""
+    d = [0.15, -0.05, 0.15, -0.05]
+    rows = [row("F", [1000 * math.exp(x) for x in d], paired_set="s1"), row("Naive", [1000] * 4, paired_set="s1")]
+    check = entry([ratio("F", "Naive", min=1.0)], where={"batch_size": 1, "backend": "deepspeed", "model": "llama2-7b"})
+    assert judge(tmp_path, rows, check).iloc[0].verdict == "inconclusive"
+    plan = _plan(tmp_path, rows, check)
+    assert plan["more_rounds"] == 19 and "would not decide" not in plan["note"]
+    est = evidence.Estimate(math.exp(0.05), math.exp(0.05 - 0.1837), math.exp(0.05 + 0.1837), "4/4", "set", "", (), 4)
+    assert evidence.rounds_to_decide(est, 1.0, None) == 19
+    assert evidence.rounds_to_decide(est, None, 2.0) == 1  # the far bound: one more round clears it
+    close = [0.101, -0.099, 0.101, -0.099]  # mean 0.001: some 50,000 rounds
+    rows = [row("F", [1000 * math.exp(x) for x in close], paired_set="s1"), row("Naive", [1000] * 4, paired_set="s1")]
+    plan = _plan(tmp_path, rows, check)
+    assert pd.isna(plan["more_rounds"]) and "more rounds of these cells would not decide it" in plan["note"]
+    # no paired rounds to go on (two machines): no number
+    unpaired = [row("F", [1100, 1000, 1200], machine="m1"), row("Naive", [1000, 1100, 1000], machine="m2")]
+    assert pd.isna(_plan(tmp_path, unpaired, check)["more_rounds"])

@@ -159,6 +159,8 @@ class Estimate:
     method: str = ""
     """How the interval was made, in words."""
     machines: tuple[str, ...] = ()
+    rounds: int = 0
+    """Paired rounds behind a set's interval (0: not paired by round)."""
 
     def text(self) -> str:
         """'0.553 [0.521, 0.587]' (or '>= 1.21' for a bound)."""
@@ -349,7 +351,7 @@ def ratio(a: Side, b: Side, pairing: str, pooled: Spread = NO_SPREAD,
             sets = {r[0][0] for r in common if isinstance(r[0], tuple)}  # pooled sets' rounds: ((set, i), machine)
             where = f" from {len(sets)} sets" if len(sets) > 1 else ""
             return Estimate(math.exp(m), math.exp(m - t * se), math.exp(m + t * se), n, "set",
-                            f"paired rounds ({len(d)}{where}), t({len(d) - 1}){note}", machines)
+                            f"paired rounds ({len(d)}{where}), t({len(d) - 1}){note}", machines, len(d))
         # fewer than two common rounds: as two sides of one machine, or of two
         pairing = "machine" if a.machine == b.machine and "+" not in a.machine else "machines"
     va, dfa, na = _side_var(a, pooled)
@@ -391,6 +393,31 @@ def value(a: Side, pooled: Spread = NO_SPREAD) -> Estimate:
     se = math.sqrt(var)
     method = f"{note}, t({df:.0f})" if a.paired_rounds else f"t({df:.0f})" + (f"; {note}" if note else "")
     return Estimate(math.exp(m), math.exp(m - t * se), math.exp(m + t * se), str(a.n), pairing, method, machines)
+
+
+#: the most rounds in all a plan proposes for one comparison; beyond it the ratio sits too
+#: close to its bound for more rounds of the same cells to decide it
+MAX_ROUNDS = 60
+
+
+def rounds_to_decide(est: Estimate | None, lo: float | None, hi: float | None) -> int | None:
+    """How many more paired rounds, pooled with those of ``est`` (a set measuring each repeat
+    alike), would clear the claim's nearest bound if the ratio and its round-to-round spread
+    stay as measured: the least total N with t(N-1) s / sqrt(N) under the log distance from
+    the value to that bound, less the rounds there are. None where ``est`` is not paired by
+    round (or by fewer than two), has no spread, sits on a bound, or would need more than
+    MAX_ROUNDS in all. A planning figure, not a promise: the next rounds move the mean too."""
+    if est is None or est.pairing != "set" or est.rounds < 2 or est.value is None or est.lo <= 0:
+        return None
+    n = est.rounds
+    spread = (math.log(est.hi) - math.log(est.lo)) / 2 * math.sqrt(n) / t975(n - 1)
+    gaps = [abs(math.log(est.value) - math.log(b)) for b in (lo, hi) if b is not None and b > 0]
+    if not gaps or spread <= 0 or min(gaps) == 0:
+        return None
+    for total in range(n + 1, MAX_ROUNDS + 1):
+        if t975(total - 1) * spread / math.sqrt(total) < min(gaps):
+            return total - n
+    return None
 
 
 def judge(est: Estimate | None, lo: float | None, hi: float | None, strict_lo: bool = False,

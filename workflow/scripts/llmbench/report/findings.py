@@ -1271,7 +1271,7 @@ class MachineKind:
         return [cls(p, int(g)) for p, g in sorted(set(zip(rows["platform"], rows["gpus"].fillna(1))))]
 
 
-TO_RUN_COLUMNS = ["finding", "verdict", "platform", "gpus", "model", "cells", "n_cells", "note"]
+TO_RUN_COLUMNS = ["finding", "verdict", "platform", "gpus", "model", "cells", "n_cells", "more_rounds", "note"]
 
 
 def _check_cells(f: Finding, c: Check, group: dict) -> list[dict]:
@@ -1322,11 +1322,18 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
                 if any(_scope(c, f, {"gpus": kind.gpus}) for c in f.checks):
                     continue
                 rows = _match(candidates, group)
-                cells, notes = {}, []
+                cells, notes, rounds = {}, [], []
                 for c in f.checks:
                     o = evaluate_check(c, f, rows, group, ctx)
                     if o.verdict in ("holds", "contradicts"):
                         continue
+                    if o.estimate is not None and o.estimate.rounds >= 2:
+                        more = evidence.rounds_to_decide(o.estimate, c.lo, c.hi)
+                        if more is None:
+                            notes.append(f"{c.label()} {o.estimate.text()}: more rounds of these cells would not "
+                                         f"decide it ({evidence.MAX_ROUNDS} in all at its spread)")
+                        else:
+                            rounds.append(more)
                     specs = _check_cells(f, c, {**group, "gpus": kind.gpus})
                     if any(spec.get("engine") in LEGACY_ENGINES for spec in specs):
                         continue  # no set we would run decides it: its other side alone is no plan
@@ -1338,11 +1345,14 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
                         if note := (_fit_note(spec) or _predicted_note(spec)):
                             notes.append(f"{text}: {note}")
                 if cells:
+                    unfit = [n for n in notes if "would not decide" not in n]
                     out.append({"finding": f.id, "verdict": verdict, "platform": kind.platform, "gpus": kind.gpus,
                                 "model": model or "", "cells": "; ".join(sorted(cells)), "n_cells": len(cells),
-                                "note": "; ".join(notes), "_unfit": len(notes)})
+                                "more_rounds": max(rounds) if rounds else None,
+                                "note": "; ".join(notes), "_unfit": len(unfit)})
     df = pd.DataFrame(out, columns=[*TO_RUN_COLUMNS, "_unfit"])
-    df["_cannot"] = df["note"] != ""
+    df["more_rounds"] = df["more_rounds"].astype("Int64")
+    df["_cannot"] = df["_unfit"] > 0
     # per finding, its smallest set (one that may fit first, the fewest cells that cannot, then
     # the fewest cells and GPUs)
     df = df.sort_values(["_cannot", "_unfit", "n_cells", "gpus", "platform", "model"]).drop_duplicates("finding")
@@ -1411,8 +1421,11 @@ NOTE = (
 MISSING_HEADING = "What to run next: the smallest paired set that would decide each undecided finding"
 MISSING_LEAD = ("Per undecided finding, its smallest paired set on the machine kinds given (config "
                 "`findings_machines`; default: the platforms and GPU counts our records ran on): the cells its "
-                "undecided checks read there, to be measured together in one job; `note` names a cell that cannot "
-                "fit (model states alone, or the memory model at batch 1), listed last.")
+                "undecided checks read there, to be measured together in one job; `more_rounds`, where a check "
+                "already has paired rounds, how many more of them (a set measuring each repeat alike, pooled with "
+                "the earlier ones) would clear its nearest bound if the ratio and its spread held; `note` names a "
+                "cell that cannot fit (model states alone, or the memory model at batch 1), listed last, or a "
+                "ratio too close to its bound for more rounds to decide.")
 MISSING_SHOWN = 15
 
 

@@ -1322,21 +1322,21 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
                 if any(_scope(c, f, {"gpus": kind.gpus}) for c in f.checks):
                     continue
                 rows = _match(candidates, group)
-                cells, notes, rounds = {}, [], []
+                cells, notes, rounds, stuck = {}, [], [], []
                 for c in f.checks:
                     o = evaluate_check(c, f, rows, group, ctx)
                     if o.verdict in ("holds", "contradicts"):
                         continue
-                    if o.estimate is not None and o.estimate.rounds >= 2:
-                        more = evidence.rounds_to_decide(o.estimate, c.lo, c.hi)
-                        if more is None:
-                            notes.append(f"{c.label()} {o.estimate.text()}: more rounds of these cells would not "
-                                         f"decide it ({evidence.MAX_ROUNDS} in all at its spread)")
-                        else:
-                            rounds.append(more)
                     specs = _check_cells(f, c, {**group, "gpus": kind.gpus})
                     if any(spec.get("engine") in LEGACY_ENGINES for spec in specs):
                         continue  # no set we would run decides it: its other side alone is no plan
+                    if o.estimate is not None and o.estimate.rounds >= 2:  # paired rounds to go on
+                        more = evidence.rounds_to_decide(o.estimate, c.lo, c.hi)
+                        if more is not None:
+                            rounds.append(more)
+                        else:
+                            stuck.append(f"{c.label()} {o.estimate.text()}: more rounds of these cells would not "
+                                         f"decide it ({evidence.MAX_ROUNDS} in all at its spread)")
                     for spec in specs:
                         if spec.get("platform") != kind.platform:
                             continue
@@ -1345,11 +1345,10 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
                         if note := (_fit_note(spec) or _predicted_note(spec)):
                             notes.append(f"{text}: {note}")
                 if cells:
-                    unfit = [n for n in notes if "would not decide" not in n]
                     out.append({"finding": f.id, "verdict": verdict, "platform": kind.platform, "gpus": kind.gpus,
                                 "model": model or "", "cells": "; ".join(sorted(cells)), "n_cells": len(cells),
                                 "more_rounds": max(rounds) if rounds else None,
-                                "note": "; ".join(notes), "_unfit": len(unfit)})
+                                "note": "; ".join(notes + stuck), "_unfit": len(notes)})
     df = pd.DataFrame(out, columns=[*TO_RUN_COLUMNS, "_unfit"])
     df["more_rounds"] = df["more_rounds"].astype("Int64")
     df["_cannot"] = df["_unfit"] > 0

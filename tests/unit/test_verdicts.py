@@ -437,6 +437,33 @@ def test_a_serving_set_pairs_its_bursts_round_by_round(tmp_path):
     assert r.pairing == "machine" and r.verdict == "inconclusive"  # the round-2 dip widens Welch's interval
 
 
+def test_serving_sets_pool_only_where_their_engine_versions_agree(tmp_path):
+    """Two sets of the same bursts on two machines pool their rounds when both ran the same
+    engine versions; a set of another vLLM version measures something else and stays apart
+    (the stronger, then the later set decides alone)."""
+    def burst(engine, i, tps, paired_set, version):
+        return {"stage": "serve", "platform": "h200", "model": "llama2-7b", "gpus": 1, "engine": engine,
+                "engine_version": version, "backend": engine, "load": f"burst-{i + 1}", "status": "ok",
+                "output_tokens_per_s": tps, "run": paired_set, "kind": "cell", "machine": paired_set,
+                "paired_set": paired_set, "paired_round": i, "superseded_by": None, "layout": None,
+                "tokens_per_s_mean": None, "peak_mem_allocated_gib": None, "peak_rss_gib": None,
+                "record_path": f"results/reference/{paired_set}/runs/serve/h200/llama2-7b/{engine}/"
+                               f"burst-{i + 1}-g1/record.json"}
+    speeds = {"s1": {"sglang": [4100, 4300, 4150], "vllm": [4000, 4000, 4000]},
+              "s2": {"sglang": [4400, 4100, 4000], "vllm": [4000, 4000, 4000]}}
+    versions = {"sglang": "0.5.17", "vllm": "0.26.0"}
+
+    def rows(vllm_in_s2):
+        return [burst(e, i, v, sid, vllm_in_s2 if (sid, e) == ("s2", "vllm") else versions[e])
+                for sid, by in speeds.items() for e, vs in by.items() for i, v in enumerate(vs)]
+    e = entry([{"metric": "output_tokens_per_s", "relation": "ratio", "a": {"engine": "sglang"},
+                "b": {"engine": "vllm"}, "expect": {"min": 1.0}}], stage="serve", where={})
+    r = judge(tmp_path, rows("0.26.0"), e).iloc[0]
+    assert r.pairing == "set" and "paired rounds (6 from 2 sets), t(5)" in r.method
+    r = judge(tmp_path, rows("0.27.0"), e).iloc[0]
+    assert r.pairing == "set" and r.method.startswith("paired rounds (3), t(2)")
+
+
 def test_a_burst_on_a_warm_engine_is_no_evidence_for_the_papers_serving_claims(tmp_path):
     """The paper starts an engine for each run: a burst served by a shared engine after other
     loads (warm_engine) is left out of a serving finding, so a LightLLM burst against a warm

@@ -9,6 +9,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from llmbench import estimate, techniques
+from llmbench.models import ModelSpec
 from llmbench.report import evidence, findings, paper_frame, tidy
 
 
@@ -511,6 +513,11 @@ def test_the_plan_says_how_many_more_paired_rounds_would_decide_an_undecided_rat
     assert judge(tmp_path, rows, check).iloc[0].verdict == "inconclusive"
     plan = _plan(tmp_path, rows, check)
     assert plan["more_rounds"] == 19 and "would not decide" not in plan["note"]
+    assert pd.isna(plan["round_s"])  # no step times in these rows: no seconds a round
+    # with their step times (10 + 50 steps at 0.3 s, after the start-up a 7B repeat takes)
+    timed = [x | {"step_time_s_mean": 0.3, "warmup_steps": 10, "measured_steps": 50} for x in rows]
+    start = estimate.startup_of(techniques.parse("F"), 1, ModelSpec.load("llama2-7b"))
+    assert _plan(tmp_path, timed, check)["round_s"] == round(2 * (start + 60 * 0.3))
     est = evidence.Estimate(math.exp(0.05), math.exp(0.05 - 0.1837), math.exp(0.05 + 0.1837), "4/4", "set", "", (), 4)
     assert evidence.rounds_to_decide(est, 1.0, None) == 19
     assert evidence.rounds_to_decide(est, None, 2.0) == 1  # the far bound: one more round clears it

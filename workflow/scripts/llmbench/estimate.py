@@ -45,6 +45,7 @@ from .cells import SEARCH_STAGES, Cell, MicroCell, ServeCell
 from .config import REPO_ROOT, ConfigError
 from .grid.paired import engine_sessions
 from .models import ModelSpec
+from .techniques import Technique
 
 #: Minutes a serving job adds per engine it starts, beyond the engine's ready_timeout_s (serve_runtime_min)
 SERVE_SLACK_MIN = 10
@@ -128,13 +129,18 @@ def why_not(cell: Cell | ServeCell | MicroCell) -> str | None:
 
 
 def startup_s(cell: Cell, model: ModelSpec) -> float:
-    """Seconds a repeat takes before its first step: STARTUP_FIXED_S plus the model's build,
-    BUILD_S_PER_GPARAM of the whole model, or BUILD_SHARDED_S_PER_GPARAM of a rank's shard
-    with ZeRO-3 or offload (whichever is larger)."""
+    """Seconds a repeat of ``cell`` takes before its first step (startup_of)."""
+    return startup_of(cell.tech, cell.gpus, model)
+
+
+def startup_of(tech: Technique, gpus: int, model: ModelSpec) -> float:
+    """Seconds a repeat of a cell of ``tech`` over ``gpus`` takes before its first step:
+    STARTUP_FIXED_S plus the model's build, BUILD_S_PER_GPARAM of the whole model, or
+    BUILD_SHARDED_S_PER_GPARAM of a rank's shard with ZeRO-3 or offload (whichever is larger)."""
     gparams = model.param_counts()["total"] / 1e9
     build = BUILD_S_PER_GPARAM * gparams
-    if cell.tech.zero_stage == 3 or cell.tech.offload:
-        build = max(build, BUILD_SHARDED_S_PER_GPARAM * gparams / cell.gpus)
+    if tech.zero_stage == 3 or tech.offload:
+        build = max(build, BUILD_SHARDED_S_PER_GPARAM * gparams / gpus)
     return STARTUP_FIXED_S + build
 
 

@@ -1271,7 +1271,8 @@ class MachineKind:
         return [cls(p, int(g)) for p, g in sorted(set(zip(rows["platform"], rows["gpus"].fillna(1))))]
 
 
-TO_RUN_COLUMNS = ["finding", "verdict", "platform", "gpus", "model", "cells", "n_cells", "more_rounds", "note"]
+TO_RUN_COLUMNS = ["finding", "verdict", "platform", "gpus", "model", "cells", "n_cells", "more_rounds", "round_s",
+                  "note"]
 
 
 def _check_cells(f: Finding, c: Check, group: dict) -> list[dict]:
@@ -1288,6 +1289,32 @@ def _check_cells(f: Finding, c: Check, group: dict) -> list[dict]:
             if c.metric == "scaling_efficiency" and (one.get("gpus") or 1) > 1:
                 out.append({**one, "gpus": 1})  # efficiency is against the fewest GPUs: measured together
     return out
+
+
+def _repeat_s(rows: pd.DataFrame) -> float | None:
+    """Seconds one repeat (a serving run) of a cell took, from its ok record the report uses:
+    a training cell's start-up (llmbench.estimate.startup_of) plus its warm-up and measured
+    steps at its measured step time; a serving run's engine start plus its load. None
+    without such a record."""
+    from .. import estimate
+
+    rows = _used(rows)
+    ok = rows[rows["status"] == "ok"] if "status" in rows else rows.iloc[0:0]
+    for _, r in ok.iterrows():
+        if r.get("stage") == "serve":
+            if pd.notna(r.get("server_ready_s")) and pd.notna(r.get("duration_s")):
+                return float(r["server_ready_s"]) + float(r["duration_s"])
+            continue
+        step, steps = r.get("step_time_s_mean"), (r.get("warmup_steps"), r.get("measured_steps"))
+        if pd.isna(step) or any(pd.isna(x) for x in steps):
+            continue
+        try:
+            start = estimate.startup_of(techniques.parse(str(r["technique"])), int(r["gpus"]),
+                                       _model_spec(str(r["model"])))
+        except (ConfigError, techniques.TechniqueError, KeyError, ValueError):
+            continue
+        return start + sum(int(x) for x in steps) * float(step)
+    return None
 
 
 def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind],
@@ -1322,7 +1349,7 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
                 if any(_scope(c, f, {"gpus": kind.gpus}) for c in f.checks):
                     continue
                 rows = _match(candidates, group)
-                cells, notes, rounds, stuck = {}, [], [], []
+                cells, notes, rounds, stuck, took = {}, [], [], [], {}
                 for c in f.checks:
                     o = evaluate_check(c, f, rows, group, ctx)
                     if o.verdict in ("holds", "contradicts"):
@@ -1342,15 +1369,19 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
                             continue
                         text = _cell_text(f.stage, {}, spec)
                         cells[text] = spec
+                        took[text] = _repeat_s(_match(rows, spec))
                         if note := (_fit_note(spec) or _predicted_note(spec)):
                             notes.append(f"{text}: {note}")
                 if cells:
                     out.append({"finding": f.id, "verdict": verdict, "platform": kind.platform, "gpus": kind.gpus,
                                 "model": model or "", "cells": "; ".join(sorted(cells)), "n_cells": len(cells),
                                 "more_rounds": max(rounds) if rounds else None,
+                                "round_s": (round(sum(took.values())) if all(v is not None for v in took.values())
+                                            else None),
                                 "note": "; ".join(notes + stuck), "_unfit": len(notes)})
     df = pd.DataFrame(out, columns=[*TO_RUN_COLUMNS, "_unfit"])
     df["more_rounds"] = df["more_rounds"].astype("Int64")
+    df["round_s"] = df["round_s"].astype("Int64")
     df["_cannot"] = df["_unfit"] > 0
     # per finding, its smallest set (one that may fit first, the fewest cells that cannot, then
     # the fewest cells and GPUs)
@@ -1422,7 +1453,10 @@ MISSING_LEAD = ("Per undecided finding, its smallest paired set on the machine k
                 "`findings_machines`; default: the platforms and GPU counts our records ran on): the cells its "
                 "undecided checks read there, to be measured together in one job; `more_rounds`, where a check "
                 "already has paired rounds, how many more of them (a set measuring each repeat alike, pooled with "
-                "the earlier ones) would clear its nearest bound if the ratio and its spread held; `note` names a "
+                "the earlier ones) would clear its nearest bound if the ratio and its spread held; `round_s`, the "
+                "seconds a round of these cells takes, where each has a record the tables use (its start-up and "
+                "its own warm-up and measured steps at its measured step time, or an engine's start and its "
+                "load); `note` names a "
                 "cell that cannot fit (model states alone, or the memory model at batch 1), listed last, or a "
                 "ratio too close to its bound for more rounds to decide.")
 MISSING_SHOWN = 15

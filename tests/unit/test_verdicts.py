@@ -39,12 +39,18 @@ def ratio(a, b, metric="tokens_per_s_per_gpu", **expect):
     return {"metric": metric, "relation": "ratio", "a": {"technique": a}, "b": {"technique": b}, "expect": expect}
 
 
-def judge(tmp_path, rows, *entries):
+def _inputs(tmp_path, rows, entries):
+    """The findings file of ``entries`` and the facts of ``rows`` (with a tidy table's columns)."""
     path = tmp_path / "findings.yaml"
     path.write_text(yaml.safe_dump({"findings": list(entries)}))
     frame = pd.DataFrame(rows)
-    frame = frame.reindex(columns=list(dict.fromkeys([*tidy.ALL_COLUMNS, *frame.columns])))  # a tidy table's columns
-    return findings.evaluate(findings.load(path), findings.facts(frame), findings.derive(paper_frame.frame()))
+    frame = frame.reindex(columns=list(dict.fromkeys([*tidy.ALL_COLUMNS, *frame.columns])))
+    return findings.load(path), findings.facts(frame)
+
+
+def judge(tmp_path, rows, *entries):
+    fs, ours = _inputs(tmp_path, rows, entries)
+    return findings.evaluate(fs, ours, findings.derive(paper_frame.frame()))
 
 
 @pytest.mark.parametrize("checks, verdict", [
@@ -495,12 +501,8 @@ def test_a_microbenchmark_measured_once_borrows_no_throughput_spread(tmp_path):
 
 
 def _plan(tmp_path, rows, *entries):
-    path = tmp_path / "findings.yaml"
-    path.write_text(yaml.safe_dump({"findings": list(entries)}))
-    frame = pd.DataFrame(rows).reindex(columns=list(dict.fromkeys([*tidy.ALL_COLUMNS, *pd.DataFrame(rows).columns])))
-    ours = findings.facts(frame)
-    return findings.to_run(findings.load(path), ours, findings.MachineKind.parse([{"platform": "h200", "gpus": [1]}],
-                                                                                 ours)).iloc[0]
+    fs, ours = _inputs(tmp_path, rows, entries)
+    return findings.to_run(fs, ours, findings.MachineKind.parse([{"platform": "h200", "gpus": [1]}], ours)).iloc[0]
 
 
 def test_the_plan_says_how_many_more_paired_rounds_would_decide_an_undecided_ratio(tmp_path):

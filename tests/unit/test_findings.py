@@ -303,6 +303,37 @@ def test_to_run_plans_the_smallest_paired_set_per_undecided_finding_on_given_mac
         findings.MachineKind.parse([{"platform": "h900", "gpus": 1}], ours)
 
 
+def test_the_plan_gives_no_fit_note_to_a_cell_that_ran(tmp_path):
+    """DeepSpeed's Z2 of llama2-7b on one H200 is predicted not to fit (its optimizer step over
+    the 141 GiB with the margin), but a record of it ran ok: the plan to measure it again
+    beside Z3 must not list it as a cell that cannot fit (such sets are listed last, as if
+    they could not run); without that record the prediction names it."""
+    fs = load_entries(tmp_path, finding(id="z2-vs-z3", checks=[
+        {"metric": "tokens_per_s_per_gpu", "relation": "ratio", "a": {"technique": "Z2"}, "b": {"technique": "Z3"},
+         "expect": {"min": 1.0}}]))
+    kinds = findings.MachineKind.parse([{"platform": "h200", "gpus": 1}], pd.DataFrame())
+    z3_failed = ("h200", "llama2-7b", "Z3", 1, 1, "error", None, None)
+    ran = findings.to_run(fs, findings.facts(rows(("h200", "llama2-7b", "Z2", 1, 1, "ok", 100.0, 101.0), z3_failed)),
+                          kinds).iloc[0]
+    assert ran["cells"] == "pretrain h200 llama2-7b deepspeed Z2 bs1 g1; pretrain h200 llama2-7b deepspeed Z3 bs1 g1"
+    assert "Z2 bs1 g1" not in ran["note"]
+    failed = findings.to_run(fs, findings.facts(rows(("h200", "llama2-7b", "Z2", 1, 1, "error", None, None),
+                                                     z3_failed)), kinds).iloc[0]
+    assert "pretrain h200 llama2-7b deepspeed Z2 bs1 g1: predicted GPU peak" in failed["note"]
+
+
+@pytest.mark.parametrize("backend, technique, fits", [
+    ("deepspeed", "Z2", False),  # ZeRO-2 on one GPU: fp32 master weights, moments and gradients
+    ("fsdp2", "Z2", True),  # FSDP2 without resharding on one GPU: what its records measured
+    ("fsdp2", "Z3+O", None),  # FSDP2's offload is not modelled: no prediction, no note
+])
+def test_the_plans_memory_note_predicts_under_the_cells_backend(backend, technique, fits):
+    spec = {"stage": "pretrain", "platform": "h200", "model": "llama2-7b", "technique": technique, "batch_size": 1,
+            "gpus": 1, "backend": backend}
+    note = findings._predicted_note(spec)
+    assert note.startswith("predicted GPU peak") if fits is False else note == ""
+
+
 @pytest.mark.parametrize("platform, model, gpus, note", [
     ("h200", "llama2-70b", 1, "cannot fit: bf16 weights 128 GiB a GPU over 1 > 127 GiB, an engine's 90 % of 141 GiB"),
     ("h200", "llama2-70b", 2, ""),  # tensor parallel 2: 64 GiB a GPU

@@ -196,20 +196,22 @@ def _measured(tidy: pd.DataFrame, platform: str, model: str, stage: str, gpus: i
 
 
 def predicted(plat: dict[str, Any], model: ModelSpec, technique: str, gpus: int,
-              margin: float | None = None, host_gib: float | None = None) -> dict[str, Any] | None:
+              margin: float | None = None, host_gib: float | None = None,
+              backend: str = "deepspeed") -> dict[str, Any] | None:
     """The memory model's answer for one of the paper's methods at batch 1 (sequence 350; LoRA
-    as Table IX's) on ``gpus`` GPUs of a platform (its to_dict()): ``fits`` (None on a platform
-    without a GPU capacity), ``why`` not, ``gib_bs1``, ``max_batch`` (the largest predicted to
-    fit, at most 1024), ``capacity_gib``. None where the platform cannot run the method at all
-    (prompt tuning is not modelled; 4-bit where the platform has no 4-bit kernels). Offload is
-    held to ``host_gib`` where given, else to the platform file's host memory."""
+    as Table IX's) on ``gpus`` GPUs of a platform (its to_dict()), under ``backend`` (the
+    paper's methods run on DeepSpeed): ``fits`` (None on a platform without a GPU capacity),
+    ``why`` not, ``gib_bs1``, ``max_batch`` (the largest predicted to fit, at most 1024),
+    ``capacity_gib``. None where the platform cannot run the method at all (prompt tuning is
+    not modelled; 4-bit where the platform has no 4-bit kernels). Offload is held to
+    ``host_gib`` where given, else to the platform file's host memory."""
     t = techniques.parse(technique)
     if t.adapter == "prompt_tuning" or (t.quant4 and not plat.get("supports_4bit", True)):
         return None
     cap = plat.get("gpu_memory_gib") if plat.get("accelerator") == "cuda" else None
     host = host_gib if host_gib is not None else host_memory_gib(plat)
     ranks = min(gpus, plat.get("gpus_per_node") or 1)
-    w = Workload(model=model, technique=technique, batch_size=1, seq_len=350, gpus=gpus,
+    w = Workload(model=model, technique=technique, batch_size=1, seq_len=350, gpus=gpus, backend=backend,
                  adapter=PAPER_LORA if t.adapter else None)
     pred = predict(w)
     ok, why = fits(pred, cap, host, ranks, margin) if cap else (None, "")

@@ -1224,17 +1224,21 @@ def _fit_note(spec: dict) -> str:
 
 def _predicted_note(spec: dict) -> str:
     """'' unless the memory model (with its margin, llmbench.report.advice.predicted) says a
-    training cell at batch 1 on a stated GPU count does not fit, then why."""
+    training cell at batch 1 on a stated GPU count does not fit under its backend (DeepSpeed
+    where the spec names none), then why."""
     from .advice import predicted
 
     if spec.get("stage") not in ("pretrain", "finetune") or spec.get("batch_size") != 1 or not spec.get("gpus") \
             or not isinstance(spec.get("technique"), str) or not isinstance(spec.get("model"), str) \
             or not spec.get("model") or not spec.get("platform"):
         return ""
+    backend = spec.get("backend") or "deepspeed"
+    if not isinstance(backend, str):  # a selection of several backends has no one prediction
+        return ""
     try:
         p = predicted(paper_frame.platform_spec(spec["platform"]), _model_spec(spec["model"]), spec["technique"],
-                      int(spec["gpus"]))
-    except (ConfigError, techniques.TechniqueError):
+                      int(spec["gpus"]), backend=backend)
+    except (ConfigError, techniques.TechniqueError, ValueError):  # ValueError: a backend's method not modelled
         return ""
     return p["why"] if p is not None and p["fits"] is False else ""  # "predicted GPU peak ... > ..."
 
@@ -1291,6 +1295,11 @@ def _check_cells(f: Finding, c: Check, group: dict) -> list[dict]:
     return out
 
 
+def _ran_ok(rows: pd.DataFrame) -> bool:
+    """Whether a cell has an ok record: then it fits, whatever a model predicts."""
+    return "status" in rows and bool((rows["status"] == "ok").any())
+
+
 def _repeat_s(rows: pd.DataFrame) -> float | None:
     """Seconds one repeat (a serving run) of a cell took, from its ok record the report uses:
     a training cell's start-up (llmbench.estimate.startup_of) plus its warm-up and measured
@@ -1323,7 +1332,7 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
     smallest paired set that would decide it on the given machine kinds: the cells its
     undecided checks read there (those not run, not ok, or whose interval straddled the
     bound, measured again together), with whether they can fit (model states on the
-    kind's GPU count, then the memory model at batch 1). A check that reads a legacy
+    kind's GPU count, then the memory model at batch 1; a cell with an ok record fits). A check that reads a legacy
     engine's cell (LEGACY_ENGINES) plans none of its cells: the other side alone would not
     decide it. A kind the claim's scope excludes (too few GPUs) or whose platform the claim
     is not about is left out. ``judged``: as ``evaluate``'s."""
@@ -1370,6 +1379,8 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
                         text = _cell_text(f.stage, {}, spec)
                         cells[text] = spec
                         took[text] = _repeat_s(_match(rows, spec))
+                        if _ran_ok(_match(rows, spec)):
+                            continue  # it ran: no prediction says it cannot
                         if note := (_fit_note(spec) or _predicted_note(spec)):
                             notes.append(f"{text}: {note}")
                 if cells:

@@ -59,6 +59,17 @@ def test_a_sharded_build_is_per_rank_and_a_whole_copy_is_not():
     assert whole == estimate.startup_s(cell(technique="QL+F", gpus=1), m)
 
 
+def test_fsdp2s_full_sharding_builds_the_whole_model_not_deepspeeds_shards():
+    """FSDP2 shards a model built on the meta device (about a second for llama2-7b's Z3 in its
+    records): it pays the whole-model build, not DeepSpeed ZeRO-3's partitioning; its offload
+    still pays the host buffers."""
+    m = ModelSpec.load("llama2-7b")
+    whole = estimate.STARTUP_FIXED_S + estimate.BUILD_S_PER_GPARAM * m.param_counts()["total"] / 1e9
+    assert estimate.startup_s(cell(technique="Z3", backend="fsdp2"), m) == pytest.approx(whole)
+    assert estimate.startup_s(cell(technique="Z3"), m) > whole  # DeepSpeed's sharded build
+    assert estimate.startup_s(cell(technique="Z3+O", backend="fsdp2"), m) > whole
+
+
 @pytest.mark.parametrize("c, why", [
     (cell(platform="cpu", model="tiny", technique="Naive"), "platform 'cpu'"),
     (cell(platform="a800", gpus=8), "platform 'a800'"),

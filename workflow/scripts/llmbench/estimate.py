@@ -64,9 +64,11 @@ STARTUP_FIXED_S = 30.0
 #: Build seconds per 1e9 parameters where each rank builds the whole model (phase_build_s:
 #: p95 34 s for llama2-7b, 14 s for llama2-13b, 55 s for llama2-70b with 4-bit weights on four ranks)
 BUILD_S_PER_GPARAM = 1.0
-#: Build seconds per 1e9 parameters of a rank's shard with ZeRO-3 or offload (partitioning,
-#: host buffers, the CPU optimizer: phase_build_s p95 61 s for llama2-7b Z3+O, 92 s for
-#: llama2-13b Z3+O, on one GPU)
+#: Build seconds per 1e9 parameters of a rank's shard with DeepSpeed's ZeRO-3 or with offload
+#: (partitioning, host buffers, the CPU optimizer: phase_build_s p95 61 s for llama2-7b Z3+O,
+#: 92 s for llama2-13b Z3+O, on one GPU). FSDP2's full sharding pays none of it: it shards a
+#: model built on the meta device and materialises the shards (phase_build_s at most 1.1 s for
+#: llama2-7b and llama3.1-8b Z3 on one or two GPUs), so its build is the whole-model term.
 BUILD_SHARDED_S_PER_GPARAM = 5.0
 #: Adapters the model covers (llmbench.throughput.model.trainable_params counts LoRA's matrices)
 ADAPTERS = (None, "lora")
@@ -130,16 +132,17 @@ def why_not(cell: Cell | ServeCell | MicroCell) -> str | None:
 
 def startup_s(cell: Cell, model: ModelSpec) -> float:
     """Seconds a repeat of ``cell`` takes before its first step (startup_of)."""
-    return startup_of(cell.tech, cell.gpus, model)
+    return startup_of(cell.tech, cell.gpus, model, cell.backend)
 
 
-def startup_of(tech: Technique, gpus: int, model: ModelSpec) -> float:
-    """Seconds a repeat of a cell of ``tech`` over ``gpus`` takes before its first step:
-    STARTUP_FIXED_S plus the model's build, BUILD_S_PER_GPARAM of the whole model, or
-    BUILD_SHARDED_S_PER_GPARAM of a rank's shard with ZeRO-3 or offload (whichever is larger)."""
+def startup_of(tech: Technique, gpus: int, model: ModelSpec, backend: str = "deepspeed") -> float:
+    """Seconds a repeat of a cell of ``tech`` over ``gpus`` under ``backend`` takes before its
+    first step: STARTUP_FIXED_S plus the model's build, BUILD_S_PER_GPARAM of the whole model,
+    or BUILD_SHARDED_S_PER_GPARAM of a rank's shard with DeepSpeed's ZeRO-3 or with offload
+    (whichever is larger)."""
     gparams = model.param_counts()["total"] / 1e9
     build = BUILD_S_PER_GPARAM * gparams
-    if tech.zero_stage == 3 or tech.offload:
+    if (tech.zero_stage == 3 and backend != "fsdp2") or tech.offload:
         build = max(build, BUILD_SHARDED_S_PER_GPARAM * gparams / gpus)
     return STARTUP_FIXED_S + build
 

@@ -1319,7 +1319,7 @@ def _repeat_s(rows: pd.DataFrame) -> float | None:
             continue
         try:
             start = estimate.startup_of(techniques.parse(str(r["technique"])), int(r["gpus"]),
-                                       _model_spec(str(r["model"])))
+                                       _model_spec(str(r["model"])), str(r.get("backend") or "deepspeed"))
         except (ConfigError, techniques.TechniqueError, KeyError, ValueError):
             continue
         return start + sum(int(x) for x in steps) * float(step)

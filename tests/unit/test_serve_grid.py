@@ -159,6 +159,43 @@ def test_random_weights_are_transformers_init_and_independent_of_threads(tmp_pat
     assert not (one["model.layers.0.self_attn.q_proj.weight"] == one["model.layers.1.self_attn.q_proj.weight"]).all()
 
 
+def test_random_weights_the_node_cannot_hold_stop_before_anything_is_written(tmp_path, monkeypatch):
+    """llama2-70b's random bf16 weights (128 GiB) on a disk with 120 GiB free, or with 100
+    GiB of host memory available to fill them in: a clear error naming the sizes before any
+    file is written (a full disk or a killed job would come minutes later); dummy weights
+    need neither, and the room that is there lets the folder be written."""
+    import shutil
+
+    from llmbench.models import ModelSpec
+    from llmbench.serve import model_dir
+
+    big, tiny = ModelSpec.load("llama2-70b"), ModelSpec.load("tiny")
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(model_dir.shutil, "disk_usage", lambda p: usage._replace(free=120 * 2**30))
+    out = tmp_path / "models" / "llama2-70b" / "random"
+    with pytest.raises(model_dir.NoRoom, match=r"llama2-70b: its random bf16 weights take 128\.\d GiB, but the disk "
+                                               r"of \S+ has 120\.0 GiB free; .*weights: dummy"):
+        model_dir.build(big, out)
+    assert not out.exists()
+    assert (model_dir.build(big, tmp_path / "dummy", weights="dummy") / "config.json").exists()
+    monkeypatch.setattr(model_dir.shutil, "disk_usage", lambda p: usage._replace(free=400 * 2**30))
+    monkeypatch.setattr(model_dir, "mem_available_bytes", lambda: 100 * 2**30)
+    with pytest.raises(model_dir.NoRoom, match=r"128\.\d GiB of host memory .* but 100\.0 GiB is available"):
+        model_dir.build(big, out)
+    assert (model_dir.build(tiny, tmp_path / "tiny") / "model.safetensors").exists()
+
+
+def test_the_available_host_memory_is_read_from_meminfo(tmp_path):
+    from llmbench.serve import model_dir
+
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       131072000 kB\nMemFree:         1000 kB\nMemAvailable:   104857600 kB\n")
+    assert model_dir.mem_available_bytes(info) == 100 * 2**30
+    info.write_text("MemTotal:       131072000 kB\n")
+    assert model_dir.mem_available_bytes(info) is None
+    assert model_dir.mem_available_bytes(tmp_path / "absent") is None
+
+
 def _launch(tmp_path, accelerator="cuda", extra=()):
     return Launch(model_dir=tmp_path, served_name="m", host="127.0.0.1", port=1, gpus=1, accelerator=accelerator,
                   python="/py", dummy_weights=True, max_model_len=640, max_num_seqs=1000, extra_args=tuple(extra))

@@ -1332,9 +1332,9 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
     smallest paired set that would decide it on the given machine kinds: the cells its
     undecided checks read there (those not run, not ok, or whose interval straddled the
     bound, measured again together), with whether they can fit (model states on the
-    kind's GPU count, then the memory model at batch 1; a cell with an ok record fits). A check that reads a legacy
-    engine's cell (LEGACY_ENGINES) plans none of its cells: the other side alone would not
-    decide it. A kind the claim's scope excludes (too few GPUs) or whose platform the claim
+    kind's GPU count, then the memory model at batch 1; a cell with an ok record fits). A
+    check that reads a legacy engine's cell (LEGACY_ENGINES) plans none of its cells: the
+    other side alone would not decide it. A kind the claim's scope excludes (too few GPUs) or whose platform the claim
     is not about is left out. ``judged``: as ``evaluate``'s."""
     ctx = ctx or context(ours)
     ours = _one_block(ours)

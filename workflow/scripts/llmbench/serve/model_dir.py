@@ -23,6 +23,7 @@ from random weights; the load generator checks and reports any shortfall anyway.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from ..models import ModelSpec
@@ -31,6 +32,15 @@ SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
 #: First id a synthetic prompt may use (ids below are the special tokens).
 TOKEN_OFFSET = len(SPECIAL_TOKENS)
 WEIGHTS = ("random", "dummy")
+#: Bytes a random weight takes: bf16, in the safetensors files and in host memory while filled.
+WEIGHT_BYTES = 2
+#: Room beyond the weights the check asks for (safetensors headers, config and tokenizer files).
+ROOM_MARGIN = 1.02
+GIB = 2**30
+
+
+class NoRoom(RuntimeError):
+    """The node cannot hold a model directory's random weights (disk or host memory)."""
 
 
 def word(i: int) -> str:
@@ -56,6 +66,8 @@ def build(spec: ModelSpec, out_dir: Path | str, weights: str = "random", seed: i
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
     out = Path(out_dir)
+    if weights == "random":
+        check_room(spec, out)
     out.mkdir(parents=True, exist_ok=True)
     config = spec.hf_config()
     config.use_cache = True  # serving: the KV cache is the point
@@ -78,6 +90,39 @@ def build(spec: ModelSpec, out_dir: Path | str, weights: str = "random", seed: i
     if weights == "random":
         _write_random_weights(spec, out, seed, threads)
     return out
+
+
+def check_room(spec: ModelSpec, out: Path) -> None:
+    """Raise NoRoom, before anything is written, where the disk under ``out`` or the host's
+    available memory cannot hold ``spec``'s random bf16 weights: they are filled in host
+    memory and saved whole (llama2-70b: 128 GiB of each), and a node short of either would
+    fail minutes later with a full disk or a killed job rather than this message."""
+    need = spec.param_counts()["total"] * WEIGHT_BYTES
+    base = out
+    while not base.exists():  # the folder is made later: measure the disk it will be on
+        base = base.parent
+    free = shutil.disk_usage(base).free
+    hint = ("engines that initialise their own weights need no folder of them (serve block key weights: dummy; "
+            "vLLM and SGLang), LightLLM and TGI read safetensors")
+    if need * ROOM_MARGIN > free:
+        raise NoRoom(f"{spec.name}: its random bf16 weights take {need / GIB:.1f} GiB, but the disk of {base} has "
+                     f"{free / GIB:.1f} GiB free; {hint}")
+    avail = mem_available_bytes()
+    if avail is not None and need * ROOM_MARGIN > avail:
+        raise NoRoom(f"{spec.name}: its random bf16 weights take {need / GIB:.1f} GiB of host memory while they "
+                     f"are filled, but {avail / GIB:.1f} GiB is available; {hint}")
+
+
+def mem_available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """The host memory available to a new process (Linux's MemAvailable), or None where
+    the kernel does not say."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _write_random_weights(spec: ModelSpec, out: Path, seed: int, threads: int) -> None:

@@ -727,7 +727,7 @@ def _best_per_cell(rows: pd.DataFrame) -> pd.DataFrame:
         return rows
     key = rows.assign(_ok=rows["status"].isin(runs_rule.RESULTS), _s=_strengths(rows),
                       _u=rows["superseded_by"].isna() if "superseded_by" in rows else True,
-                      _t=rows["started"].fillna("").astype(str) if "started" in rows else "")
+                      _t=rows["started"].astype(object).fillna("").astype(str) if "started" in rows else "")
     key = key.sort_values(["_ok", "_u", "_s", "_t"], ascending=False, kind="stable")
     return rows.loc[key.drop_duplicates("cell_id").index]
 
@@ -1300,30 +1300,44 @@ def _ran_ok(rows: pd.DataFrame) -> bool:
     return "status" in rows and bool((rows["status"] == "ok").any())
 
 
-def _repeat_s(rows: pd.DataFrame) -> float | None:
-    """Seconds one repeat (a serving run) of a cell took, from its ok record the report uses:
-    a training cell's start-up (llmbench.estimate.startup_of) plus its warm-up and measured
-    steps at its measured step time; a serving run's engine start plus its load. None
-    without such a record."""
+def _repeat_s(rows: pd.DataFrame, sets: set | None = None) -> float | None:
+    """Seconds one repeat (a serving run) of a cell takes, the mean over its ok records of
+    one run: a training record's start-up (llmbench.estimate.startup_of) plus its warm-up and
+    measured steps at its measured step time; a serving run's engine start plus its load.
+    The records are the latest paired set's among the runs ``sets`` (those a check's paired
+    rounds came from: a set that replicates them measures each repeat as they did, and the
+    latest machine is the likeliest next one), else those the report uses. None without
+    such a record."""
+    ok = rows[rows["status"] == "ok"] if "status" in rows else rows.iloc[0:0]
+    paired = ok[ok["run"].isin(sets) & ok["paired_set"].notna()] if sets and {"run", "paired_set"} <= set(ok) \
+        else ok.iloc[0:0]
+    if not paired.empty:
+        latest = paired.assign(_t=paired["started"].astype(object).fillna("").astype(str)
+                               if "started" in paired else "").sort_values("_t", ascending=False)["run"].iloc[0]
+        ok = paired[paired["run"] == latest]
+    else:
+        ok = _used(ok)
+    took = [s for _, r in ok.iterrows() if (s := _record_s(r)) is not None]
+    return sum(took) / len(took) if took else None
+
+
+def _record_s(r: pd.Series) -> float | None:
+    """Seconds one repeat of a record's cell took (_repeat_s), or None where it does not say."""
     from .. import estimate
 
-    rows = _used(rows)
-    ok = rows[rows["status"] == "ok"] if "status" in rows else rows.iloc[0:0]
-    for _, r in ok.iterrows():
-        if r.get("stage") == "serve":
-            if pd.notna(r.get("server_ready_s")) and pd.notna(r.get("duration_s")):
-                return float(r["server_ready_s"]) + float(r["duration_s"])
-            continue
-        step, steps = r.get("step_time_s_mean"), (r.get("warmup_steps"), r.get("measured_steps"))
-        if pd.isna(step) or any(pd.isna(x) for x in steps):
-            continue
-        try:
-            start = estimate.startup_of(techniques.parse(str(r["technique"])), int(r["gpus"]),
-                                       _model_spec(str(r["model"])), str(r.get("backend") or "deepspeed"))
-        except (ConfigError, techniques.TechniqueError, KeyError, ValueError):
-            continue
-        return start + sum(int(x) for x in steps) * float(step)
-    return None
+    if r.get("stage") == "serve":
+        if pd.notna(r.get("server_ready_s")) and pd.notna(r.get("duration_s")):
+            return float(r["server_ready_s"]) + float(r["duration_s"])
+        return None
+    step, steps = r.get("step_time_s_mean"), (r.get("warmup_steps"), r.get("measured_steps"))
+    if pd.isna(step) or any(pd.isna(x) for x in steps):
+        return None
+    try:
+        start = estimate.startup_of(techniques.parse(str(r["technique"])), int(r["gpus"]),
+                                   _model_spec(str(r["model"])), str(r.get("backend") or "deepspeed"))
+    except (ConfigError, techniques.TechniqueError, KeyError, ValueError):
+        return None
+    return start + sum(int(x) for x in steps) * float(step)
 
 
 def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind],
@@ -1334,8 +1348,8 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
     bound, measured again together), with whether they can fit (model states on the
     kind's GPU count, then the memory model at batch 1; a cell with an ok record fits). A
     check that reads a legacy engine's cell (LEGACY_ENGINES) plans none of its cells: the
-    other side alone would not decide it. A kind the claim's scope excludes (too few GPUs) or whose platform the claim
-    is not about is left out. ``judged``: as ``evaluate``'s."""
+    other side alone would not decide it. A kind the claim's scope excludes (too few GPUs)
+    or whose platform the claim is not about is left out. ``judged``: as ``evaluate``'s."""
     ctx = ctx or context(ours)
     ours = _one_block(ours)
     out = []
@@ -1366,7 +1380,8 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
                     specs = _check_cells(f, c, {**group, "gpus": kind.gpus})
                     if any(spec.get("engine") in LEGACY_ENGINES for spec in specs):
                         continue  # no set we would run decides it: its other side alone is no plan
-                    if o.estimate is not None and o.estimate.rounds >= 2:  # paired rounds to go on
+                    paired = o.estimate is not None and o.estimate.rounds >= 2  # paired rounds to go on
+                    if paired:
                         more = evidence.rounds_to_decide(o.estimate, c.lo, c.hi)
                         if more is not None:
                             rounds.append(more)
@@ -1378,7 +1393,7 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
                             continue
                         text = _cell_text(f.stage, {}, spec)
                         cells[text] = spec
-                        took[text] = _repeat_s(_match(rows, spec))
+                        took[text] = _repeat_s(_match(rows, spec), o.runs if paired else None)
                         if _ran_ok(_match(rows, spec)):
                             continue  # it ran: no prediction says it cannot
                         if note := (_fit_note(spec) or _predicted_note(spec)):
@@ -1465,11 +1480,11 @@ MISSING_LEAD = ("Per undecided finding, its smallest paired set on the machine k
                 "undecided checks read there, to be measured together in one job; `more_rounds`, where a check "
                 "already has paired rounds, how many more of them (a set measuring each repeat alike, pooled with "
                 "the earlier ones) would clear its nearest bound if the ratio and its spread held; `round_s`, the "
-                "seconds a round of these cells takes, where each has a record the tables use (its start-up and "
-                "its own warm-up and measured steps at its measured step time, or an engine's start and its "
-                "load); `note` names a "
-                "cell that cannot fit (model states alone, or the memory model at batch 1), listed last, or a "
-                "ratio too close to its bound for more rounds to decide.")
+                "seconds a round of these cells takes, where each has a record (a paired set's whose rounds the "
+                "check pooled, else the one the tables use): its start-up and its warm-up and measured steps at "
+                "its measured step time, or an engine's start and its load; `note` names a cell that cannot fit "
+                "(model states alone, or the memory model at batch 1 under its backend; one that ran ok fits), "
+                "listed last, or a ratio too close to its bound for more rounds to decide.")
 MISSING_SHOWN = 15
 
 

@@ -566,6 +566,11 @@ def _runs(*sides: pd.DataFrame) -> set:
     return set().union(*(set(rows["run"]) for rows in sides))
 
 
+def _started(rows: pd.DataFrame) -> pd.Series | str:
+    """The rows' start times as sortable text ('' where unknown, or for all without the column)."""
+    return rows["started"].astype(object).fillna("").astype(str) if "started" in rows else ""
+
+
 def _used(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows the report uses (one record per cell, llmbench.report.runs)."""
     if "superseded_by" not in rows:
@@ -727,7 +732,7 @@ def _best_per_cell(rows: pd.DataFrame) -> pd.DataFrame:
         return rows
     key = rows.assign(_ok=rows["status"].isin(runs_rule.RESULTS), _s=_strengths(rows),
                       _u=rows["superseded_by"].isna() if "superseded_by" in rows else True,
-                      _t=rows["started"].astype(object).fillna("").astype(str) if "started" in rows else "")
+                      _t=_started(rows))
     key = key.sort_values(["_ok", "_u", "_s", "_t"], ascending=False, kind="stable")
     return rows.loc[key.drop_duplicates("cell_id").index]
 
@@ -1312,8 +1317,7 @@ def _repeat_s(rows: pd.DataFrame, sets: set | None = None) -> float | None:
     paired = ok[ok["run"].isin(sets) & ok["paired_set"].notna()] if sets and {"run", "paired_set"} <= set(ok) \
         else ok.iloc[0:0]
     if not paired.empty:
-        latest = paired.assign(_t=paired["started"].astype(object).fillna("").astype(str)
-                               if "started" in paired else "").sort_values("_t", ascending=False)["run"].iloc[0]
+        latest = paired.assign(_t=_started(paired)).sort_values("_t", ascending=False)["run"].iloc[0]
         ok = paired[paired["run"] == latest]
     else:
         ok = _used(ok)
@@ -1393,8 +1397,9 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
                             continue
                         text = _cell_text(f.stage, {}, spec)
                         cells[text] = spec
-                        took[text] = _repeat_s(_match(rows, spec), o.runs if paired else None)
-                        if _ran_ok(_match(rows, spec)):
+                        cell_rows = _match(rows, spec)
+                        took[text] = _repeat_s(cell_rows, o.runs if paired else None)
+                        if _ran_ok(cell_rows):
                             continue  # it ran: no prediction says it cannot
                         if note := (_fit_note(spec) or _predicted_note(spec)):
                             notes.append(f"{text}: {note}")

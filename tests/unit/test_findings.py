@@ -348,6 +348,34 @@ def test_a_serving_cell_fits_where_its_weights_a_gpu_leave_an_engine_room_for_it
     assert got.startswith(note) and bool(got) == bool(note)
 
 
+@pytest.mark.parametrize("platform, engine, note", [
+    # 70B's folder (131 GiB with its margin) on the pair's 128 GiB disk: LightLLM reads it
+    ("h200", "lightllm", "cannot fit: its model folder (random bf16 weights) 131 GiB > the 128 GiB of disk"),
+    ("h200", "vllm", ""),  # vLLM makes its own weights (serve weights: dummy): no folder
+    ("h200x4", "lightllm", ""),  # 235 GiB of disk
+    ("h100", "lightllm", ""),  # its platform file names no disk: not checked
+])
+def test_a_serving_cell_whose_engine_reads_a_folder_fits_its_platforms_disk(platform, engine, note):
+    """The plan must not offer a LightLLM 70B burst on a node whose disk cannot hold the
+    model folder it reads: the job would stop at its room check after the engines of its set
+    started (serve.model_dir.check_room)."""
+    got = findings._fit_note({"stage": "serve", "platform": platform, "model": "llama2-70b", "engine": engine,
+                              "gpus": 2})
+    assert got.startswith(note) and bool(got) == bool(note)
+
+
+def test_the_platforms_disk_is_in_no_cell_spec():
+    """disk_gib is where a job runs, not the experiment: a platform file that sets it must
+    leave every cell's spec (Snakemake's params rerun trigger) as it was."""
+    from llmbench.grid import load
+    from llmbench.platforms import Platform
+
+    assert Platform.load("h200").disk_gib == 128
+    grid = load(REPO / "config/recipes/paired-h200-serve-13b-lightllm-b.yaml")
+    specs = [grid.spec(c) for c in grid.cells]
+    assert specs and all(s["platform"]["name"] == "h200" and "disk_gib" not in s["platform"] for s in specs)
+
+
 def test_to_run_plans_no_cell_for_a_check_only_a_legacy_engine_could_decide(tmp_path):
     """LightLLM against vLLM measured together (slower: that check contradicts) and against
     TGI not run: the group stays undecided, but no set we would run decides it (TGI is a

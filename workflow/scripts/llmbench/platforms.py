@@ -14,7 +14,7 @@ DTYPE_NAMES = {name: DTYPE_SHORT[name] for name in ("bfloat16", "float32")}
 
 
 #: Optional fields that a cell spec carries only where a platform file sets them.
-_OMIT_UNSET = ("gpu_name", "peak_fp8_tflops", "peak_fp8_source")
+_OMIT_UNSET = ("gpu_name", "peak_fp8_tflops", "peak_fp8_source", "disk_gib")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -49,6 +49,9 @@ class Platform:
     gpu_name: str | None = None
     """Text in every GPU's product name (NVML's, case-insensitive), e.g. 'H100': a cell on
     GPUs named otherwise is refused (llmbench.gpus). None: not checked."""
+    disk_gib: float | None = None
+    """Disk free for results/ on this platform's nodes, in GiB (the serving cells' model
+    folders): the plan's fit notes read it; None: not known. No cell spec carries it."""
     fork_server: bool = False
     """Fork each repeat's ranks from a warm server (llmbench.forkserver), not exec them."""
     env: dict = field(default_factory=dict)

@@ -89,9 +89,11 @@ class Grid:
         if isinstance(cell, Search):
             return {**self.spec(cell.cell), "search": cell.to_dict()}
         platform = self.platforms[cell.platform].to_dict()
-        # where a job is queued is not part of the experiment: a partition edit must not
-        # change the spec (the params rerun trigger) of every cell of the platform
+        # where a job is queued, and the disk it finds, are not part of the experiment: a
+        # partition edit must not change the spec (the params rerun trigger) of every cell
+        # of the platform
         platform.pop("slurm")
+        platform.pop("disk_gib", None)
         if not _computes_fp8(cell):
             # only FP8 cells read the FP8 peak: adding it to a platform file changes no other
             # cell's spec (the params rerun trigger), so no measured bf16 cell runs again

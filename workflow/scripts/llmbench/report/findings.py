@@ -287,7 +287,7 @@ def _platform_facts(name: str) -> dict:
     except ConfigError:
         return {}
     return {"gpu_memory_gib": p.get("gpu_memory_gib"), "gpus_per_node": p.get("gpus_per_node"),
-            "interconnect": p.get("interconnect", "")}
+            "interconnect": p.get("interconnect", ""), "disk_gib": p.get("disk_gib")}
 
 
 def derive(df: pd.DataFrame) -> pd.DataFrame:
@@ -1202,8 +1202,10 @@ SERVE_MEMORY_SHARE = 0.9
 def _fit_note(spec: dict) -> str:
     """'' where the cell may fit its GPU, else why it cannot: a training cell's model states
     alone; a serving cell's bf16 weights per GPU (tensor parallel over its GPUs) against an
-    engine's share of the GPU (SERVE_MEMORY_SHARE)."""
+    engine's share of the GPU (SERVE_MEMORY_SHARE), then, for an engine that reads its
+    weights from a model folder, the folder against the platform's disk (disk_gib)."""
     from .. import memory
+    from ..serve import engines, model_dir
 
     tech, model, plat = spec.get("technique"), spec.get("model"), spec.get("platform")
     cap = _platform_facts(plat).get("gpu_memory_gib") if plat else None
@@ -1216,9 +1218,16 @@ def _fit_note(spec: dict) -> str:
         if spec.get("stage") == "serve":
             need = spec_model.param_counts()["total"] * memory.WEIGHTS_BF16 / memory.GIB / int(gpus)
             share = cap * SERVE_MEMORY_SHARE
-            return (f"cannot fit: bf16 weights {need:.0f} GiB a GPU over {int(gpus)} > {share:.0f} GiB, "
-                    f"an engine's {SERVE_MEMORY_SHARE * 100:.0f} % of {cap:g} GiB, with no room for its KV cache"
-                    if need > share else "")
+            if need > share:
+                return (f"cannot fit: bf16 weights {need:.0f} GiB a GPU over {int(gpus)} > {share:.0f} GiB, "
+                        f"an engine's {SERVE_MEMORY_SHARE * 100:.0f} % of {cap:g} GiB, with no room for its KV cache")
+            engine, disk = engines.ENGINES.get(spec.get("engine")), _platform_facts(plat).get("disk_gib")
+            folder = model_dir.folder_bytes(spec_model) / memory.GIB
+            # vLLM and SGLang can make their own weights (serve weights: dummy); the others read a folder
+            if engine is not None and not engine.dummy_weights and disk and folder > disk:
+                return (f"cannot fit: its model folder (random bf16 weights) {folder:.0f} GiB > the {disk:g} GiB "
+                        f"of disk the platform's nodes have (disk_gib); {engine.name} reads its weights from it")
+            return ""
         if spec.get("stage") not in ("pretrain", "finetune") or not isinstance(tech, str):
             return ""
         need, what = memory.model_states_gib(spec_model, tech, int(gpus)), f"model states on {int(gpus)} GPU(s)"

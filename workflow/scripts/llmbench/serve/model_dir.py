@@ -92,23 +92,30 @@ def build(spec: ModelSpec, out_dir: Path | str, weights: str = "random", seed: i
     return out
 
 
+def folder_bytes(spec: ModelSpec) -> float:
+    """The room a model directory of ``spec``'s random bf16 weights asks for, on disk and in
+    host memory while they are filled (ROOM_MARGIN over the weights)."""
+    return spec.param_counts()["total"] * WEIGHT_BYTES * ROOM_MARGIN
+
+
 def check_room(spec: ModelSpec, out: Path) -> None:
     """Raise NoRoom, before anything is written, where the disk under ``out`` or the host's
     available memory cannot hold ``spec``'s random bf16 weights: they are filled in host
     memory and saved whole (llama2-70b: 128 GiB of each), and a node short of either would
     fail minutes later with a full disk or a killed job rather than this message."""
     need = spec.param_counts()["total"] * WEIGHT_BYTES
+    room = folder_bytes(spec)
     base = out
     while not base.exists():  # the folder is made later: measure the disk it will be on
         base = base.parent
     free = shutil.disk_usage(base).free
     hint = ("engines that initialise their own weights need no folder of them (serve block key weights: dummy; "
             "vLLM and SGLang), LightLLM and TGI read safetensors")
-    if need * ROOM_MARGIN > free:
+    if room > free:
         raise NoRoom(f"{spec.name}: its random bf16 weights take {need / GIB:.1f} GiB, but the disk of {base} has "
                      f"{free / GIB:.1f} GiB free; {hint}")
     avail = mem_available_bytes()
-    if avail is not None and need * ROOM_MARGIN > avail:
+    if avail is not None and room > avail:
         raise NoRoom(f"{spec.name}: its random bf16 weights take {need / GIB:.1f} GiB of host memory while they "
                      f"are filled, but {avail / GIB:.1f} GiB is available; {hint}")
 

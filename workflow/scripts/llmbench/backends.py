@@ -3,8 +3,8 @@ worker module and the function that turns its repeats' outcomes into a Record; a
 those that run profile cells, the kind of profile each runs.
 
 A profile block names a kind of profile (its ``profile`` key: training, inference,
-communication), not a framework; the backend that runs that kind is what its cells'
-``backend`` field and record paths hold (torch, inference, deepspeed). ``backend:`` in a
+communication, engine), not a framework; the backend that runs that kind is what its cells'
+``backend`` field and record paths hold (torch, inference, deepspeed, vllm). ``backend:`` in a
 profile block, naming that backend directly, is the older spelling and still accepted.
 
 The one registry: the grid validates blocks against it, the launcher starts a cell's

@@ -20,11 +20,13 @@ step time of the throughput model (llmbench.throughput). Two margins over it, fo
   every repeat may use its whole timeout), nor falls under SLURM_FLOOR_MIN.
 
 The model predicts only what it was fitted on and checked against (why_not): pre-training
-and fine-tuning with DeepSpeed (Megatron-LM as plain data parallel), one node, no
-torch.compile, no adapter but LoRA, on the platforms whose records calibrated it
+and fine-tuning with DeepSpeed, with PyTorch FSDP2 and with Megatron-LM as plain data parallel
+(llmbench.throughput.model.BACKENDS), one node, no torch.compile, no FP8, no adapter but LoRA
+(QLoRA too), on the platforms whose records calibrated it
 (llmbench.throughput.CALIBRATION_PLATFORMS). Elsewhere the bound is today's, the protocol's
 timeout: on CPU platforms (no FLOP/s peak), for serving and microbenchmark cells, for
-profile cells (a profiler's overhead), for FSDP2 and plain torch, for Megatron-LM with
+profile cells, plain torch's among them (a profiler's overhead), for FSDP2 with CPU
+offload and FP8 training (llmbench.throughput.model.not_modelled), for Megatron-LM with
 tensor or pipeline parallelism and for cells over several nodes (not modelled), and on the
 paper's platforms (A800, RTX 4090, RTX 3090), where the model's step time is up to 5x too
 short against the paper's own offload cells and 5-13x on the RTX servers

@@ -6,7 +6,7 @@ paragraph. The index lists each folder with its title and the machine in short (
 paragraph up to its first ';'), so it says nothing the folders do not and cannot go stale:
 a unit test holds the committed index equal to this module's output.
 
-    PYTHONPATH=workflow/scripts python -m llmbench.report.index results/reference > results/README.md
+    PYTHONPATH=workflow/scripts .venv/bin/python -m llmbench.report.index results/reference > results/README.md
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ repository stays small enough to travel to a GPU machine).
 `reference/combined/` is not a run: it is the combined view of all the `2026-*` runs
 (`config/combined.yaml`), with the verdict on the paper's findings and every table and figure
 over all of them. Rebuild it after committing a run:
-`.venv/bin/snakemake --configfile config/combined.yaml --cores 2 tables findings figures advice`.
+`.venv/bin/snakemake --configfile config/combined.yaml --cores 2 tables findings figures`.
 
 This index is generated from the folders' READMEs; after adding or changing one, regenerate it:
 `PYTHONPATH=workflow/scripts .venv/bin/python -m llmbench.report.index results/reference > results/README.md`.

@@ -41,8 +41,8 @@ What runs (paper Section IV-A, Table II; megatron-core 0.16.1 on Python 3.11):
   RMSNorm is torch's, with fp32 weights (bf16 activations): recorded as it is.
 - Verified on a CPU (tests/integration/test_megatron_cpu.py: 1 rank, DP2 with the distributed
   optimizer, TP2, PP2) and on a pair of H200s (NCCL, CUDA memory, jit fusions; llama2-7b
-  DP2 with the distributed optimizer and TP2, batch 1 and the searched largest batch:
-  results/reference/2026-11-22-h200x2-table2 and its config.yaml).
+  DP2 with the distributed optimizer and TP2, batch 1 and the searched largest batch: the
+  committed Table II runs, results/README.md).
 """
 
 from __future__ import annotations

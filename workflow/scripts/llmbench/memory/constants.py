@@ -65,7 +65,7 @@ DEEPSPEED: dict[tuple[int, bool], StateRow] = {
     # (0.80 per sharded parameter, fitted to llama2-7b's 18.25 GiB at batch 1 on the H200 pair
     # and the same 18.25 GiB on four H200s, where the accounting's 2 would say 23 and 19): the
     # part does not shrink with the ranks (1.66 GiB a GPU at 2 and at 4), so this per-parameter
-    # mean is 0.8 GiB over the pair's peak and 0.8 under the four's; a per-rank buffer would fit
+    # mean is 0.8 GiB over the pair's peak and 0.4 under the four's; a per-rank buffer would fit
     # both. The host holds fp32 master, Adam and fp32 gradients (16) plus pinned bf16 copies:
     # 21, fitted to the pair's 67.3 GiB RSS per rank.
     (2, True): StateRow(fb=StateBytes(2, 0.80), step=StateBytes(2, 0.80), host=StateBytes(0, 21)),
@@ -129,12 +129,12 @@ class BackendConstants:
 
 
 #: Fitted by llmbench.memory.fit on the committed reference records (results/reference/
-#: combined/tables/records.csv): logits_bytes from 27 DeepSpeed rows with recomputation
+#: combined/tables/records.csv): logits_bytes from 124 DeepSpeed rows with recomputation
 #: (least squares; not those whose recomputed layer sets the peak); deepspeed's act_scale
-#: from 110 rows (least squares through the origin, LoRA's dropout copies taken out first:
+#: from 127 rows (least squares through the origin, LoRA's dropout copies taken out first:
 #: model.adapter_dropout_bytes; the rows include the one-GPU searches' probes up to each
-#: row's largest batch, 9-26 for 7B and 13B on one H100, 14-46 on one H200) and its
-#: overhead from the 3 tiny-model rows; megatron's act_scale from 11 rows (no tiny rows:
+#: row's largest batch, 8-26 for 7B and 13B on one H100, 20-47 on one H200) and its
+#: overhead from the 2 tiny-model rows; megatron's act_scale from 11 rows (no tiny rows:
 #: overhead 0, logits as DeepSpeed's). Korthikanti's formula needs no scale for DeepSpeed's
 #: HF Llama (0.97); Megatron-LM's unfused attention and fp32 softmax keep 43% more.
 #: One fit for both backends (Megatron-LM has no rows with recomputation to fit its own).
@@ -155,9 +155,10 @@ ACTIVATIONS_OF: dict[str, str] = {"fsdp2": "deepspeed"}
 #: Saved activations of a full-parameter FSDP2 cell (no adapter) over DeepSpeed's for the same
 #: model and tokens (fitted: llmbench.memory.fit, the mean over the eager FSDP2 rows without an
 #: adapter, recomputation or compile whose forward/backward pass sets the peak: one H200's
-#: llama2-7b Z3 and F+Z3 searches at batch 9-18, 1.32-1.52, and the H200 pair's llama2-7b and
-#: llama3.1-8b Z2, Z3 and F+Z3 at batch 8, 1.34-1.47). Without it the model fell 5-9 % short of
-#: those rows' allocated peaks. The LoRA rows of FSDP2 need none (1.02-1.07 at batch 1 and 4);
+#: llama2-7b Z3 and F+Z3 searches at batch 9-18, 1.32-1.39, the H200 pair's llama2-7b and
+#: llama3.1-8b Z2, Z3 and F+Z3 at batch 8, 1.34-1.47, and its llama2-7b Z2 at batch 1, 1.94, where
+#: the activations are a small part of the peak). Without it the model fell up to 9 % short of
+#: those rows' allocated peaks. The LoRA rows of FSDP2 need none (1.02-1.09 at batch 1 and 4);
 #: what holds the extra copies in the full-parameter step is not traced (as DeepSpeed's ZeRO-3
 #: copies, ZERO3_ACT_SCALE, which are of the same size). A compiled cell (C) takes
 #: FSDP2_COMPILED_ACT_SCALE in its place.
@@ -167,9 +168,10 @@ FSDP2_FULL_ACT_SCALE = 1.41
 #: COMPILED_ACT_SCALE (fitted: llmbench.memory.fit, the mean over the compiled bf16 FSDP2 rows
 #: without an adapter or recomputation whose forward/backward pass sets the peak: the H200
 #: pair's llama2-7b F+Z3+C at batch 48 and 49, 0.97, and llama3.1-8b's at batch 30 to 33, 1.01;
-#: the larger vocabulary's rows want a little more, not traced). Inductor saves 0.69 of the eager FSDP2
-#: cell's, not DeepSpeed's compiled 0.58: taking both of those, the model fell 24 % short of
-#: those rows' allocated peaks (84.6 against 111.2 GiB at batch 48). Every earlier compiled FSDP2
+#: the larger vocabulary's rows want a little more, not traced). Inductor saves 0.70 of the eager FSDP2
+#: cell's, not DeepSpeed's compiled 0.58: taking 0.58 in its place, the model fell 17-24 % short of
+#: those rows' allocated peaks (84.6 against 111.2 GiB at batch 48), 7.5-9.4 % with 0.58 times
+#: FSDP2_FULL_ACT_SCALE. Every earlier compiled FSDP2
 #: record peaked at the optimizer step, where activations are gone.
 FSDP2_COMPILED_ACT_SCALE = 0.99
 #: Saved activations of an FP8 cell (torchao's float8 training of the compiled layers, FSDP2)
@@ -210,8 +212,8 @@ FSDP2_LIVE_LAYERS = 2
 #: activations (COMPILED_ACT_SCALE) but its graphs allocate and free the eager-sized ones, so
 #: its blocks count at eager size: F+Z3+C's reserved-over-allocated grew from 14.4 GiB at batch
 #: 8 to 30.8 at batch 16, 2.05 GiB a sample where its saved activations are 0.76. Against one
-#: H200's nine full-parameter FSDP2 records (104.29-132.41 GiB reserved): within -2.1 % (F+Z3+C
-#: at batch 16) and +4.1 % (F+Z3+C+FP8R at batch 8).
+#: H200's nine full-parameter FSDP2 cells at batch 1, 8 and 16 (104.29-132.41 GiB reserved): within
+#: -2.7 % (F+Z3+C+FP8 at batch 8) and +1.7 % (F+Z3+C+FP8R at batch 8).
 FSDP2_REDUCE_BYTES = 6.0
 #: The root unit's (embeddings, final norm, lm_head) gradients in fp32, unsharded, as its
 #: reduce-scatter takes them (MixedPrecisionPolicy's reduce_dtype): the root reduces last in
@@ -267,8 +269,9 @@ ZERO3_RECOMPUTED_ADAPTER_SCALE = 1.54
 #: llmbench.memory.fit, the median over the DeepSpeed rows with recomputation whose peak
 #: the recomputed layer sets, i.e. what they hold beyond states, layer inputs and overhead
 #: exceeds the logits): while a layer's backward runs, the gradients flowing through it
-#: sit beside its recomputed activations. The median of 21 rows: one H200's llama2-13b L+R
-#: at batch 245-304, one H100's at 138, and the H100's 70B QL+R and QL+F+R at batch 29-42;
+#: sit beside its recomputed activations. The median of 38 rows: llama2-13b L+R and QL+R on
+#: one H100 at batch 138-180 and one H200 at 245-332, and llama2-70b QL+R and QL+F+R on one
+#: H100 at 29-42 and one H200 at 102-112;
 #: counting the layer alone, the model was 5-6 GiB (5 %) short at 13B's large batches and
 #: hinted 304 for 261. Where the logits are larger (7B, and 13B with FlashAttention, whose
 #: layer saves no attention scores) it changes nothing.
@@ -290,7 +293,7 @@ ZERO2_STEP_CACHED_GRAD_BYTES = 2.0
 #: the freed blocks, of other sizes than what follows, stay cached (accounting, not fitted).
 #: llama2-7b Z2+O at batch 1 reserved 14.99 GiB over its 18.25 allocated on the H200 pair and
 #: 12.80 over the same 18.25 on four H200s (2.39 and 2.04 bytes a parameter), where the model
-#: without it was 45 % and 43 % short. An adapter cell's trained parameters are few: it adds
+#: without it was 42 % short on each. An adapter cell's trained parameters are few: it adds
 #: little there, as those records show.
 OFFLOAD_CACHED_GRAD_BYTES = 2.0
 
@@ -306,11 +309,12 @@ ZERO3_MAX_LIVE_PARAMETERS = 1e9
 #: full gradients are reduced (no adapter), the reduce stream's flattened bf16 buckets, up to
 #: ZERO3_REDUCE_BUCKETS_IN_FLIGHT of reduce_bucket_size elements (stage3's two
 #: max_param_reduce_events in flight and the one being reduced: 2.79 GiB). Blocks a side stream
-#: freed are reused only by that stream. Held against the seventeen ZeRO-3 rows on two and four
-#: H200s, the reserved peaks the model gave without them were 6.5-55 % short (13.7 % for
-#: llama2-7b Z3 on the pair); with them -19 % (Z3+O) to +2.1 %, most within -12 %. One GPU is
-#: left out: its rows' fitted cached terms (CACHED_*) already hold what a pool keeps there, and
-#: adding the pools put them 4-20 % over.
+#: freed are reused only by that stream. Held against the 28 DeepSpeed ZeRO-3 rows on two and
+#: four H200s, the reserved peaks the model gave without them were 1.4-61 % short (13.9 % for
+#: llama2-7b Z3 at batch 1 on the pair); with them -43 % (llama2-70b L+F+R+Z3+O on four H200s) to
+#: +6.1 %, 24 within -12 %. One GPU is left out: its rows' fitted cached terms (CACHED_*) already
+#: hold what a pool keeps there, and adding the pools put 107 of its 111 rows (the tiny model
+#: aside) over, by a median 4.4 % and up to 21 %.
 ZERO3_REDUCE_BUCKETS_IN_FLIGHT = 3
 ZERO3_REDUCE_BUCKET_ELEMENTS = 5e8
 
@@ -328,7 +332,7 @@ ZERO3_REDUCE_BUCKET_ELEMENTS = 5e8
 #: memory, for 200 and 232. Without recomputation, near the limit (7B and 13B LoRA and
 #: QLoRA at their largest batch on one H100 and one H200), 2.2-7.5 GiB, where the logits'
 #: term alone gave 0.5-3 (a median error of 3.0 GiB, 1.1 with the activations' share).
-#: ZeRO-3's rows are left out too (the fit is over the other 232 rows): they follow neither
+#: ZeRO-3's rows are left out too (the fit is over the other 259 rows): they follow neither
 #: term. Its adapters' recomputation rows (L+F+R+Z3, no offload) hold 5.5-11 GiB less than
 #: these constants give, its full-parameter rows 3.0-4.4 GiB more. The likely cause, not
 #: traced: ZeRO-3 allocates and frees each layer's gathered parameters through forward and

@@ -352,10 +352,13 @@ CACHED_ACTIVATION_FRACTION = 0.040
 #: 4-bit cells keep their load-time reservation), too irregular for a constant; the margin
 #: and the platform's gpu_memory_gib (above what CUDA reports usable: 139.8 GiB of an
 #: H200's 141) absorb it where it matters, near the limit.
-#: Since the ZeRO-2 buckets' lifetime and the activations' cached share (above), the ok rows
-#: it predicts not to fit are all at a max-batch search's boundary (91-98 % of the GPU
-#: reserved, where the search's own 5 % headroom draws the line), and it catches 50 of the
-#: 56 OOM records (the rest within 1-3 % of the limit).
+#: On the committed GPU records, with each family's margin (margin_for: this one where the
+#: held-out errors ask for no more), the ok rows it predicts not to fit are all at a
+#: max-batch search's boundary (89-98 % of the GPU reserved, median 95 %: 148 search probes
+#: and 42 cells measured at a searched batch, where the search's own 5 % headroom draws the
+#: line), and it catches 64 of the 68 OOM records; the other four are predicted at 93-99.5 %
+#: of the limit with their margin (13B L+Z2 at batch 9 and 70B QL+R at 33 on the H100, 13B
+#: L+R at 262 on an H200, Megatron-LM at batch 39 on two H200s): tables/memory-model.
 MARGIN = 0.05
 
 #: Safety margin per technique family (llmbench.memory.model.FAMILIES): the 95th percentile

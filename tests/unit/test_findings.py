@@ -357,8 +357,8 @@ def test_a_serving_cell_fits_where_its_weights_a_gpu_leave_an_engine_room_for_it
 ])
 def test_a_serving_cell_whose_engine_reads_a_folder_fits_its_platforms_disk(platform, engine, note):
     """The plan must not offer a LightLLM 70B burst on a node whose disk cannot hold the
-    model folder it reads: the job would stop at its room check after the engines of its set
-    started (serve.model_dir.check_room)."""
+    model folder it reads: building the folder would stop at its room check
+    (serve.model_dir.check_room), and the set that needs it would never run."""
     got = findings._fit_note({"stage": "serve", "platform": platform, "model": "llama2-70b", "engine": engine,
                               "gpus": 2})
     assert got.startswith(note) and bool(got) == bool(note)

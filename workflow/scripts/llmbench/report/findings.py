@@ -1216,13 +1216,13 @@ def _fit_note(spec: dict) -> str:
         # a cell without a GPU count (a paper platform's) ran on its platform's node
         gpus = spec.get("gpus") or _platform_facts(plat).get("gpus_per_node") or 1
         if spec.get("stage") == "serve":
-            need = spec_model.param_counts()["total"] * memory.WEIGHTS_BF16 / memory.GIB / int(gpus)
+            need = spec_model.param_counts()["total"] * model_dir.WEIGHT_BYTES / model_dir.GIB / int(gpus)
             share = cap * SERVE_MEMORY_SHARE
             if need > share:
                 return (f"cannot fit: bf16 weights {need:.0f} GiB a GPU over {int(gpus)} > {share:.0f} GiB, "
                         f"an engine's {SERVE_MEMORY_SHARE * 100:.0f} % of {cap:g} GiB, with no room for its KV cache")
             engine, disk = engines.ENGINES.get(spec.get("engine")), _platform_facts(plat).get("disk_gib")
-            folder = model_dir.folder_bytes(spec_model) / memory.GIB
+            folder = model_dir.folder_bytes(spec_model) / model_dir.GIB
             # vLLM and SGLang can make their own weights (serve weights: dummy); the others read a folder
             if engine is not None and not engine.dummy_weights and disk and folder > disk:
                 return (f"cannot fit: its model folder (random bf16 weights) {folder:.0f} GiB > the {disk:g} GiB "

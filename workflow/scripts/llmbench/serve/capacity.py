@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 from ..models import ModelSpec
 from . import engines
+from .model_dir import GIB
+from .model_dir import WEIGHT_BYTES as BF16_BYTES  # the dtype of the folder's weights, and so of the KV cache
 
 #: GiB per GPU an engine keeps for itself inside its share, from the committed records
 #: (h200, llama2-7b/13b/70b and llama3.1-8b, tensor parallel 1 and 2): vLLM 1.08-1.92,
@@ -37,8 +39,6 @@ SHARE = {"vllm": engines.VLLM_GPU_MEMORY_UTILIZATION, "sglang": engines.SGLANG_M
 #: how close a prediction from a record's own GPU total and share must come to its engine's
 #: KV report (relative)
 CALIBRATION_TOLERANCE = 0.01
-GIB = 2**30
-BF16_BYTES = 2
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
 #: First id a synthetic prompt may use (ids below are the special tokens).
 TOKEN_OFFSET = len(SPECIAL_TOKENS)
 WEIGHTS = ("random", "dummy")
-#: Bytes a random weight takes: bf16, in the safetensors files and in host memory while filled.
+#: Bytes a weight takes: bf16, the folder's dtype (config.json), in the safetensors files and in
+#: host memory while filled; an engine holds it, and its KV cache, in the same dtype (serve.capacity).
 WEIGHT_BYTES = 2
 #: Room beyond the weights the check asks for (safetensors headers, config and tokenizer files).
 ROOM_MARGIN = 1.02

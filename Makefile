@@ -19,6 +19,11 @@
 #   make lint              ruff (pyproject.toml's [tool.ruff]) and `snakemake --lint`
 SHELL := /bin/bash
 CORES ?= 2
+# Python writes its bytecode caches (__pycache__, git-ignored) in every recipe, whatever the
+# calling shell says: a run or a test session starts hundreds of Python processes (Snakemake
+# and its script jobs, workers, pytest's workers), and without the caches each one compiles
+# the llmbench modules it imports again, and pytest rewrites every test module again
+unexport PYTHONDONTWRITEBYTECODE
 PYTEST := .venv/bin/python -m pytest
 
 .PHONY: setup run report report-combined lint test test-fast test-calibration test-integration test-e2e test-smoke dry-run-paper

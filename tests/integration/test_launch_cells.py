@@ -219,7 +219,7 @@ def test_a_cell_stops_before_a_repeat_its_deadline_cannot_hold_and_resumes_there
     monkeypatch.setattr(launch, "run_repeat", taking_100_s)
     monkeypatch.setenv("LLMBENCH_DEADLINE", "1250")
     with pytest.raises(ledger.DeadlineStop, match=r"stopped before repeat 2 \(of 0-2\) at the deadline: 50 s left, "
-                                                   r"the longest so far took 100 s .*repeat\(s\) \[0, 1\] kept"):
+                                                   r"the longest after its job's first so far took 100 s .*repeat\(s\) \[0, 1\] kept"):
         run(spec, tmp_path)
     assert ran == [0, 1] and not (tmp_path / "record.json").exists()
     assert [json.loads((tmp_path / f".repeat-{i}.json").read_text())["wall_s"] for i in (0, 1)] == [100.0, 100.0]
@@ -234,6 +234,51 @@ def test_a_cell_stops_before_a_repeat_its_deadline_cannot_hold_and_resumes_there
     rec = run(spec, tmp_path)
     assert ran == [2] and rec.status == "ok" and len(rec.metrics.tokens_per_s_runs) == 3
     assert [r["index"] for r in rec.provenance["resumed_repeats"]] == [0, 1]
+
+
+def test_a_repeat_after_its_jobs_first_is_judged_by_the_later_ones(spec_for, tmp_path, monkeypatch):
+    """A job's first repeat of a cell takes 200 s of the test's clock (it pays the job's
+    start-up), later ones 150 s. With 200 s left after two, the third starts: it is judged
+    by the later repeat (1.2 x 150), not by the first (1.2 x 200). The kept repeats say
+    which was their job's first, and a fresh job's first repeat is judged by the longest of
+    all again."""
+    import json
+    from types import SimpleNamespace
+
+    spec = spec_for("ok", repeats=3)
+    clock = [1000.0]
+    fake_time = SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0])
+    monkeypatch.setattr(launch, "time", fake_time)  # a repeat's seconds
+    monkeypatch.setattr(ledger, "time", fake_time)  # the deadline's clock
+    real, ran = launch.run_repeat, []
+
+    def first_200_s_then_150_s(spec, workdir, index, *args):
+        outcome = real(spec, workdir, index, *args)
+        clock[0] += 200.0 if ran[-1] == "job" else 150.0
+        ran.append(index)
+        return outcome
+
+    monkeypatch.setattr(launch, "run_repeat", first_200_s_then_150_s)
+    ran.append("job")
+    monkeypatch.setenv("LLMBENCH_DEADLINE", str(clock[0] + 550))  # 350 s left before repeat 1, 200 before 2
+    rec = run(spec, tmp_path)
+    assert ran == ["job", 0, 1, 2] and rec.status == "ok"
+
+    (tmp_path / "record.json").unlink()
+    ran.append("job")
+    monkeypatch.setenv("LLMBENCH_DEADLINE", str(clock[0] + 500))  # 150 s left before repeat 2: under 1.2 x 150
+    with pytest.raises(ledger.DeadlineStop, match=r"stopped before repeat 2 \(of 0-2\) at the deadline: 150 s left, "
+                                                   r"the longest after its job's first so far took 150 s"):
+        run(spec, tmp_path)
+    assert [json.loads((tmp_path / f".repeat-{i}.json").read_text())["job_first"] for i in (0, 1)] == [True, False]
+
+    ran.append("job")  # a fresh job: its first repeat is judged by the longest of all (the kept first)
+    monkeypatch.setenv("LLMBENCH_DEADLINE", str(clock[0] + 230))
+    with pytest.raises(ledger.DeadlineStop, match=r"230 s left, the longest so far took 200 s"):
+        run(spec, tmp_path)
+    monkeypatch.setenv("LLMBENCH_DEADLINE", str(clock[0] + 241))
+    rec = run(spec, tmp_path)
+    assert ran[-2:] == ["job", 2] and rec.status == "ok" and len(rec.metrics.tokens_per_s_runs) == 3
 
 
 def test_a_repeat_stopped_inside_counts_as_a_repeats_time_at_the_next_deadline(spec_for, tmp_path, monkeypatch):

@@ -193,13 +193,13 @@ def test_a_resumed_set_keeps_a_cell_that_ran_out_of_memory(paired_set, tmp_path,
         return real(spec, workdir, index, *args)
 
     monkeypatch.setattr(launch, "run_repeat", naive_oom)
-    monkeypatch.setattr(launch, "deadline_stop", lambda deadline, walls, what, predicted_s=None:
+    monkeypatch.setattr(launch, "deadline_stop", lambda deadline, walls, what, predicted_s=None, timed="":
                         "stopped" if len(ran) >= 2 else None)
     with pytest.raises(ledger.DeadlineStop):
         run(specs, paths, plan, tmp_path / "set.log")
     assert ran == [("Naive", 0), ("Z2", 0)]
     ran.clear()
-    monkeypatch.setattr(launch, "deadline_stop", lambda deadline, walls, what, predicted_s=None: None)
+    monkeypatch.setattr(launch, "deadline_stop", lambda deadline, walls, what, predicted_s=None, timed="": None)
     records = run(specs, paths, plan, tmp_path / "set.log")
     assert ("Naive", 0) not in ran and [r.status for r in records] == ["oom", "ok", "ok"]
     assert "on purpose" in records[0].reason

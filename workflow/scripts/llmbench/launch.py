@@ -332,6 +332,12 @@ class _Run:
     walls: list[float] = field(default_factory=list)
     """Seconds the repeats of this spec took so far (run here, kept, or a lower bound: a
     repeat stopped unfinished)."""
+    later_walls: list[float] = field(default_factory=list)
+    """Those of ``walls`` that followed another repeat of the cell in their job (or a lower
+    bound: a repeat stopped unfinished): what a repeat after this job's first is judged by
+    (llmbench.ledger)."""
+    ran_here: int = 0
+    """Repeats of the cell this job ran (not kept ones)."""
     predicted_s: float | None = None
     """Seconds a repeat is predicted to need at the deadline, margin included (llmbench.estimate,
     read only where the job has a deadline); None where the throughput model cannot predict it."""
@@ -442,8 +448,10 @@ def _prepare(run: _Run, gpu_busy: gpus.BusyPolicy | None, log: Path, deadline: f
         return
     run.kept = kept_repeats(run.keep_dir, run.spec, run.cell.protocol.repeats, log)
     run.walls = [k["wall_s"] for k in run.kept.values() if k.get("wall_s")]  # the repeats timed so far
+    run.later_walls = [k["wall_s"] for k in run.kept.values() if k.get("wall_s") and k.get("job_first") is False]
     if stopped := stopped_repeat(run.keep_dir, run.spec):  # a lower bound on a repeat
         run.walls.append(float(stopped["ran_s"]))
+        run.later_walls.append(float(stopped["ran_s"]))
         with open(log, "a") as fh:
             fh.write(f"=== {run.label + ': ' if run.label else ''}repeat {stopped['index']} of an earlier run was "
                      f"stopped unfinished after {float(stopped['ran_s']):.0f} s ({stopped['stopped']}): counted as "
@@ -471,15 +479,18 @@ def _predicted_s(run: _Run, log: Path) -> float | None:
 def _repeat(run: _Run, i: int, deadline: float | None, set_walls: list[float], log: Path, keep: bool) -> None:
     """Repeat ``i`` of a cell: the one an earlier run kept, or run now, unless the deadline
     comes first (DeadlineStop). ``keep``: keep it even where the cell has one repeat (a set's
-    records are written at its end). Judged by the cell's own repeats so far, else by its
+    records are written at its end). Judged by the cell's own repeats so far (one after this
+    job's first, by those that followed another in their job where one has), else by its
     prediction, else by ``set_walls``: the set's repeats so far."""
     name = f"{run.label}: " if run.label else ""
     if i in run.kept:
         outcome, started = run.kept[i]["outcome"], kept_started(run.kept[i])
     else:
         repeats = run.cell.protocol.repeats
-        walls = run.walls or ([] if run.predicted_s is not None else set_walls)
-        if why := deadline_stop(deadline, walls, f"{name}repeat {i} (of 0-{repeats - 1})", run.predicted_s):
+        walls, timed = run.walls or ([] if run.predicted_s is not None else set_walls), "the longest so far"
+        if run.ran_here and run.later_walls:  # this job's start-up is paid: later repeats say what one takes
+            walls, timed = run.later_walls, "the longest after its job's first so far"
+        if why := deadline_stop(deadline, walls, f"{name}repeat {i} (of 0-{repeats - 1})", run.predicted_s, timed):
             stop_at_deadline(f"{why}; " + (
                 "the set's finished repeats are kept: the next run of the set resumes there" if run.label else
                 f"repeat(s) {sorted({*range(i), *run.kept})} kept: the next run of this cell resumes there"),
@@ -495,10 +506,14 @@ def _repeat(run: _Run, i: int, deadline: float | None, set_walls: list[float], l
             keep_stopped(run.keep_dir, i, run.spec, time.monotonic() - t0)
             raise
         run.walls.append(time.monotonic() - t0)
+        if run.ran_here:
+            run.later_walls.append(run.walls[-1])
+        run.ran_here += 1
         # an out-of-memory repeat is a result too (it ends the cell's repeats): a resumed set
         # keeps it rather than running out of memory again
         if outcome.status in KEPT_STATUSES and (repeats > 1 or keep):
-            keep_repeat(run.keep_dir, i, run.spec, outcome, wall_s=run.walls[-1], started=started)
+            keep_repeat(run.keep_dir, i, run.spec, outcome, wall_s=run.walls[-1], started=started,
+                        job_first=run.ran_here == 1)
     run.outcomes.append(outcome)
     run.started.append(started)
     with open(log, "a") as fh:

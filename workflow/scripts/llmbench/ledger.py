@@ -15,7 +15,11 @@ it to its call's end), and a Slurm job without it has its time limit's end (scon
 EndTime, llmbench.nodes.job_end: a cell the Slurm profiles submit) (deadline_from_env): a
 repeat is not started where the time left is shorter than REPEAT_MARGIN times the longest
 repeat of this cell so far (run here, or kept with its wall time by an earlier run), and a
-max-batch search's probe likewise (llmbench.search.runner) (deadline_stop). A repeat of a cell
+max-batch search's probe likewise (llmbench.search.runner) (deadline_stop). A job's first
+repeat of a cell pays what later ones do not (the fork server's start, the first build's
+caches: keep_repeat keeps which it was, ``job_first``), so a repeat that follows another
+of the cell in the same job is judged by the longest of such later repeats where one has
+run (here or in an earlier job), and by the longest of all until then. A repeat of a cell
 that none has timed yet is judged by its predicted duration with its margin (llmbench.estimate:
 the throughput model's step time, on the platforms it was calibrated on). The job then
 stops between repeats with DeadlineStop (no record, its finished repeats kept; the Snakemake
@@ -76,17 +80,18 @@ def deadline_from_env(environ=os.environ) -> float | None:
 
 
 def deadline_stop(deadline: float | None, walls: list[float], what: str,
-                  predicted_s: float | None = None) -> str | None:
+                  predicted_s: float | None = None, timed: str = "the longest so far") -> str | None:
     """Why ``what`` (a repeat, a search's probe) must not start before ``deadline`` (Unix
     seconds): the time left is under REPEAT_MARGIN times the longest of ``walls`` (the same
-    kind of run timed so far); with none timed, under ``predicted_s`` (what it is predicted
-    to need, its margin included: llmbench.estimate); or none is left at all. None where it
-    may start: with neither a timing nor a prediction, whenever time is left."""
+    kind of run timed so far; ``timed`` says which, in the reason); with none timed, under
+    ``predicted_s`` (what it is predicted to need, its margin included: llmbench.estimate);
+    or none is left at all. None where it may start: with neither a timing nor a
+    prediction, whenever time is left."""
     if deadline is None:
         return None
     left = deadline - time.time()
     if walls:
-        need, took = REPEAT_MARGIN * max(walls), f"the longest so far took {max(walls):.0f} s (x {REPEAT_MARGIN})"
+        need, took = REPEAT_MARGIN * max(walls), f"{timed} took {max(walls):.0f} s (x {REPEAT_MARGIN})"
     elif predicted_s is not None:
         need, took = predicted_s, f"none timed yet, it is predicted to need {predicted_s:.0f} s"
     else:
@@ -114,17 +119,18 @@ result, the paper's "-", which ends the cell's repeats)."""
 
 
 def keep_repeat(keep_dir: Path, index: int, spec: RunSpec | dict, outcome: Outcome, wall_s: float | None = None,
-                started: str | None = None) -> None:
+                started: str | None = None, job_first: bool | None = None) -> None:
     """Keep an ok (or out-of-memory) repeat beside the cell's record, with when it started
     (``started``, ISO) and finished, where, at which commit and in how many seconds
-    (``wall_s``) it ran, so that a cell stopped between repeats (a call's deadline, a killed
-    job) resumes with the repeats it has, not from the first. The machine's boot id goes with it: lent machines and
-    cluster nodes share hostnames."""
+    (``wall_s``) it ran, and whether it was its job's first repeat of the cell
+    (``job_first``; None: not known), so that a cell stopped between repeats (a call's
+    deadline, a killed job) resumes with the repeats it has, not from the first. The
+    machine's boot id goes with it: lent machines and cluster nodes share hostnames."""
     state = provenance.git_state()
     write_json_atomic(keep_dir / PARTIAL.format(index=index), {
         "spec_sha256": spec_digest(spec), "index": index, "outcome": asdict(outcome), "started": started,
         "finished": datetime.now(UTC).isoformat(), "hostname": socket.gethostname(),
-        "boot_id": provenance.boot_id(), "git_sha": state.get("sha"), "wall_s": wall_s})
+        "boot_id": provenance.boot_id(), "git_sha": state.get("sha"), "wall_s": wall_s, "job_first": job_first})
 
 
 def read_kept(keep_dir: Path, spec: RunSpec | dict, repeats: int) -> tuple[dict[int, dict], list[Path]]:

@@ -6,9 +6,13 @@
 #   bash envs/offline-run.sh .whl pretrain --configfile config/recipes/one-gpu-sweep.yaml --cores 16 --resources gpu_slots=1
 #   bash envs/offline-run.sh .whl --install-only    # the wheels into /tmp/site, nothing run
 #
-# The wheels go to /tmp/site (added to PYTHONPATH); LightLLM's pinned set, where the
-# wheelhouse has it (SERVING=1), goes to /tmp/site-lightllm, and .venv-lightllm/bin/python
-# starts the engine with it in front (config engine_python.lightllm). vLLM's GPU set, where
+# The wheels go to /tmp/site (LLMBENCH_SITE sets another; added to PYTHONPATH) and are
+# compiled as they are first imported: the script unsets PYTHONDONTWRITEBYTECODE, which some
+# images' shells set, so that no worker, rank or engine compiles them from source again and
+# again (pip installs them with --no-compile: what is never imported is never compiled).
+# LightLLM's pinned set, where the wheelhouse has it (SERVING=1), goes to /tmp/site-lightllm,
+# and .venv-lightllm/bin/python starts the engine with it in front (config
+# engine_python.lightllm). vLLM's GPU set, where
 # the wheelhouse has it (VLLM_GPU=1: a vllm/ folder, or its pieces vllm.txz.part-* with
 # their checksums, gathered in the wheelhouse from as many transfers as it took), is
 # checked, reassembled (envs/pieces.sh) and installed to /tmp/site-vllm, and
@@ -20,7 +24,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 whl=${1:?usage: offline-run.sh WHEELHOUSE [snakemake arguments]}
 shift
-site=/tmp/site
+site=${LLMBENCH_SITE:-/tmp/site}
+unset PYTHONDONTWRITEBYTECODE   # the bytecode caches above
 want=$(ls "$whl"/*.whl | sha256sum | cut -d' ' -f1)   # a wheelhouse whose wheels changed installs again
 if [[ $(cat "$site/.llmbench-installed" 2>/dev/null) != "$want" ]]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$whl"/*.whl

@@ -175,3 +175,30 @@ def test_a_packed_wheel_comes_back_stored_with_the_same_members(repo, tmp_path):
     with zipfile.ZipFile(whl) as z:
         assert {i.filename: z.read(i) for i in z.infolist()} == members
         assert {i.compress_type for i in z.infolist()} == {zipfile.ZIP_STORED}
+
+
+def test_the_offline_run_lets_python_keep_its_bytecode_caches_whatever_the_shell_says(repo, tmp_path):
+    """envs/offline-run.sh installs the wheels with --no-compile; a shell that sets
+    PYTHONDONTWRITEBYTECODE (some GPU images' do) would then have every worker, rank and
+    engine compile them from source again. The script runs Snakemake without it (a stand-in
+    python3 on PATH answers pip and reports what Snakemake would see)."""
+    import os
+    import sys
+
+    (tmp_path / "envs").mkdir()
+    (tmp_path / "envs/offline-run.sh").write_text((repo / "envs/offline-run.sh").read_text())
+    (tmp_path / "whl").mkdir()
+    (tmp_path / "whl/none-0-py3-none-any.whl").write_text("")
+    (tmp_path / "site").mkdir()
+    (tmp_path / "bin").mkdir()
+    stub = tmp_path / "bin/python3"
+    stub.write_text(f'#!/bin/sh\ncase "$*" in\n  *"-m pip"*) exit 0 ;;\nesac\n'
+                    f"exec {sys.executable} -c 'import sys; print(sys.dont_write_bytecode)'\n")
+    stub.chmod(0o755)
+    done = subprocess.run(["bash", "envs/offline-run.sh", "whl", "all"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60,
+                          env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+                               "LLMBENCH_SITE": str(tmp_path / "site"), "PYTHONDONTWRITEBYTECODE": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+    assert (tmp_path / "site/.llmbench-installed").exists()

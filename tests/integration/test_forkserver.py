@@ -166,6 +166,8 @@ def test_a_gpu_server_whose_import_initialised_cuda_leaves_it_to_the_ranks(tmp_p
     base = env()
     envs = [{**base, **launch.rank_env(0, 1, 29999)}]
     monkeypatch.setattr(forkserver, "_FOUND_INITIALISING", {})
+    kept = forkserver.initialising_path(sys.executable, "cuda", base)
+    kept.unlink(missing_ok=True)  # an earlier session's
     with pytest.raises(forkserver.Unavailable, match="importing cuda_initialising initialised CUDA"):
         forkserver._ensure_server(forkserver.socket_path("refused"), sys.executable, "cuda",
                                   ("torch", "cuda_initialising"), base, 60, 5)
@@ -175,6 +177,18 @@ def test_a_gpu_server_whose_import_initialised_cuda_leaves_it_to_the_ranks(tmp_p
     assert proc.wait(timeout=60) == 0 and ranks_seen(tmp_path, 1)[0]["rank"] == 0
     assert "importing cuda_initialising initialised CUDA; each rank imports it" in (tmp_path / "run.log").read_text()
     assert forkserver._FOUND_INITIALISING[(sys.executable, "cuda")] == {"cuda_initialising"}
+    assert json.loads(kept.read_text()) == ["cuda_initialising"]
+    # the next launcher (another process: the next cell's job) reads what this one learnt and
+    # goes to the server without it at once, starting none that would refuse
+    monkeypatch.setattr(forkserver, "_FOUND_INITIALISING", {})
+    tried, ensure = [], forkserver._ensure_server
+    monkeypatch.setattr(forkserver, "_ensure_server", lambda path, py, acc, preload, *a: (tried.append(preload),
+                                                                                          ensure(path, py, acc, preload, *a))[1])
+    proc = forkserver.launch("fork_probe", ["--out", str(tmp_path)], envs, cwd=tmp_path, log=tmp_path / "next.log",
+                             server_env=base, accelerator="cuda", preload=("torch", "cuda_initialising"), idle_s=5)
+    assert proc.wait(timeout=60) == 0 and tried == [("torch",)]
+    assert "initialised CUDA" not in (tmp_path / "next.log").read_text()
+    kept.unlink()
     # the same import in a CPU server is no reason to refuse
     proc = forkserver.launch("fork_probe", ["--out", str(tmp_path)], envs, cwd=tmp_path, log=tmp_path / "run.log",
                              server_env=base, accelerator="cpu", preload=("torch", "cuda_initialising"), idle_s=5)

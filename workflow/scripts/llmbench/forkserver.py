@@ -17,7 +17,11 @@ preloads everything but PEFT (``preload_for``) with torch's NVML-based device co
 uninitialised; a server whose imports initialised it refuses to start, naming the module.
 The launcher then starts one without that module (each rank imports it: where torchao is
 installed, transformers' Llama imports it, and it asks for the compute capability), and execs
-only where a server cannot start at all.
+only where a server cannot start at all. What it learnt stays beside the sockets (a file per
+interpreter, accelerator, package sources and import-time variables: ``initialising_path``),
+so the next launcher, the next cell's job, reaches that server at once instead of starting
+and losing one server per such module first (each had imported torch, DeepSpeed and
+transformers before it refused).
 
 What stays as it was: each repeat is its own process (a fork), in its own session (the
 launcher stops it with ``os.killpg`` as before), with its own environment (``os.environ``
@@ -90,7 +94,8 @@ PRELOAD = ("torch", "torch.distributed", "deepspeed", "transformers", "peft",
 CUDA_INITIALISING = ("peft",)
 #: modules a GPU server's import found to initialise CUDA, per (python, accelerator), beyond
 #: CUDA_INITIALISING (one that imports torchao where it is installed: its import asks for the
-#: GPU's compute capability); learnt once per launcher process (launch), then left to each rank
+#: GPU's compute capability); learnt once (launch), kept for later launchers in
+#: initialising_path's file, then left to each rank
 _FOUND_INITIALISING: dict[tuple[str, str], set[str]] = {}
 _INITIALISED = re.compile(r"\[fork server\] importing (\S+) initialised CUDA")
 #: seconds a server waits for work before it exits; LLMBENCH_FORK_SERVER_IDLE_S sets another
@@ -162,6 +167,31 @@ def server_dir() -> Path:
 
 def socket_path(key: str) -> Path:
     return server_dir() / f"{key}.sock"
+
+
+def initialising_path(python: str, accelerator: str, env: dict[str, str]) -> Path:
+    """Where launchers keep the preloaded modules found to initialise CUDA (a JSON list),
+    for one interpreter, accelerator, package sources and import-time variables (``_key``
+    without a preload): what decides whether an import initialises CUDA."""
+    return server_dir() / f"{_key(python, accelerator, (), env)}.initialising"
+
+
+def _found_initialising(python: str, accelerator: str, env: dict[str, str]) -> set[str]:
+    """The modules found to initialise CUDA so far: this process's, and those an earlier
+    launcher kept (a file that cannot be read adds none: the server's own check finds them)."""
+    found = _FOUND_INITIALISING.setdefault((python, accelerator), set())
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        found.update(str(m) for m in json.loads(initialising_path(python, accelerator, env).read_text()))
+    return found
+
+
+def _keep_initialising(python: str, accelerator: str, env: dict[str, str], found: set[str]) -> None:
+    """Keep ``found`` for later launchers (written whole, then renamed into place)."""
+    path = initialising_path(python, accelerator, env)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(OSError):
+        tmp.write_text(json.dumps(sorted(found)))
+        os.replace(tmp, path)
 
 
 class Forked:
@@ -272,8 +302,8 @@ def launch(module: str, args: list[str], envs: list[dict[str, str]], *, cwd: Pat
     ``log``. ``server_env``: the environment a new server starts with (its import_env part
     of the server's key); a new server exits after ``idle_s`` without work."""
     wanted = tuple(preload_for(accelerator) if preload is None else preload)
+    found = _found_initialising(python, accelerator, server_env) if accelerator != "cpu" else set()
     while True:  # a preload that initialised CUDA is left to the ranks, and the server started without it
-        found = _FOUND_INITIALISING.setdefault((python, accelerator), set())
         preload = tuple(m for m in wanted if m not in found)
         path = socket_path(_key(python, accelerator, preload, server_env))
         try:
@@ -284,6 +314,7 @@ def launch(module: str, args: list[str], envs: list[dict[str, str]], *, cwd: Pat
             if hit is None or hit.group(1) not in preload:
                 raise
             found.add(hit.group(1))
+            _keep_initialising(python, accelerator, server_env, found)
             with open(log, "a") as fh:
                 fh.write(f"=== fork server: importing {hit.group(1)} initialised CUDA; each rank imports it\n")
     try:

@@ -2,9 +2,11 @@
 run by the launcher as a cell's repeats (forked from the CPU platform's fork server), its
 exit classified as ok | error | oom | timeout, the whole group stopped."""
 
+import json
 import os
 from dataclasses import replace
 import time
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -30,6 +32,17 @@ def spec_for(monkeypatch):
         return g.spec(g.cells[0])
 
     return make
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """A clock of the test's for a repeat's seconds and the deadline's: ``clock[0]`` is now
+    (Unix seconds), which a stand-in repeat advances."""
+    now = [1000.0]
+    fake_time = SimpleNamespace(time=lambda: now[0], monotonic=lambda: now[0])
+    monkeypatch.setattr(launch, "time", fake_time)  # a repeat's seconds
+    monkeypatch.setattr(ledger, "time", fake_time)  # the deadline's clock
+    return now
 
 
 def run(spec, tmp_path):
@@ -195,19 +208,13 @@ def test_kept_repeats_of_another_spec_do_not_count(spec_for, tmp_path, monkeypat
     assert not list(tmp_path.glob(".repeat-*.json"))
 
 
-def test_a_cell_stops_before_a_repeat_its_deadline_cannot_hold_and_resumes_there(spec_for, tmp_path, monkeypatch):
+def test_a_cell_stops_before_a_repeat_its_deadline_cannot_hold_and_resumes_there(spec_for, tmp_path, monkeypatch, clock):
     """LLMBENCH_DEADLINE (a call's end): repeats of 100 s (a clock of the test's), a deadline
     250 s away. Repeats 0 and 1 start (150 s left > 1.2 x 100), repeat 2 does not (50 s):
     the cell stops between repeats with its two kept, not inside the third. The next run's
     deadline is judged by the kept repeats' time; with room, it runs only repeat 2."""
-    import json
-    from types import SimpleNamespace
 
     spec = spec_for("ok", repeats=3)
-    clock = [1000.0]
-    fake_time = SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0])
-    monkeypatch.setattr(launch, "time", fake_time)  # a repeat's seconds
-    monkeypatch.setattr(ledger, "time", fake_time)  # the deadline's clock
     real, ran = launch.run_repeat, []
 
     def taking_100_s(spec, workdir, index, *args):
@@ -236,20 +243,14 @@ def test_a_cell_stops_before_a_repeat_its_deadline_cannot_hold_and_resumes_there
     assert [r["index"] for r in rec.provenance["resumed_repeats"]] == [0, 1]
 
 
-def test_a_repeat_after_its_jobs_first_is_judged_by_the_later_ones(spec_for, tmp_path, monkeypatch):
+def test_a_repeat_after_its_jobs_first_is_judged_by_the_later_ones(spec_for, tmp_path, monkeypatch, clock):
     """A job's first repeat of a cell takes 200 s of the test's clock (it pays the job's
     start-up), later ones 150 s. With 200 s left after two, the third starts: it is judged
     by the later repeat (1.2 x 150), not by the first (1.2 x 200). The kept repeats say
     which was their job's first, and a fresh job's first repeat is judged by the longest of
     all again."""
-    import json
-    from types import SimpleNamespace
 
     spec = spec_for("ok", repeats=3)
-    clock = [1000.0]
-    fake_time = SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0])
-    monkeypatch.setattr(launch, "time", fake_time)  # a repeat's seconds
-    monkeypatch.setattr(ledger, "time", fake_time)  # the deadline's clock
     real, ran = launch.run_repeat, []
 
     def first_200_s_then_150_s(spec, workdir, index, *args):
@@ -281,20 +282,14 @@ def test_a_repeat_after_its_jobs_first_is_judged_by_the_later_ones(spec_for, tmp
     assert ran[-2:] == ["job", 2] and rec.status == "ok" and len(rec.metrics.tokens_per_s_runs) == 3
 
 
-def test_a_repeat_stopped_inside_counts_as_a_repeats_time_at_the_next_deadline(spec_for, tmp_path, monkeypatch):
+def test_a_repeat_stopped_inside_counts_as_a_repeats_time_at_the_next_deadline(spec_for, tmp_path, monkeypatch, clock):
     """A repeat stopped unfinished by a signal (the TERM of a call's end that the estimate
     missed) after 100 s of the test's clock leaves that time beside the record: the next
     run with 110 s left does not start it again (1.2 x 100 > 110), one with 121 s does; the
     record, once written, holds the cell and the note goes. A note of another spec is
     dropped."""
-    import json
-    from types import SimpleNamespace
 
     spec = spec_for("ok", repeats=1)
-    clock = [1000.0]
-    fake_time = SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0])
-    monkeypatch.setattr(launch, "time", fake_time)  # a repeat's seconds
-    monkeypatch.setattr(ledger, "time", fake_time)  # the deadline's clock
     real, ran = launch.run_repeat, []
 
     def stopped_after_100_s(spec, workdir, index, *args):

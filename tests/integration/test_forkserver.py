@@ -182,8 +182,12 @@ def test_a_gpu_server_whose_import_initialised_cuda_leaves_it_to_the_ranks(tmp_p
     # goes to the server without it at once, starting none that would refuse
     monkeypatch.setattr(forkserver, "_FOUND_INITIALISING", {})
     tried, ensure = [], forkserver._ensure_server
-    monkeypatch.setattr(forkserver, "_ensure_server", lambda path, py, acc, preload, *a: (tried.append(preload),
-                                                                                          ensure(path, py, acc, preload, *a))[1])
+
+    def counted(path, python, accelerator, preload, *args):
+        tried.append(preload)
+        return ensure(path, python, accelerator, preload, *args)
+
+    monkeypatch.setattr(forkserver, "_ensure_server", counted)
     proc = forkserver.launch("fork_probe", ["--out", str(tmp_path)], envs, cwd=tmp_path, log=tmp_path / "next.log",
                              server_env=base, accelerator="cuda", preload=("torch", "cuda_initialising"), idle_s=5)
     assert proc.wait(timeout=60) == 0 and tried == [("torch",)]

@@ -5,9 +5,11 @@ Its VLLM_GPU=1 set (envs/requirements-vllm-gpu.txt) keeps the pins that made vLL
 GPU machines, its SGLANG_GPU=1 set (envs/requirements-sglang-gpu.txt) SGLang's own, and
 envs/pieces.sh moves each in checked pieces."""
 
+import os
 import random
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -182,9 +184,6 @@ def test_the_offline_run_lets_python_keep_its_bytecode_caches_whatever_the_shell
     PYTHONDONTWRITEBYTECODE (some GPU images' do) would then have every worker, rank and
     engine compile them from source again. The script runs Snakemake without it (a stand-in
     python3 on PATH answers pip and reports what Snakemake would see)."""
-    import os
-    import sys
-
     (tmp_path / "envs").mkdir()
     (tmp_path / "envs/offline-run.sh").write_text((repo / "envs/offline-run.sh").read_text())
     (tmp_path / "whl").mkdir()

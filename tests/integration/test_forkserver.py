@@ -6,9 +6,11 @@ threads are checked) keeps these fast; the real preload runs in tests/e2e."""
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -80,6 +82,42 @@ def test_kill_group_stops_every_rank(tmp_path):
     assert proc.returncode is not None and proc.returncode < 0
     time.sleep(0.2)
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+def test_an_exit_code_sent_right_behind_the_reply_is_read(tmp_path, monkeypatch):
+    """A repeat that ends at once has its exit code's line sent right behind the server's
+    reply; the launcher reads both in one go, and the second line must reach the repeat."""
+    ours, server = socket.socketpair()
+    server.sendall(b'{"pid": 4242}\n{"rc": 3}\n')
+    monkeypatch.setattr(forkserver, "_ensure_server", lambda *_, **__: ours)
+    repeat = forkserver.launch("fork_probe", [], [env()], cwd=tmp_path, log=tmp_path / "run.log", server_env=env())
+    assert repeat.pid == 4242 and repeat.wait(timeout=5) == 3
+    server.close()
+
+
+def test_poll_never_waits_for_another_threads_read():
+    """The memory watchdog polls while the launcher's thread waits on the same repeat; its
+    poll answers at once instead of queueing for the reading thread's lock."""
+    ours, server = socket.socketpair()
+    repeat = forkserver.Forked(ours, 4242, ["repeat"])
+    held, done = threading.Event(), threading.Event()
+
+    def reader():  # holds the lock as a wait's read does, until told to stop
+        with repeat._lock:
+            held.set()
+            done.wait(10)
+
+    threading.Thread(target=reader, daemon=True).start()
+    held.wait(5)
+    answers = []
+    poller = threading.Thread(target=lambda: answers.append(repeat.poll()), daemon=True)
+    poller.start()
+    poller.join(5)
+    done.set()
+    assert answers == [None]  # answered while the other thread held the lock
+    server.sendall(b'{"rc": 0}\n')
+    assert repeat.wait(timeout=5) == 0
+    server.close()
 
 
 def test_wait_times_out_like_popen(tmp_path):

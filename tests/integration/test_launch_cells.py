@@ -110,7 +110,7 @@ def test_sigkill_where_the_kill_count_cannot_be_read_is_taken_for_the_oom_killer
 
 def test_memory_cap_kills_and_records_oom(spec_for, tmp_path):
     rec = run(spec_for("alloc", mem_cap_gib=0.3), tmp_path)
-    assert rec.status == "oom"
+    assert rec.status == "oom", f"{rec.status}: {rec.reason}\n{(tmp_path / 'run.log').read_text()[-3000:]}"
     assert "mem_cap_gib=0.3" in rec.reason
 
 

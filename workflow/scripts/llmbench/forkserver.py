@@ -201,11 +201,14 @@ class Forked:
     SIGTERM that lands while the launcher waits runs procs._on_signal in the same thread,
     and its kill_group waits on this repeat again (a plain lock deadlocked there)."""
 
-    def __init__(self, sock: socket.socket, pid: int, args: list[str]):
+    def __init__(self, sock: socket.socket, pid: int, args: list[str], buf: bytes = b""):
+        """``buf``: what the launcher read from ``sock`` past the server's reply (the exit
+        code's line may have come with it)."""
         self._sock: socket.socket | None = sock
         self._buf = b""
         self._lock = threading.RLock()
         self.pid, self.args, self.returncode = pid, args, None
+        self._take(buf)
 
     def _read(self, timeout: float) -> None:
         with self._lock:
@@ -229,6 +232,9 @@ class Forked:
             self._sock.close()
             self._sock = None
             return
+        self._take(data)
+
+    def _take(self, data: bytes) -> None:
         self._buf += data
         if b"\n" in self._buf:
             self.returncode = int(json.loads(self._buf.split(b"\n", 1)[0])["rc"])
@@ -236,8 +242,16 @@ class Forked:
             self._sock = None
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            self._read(0)
+        """As Popen's, it never waits: where another thread is reading (the launcher's wait,
+        while the memory watchdog polls), the repeat is still running as far as is known. A
+        poll that queued for the lock could lose it to the waiting thread's loop again and
+        again, and the watchdog, starved, would not read the ranks' memory."""
+        if self.returncode is None and self._lock.acquire(blocking=False):
+            try:
+                if self.returncode is None:
+                    self._read_locked(0)
+            finally:
+                self._lock.release()
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -323,7 +337,7 @@ def launch(module: str, args: list[str], envs: list[dict[str, str]], *, cwd: Pat
                    "log": str(Path(log).absolute()), "launcher_pid": os.getpid()}
         sock.sendall(json.dumps(request).encode() + b"\n")
         sock.settimeout(30)
-        line = sock.makefile("rb").readline()
+        line, rest = _read_line(sock)
         sock.settimeout(None)
         reply = json.loads(line) if line else {"error": "the server closed the connection"}
     except (OSError, ValueError) as exc:
@@ -332,7 +346,21 @@ def launch(module: str, args: list[str], envs: list[dict[str, str]], *, cwd: Pat
     if "pid" not in reply:
         sock.close()
         raise Unavailable(f"fork server refused the request: {reply.get('error')}")
-    return Forked(sock, int(reply["pid"]), [module, *args])
+    return Forked(sock, int(reply["pid"]), [module, *args], rest)
+
+
+def _read_line(sock: socket.socket) -> tuple[bytes, bytes]:
+    """The first line on ``sock`` (b"" where it closed first) and what came after it. Not a
+    buffered file over the socket: a repeat that ends at once has its exit code's line sent
+    right behind the reply, and a file's buffer would take it and drop it with the file."""
+    buf = b""
+    while b"\n" not in buf:
+        data = sock.recv(4096)
+        if not data:
+            return b"", b""
+        buf += data
+    line, rest = buf.split(b"\n", 1)
+    return line, rest
 
 
 def stop_all() -> int:

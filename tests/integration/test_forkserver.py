@@ -57,6 +57,21 @@ def test_each_rank_gets_its_environment_cwd_arguments_and_the_log(tmp_path):
     assert "rank 0 says hello" in text and "rank 1 says hello" in text
 
 
+def test_the_pid_a_launcher_gets_already_leads_its_session(tmp_path):
+    """The launcher may stop a repeat the moment it has its pid (a memory cap already
+    passed, a signal): killpg reaches the repeat only once its leader has called setsid, so
+    the server replies only after that. Before, a stop that came first found no group,
+    did nothing, and the repeat ran on unwatched."""
+    for i in range(10):
+        d = tmp_path / str(i)
+        d.mkdir()
+        proc, _ = start(d, ranks=1, PROBE_MODE="sleep")
+        try:
+            assert os.getsid(proc.pid) == proc.pid, f"launch {i}: its leader has no session of its own yet"
+        finally:
+            procs.kill_group(proc)
+
+
 def test_every_repeat_is_a_new_process(tmp_path):
     pids = set()
     for i in range(2):

@@ -443,18 +443,26 @@ def _lead(request: dict) -> int:
 
 def _fork_repeat(request: dict, close: list, close_fds: tuple[int, ...] | list[int] = ()) -> int:
     """Fork the repeat's leader; what can fail before its output goes to the cell's log (the
-    log itself, the working directory) fails here, as the reply to the launcher."""
+    log itself, the working directory) fails here, as the reply to the launcher. Returns once
+    the leader leads its own session with default signal handlers (or has died trying): the
+    launcher may stop the repeat's group the moment it has the pid, and a stop that came
+    before the session would find no group and stop nothing."""
     if not os.path.isabs(request["log"]) or not os.path.isdir(request["cwd"]):
         raise ValueError(f"log {request['log']!r} must be absolute and cwd {request['cwd']!r} a folder")
     fd = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    led_r, led_w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid:
         os.close(fd)
+        os.close(led_w)
+        os.read(led_r, 1)  # a byte once the session is led; b"" where the leader died first
+        os.close(led_r)
         return pid
     code = 1
     try:
+        os.close(led_r)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
@@ -466,6 +474,8 @@ def _fork_repeat(request: dict, close: list, close_fds: tuple[int, ...] | list[i
         os.setsid()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
+        os.write(led_w, b"1")
+        os.close(led_w)
         os.chdir(request["cwd"])
         code = _lead(request)
     except BaseException:  # noqa: BLE001

@@ -60,8 +60,8 @@ def test_each_rank_gets_its_environment_cwd_arguments_and_the_log(tmp_path):
 def test_the_pid_a_launcher_gets_already_leads_its_session(tmp_path):
     """The launcher may stop a repeat the moment it has its pid (a memory cap already
     passed, a signal): killpg reaches the repeat only once its leader has called setsid, so
-    the server replies only after that. Before, a stop that came first found no group,
-    did nothing, and the repeat ran on unwatched."""
+    the server replies only after that. A stop before it would find no group, do nothing,
+    and leave the repeat running unwatched."""
     for i in range(10):
         d = tmp_path / str(i)
         d.mkdir()

@@ -15,13 +15,14 @@
 #
 # todo.txt holds one record target per line, e.g. from
 #   python -m llmbench.report.coverage targets COVERAGE_CSV CONFIG --platform h100
-# Targets already recorded are skipped by Snakemake as usual, so the same list can be given
-# to the next call. A target may be a max-batch search's folder (results/runs/search/...,
+# A target already recorded in the results folder is skipped (its line says so; Snakemake
+# is not run for it, so a record is never replaced), so the same list can be given to the
+# next call. A target may be a max-batch search's folder (results/runs/search/...,
 # from `coverage targets ... --to-do "search the largest batch"`): once the search has
 # found its batch, the cell it measures there runs next (python -m llmbench.offline
-# measured-target), under the same deadline. Exit status: 0 when every target ran
-# (whatever its record's status), 3 when the deadline left targets unstarted, 2 when
-# SKIP_RECORDED could not be read, else Snakemake's. OFFLINE_RUN names the script
+# measured-target), under the same deadline. Exit status: 0 when every target ran or
+# was recorded before (whatever its record's status), 3 when the deadline left targets
+# unstarted, 2 when SKIP_RECORDED could not be read, else Snakemake's. OFFLINE_RUN names the script
 # that runs one target (default envs/offline-run.sh; tests/integration/test_offline_batch.py
 # gives a stand-in). A cell longer than a call: give the list again, call after call; its
 # finished repeats carry over (llmbench.ledger). A target still running
@@ -137,6 +138,24 @@ for a in "$@"; do
     [[ $a == --configfile=* ]] && configfile=${a#--configfile=}
     prev=$a
 done
+# a cell's line: TARGET, its status, tokens/s (mean ± std over its repeats), WHAT (the
+# seconds it took, or why it did not run) and its reason
+record_line() {
+    python3 - "$1" "$2" <<'EOF'
+import json, sys
+target, what = sys.argv[1], sys.argv[2]
+try:
+    r = json.load(open(target))
+except (OSError, ValueError) as e:
+    print(f"offline-batch: {target}  no record ({e.__class__.__name__})  {what}")
+    sys.exit()
+m = r.get("metrics") or {}
+tps = m.get("tokens_per_s_mean")
+std = m.get("tokens_per_s_std") if len(m.get("tokens_per_s_runs") or []) > 1 else None
+rate = (f"{tps:.1f} tok/s" + (f" ± {std:.1f}" if std is not None else "")) if tps else "-"
+print(f"offline-batch: {target}  {r.get('status')}  {rate}  {what}  {(r.get('reason') or '')[:120]}")
+EOF
+}
 # the search folder a measured cell came from (asked again when the cell runs out of memory)
 declare -A searched_by=()
 # a target's output, read for the line its job exits with when it stops at its deadline
@@ -162,6 +181,13 @@ while (( i < ${#targets[@]} )); do
             echo "offline-batch: $t  searched in SKIP_RECORDED, its cell not measured: ${found#cell } next"
             targets=("${targets[@]:0:i}" "${found#cell }" "${targets[@]:i}")
         fi
+        continue
+    fi
+    # a cell recorded here already (an earlier call's, or an earlier line of this list): its
+    # line, and no Snakemake run nor deadline check (a check could hold back a target with
+    # nothing to run, and end the batch as if one were left); a record is never replaced
+    if [[ $t == *.json && -f $t ]]; then
+        record_line "$t" "recorded before: skipped"
         continue
     fi
     left=$((deadline - (SECONDS - start)))
@@ -244,21 +270,9 @@ EOF
         fi
         continue
     fi
-    python3 - "$t" "$took" "$est" <<'EOF'
-import json, sys
-target, took, est = sys.argv[1], sys.argv[2], sys.argv[3]
-took = f"{took}s (estimated {est}s)" if est else f"{took}s"
-try:
-    r = json.load(open(target))
-except (OSError, ValueError) as e:
-    print(f"offline-batch: {target}  no record ({e.__class__.__name__})  {took}")
-    sys.exit()
-m = r.get("metrics") or {}
-tps = m.get("tokens_per_s_mean")
-std = m.get("tokens_per_s_std") if len(m.get("tokens_per_s_runs") or []) > 1 else None
-rate = (f"{tps:.1f} tok/s" + (f" ± {std:.1f}" if std is not None else "")) if tps else "-"
-print(f"offline-batch: {target}  {r.get('status')}  {rate}  {took}  {(r.get('reason') or '')[:120]}")
-EOF
+    what="${took}s"
+    [[ -n $est ]] && what="$what (estimated ${est}s)"
+    record_line "$t" "$what"
     # a measured cell that ran out of memory where its probe fit: the next batch down
     folder=${searched_by[$t]:-}
     if [[ -n $folder ]] && python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["status"] != "oom")' \

@@ -79,7 +79,23 @@ def test_it_stops_before_a_target_the_time_left_cannot_hold(batch):
     again = run(deadline_s=30, fake_s=0, first_s=1, FAKE_STATUS="oom", FAKE_REASON="CUDA out of memory")
     assert again.returncode == 0, again.stderr
     assert all(t.exists() for t in targets) and json.loads(targets[0].read_text())["status"] == "ok"
+    assert f"offline-batch: {targets[0]}  ok  123.4 tok/s ± 5.6  recorded before: skipped" in again.stdout
     assert f"offline-batch: {targets[2]}  oom  123.4 tok/s ± 5.6" in again.stdout and "CUDA out of memory" in again.stdout
+
+
+def test_a_list_recorded_before_ends_at_once_whatever_the_time_left(batch, tmp_path):
+    """Targets recorded in the results folder are neither run again (Snakemake could replace
+    a record whose config changed) nor held back by the deadline check (the batch would end
+    with status 3, as if a target were left): each says so, and the batch ends with 0."""
+    run, targets = batch
+    for t in targets:
+        t.parent.mkdir(parents=True)
+        t.write_text(json.dumps({"status": "ok", "metrics": {"tokens_per_s_mean": 50.0}}))
+    done = run(deadline_s=1, fake_s=0, first_s=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
+    assert lines == [f"offline-batch: {t}  ok  50.0 tok/s  recorded before: skipped  " for t in targets]
+    assert not any((t.parent / "record.json.args").exists() for t in targets)  # no Snakemake run
 
 
 def test_a_target_still_running_at_the_deadline_is_stopped_there(batch, tmp_path):

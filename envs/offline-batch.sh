@@ -22,9 +22,9 @@
 # found its batch, the cell it measures there runs next (python -m llmbench.offline
 # measured-target), under the same deadline. Exit status: 0 when every target ran or
 # was recorded before (whatever its record's status), 3 when the deadline left targets
-# unstarted, 2 when SKIP_RECORDED could not be read, else Snakemake's. OFFLINE_RUN names the script
-# that runs one target (default envs/offline-run.sh; tests/integration/test_offline_batch.py
-# gives a stand-in). A cell longer than a call: give the list again, call after call; its
+# unstarted, 2 when SKIP_RECORDED could not be read, else Snakemake's. OFFLINE_RUN names
+# the script that runs one target (default envs/offline-run.sh;
+# tests/integration/test_offline_batch.py gives a stand-in). A cell longer than a call: give the list again, call after call; its
 # finished repeats carry over (llmbench.ledger). A target still running
 # at the deadline is stopped there (exit status 3): a max-batch search's probes are not
 # bounded by the longest cell so far. Snakemake marks a stopped target incomplete, so each

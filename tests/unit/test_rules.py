@@ -4,6 +4,7 @@ the embedded default is the users' to edit)."""
 import json
 import os
 import re
+import shutil
 import subprocess
 
 import yaml
@@ -113,3 +114,35 @@ def test_the_combined_view_lists_the_searches_of_the_folders_it_reads(tmp_path):
                    cwd=tmp_path, capture_output=True, text=True, check=True)
     table = pd.read_csv(tmp_path / "out/tables/search.csv")
     assert len(table) == 1 and table.iloc[0].largest_ok == 2 and table.iloc[0].measured_tokens_per_s == 200.0
+
+
+def test_a_refit_of_the_throughput_model_rebuilds_the_advice_and_nothing_else(tmp_path):
+    """The advice predicts tokens/s with the throughput model's fitted constants and interval
+    widths: after `throughput calibrate --write` (or `interval --write`) rewrites one of them,
+    Snakemake's plan rebuilds the advice for that file (before, the advice said nothing was to
+    do, and only --forceall brought it up to date). A grid of no cell keeps the plan to the
+    report's tables."""
+    for part in ("Snakefile", "workflow", "config", "profiles"):
+        (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, tmp_path / part)
+    protocol = yaml.safe_load((REPO / ".test/config.yaml").read_text())["protocol"]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"results_dir": "res", "protocol": protocol}))
+    tables = tmp_path / "res/tables"
+    tables.mkdir(parents=True)
+    for name in ("records.csv", "records-superseded.csv", "advice.csv", "advice.md", "advice.html"):
+        (tables / name).write_text("x\n")
+    model = [tmp_path / "config/throughput/constants.yaml", tmp_path / "config/throughput/interval.yaml"]
+    for path in [*(tmp_path / "config").rglob("*"), *tables.iterdir()]:
+        os.utime(path, (1.6e9, 1.6e9) if path.parent == tables else (1.5e9, 1.5e9))
+
+    def plan() -> str:
+        return subprocess.run([BIN / "snakemake", "res/tables/advice.csv", "-n", "--nolock", "--cores", "1",
+                               "--configfile", "c.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                              check=True).stdout
+
+    assert "Nothing to be done" in plan()
+    for path in model:
+        os.utime(path, (1.7e9, 1.7e9))  # refitted after the advice was built
+        out = plan()
+        assert re.findall(r"^rule (\w+):", out, re.M) == ["build_advice"], out
+        assert re.search(rf"reason: Updated input files: .*{path.relative_to(tmp_path)}", out), out
+        os.utime(path, (1.5e9, 1.5e9))

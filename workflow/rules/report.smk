@@ -138,7 +138,8 @@ ruleorder: build_advice > build_table
 
 rule build_advice:
     input:
-        tidy=f"{R}/tables/records.csv",
+        # the tidy table and the throughput model's files (a refit rebuilds the advice)
+        **lbcatalog.inputs(lbcatalog.get("table", "advice"), R),
     output:
         csv=f"{R}/tables/advice.csv",
         md=f"{R}/tables/advice.md",

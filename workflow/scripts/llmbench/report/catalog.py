@@ -18,6 +18,9 @@ What an entry reads (``reads``) is named in one vocabulary, turned into paths by
                                    (known to the grid only: the workflow supplies them)
   findings                         config/reference/findings.yaml
   findings-ours                    config/findings/ours.yaml (our own findings)
+  throughput                       the throughput model's fitted constants and interval widths
+                                   (config/throughput/{constants,interval}.yaml: a refit rebuilds
+                                   what predicts with them)
   reference:<file>                 config/reference/<file>.csv
   table:<name>                     tables/<name>.csv, another table of this catalog, or a CSV
                                    its rule writes beside it (BESIDE) (figures)
@@ -87,7 +90,8 @@ class Entry:
             raise ValueError(f"{self.name}: section {self.section!r} is not one of SECTIONS")
         for r in self.reads:
             head, _, tail = r.partition(":")
-            if not (r in SOURCES or r in ("searches", *FINDINGS_FILES) or (head in ("reference", "table") and tail)
+            if not (r in SOURCES or r in ("searches", "throughput", *FINDINGS_FILES)
+                    or (head in ("reference", "table") and tail)
                     or (head == "tidy" and tail in SLICES)):
                 raise ValueError(f"{self.name}: reads {r!r}, which is not in the catalog's vocabulary")
 
@@ -154,7 +158,7 @@ TABLES: tuple[Entry, ...] = (
        "measured (protocol, CV), out of memory, predicted not to fit or still to run (llmbench.report.coverage)",
        "tidy:pretrain", "tidy:finetune", "reference:table3", "reference:table9"),
     _t("advice", MEMORY, "Advice: the methods ranked per platform, model and stage, measured here or by the "
-       "paper where measured, predicted with an interval elsewhere (llmbench.report.advice)", "tidy"),
+       "paper where measured, predicted with an interval elsewhere (llmbench.report.advice)", "tidy", "throughput"),
     _t("stacks", STACKS, "The paper's stack and today's: every cell PyTorch FSDP2 ran, beside DeepSpeed's cell of the "
        "same method, at each batch and at each side's largest (llmbench.report.stacks)", "tidy", "superseded"),
     _t("findings-ours", STACKS, "Our findings: claims of this project about today's stack, judged by the verdicts' "
@@ -218,8 +222,8 @@ def input_key(source: str) -> str:
 
 
 def inputs(entry: Entry, results_dir: str) -> dict[str, str | list[str]]:
-    """The entry's inputs as named paths (under ``results_dir``, or config/reference/ relative
-    to the workflow), references together under 'reference'; 'searches' is left to the caller."""
+    """The entry's inputs as named paths (under ``results_dir``, or config/ relative to the
+    workflow), references together under 'reference'; 'searches' is left to the caller."""
     out: dict[str, str | list[str]] = {}
     refs = [f"config/reference/{r.split(':', 1)[1]}.csv" for r in entry.reads if r.startswith("reference:")]
     for r in entry.reads:
@@ -227,6 +231,12 @@ def inputs(entry: Entry, results_dir: str) -> dict[str, str | list[str]]:
             out[r] = f"{results_dir}/{SOURCES[r]}"
         elif r in FINDINGS_FILES:
             out[r] = FINDINGS_FILES[r]
+        elif r == "throughput":
+            # the files llmbench.throughput reads, named there (imported here only when asked:
+            # the catalog itself stays free of the model's dependencies)
+            from ..throughput.interval import INTERVAL_FILE
+            from ..throughput.model import CONSTANTS_FILE
+            out[r] = [str(CONSTANTS_FILE), str(INTERVAL_FILE)]
         elif r.startswith("table:"):
             out[input_key(r)] = f"{results_dir}/tables/{r.split(':', 1)[1]}.csv"
         elif r.startswith("tidy:"):

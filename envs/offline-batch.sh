@@ -47,7 +47,7 @@
 # deadline (below). Without a probe, ESTIMATE_FROM="DIR ..." (optional: results folders, e.g. the reference runs)
 # gives the same estimate from the cell's own record there with the most measured steps
 # (a sweep's 3 + 10 steps time a protocol rerun's 30 + 100): the cell starts only if the
-# time left holds that repeat plus 20 s (a cell of one repeat longer than a call is never
+# time left holds 1.2 times that repeat plus 20 s (a cell of one repeat longer than a call is never
 # started, rather than killed at the deadline every call; its line says that no call of
 # DEADLINE_S starts it, and `python -m llmbench.offline plan LIST CONFIG --call-s DEADLINE_S`
 # names such cells before any call). A cell whose repeat the deadline stopped inside (an
@@ -55,8 +55,12 @@
 # that is longer, it is the estimate, and the cell starts only with 1.2 times it plus 20 s
 # left (the cell's own deadline check wants the 1.2). A cell resumed with the repeats an
 # earlier run kept beside its record (stopped between repeats) is timed by the longest of
-# them, with the same 1.2 plus 20 s, and only its other repeats count. The line after a cell
-# gives the estimate of all the repeats it ran beside the seconds it took.
+# them, with the same 1.2 plus 20 s, and only its other repeats count. A probe's or a record's
+# estimate is given to the cell's job too (LLMBENCH_REPEAT_S, llmbench.ledger): its own
+# deadline check judges the first repeat it has not timed by 1.2 times it, the check made here,
+# rather than by the throughput model's prediction (1.5 times it), which could stop at once a
+# cell started here. The line after a cell gives the estimate of all the repeats it ran
+# beside the seconds it took.
 # SKIP_RECORDED="DIR ..." (optional): results folders (a reference run's, holding runs/...)
 # whose records count as done: a target recorded in one of them is skipped (a search folder
 # once its search.json and the cell it measures are there), so the same list can go to a
@@ -195,6 +199,10 @@ while (( i < ${#targets[@]} )); do
     # est: a repeat's seconds; need: the seconds left it wants (llmbench.offline's Estimate.start_s)
     [[ $t == *.json ]] && read -r est reps need src < <(PYTHONPATH=$site_path python3 -m llmbench.offline estimate \
         "$t" "$configfile" ${ESTIMATE_FROM:+--earlier $ESTIMATE_FROM} 2>/dev/null)
+    # a probe's or an earlier record's repeat goes to the job (LLMBENCH_REPEAT_S), whose own
+    # deadline check then judges the cell's first repeat by it, not by the throughput model
+    given=""
+    [[ $est =~ ^[0-9]+$ && ($src == probe || $src == */runs/*) ]] && given=$est
     if [[ $est =~ ^[0-9]+$ && $src == probe ]]; then
         why="its search's probe puts a repeat at ${est}s (x 1.25 + 20 s: ${need}s)"
     elif [[ $est =~ ^[0-9]+$ && $src == stopped ]]; then
@@ -204,7 +212,7 @@ while (( i < ${#targets[@]} )); do
     elif [[ $est =~ ^[0-9]+$ && $src == kept ]]; then
         why="the longest repeat it kept took ${est}s (x 1.2 + 20 s: ${need}s)"
     elif [[ $est =~ ^[0-9]+$ ]]; then
-        why="its record in ${src%%/runs/*} puts a repeat at ${est}s (+ 20 s: ${need}s)"
+        why="its record in ${src%%/runs/*} puts a repeat at ${est}s (x 1.2 + 20 s: ${need}s)"
     elif [[ $t != *.json ]]; then  # a search stops between probes at its job's deadline
         est="" need=$first why="a search needs FIRST_S (${first}s) for its first probe"
     else
@@ -228,7 +236,7 @@ while (( i < ${#targets[@]} )); do
     # and it is the job's own deadline (LLMBENCH_DEADLINE, llmbench.ledger): a repeat or a
     # probe that would not finish by it is not started, the job stops between them instead
     trc=0
-    LLMBENCH_DEADLINE=$(( $(date +%s) + left - DEADLINE_SLACK_S )) \
+    LLMBENCH_DEADLINE=$(( $(date +%s) + left - DEADLINE_SLACK_S )) LLMBENCH_REPEAT_S=$given \
         timeout -k 30 "$left" bash "${OFFLINE_RUN:-envs/offline-run.sh}" "$whl" "$t" --rerun-incomplete "$@" \
         2>&1 | tee "$out"
     trc=${PIPESTATUS[0]}

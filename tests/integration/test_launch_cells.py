@@ -284,6 +284,46 @@ def test_a_repeat_after_its_jobs_first_is_judged_by_the_later_ones(spec_for, tmp
     assert ran[-2:] == ["job", 2] and rec.status == "ok" and len(rec.metrics.tokens_per_s_runs) == 3
 
 
+def test_a_cell_its_caller_timed_is_judged_by_that_time_not_by_its_prediction(spec_for, tmp_path, monkeypatch, clock):
+    """A cell no repeat has timed, predicted at 100 s a repeat (x 1.5: 150 s), 130 s before
+    its deadline, stops at once; given LLMBENCH_REPEAT_S=100 (envs/offline-batch.sh's
+    estimate from a probe or an earlier record of the cell) it wants 1.2 x 100 s, so its
+    first repeat runs; its own repeat then judges the next. A value that is no positive
+    number of seconds fails before anything runs, naming the variable."""
+    from llmbench import estimate
+
+    spec = spec_for("ok", repeats=2, timeout_s=600)  # the timeout caps what a repeat needs: not here
+    real, ran = launch.run_repeat, []
+
+    def taking_100_s(spec, workdir, index, *args):
+        ran.append(index)
+        outcome = real(spec, workdir, index, *args)
+        clock[0] += 100.0
+        return outcome
+
+    real_estimate = estimate.repeat
+    monkeypatch.setattr(launch, "run_repeat", taking_100_s)
+    monkeypatch.setattr(estimate, "repeat", lambda cell, model, root=None:
+                        replace(real_estimate(cell, model), predicted_s=100.0, note="fixture"))
+    monkeypatch.setenv("LLMBENCH_DEADLINE", str(clock[0] + 130))
+    with pytest.raises(ledger.DeadlineStop, match=r"130 s left, none timed yet, it is predicted to need 150 s"):
+        run(spec, tmp_path)
+    assert ran == []
+    monkeypatch.setenv("LLMBENCH_REPEAT_S", "100")
+    with pytest.raises(ledger.DeadlineStop, match=r"before repeat 1 \(of 0-1\) at the deadline: 30 s left, the "
+                                                   r"longest so far took 100 s"):
+        run(spec, tmp_path)
+    assert ran == [0]
+    log = (tmp_path / "run.log").read_text()
+    assert "a repeat was timed at 100 s by the job's caller (LLMBENCH_REPEAT_S" in log
+    assert "it starts only with 120 s left (x 1.2)" in log
+    for bad in ("soon", "0", "-5", "nan"):
+        monkeypatch.setenv("LLMBENCH_REPEAT_S", bad)
+        with pytest.raises(ValueError, match=f"LLMBENCH_REPEAT_S='{bad}': not a positive number of seconds"):
+            run(spec, tmp_path)
+    assert ran == [0]
+
+
 def test_a_repeat_stopped_inside_counts_as_a_repeats_time_at_the_next_deadline(spec_for, tmp_path, monkeypatch, clock):
     """A repeat stopped unfinished by a signal (the TERM of a call's end that the estimate
     missed) after 100 s of the test's clock leaves that time beside the record: the next

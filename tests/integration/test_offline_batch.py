@@ -19,7 +19,7 @@ STAND_IN = """#!/usr/bin/env bash
 # offline-run.sh's stand-in: WHEELHOUSE TARGET [snakemake arguments] -> the target's record;
 # a search folder -> its search.json (largest batch FAKE_LARGEST, none where it is empty;
 # probes FAKE_PROBES, a JSON list); a record whose path holds FAKE_OOM_AT -> status oom;
-# the job's LLMBENCH_DEADLINE -> TARGET.deadline;
+# the job's LLMBENCH_DEADLINE -> TARGET.deadline, its LLMBENCH_REPEAT_S -> TARGET.repeat;
 # --install-only -> a line in ./installs; --unlock -> its arguments in ./unlocks
 whl=$1; target=$2; shift 2
 if [[ $target == --install-only ]]; then echo "$whl" >> "$(dirname "$0")/installs"; exit 0; fi
@@ -29,6 +29,7 @@ if [[ $target == --unlock ]]; then echo "$*" >> "$(dirname "$0")/unlocks"; exit 
 # stopped at it exits with (llmbench.ledger.DEADLINE_EXIT), where it names this target
 mkdir -p "$(dirname "$target")"
 echo "${LLMBENCH_DEADLINE:-none}" > "$target.deadline"
+echo "${LLMBENCH_REPEAT_S:-none}" > "$target.repeat"
 if [[ -n ${FAKE_STOP_LINE:-} && $FAKE_STOP_LINE == *"$target:"* ]]; then echo "$FAKE_STOP_LINE" >&2; exit 1; fi
 sleep "$FAKE_S"
 if [[ $target != *.json ]]; then
@@ -335,7 +336,9 @@ def test_a_searched_cell_starts_only_where_its_estimate_fits_the_time_left(tmp_p
     + 20 s: a cell stops between repeats at its deadline), not by the longest target so far:
     one too long for the time left is not started; a short one starts though an earlier
     target took longer than the time left. Without a probe, its record in ESTIMATE_FROM's
-    folders times it (the estimate + 20 s)."""
+    folders times it (1.2 x the estimate + 20 s). The job gets the probe's or the record's
+    estimate of a repeat (LLMBENCH_REPEAT_S), which its own deadline check judges the cell's
+    first repeat by; a kept repeat's or a stopped one's it reads itself, and gets none."""
     import sys
 
     from search_fixtures import ESTIMATE_CONFIG, probe_record
@@ -368,6 +371,7 @@ def test_a_searched_cell_starts_only_where_its_estimate_fits_the_time_left(tmp_p
     lines = [x for x in done.stdout.splitlines() if x.startswith("offline-batch:")]
     assert done.returncode == 0 and lines[0].startswith(f"offline-batch: {target}  ok  123.4 tok/s"), done.stdout
     assert "s (estimated 18s)" in lines[0]  # both repeats
+    assert (target.parent / "record.json.repeat").read_text().split() == ["9"]
     # no probe: an earlier run's record of the cell (1 + 2 steps in 9 s, 40 s in all) puts a repeat at 70 s
     target.unlink()
     probe.unlink()
@@ -375,11 +379,12 @@ def test_a_searched_cell_starts_only_where_its_estimate_fits_the_time_left(tmp_p
     earlier = sweep / "runs/finetune/h100/llama2-7b/deepspeed/L+R/bs203-g1/record.json"
     earlier.parent.mkdir(parents=True)
     earlier.write_text(probe_record(wall_s=40, window_s=9.0))
-    done = run(deadline_s=80, first_s=1, ESTIMATE_FROM=str(sweep))
-    assert done.returncode == 3 and f"its record in {sweep} puts a repeat at 70s (+ 20 s: 90s): not starting" \
-        in done.stdout, done.stdout + done.stderr
-    done = run(deadline_s=100, first_s=1000, ESTIMATE_FROM=str(sweep))
+    done = run(deadline_s=100, first_s=1, ESTIMATE_FROM=str(sweep))
+    assert done.returncode == 3 and f"its record in {sweep} puts a repeat at 70s (x 1.2 + 20 s: 104s): not " \
+        "starting" in done.stdout, done.stdout + done.stderr
+    done = run(deadline_s=120, first_s=1000, ESTIMATE_FROM=str(sweep))
     assert done.returncode == 0 and "s (estimated 140s)" in done.stdout, done.stdout + done.stderr
+    assert (target.parent / "record.json.repeat").read_text().split() == ["70"]
     # a repeat of it stopped unfinished after 90 s (the estimate fell short): 1.2 x 90 + 20 = 128 s wanted
     target.unlink()
     (target.parent / ".stopped-repeat.json").write_text(json.dumps({"ran_s": 90.0, "steps": 13}))
@@ -400,6 +405,7 @@ def test_a_searched_cell_starts_only_where_its_estimate_fits_the_time_left(tmp_p
         in done.stdout, done.stdout + done.stderr
     done = run(deadline_s=150, first_s=1000, ESTIMATE_FROM=str(sweep))  # 140 s and a start's slack
     assert done.returncode == 0 and "s (estimated 100s)" in done.stdout, done.stdout + done.stderr
+    assert (target.parent / "record.json.repeat").read_text().split() == ["none"]  # the job reads its kept repeat
 
 
 def test_on_a_gpu_machine_deepspeeds_ops_are_built_before_the_first_target(batch, tmp_path):

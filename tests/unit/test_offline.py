@@ -265,7 +265,7 @@ def test_without_a_probe_a_cell_is_estimated_from_its_own_earlier_record(tmp_pat
                       phase_after_window_s=1.0)
     assert offline.estimate_s(target, config, [resumed]).repeat_s == pytest.approx(22 + 2 * 13)
     assert cli.main(["estimate", target, str(config), "--earlier", str(sweep)]) == 0
-    assert capsys.readouterr().out == f"65 2 85 {sweep / target.removeprefix('results/')}\n"  # a record's: + 20 s
+    assert capsys.readouterr().out == f"65 2 98 {sweep / target.removeprefix('results/')}\n"  # 1.2 x 65 + 20 s
 
 
 def test_a_repeat_stopped_unfinished_beside_the_cell_is_its_estimate_where_it_ran_longer(tmp_path, capsys):

@@ -49,8 +49,8 @@ from typing import Any
 from . import backends, estimate, forkserver, gpus, nodes, provenance
 from .aggregate import Outcome
 from .cells import Cell
-from .ledger import (KEPT_STATUSES, deadline_from_env, deadline_stop, forget, keep_repeat, keep_stopped, kept_repeats,
-                     kept_started, stop_at_deadline, stopped_repeat)
+from .ledger import (KEPT_STATUSES, REPEAT_MARGIN, REPEAT_VAR, deadline_from_env, deadline_stop, forget, keep_repeat,
+                     keep_stopped, kept_repeats, kept_started, repeat_from_env, stop_at_deadline, stopped_repeat)
 from .procs import (RssWatchdog, free_port, kill_group, last_error, oom_kills, says_oom, start_group, stop_group,
                     stop_groups_on_signal, tail, track)
 from .record import Record, write
@@ -382,10 +382,11 @@ def run_set(specs: Sequence[RunSpec | dict], record_paths: Sequence[Path], log: 
     on busy GPUs (``gpu_busy``: what to do then, llmbench.gpus), nor, with
     ``skip_predicted_oom``, a cell the memory model predicts not to fit. Raises DeadlineStop,
     writing no record, where a cell's next repeat would not finish by the job's deadline
-    (``LLMBENCH_DEADLINE``, llmbench.ledger; a cell not timed yet is judged by its predicted
-    repeat, llmbench.estimate, and one the throughput model cannot predict by the set's
-    repeats so far): the finished repeats are kept, and the next run of the same cells
-    resumes at the same place of the same order.
+    (``LLMBENCH_DEADLINE``, llmbench.ledger; a cell not timed yet is judged by the repeat its
+    caller timed, ``LLMBENCH_REPEAT_S``, in a job of one cell, else by its predicted repeat,
+    llmbench.estimate, and one the throughput model cannot predict by the set's repeats so
+    far): the finished repeats are kept, and the next run of the same cells resumes at the
+    same place of the same order.
 
     Every record's provenance gets ``repeat_started`` (when each repeat started) and
     ``machine`` (llmbench.provenance.machine); a set's records ``paired_set`` too: its
@@ -395,6 +396,8 @@ def run_set(specs: Sequence[RunSpec | dict], record_paths: Sequence[Path], log: 
     if not specs or len(specs) != len(record_paths):
         raise ValueError(f"run_set: {len(specs)} spec(s) for {len(record_paths)} record path(s)")
     deadline = deadline_from_env()  # a bad value fails here, before anything runs
+    # a repeat's time the caller gave, for a job of one cell (a set's cells each differ)
+    given_s = repeat_from_env() if len(specs) == 1 else None
     started = datetime.now(UTC).isoformat()
     command = [sys.executable, *sys.argv]
     labels = list(plan["cells"]) if plan else [""]
@@ -414,7 +417,7 @@ def run_set(specs: Sequence[RunSpec | dict], record_paths: Sequence[Path], log: 
             # the smaller cells' GPUs are checked first: a claim (llmbench.gpus.claim_gpus)
             # lasts until one of another count, so the job ends holding the set's largest
             for run in sorted((r for r in runs if r.record is None), key=lambda r: r.cell.ranks_per_node):
-                _prepare(run, gpu_busy, log, deadline)
+                _prepare(run, gpu_busy, log, deadline, given_s)
             order: list[list[int]] = []
             for r, planned in enumerate(rounds):
                 order.append([i for i in planned if not runs[i].done])
@@ -432,10 +435,13 @@ def run_set(specs: Sequence[RunSpec | dict], record_paths: Sequence[Path], log: 
                 shutil.rmtree(run.workdir, ignore_errors=True)
 
 
-def _prepare(run: _Run, gpu_busy: gpus.BusyPolicy | None, log: Path, deadline: float | None = None) -> None:
+def _prepare(run: _Run, gpu_busy: gpus.BusyPolicy | None, log: Path, deadline: float | None = None,
+             given_s: float | None = None) -> None:
     """Before a cell's first repeat: its folders, its allocation over several nodes, its GPUs'
     check, the repeats an earlier run of it kept (and how long a stopped one ran), and, where
-    the job has a ``deadline``, its predicted repeat (llmbench.estimate)."""
+    the job has a ``deadline``, what an untimed repeat needs: by ``given_s`` (the caller's
+    timing of the cell, llmbench.ledger.REPEAT_VAR) where given, else by its predicted
+    repeat (llmbench.estimate)."""
     run.keep_dir.mkdir(parents=True, exist_ok=True)
     # a cell over several nodes: its Slurm allocation (no allocation: the job fails, no
     # record), and a work folder every node sees (the results folder is on a shared one)
@@ -457,13 +463,22 @@ def _prepare(run: _Run, gpu_busy: gpus.BusyPolicy | None, log: Path, deadline: f
                      f"stopped unfinished after {float(stopped['ran_s']):.0f} s ({stopped['stopped']}): counted as "
                      "a repeat's time at the deadline\n")
     if deadline is not None:
-        run.predicted_s = _predicted_s(run, log)
+        run.predicted_s = _predicted_s(run, log, given_s)
 
 
-def _predicted_s(run: _Run, log: Path) -> float | None:
-    """What a repeat of ``run``'s cell is predicted to need at the deadline: its predicted
-    duration times estimate.DEADLINE_MARGIN, at most its timeout (estimate.repeat), said in
-    the log; None where the throughput model cannot predict the cell."""
+def _predicted_s(run: _Run, log: Path, given_s: float | None = None) -> float | None:
+    """What a repeat of ``run``'s cell is predicted to need at the deadline, said in the log:
+    ``given_s`` (the caller's timing of the cell) times ledger.REPEAT_MARGIN where given, else
+    its predicted duration times estimate.DEADLINE_MARGIN (estimate.repeat); at most its
+    timeout. None where neither is there (the throughput model cannot predict the cell)."""
+    name = f"{run.label}: " if run.label else ""
+    if given_s is not None:
+        need = min(REPEAT_MARGIN * given_s, float(run.cell.protocol.timeout_s))
+        with open(log, "a") as fh:
+            fh.write(f"=== {name}a repeat was timed at {given_s:.0f} s by the job's caller ({REPEAT_VAR}: a probe "
+                     f"or an earlier record of the cell); untimed here, it starts only with {need:.0f} s left "
+                     f"(x {REPEAT_MARGIN}{', capped at its timeout' if need < REPEAT_MARGIN * given_s else ''})\n")
+        return need
     est = estimate.repeat(run.cell, run.spec.model)
     with open(log, "a") as fh:
         if not est.predicted:

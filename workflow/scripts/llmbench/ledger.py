@@ -21,7 +21,13 @@ caches: keep_repeat keeps which it was, ``job_first``), so a repeat that follows
 of the cell in the same job is judged by the longest of such later repeats where one has
 run (here or in an earlier job), and by the longest of all until then. A repeat of a cell
 that none has timed yet is judged by its predicted duration with its margin (llmbench.estimate:
-the throughput model's step time, on the platforms it was calibrated on). The job then
+the throughput model's step time, on the platforms it was calibrated on), or, in a job of one
+cell whose caller timed that cell elsewhere, by REPEAT_MARGIN times the caller's figure,
+``LLMBENCH_REPEAT_S`` (seconds: envs/offline-batch.sh gives the estimate it started the cell
+on, from a max-batch search's probe or the cell's earlier record, llmbench.offline), as a
+repeat kept from an earlier job is (repeat_from_env): a run of the very cell, where the
+model's figure is a fit over many, and the check the caller made before starting the cell is
+then the one the cell makes. The job then
 stops between repeats with DeadlineStop (no record, its finished repeats kept; the Snakemake
 adapters exit with DEADLINE_EXIT's line, which envs/offline-batch.sh reads), instead of being
 killed inside a repeat that could not finish, which is GPU time spent on nothing. With neither a
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import socket
 import time
@@ -59,6 +66,8 @@ STOPPED = ".stopped-repeat.json"
 DEADLINE_VAR = "LLMBENCH_DEADLINE"
 #: A repeat starts only where the time left is at least this times the longest repeat so far
 REPEAT_MARGIN = 1.2
+#: Seconds a repeat of the job's cell took where it ran before, given by the job's caller (module docstring)
+REPEAT_VAR = "LLMBENCH_REPEAT_S"
 #: The line a Snakemake adapter exits with after DeadlineStop (envs/offline-batch.sh reads it)
 DEADLINE_EXIT = "llmbench: stopped at the deadline: {target}: {why}"
 
@@ -77,6 +86,21 @@ def deadline_from_env(environ=os.environ) -> float | None:
         return float(value)
     except ValueError:
         raise ValueError(f"{DEADLINE_VAR}={value!r}: not a time in Unix seconds") from None
+
+
+def repeat_from_env(environ=os.environ) -> float | None:
+    """A repeat's seconds the job's caller timed its cell at (``LLMBENCH_REPEAT_S``), else
+    None; a value that is no positive number of seconds is a ValueError naming it."""
+    value = environ.get(REPEAT_VAR, "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{REPEAT_VAR}={value!r}: not a positive number of seconds")
+    return seconds
 
 
 def deadline_stop(deadline: float | None, walls: list[float], what: str,

@@ -76,16 +76,17 @@ class Estimate:
         """The seconds left that envs/offline-batch.sh wants before it starts the cell: a
         repeat plus 20 s, a probe's estimate of a repeat taken 1.25 times first (how the
         committed cells' wall times compare with the estimate: docs/offline-gpu-nodes.md, what a
-        target is estimated at), a kept or a stopped repeat's time ledger.REPEAT_MARGIN times (what the
-        cell's own deadline check wants of them, so that offline-batch starts no cell that
-        stops at once and ends the batch). A call shorter than this never starts the cell, as
-        a cell stops only between repeats. A cell whose repeats are all kept runs none: 20 s."""
+        target is estimated at), an earlier record's estimate or a kept or a stopped repeat's time
+        ledger.REPEAT_MARGIN times (what the cell's own deadline check wants of them: offline-batch
+        gives the cell a probe's or a record's estimate, ledger.REPEAT_VAR; so that it starts no
+        cell that stops at once and ends the batch). A call shorter than this never starts the
+        cell, as a cell stops only between repeats. A cell whose repeats are all kept runs none: 20 s."""
         from ..ledger import REPEAT_MARGIN
 
         repeat = whole_s(self.repeat_s) if self.left else 0
         if self.source == "probe":
             repeat = repeat * 5 // 4
-        elif self.source in (KEPT_SOURCE, STOPPED_SOURCE):
+        elif self.source != PREDICTED_SOURCE:  # kept, stopped, or an earlier record's path
             repeat = whole_s(repeat * REPEAT_MARGIN)
         if self.source == PREDICTED_SOURCE and self.untimed_need_s is not None:
             # what the cell's own check wants before an untimed repeat: else it would stop at once

@@ -35,7 +35,8 @@
 # LLMBENCH_DEADLINE (llmbench.ledger): a cell does not start a repeat, nor a search a probe,
 # that would not finish by it (1.2 times the longest so far), so a cell of several repeats
 # stops between two, its finished ones kept, instead of being killed inside one; the line
-# says so, and the batch ends there (exit status 3).
+# says so (exit status 3), and the list goes on: a later target the time left holds still
+# runs (a shorter cell, or what is left of one that an earlier call began).
 # A measured cell can run out of memory where its search's probe fit (it runs more steps, and
 # the allocator's fragmentation can grow past what the probe showed): its record says oom,
 # and the cell at the next batch down whose probe fit runs next (llmbench.search.measured_batch).
@@ -247,10 +248,13 @@ while (( i < ${#targets[@]} )); do
         rc=3
         break
     fi
+    # a job that stopped between repeats (or probes) at its deadline: the time left did not hold
+    # its next one, but may hold a later target's (each is weighed as before, and its own job
+    # checks its repeats against the same deadline)
     if (( trc != 0 )) && stop=$(grep -m1 -o "llmbench: stopped at the deadline: .*" "$out"); then
         echo "offline-batch: $t  ${stop#llmbench: stopped at the deadline: "$t": }  after ${took}s"
         rc=3
-        break
+        continue
     fi
     (( trc != 0 )) && rc=$trc
     [[ $t == *.json ]] && (( took > longest )) && longest=$took  # cells only: a search guards itself

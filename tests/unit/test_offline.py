@@ -349,3 +349,32 @@ def test_a_cell_nothing_timed_is_estimated_from_its_prediction_and_its_own_check
     est = offline.estimate_s(target, config)
     assert (est.repeat_s, est.source) == (70.0, "probe")
     assert est.start_s == 70 * 5 // 4 + 20
+
+
+def test_a_schedule_plays_the_batchs_rules_over_calls_of_a_length(tmp_path, capsys):
+    """A list of a cell of 70 s a repeat (its probe's; 1.25 x 70 + 20 = 107 s to start) and
+    one of 15 s, two repeats each, in calls of 150 s: the first call runs the long cell's
+    first repeat, its job stops before the second (80 s left, under 1.2 x 70), and the list
+    goes on with the short cell's two; the second call resumes the long cell (1.2 x 70 + 20
+    = 104 s to start, as its kept repeat wants). In calls of 100 s the long cell never
+    starts, and the schedule says so."""
+    config, long_cell, _ = probed_cell(tmp_path)
+    short_cell = Path(str(long_cell).replace("bs203", "bs100"))
+    probe = tmp_path / "results/runs/search/finetune/h100/llama2-7b/deepspeed/L+R-g1/bs100/record.json"
+    probe.parent.mkdir(parents=True)
+    probe.write_text(probe_record(wall_s=10, window_s=1.5))  # 8.5 + 0.5 x 13 = 15 s a repeat
+    listed = [str(long_cell), str(short_cell)]
+    calls, left_out = planner.schedule(listed, config, 150)
+    assert [(c.ran, c.used_s) for c in calls] == [(((str(long_cell), 1, 1), (str(short_cell), 2, 0)), 100.0),
+                                                  (((str(long_cell), 1, 0),), 70.0)]
+    assert left_out == []
+    calls, left_out = planner.schedule(listed, config, 100)
+    assert [c.ran for c in calls] == [((str(short_cell), 2, 0),)]
+    assert left_out == [(str(long_cell), f"{offline.NEVER_STARTS} of 100 s (with 2 of its repeats left)")]
+    listing = tmp_path / "todo.txt"
+    listing.write_text("\n".join(listed) + "\n")
+    assert cli.main(["plan", str(listing), str(config), "--call-s", "150"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-3:] == ["  call 1: 100 s: finetune/h100/llama2-7b/deepspeed/L+R/bs203-g1 x1 (1 left), "
+                        "finetune/h100/llama2-7b/deepspeed/L+R/bs100-g1 x2",
+                        "  call 2: 70 s: finetune/h100/llama2-7b/deepspeed/L+R/bs203-g1 x1", "2 call(s)"]

@@ -8,7 +8,8 @@ This package is their Python side:
 
 - ``planner``: estimate_s and Estimate (how long a cell's repeat should take, and how much
   time left offline-batch wants to start it), search_estimate_s, plan (the seconds of a target
-  list, and the cells no call of a given length starts), recorded_in (SKIP_RECORDED) and
+  list, and the cells no call of a given length starts), schedule (the calls of a length a
+  list should take, offline-batch's rules played on the estimates), recorded_in (SKIP_RECORDED) and
   measured_target (the cell a finished search measures: offline-batch's next target);
 - ``cli``: ``python -m llmbench.offline measured-target``, ``estimate``, ``plan`` and
   ``recorded-in``.
@@ -20,5 +21,5 @@ stopped-repeat marker, LLMBENCH_DEADLINE or a Slurm job's time limit) is llmbenc
 not this package's.
 """
 
-from .planner import (KEPT_SOURCE, NEVER_STARTS, PLAN_PROBES, STOPPED_SOURCE, Estimate, estimate_s, measured_target,
-                      plan, recorded_in, search_estimate_s)
+from .planner import (KEPT_SOURCE, NEVER_STARTS, PLAN_PROBES, STOPPED_SOURCE, Call, Estimate, estimate_s,
+                      measured_target, plan, recorded_in, schedule, search_estimate_s)

@@ -6,7 +6,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .planner import NEVER_STARTS, estimate_s, measured_target, plan, recorded_in, whole_s
+from .planner import NEVER_STARTS, Call, estimate_s, measured_target, plan, recorded_in, schedule, whole_s
+
+
+def _cell(target: str) -> str:
+    """A target in short: its path under runs/, less the record's file name."""
+    return target.split("/runs/", 1)[-1].removesuffix("/record.json")
+
+
+def print_schedule(calls: list[Call], left_out: list[tuple[str, str]], call_s: int) -> None:
+    """The schedule's lines: each call's cells (repeats run there, and those left after it)."""
+    print(f"calls of {call_s} s, the list given to each (offline-batch's rules on these estimates; a call's "
+          "set-up, Snakemake's starts and deadline slack not counted):")
+    for i, call in enumerate(calls, 1):
+        cells = ", ".join(f"{_cell(t)} x{n}" + (f" ({rest} left)" if rest else "") for t, n, rest in call.ran)
+        print(f"  call {i}: {int(call.used_s)} s: {cells}")
+    print(f"{len(calls)} call(s)" + "".join(f"; not in them: {_cell(t)} ({why})" for t, why in left_out))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     (Estimate.start_s) and the source, or nothing where there is no estimate); ``python -m
     llmbench.offline plan LIST CONFIG [--earlier DIR ...] [--skip-recorded DIR ...] [--call-s
     S]`` (plan: the seconds of each target of a target list, then their sum and what it
-    leaves out); ``python -m llmbench.offline recorded-in TARGET [DIR ...]`` (recorded_in:
+    leaves out; with ``--call-s``, schedule: the calls of that length the list should take); ``python -m llmbench.offline recorded-in TARGET [DIR ...]`` (recorded_in:
     prints ``skip DIR``, ``cell PATH``, or ``none`` where no folder holds the target)."""
     parser = argparse.ArgumentParser(prog="python -m llmbench.offline", description=main.__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -35,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     planned.add_argument("--skip-recorded", nargs="*", type=Path, default=[],
                          help="results folders whose records count as done (offline-batch's SKIP_RECORDED)")
     planned.add_argument("--call-s", type=int, default=None,
-                         help="seconds of one call (offline-batch's DEADLINE_S): name the cells it never starts")
+                         help="seconds of one call (offline-batch's DEADLINE_S): name the cells it never starts, "
+                              "and the calls the list should take")
     recorded = sub.add_parser("recorded-in", help=recorded_in.__doc__.split("\n")[0])
     recorded.add_argument("target", help="a target (results/runs/...: a record or a search folder)")
     recorded.add_argument("folders", nargs="*", help="results folders holding runs/...")
@@ -57,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"total: {int(sum(timed))} s for {len(timed)} of {len(rows)} targets"
               + (f"; {len(rows) - len(timed)} not timed (above)" if len(timed) < len(rows) else "")
               + (f"; {never} {NEVER_STARTS} of {args.call_s} s (above)" if never else ""))
+        if args.call_s:
+            print_schedule(*schedule(listed, args.config, args.call_s, args.earlier, args.skip_recorded), args.call_s)
         return 0
     if args.command == "estimate":
         est = estimate_s(args.target, args.config, args.earlier)

@@ -8,6 +8,8 @@ call or an allocation (``python -m llmbench.offline``, llmbench.offline.cli):
   llmbench.ledger), and Estimate.start_s, the seconds left offline-batch wants to start it;
 - search_estimate_s: a search not yet run, its probes and the cell it measures;
 - plan: the seconds of each target of a list, and the cells no call of a given length starts;
+- schedule: the calls of a given length a list should take (offline-batch's rules played on
+  the estimates);
 - recorded_in: whether results folders (SKIP_RECORDED) already hold a target;
 - measured_target: the record path of the cell a finished search measures, the target
   offline-batch runs after a search folder.
@@ -79,7 +81,7 @@ class Estimate:
         target is estimated at), an earlier record's estimate or a kept or a stopped repeat's time
         ledger.REPEAT_MARGIN times (what the cell's own deadline check wants of them: offline-batch
         gives the cell a probe's or a record's estimate, ledger.REPEAT_VAR; so that it starts no
-        cell that stops at once and ends the batch). A call shorter than this never starts the
+        cell that stops at once). A call shorter than this never starts the
         cell, as a cell stops only between repeats. A cell whose repeats are all kept runs none: 20 s."""
         from ..ledger import REPEAT_MARGIN
 
@@ -361,3 +363,75 @@ def plan(targets: Sequence[str], configfile: Path | str, earlier: Sequence[Path 
             out.append((target, repeat * est.left, f"{est.left} x {repeat} s from {est.source}{kept}"
                         + _start_clause(est, call_s, "", "wants")))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call of a schedule: the cells it runs repeats of, in order."""
+
+    ran: tuple[tuple[str, int, int], ...]
+    """(target, repeats run in this call, repeats the cell has left after it), in list order."""
+    used_s: float
+    """Seconds of the call those repeats take (estimates)."""
+
+
+def schedule(targets: Sequence[str], configfile: Path | str, call_s: int, earlier: Sequence[Path | str] = (),
+             skip_recorded: Sequence[Path | str] = ()) -> tuple[list[Call], list[tuple[str, str]]]:
+    """The calls of ``call_s`` seconds a target list should take, the list given again to
+    every call as envs/offline-batch.sh wants it: its rules played on the cells' estimates
+    (estimate_s). In a call, a cell starts where the time left holds Estimate.start_s (with
+    repeats of it kept from an earlier call: ledger.REPEAT_MARGIN times a repeat, plus 20 s),
+    else the list goes on; inside its job, a repeat starts where the time left exceeds
+    REPEAT_MARGIN times a repeat (before any is timed, a predicted cell's untimed_need_s, the
+    job's own check: llmbench.ledger); a job stopped there, the list goes on with the time
+    left. A repeat takes its estimate; a call's set-up (wheels, op build), Snakemake's
+    start per target and the job's deadline slack are not counted, so the figure is a lower
+    bound where the estimates hold. Returns the calls, and (target, why) for each target it
+    leaves out: recorded in ``skip_recorded``, a search (its probes are not known before it
+    runs), no estimate, or no call of ``call_s`` starting it."""
+    from ..ledger import REPEAT_MARGIN
+
+    cells_left: list[tuple[str, Estimate]] = []
+    left_out: list[tuple[str, str]] = []
+    for target in targets:
+        found = recorded_in(target, skip_recorded)
+        if found is not None and found[0] == "skip":
+            left_out.append((target, f"already recorded in {found[1]}"))
+            continue
+        if found is not None:
+            target = found[1]
+        est = estimate_s(target, configfile, earlier) if target.endswith(".json") else None
+        if est is None:
+            left_out.append((target, "a search: its probes are not known before it runs" if not target.endswith(".json")
+                             else "no probe at its batch nor an earlier record of the cell"))
+        elif est.left:
+            cells_left.append((target, est))
+    repeats = {target: est.left for target, est in cells_left}
+    timed = {target: est.kept > 0 or est.source != PREDICTED_SOURCE for target, est in cells_left}
+    calls: list[Call] = []
+    while any(repeats.values()):
+        left, ran = float(call_s), []
+        for target, est in cells_left:
+            if not repeats[target]:
+                continue
+            # resumed with repeats an earlier call kept: timed by them, as a kept source is
+            need = est.start_s if repeats[target] == est.left else whole_s(whole_s(est.repeat_s) * REPEAT_MARGIN) + 20
+            if left < need:
+                continue
+            n = 0
+            while repeats[target]:
+                job_need = REPEAT_MARGIN * est.repeat_s if timed[target] else (est.untimed_need_s or 0.0)
+                if not left > job_need:  # the job stops between repeats; the list goes on
+                    break
+                left -= est.repeat_s
+                repeats[target] -= 1
+                timed[target] = True
+                n += 1
+            if n:
+                ran.append((target, n, repeats[target]))
+        if not ran:
+            break
+        calls.append(Call(ran=tuple(ran), used_s=call_s - left))
+    left_out += [(target, f"{NEVER_STARTS} of {call_s} s (with {repeats[target]} of its repeats left)")
+                 for target, _ in cells_left if repeats[target]]
+    return calls, left_out

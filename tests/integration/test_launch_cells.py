@@ -49,6 +49,21 @@ def run(spec, tmp_path):
     return launch.run_cell(spec, tmp_path / "record.json", tmp_path / "run.log")
 
 
+def repeats_taking(seconds, monkeypatch, clock) -> list[int]:
+    """Each repeat runs for real and takes ``seconds`` of the test's clock; returns the list
+    of the repeats' indices as they run."""
+    real, ran = launch.run_repeat, []
+
+    def taking(spec, workdir, index, *args):
+        ran.append(index)
+        outcome = real(spec, workdir, index, *args)
+        clock[0] += seconds
+        return outcome
+
+    monkeypatch.setattr(launch, "run_repeat", taking)
+    return ran
+
+
 def test_ok_aggregates_repeats(spec_for, tmp_path):
     rec = run(spec_for("ok", repeats=3), tmp_path)
     assert rec.status == "ok"
@@ -217,15 +232,7 @@ def test_a_cell_stops_before_a_repeat_its_deadline_cannot_hold_and_resumes_there
     deadline is judged by the kept repeats' time; with room, it runs only repeat 2."""
 
     spec = spec_for("ok", repeats=3)
-    real, ran = launch.run_repeat, []
-
-    def taking_100_s(spec, workdir, index, *args):
-        ran.append(index)
-        outcome = real(spec, workdir, index, *args)
-        clock[0] += 100.0
-        return outcome
-
-    monkeypatch.setattr(launch, "run_repeat", taking_100_s)
+    ran = repeats_taking(100.0, monkeypatch, clock)
     monkeypatch.setenv("LLMBENCH_DEADLINE", "1250")
     with pytest.raises(ledger.DeadlineStop, match=r"stopped before repeat 2 \(of 0-2\) at the deadline: 50 s left, "
                                                    r"the longest after its job's first so far took 100 s .*repeat\(s\) \[0, 1\] kept"):
@@ -293,16 +300,8 @@ def test_a_cell_its_caller_timed_is_judged_by_that_time_not_by_its_prediction(sp
     from llmbench import estimate
 
     spec = spec_for("ok", repeats=2, timeout_s=600)  # the timeout caps what a repeat needs: not here
-    real, ran = launch.run_repeat, []
-
-    def taking_100_s(spec, workdir, index, *args):
-        ran.append(index)
-        outcome = real(spec, workdir, index, *args)
-        clock[0] += 100.0
-        return outcome
-
+    ran = repeats_taking(100.0, monkeypatch, clock)
     real_estimate = estimate.repeat
-    monkeypatch.setattr(launch, "run_repeat", taking_100_s)
     monkeypatch.setattr(estimate, "repeat", lambda cell, model, root=None:
                         replace(real_estimate(cell, model), predicted_s=100.0, note="fixture"))
     monkeypatch.setenv("LLMBENCH_DEADLINE", str(clock[0] + 130))

@@ -236,13 +236,14 @@ def test_without_a_probe_a_cell_is_estimated_from_its_own_earlier_record(tmp_pat
     """A cell no search probed (a protocol rerun of a swept cell) is timed by its record in
     the earlier results folders with the most measured steps: per repeat, its wall time a
     repeat less its window, plus its seconds a step times the cell's steps; where its
-    repeats were resumed from another run (the wall time is not theirs), its worker's other
-    phases are the set-up. Probes, records of other cells and failed records are not read."""
+    repeats were resumed from another run, or ran in a paired set among other cells' (the
+    wall time is not theirs), its worker's other phases are the set-up. Probes, records of
+    other cells and failed records are not read."""
     config = tmp_path / "config.yaml"
     config.write_text(ESTIMATE_CONFIG)
     target = "results/runs/finetune/h100/llama2-7b/deepspeed/L+R/bs203-g1/record.json"
 
-    def earlier(run, measured, runs, wall_s, window_s, status="ok", resumed=False, **phases):
+    def earlier(run, measured, runs, wall_s, window_s, status="ok", resumed=False, paired=False, **phases):
         path = tmp_path / run / target.removeprefix("results/")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({
@@ -250,7 +251,8 @@ def test_without_a_probe_a_cell_is_estimated_from_its_own_earlier_record(tmp_pat
             "metrics": {"tokens_per_s_runs": [1.0] * runs}, "summary": {"phase_window_s": window_s, **phases},
             "provenance": {"started": "2026-11-26T06:00:00+00:00",
                            "finished": f"2026-11-26T06:{wall_s // 60:02d}:{wall_s % 60:02d}+00:00",
-                           **({"resumed_repeats": [{"index": 0}]} if resumed else {})}}))
+                           **({"resumed_repeats": [{"index": 0}]} if resumed else {}),
+                           **({"paired_set": {"id": "set", "cells": [target, "other"]}} if paired else {})}}))
         return tmp_path / run
 
     sweep = earlier("sweep", 10, 1, 65, 26.0)  # 39 s of set-up, 2 s a step: 39 + 2 x 13 = 65 s
@@ -264,6 +266,10 @@ def test_without_a_probe_a_cell_is_estimated_from_its_own_earlier_record(tmp_pat
     resumed = earlier("resumed", 100, 3, 240, 206.0, resumed=True, phase_start_s=1.0, phase_build_s=20.0,
                       phase_after_window_s=1.0)
     assert offline.estimate_s(target, config, [resumed]).repeat_s == pytest.approx(22 + 2 * 13)
+    # a paired set's 3 repeats among another cell's 3: 24 min of wall time, its own repeats 240 s each
+    paired = earlier("paired", 100, 3, 1440 - 1, 206.0, paired=True, phase_start_s=1.0, phase_build_s=20.0,
+                     phase_after_window_s=1.0)
+    assert offline.estimate_s(target, config, [paired]).repeat_s == pytest.approx(22 + 2 * 13)
     assert cli.main(["estimate", target, str(config), "--earlier", str(sweep)]) == 0
     assert capsys.readouterr().out == f"65 2 98 {sweep / target.removeprefix('results/')}\n"  # 1.2 x 65 + 20 s
 

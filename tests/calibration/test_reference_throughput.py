@@ -25,3 +25,18 @@ def test_the_stated_constants_are_the_fit_of_the_committed_records(records):
 def test_the_interval_file_covers_what_the_records_span(records):
     assert interval.load(REPO)["covered"] == {**interval.covered_by(records, REPO),
                                               "source": interval.load(REPO)["covered"]["source"]}
+
+
+def test_the_repeat_margins_cover_the_committed_repeats():
+    """llmbench.estimate's margins against the repeats the committed records ran
+    (llmbench.throughput.score.repeat_rows): the deadline check's covers the p95 of measured /
+    predicted repeat time, the Slurm limit's every one; a record that breaks either means the
+    prediction or the margin must change, not the test."""
+    from llmbench import estimate
+    from llmbench.throughput import score
+
+    rows = score.repeat_rows(REPO)
+    assert len(rows) > 100 and {"cell", "probe"} <= set(rows["kind"])
+    assert rows["ratio"].quantile(0.95) <= estimate.DEADLINE_MARGIN
+    worst = rows.loc[rows["ratio"].idxmax()]
+    assert worst["ratio"] <= estimate.SLURM_MARGIN, worst.to_dict()

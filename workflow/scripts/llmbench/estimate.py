@@ -6,18 +6,18 @@ process group, the model and engine built) plus its warm-up and measured steps t
 step time of the throughput model (llmbench.throughput). Two margins over it, for two costs:
 
 - DEADLINE_MARGIN: a job with a deadline (llmbench.ledger.deadline_stop) starts a repeat of a
-  cell that no repeat has timed yet only where this much of the prediction is left. On the
-  committed records' repeats (run alone on the calibration platforms, with the worker's
-  phase timings) the measured / predicted repeat time has a median of 0.6, a p95 of 1.27 and
-  a maximum of 1.75 (a 7B batch-1 LoRA repeat of 13 steps, all start-up): 1.5 covers all but
-  the start-up-bound tail. A timed repeat of the cell, once there is one, replaces it.
+  cell that no repeat has timed yet only where this much of the prediction is left: it covers
+  the p95 of measured / predicted repeat time over the committed records (`python -m
+  llmbench.throughput score`, its repeat table; docs/throughput-model.md), all but the
+  start-up-bound tail (short repeats whose ranks were exec'ed). A timed repeat of the cell,
+  once there is one, replaces it.
 - SLURM_MARGIN and SLURM_SLACK_MIN: a Slurm job's time limit (runtime_min) is twice the
   prediction of every repeat plus ten minutes (Snakemake's own start inside the job, op
   builds on a fresh node). Slurm kills a job at its limit inside a repeat, which costs the
   repeat, so its margin is wider than the deadline check's, which costs only the rest of
-  the job: twice covers every repeat of the records above (older records, whose ranks were
-  exec'ed without the fork server, reach 2.24, 70B 4-bit on one GPU, which the slack covers). It never exceeds the timeout-based bound (timeout_runtime_min:
-  every repeat may use its whole timeout), nor falls under SLURM_FLOOR_MIN.
+  the job: twice covers every repeat of the same records. It never exceeds the
+  timeout-based bound (timeout_runtime_min: every repeat may use its whole timeout), nor
+  falls under SLURM_FLOOR_MIN. tests/calibration holds both margins to the records.
 
 The model predicts only what it was fitted on and checked against (why_not): pre-training
 and fine-tuning with DeepSpeed, with PyTorch FSDP2 and with Megatron-LM as plain data parallel

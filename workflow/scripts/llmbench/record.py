@@ -165,6 +165,35 @@ def wall_s(provenance: dict[str, Any]) -> float | None:
         return None
 
 
+def repeat_timing(rec: dict[str, Any]) -> tuple[float, float, int, int] | None:
+    """(set-up seconds a repeat, timed-window seconds a repeat, steps in the window, measured
+    steps of all its repeats: how much it saw) of an ok record or probe. The set-up is its
+    wall time a repeat less its window (the window covers the warm-up and measured steps,
+    llmbench.protocol.run_window); where the wall time is not its repeats' alone (repeats
+    resumed from an earlier run; a paired set's record, whose wall time spans every cell of
+    the set, their repeats interleaved: llmbench.grid.paired), it is the worker's other phases
+    (llmbench.train.scenario.Phases: from the process's start, so without the launcher's few
+    seconds before it). None where the record lacks a window or steps."""
+    try:
+        summary = rec["summary"]
+        window = float(summary["phase_window_s"])
+        protocol = rec["cell"]["protocol"]
+        steps = int(protocol["warmup_steps"]) + int(protocol["measured_steps"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if rec.get("status") != "ok" or not steps:
+        return None
+    provenance = rec.get("provenance") or {}
+    wall = wall_s(provenance)
+    repeats = len((rec.get("metrics") or {}).get("tokens_per_s_runs") or ()) or 1
+    if wall is None or provenance.get("resumed_repeats") or provenance.get("paired_set"):
+        setup = sum(v for k, v in summary.items()
+                    if k.startswith("phase_") and k != "phase_window_s" and isinstance(v, (int, float)))
+    else:
+        setup = max(wall / repeats - window, 0.0)
+    return setup, window, steps, int(protocol["measured_steps"]) * repeats
+
+
 def write(record: Record, path: Path | str) -> None:
     """Write a Record atomically."""
     write_json_atomic(path, record.to_dict())

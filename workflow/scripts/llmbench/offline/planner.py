@@ -24,11 +24,10 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .. import cells, techniques
 from .. import estimate as lbestimate
-from ..record import wall_s
+from ..record import repeat_timing
 from ..search.runner import measured_batch, measured_record, read_json
 
 
@@ -104,35 +103,6 @@ PREDICTED_SOURCE = "predicted"
 KEPT_SOURCE = "kept"
 
 
-def _timing(rec: dict[str, Any]) -> tuple[float, float, int, int] | None:
-    """(set-up seconds a repeat, timed-window seconds a repeat, steps in the window, measured
-    steps of all its repeats: how much it saw) of an ok record or probe. The set-up is its
-    wall time a repeat less its window (the window covers the warm-up and measured steps,
-    llmbench.protocol.run_window); where the wall time is not its repeats' alone (repeats
-    resumed from an earlier run; a paired set's record, whose wall time spans every cell of
-    the set, their repeats interleaved: llmbench.grid.paired), it is the worker's other phases
-    (llmbench.train.scenario.Phases: from the process's start, so without the launcher's few
-    seconds before it). None where the record lacks a window or steps."""
-    try:
-        summary = rec["summary"]
-        window = float(summary["phase_window_s"])
-        protocol = rec["cell"]["protocol"]
-        steps = int(protocol["warmup_steps"]) + int(protocol["measured_steps"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    if rec.get("status") != "ok" or not steps:
-        return None
-    provenance = rec.get("provenance") or {}
-    wall = wall_s(provenance)
-    repeats = len((rec.get("metrics") or {}).get("tokens_per_s_runs") or ()) or 1
-    if wall is None or provenance.get("resumed_repeats") or provenance.get("paired_set"):
-        setup = sum(v for k, v in summary.items()
-                    if k.startswith("phase_") and k != "phase_window_s" and isinstance(v, (int, float)))
-    else:
-        setup = max(wall / repeats - window, 0.0)
-    return setup, window, steps, int(protocol["measured_steps"]) * repeats
-
-
 def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Path | str] = ()) -> Estimate | None:
     """How long the cell of record ``target`` should take a repeat, per the cell's protocol
     (``configfile``'s grid): the set-up (wall time less timed window) of a run of the same
@@ -181,12 +151,12 @@ def estimate_s(target: Path | str, configfile: Path | str, earlier: Sequence[Pat
         timing, source = None, "probe"
         for root in (parsed.root, *earlier):  # the search beside it, or one an earlier folder holds
             probe = read_json(Path(root) / cells.PROBE_RECORD_PATTERN.format(**parsed.wildcards))
-            if probe is not None and (timing := _timing(probe)) is not None:
+            if probe is not None and (timing := repeat_timing(probe)) is not None:
                 break
         if timing is None:
             paths = [Path(d) / cells.RECORD_PATTERN.format(**parsed.wildcards) for d in earlier]
             runs = [(path, read_json(path)) for path in paths]
-            timed = [(tm, str(path)) for path, rec in runs if rec is not None and (tm := _timing(rec)) is not None]
+            timed = [(tm, str(path)) for path, rec in runs if rec is not None and (tm := repeat_timing(rec)) is not None]
             if timed:
                 timing, source = max(timed, key=lambda found: found[0][3])  # the most measured steps
         if timing is not None:
@@ -235,13 +205,13 @@ NEVER_STARTS = "never starts in a call"
 
 def _timed_records(earlier: Sequence[Path | str],
                    key: dict[str, str]) -> Iterator[tuple[dict[str, str], tuple, int, str]]:
-    """(wildcards, _timing, sequence length, path) of each ok record and probe in ``earlier``
+    """(wildcards, repeat_timing, sequence length, path) of each ok record and probe in ``earlier``
     that ``key`` (cells.RECORD_PATTERN's wildcards, ``*`` for any) matches."""
     for d in earlier:
         for pattern in (cells.RECORD_PATTERN, cells.PROBE_RECORD_PATTERN):
             for path in Path(d).glob(pattern.format(**key)):
                 ref, rec = cells.parse(str(path), (pattern,)), read_json(path)
-                if ref is None or rec is None or (timing := _timing(rec)) is None:
+                if ref is None or rec is None or (timing := repeat_timing(rec)) is None:
                     continue
                 yield ref.wildcards, timing, int(rec["cell"]["protocol"].get("seq_len") or 0), str(path)
 

@@ -13,6 +13,7 @@ import yaml
 
 from .. import techniques
 from ..config import REPO_ROOT
+from ..estimate import DEADLINE_MARGIN, SLURM_MARGIN
 from ..models import ModelSpec
 from . import calibrate, interval, score, widths
 from .model import (BACKENDS, CALIBRATED_MARKER, CONSTANTS_FILE, OVERLAP, TERMS, TrainCell, calibrated_constants,
@@ -46,6 +47,9 @@ def _score(args) -> int:
     print(res["paper"][["table", "platform"] + cols].to_string(index=False, formatters=fmt))
     print("\nheld out (our records):")
     print(res["heldout"][["split", "n_fit"] + cols].to_string(index=False, formatters=fmt))
+    print(f"\nrepeat time, measured / predicted (llmbench.estimate; deadline margin x {DEADLINE_MARGIN:g}, "
+          f"Slurm margin x {SLURM_MARGIN:g}):")
+    print(res["repeats"].to_string(index=False, formatters={k: "{:.2f}".format for k in ("median", "p95", "max")}))
     print(f"\nCSVs in {args.out}")
     return 0
 

@@ -7,16 +7,26 @@
    correlation of methods within each (platform, model, batch regime) group.
 2. Held out from our own records: H200 cells from an H100-only fit; multi-GPU cells from a
    1-GPU-only fit.
+3. The repeat time that deadlines and Slurm limits are set by (llmbench.estimate.repeat: a
+   start-up plus the steps at this model's step time) against each record's own repeat
+   (llmbench.record.repeat_timing: its set-up and timed window), for every training record and
+   probe of the combined view that the estimate predicts: measured / predicted, whose p95 and
+   maximum estimate.DEADLINE_MARGIN and SLURM_MARGIN must cover.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from .. import estimate
+from ..cells import cell_from_dict
 from ..config import REPO_ROOT
+from ..models import ModelSpec
+from ..record import repeat_timing
 from ..report import paper_frame
 from . import calibrate
 from .model import TERMS, calibrated_constants, step_time_s, terms
@@ -109,9 +119,57 @@ def held_out(root: Path = REPO_ROOT) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.concat(cells, ignore_index=True), pd.concat(rows, ignore_index=True)
 
 
+#: The combined view's records that later runs of their cells superseded, beside records.csv
+SUPERSEDED_CSV = "records-superseded.csv"
+
+
+def repeat_rows(root: Path = REPO_ROOT) -> pd.DataFrame:
+    """One row per ok training record and probe of the combined view on a calibration platform
+    whose repeat llmbench.estimate predicts, those that later runs of their cells superseded
+    too (each timed a repeat): the record's measured seconds a repeat (set-up + timed window,
+    llmbench.record.repeat_timing) and its set-up, the prediction and its start-up, and their
+    ratio. The cell and model are the record's own (its ``cell`` and the model dimensions of
+    its run spec)."""
+    tables = [root / calibrate.RECORDS_CSV, root / calibrate.RECORDS_CSV.with_name(SUPERSEDED_CSV)]
+    df = pd.concat([pd.read_csv(t, low_memory=False) for t in tables if t.is_file()], ignore_index=True)
+    df = df[df["stage"].isin(["pretrain", "finetune"]) & (df["status"] == "ok")
+            & df["platform"].isin(calibrate.CALIBRATION_PLATFORMS)]
+    rows = []
+    for path, kind in zip(df["record_path"], df["kind"]):
+        rec = json.loads((root / path).read_text(encoding="utf-8"))
+        timing = repeat_timing(rec)
+        spec = ((rec.get("provenance") or {}).get("spec") or {}).get("model")
+        if timing is None or not spec:
+            continue
+        pred = estimate.repeat(cell_from_dict(rec["cell"]), ModelSpec.from_dict(spec), root)
+        if not pred.predicted:
+            continue
+        setup, window, steps, _ = timing
+        provenance = rec.get("provenance") or {}
+        rows.append({"record_path": path, "kind": kind, "steps": steps,
+                     "launcher": (provenance.get("launchers") or ["?"])[0],
+                     "setup_from": "phases" if provenance.get("paired_set") or provenance.get("resumed_repeats")
+                     else "wall", "measured_s": setup + window, "predicted_s": pred.predicted_s,
+                     "setup_s": setup, "startup_predicted_s": pred.startup_s,
+                     "ratio": (setup + window) / pred.predicted_s})
+    return pd.DataFrame(rows)
+
+
+def repeat_summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """n, median, p95 and maximum of measured / predicted repeat time, for every row and per
+    kind (cell, probe), and how many exceed the deadline check's and the Slurm limit's margins."""
+    out = []
+    for name, grp in [("all", rows), *((k, g) for k, g in rows.groupby("kind"))]:
+        r = grp["ratio"]
+        out.append({"records": name, "n": len(grp), "median": float(r.median()), "p95": float(r.quantile(0.95)),
+                    "max": float(r.max()), "over_deadline_margin": int((r > estimate.DEADLINE_MARGIN).sum()),
+                    "over_slurm_margin": int((r > estimate.SLURM_MARGIN).sum())})
+    return pd.DataFrame(out)
+
+
 def run(out: Path, root: Path = REPO_ROOT) -> dict[str, pd.DataFrame]:
-    """Write paper-predictions.csv, paper-score.csv, heldout-predictions.csv, heldout-score.csv
-    into ``out``; return the two summaries."""
+    """Write paper-predictions.csv, paper-score.csv, heldout-predictions.csv, heldout-score.csv,
+    repeats-predictions.csv and repeats-score.csv into ``out``; return the three summaries."""
     out.mkdir(parents=True, exist_ok=True)
     constants = calibrated_constants(root)
     pred = predict_rows(paper_rows(root), constants, root, measured="tokens_per_s_compared")
@@ -121,4 +179,8 @@ def run(out: Path, root: Path = REPO_ROOT) -> dict[str, pd.DataFrame]:
     paper.to_csv(out / "paper-score.csv", index=False)
     cells.to_csv(out / "heldout-predictions.csv", index=False)
     held.to_csv(out / "heldout-score.csv", index=False)
-    return {"paper": paper, "heldout": held}
+    reps = repeat_rows(root)
+    repeats = repeat_summary(reps)
+    reps.to_csv(out / "repeats-predictions.csv", index=False)
+    repeats.to_csv(out / "repeats-score.csv", index=False)
+    return {"paper": paper, "heldout": held, "repeats": repeats}

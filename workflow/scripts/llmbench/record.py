@@ -165,13 +165,20 @@ def wall_s(provenance: dict[str, Any]) -> float | None:
         return None
 
 
+def own_wall(provenance: dict[str, Any]) -> bool:
+    """Whether a record's wall time (wall_s) is its repeats' alone: not where repeats were
+    resumed from an earlier run (``resumed_repeats``), nor for a paired set's record, whose
+    wall time spans every cell of the set, their repeats interleaved (``paired_set``:
+    llmbench.grid.paired)."""
+    return not (provenance.get("resumed_repeats") or provenance.get("paired_set"))
+
+
 def repeat_timing(rec: dict[str, Any]) -> tuple[float, float, int, int] | None:
     """(set-up seconds a repeat, timed-window seconds a repeat, steps in the window, measured
     steps of all its repeats: how much it saw) of an ok record or probe. The set-up is its
     wall time a repeat less its window (the window covers the warm-up and measured steps,
-    llmbench.protocol.run_window); where the wall time is not its repeats' alone (repeats
-    resumed from an earlier run; a paired set's record, whose wall time spans every cell of
-    the set, their repeats interleaved: llmbench.grid.paired), it is the worker's other phases
+    llmbench.protocol.run_window); where the wall time is not its repeats' alone (own_wall:
+    resumed repeats, a paired set's record), it is the worker's other phases
     (llmbench.train.scenario.Phases: from the process's start, so without the launcher's few
     seconds before it). None where the record lacks a window or steps."""
     try:
@@ -186,7 +193,7 @@ def repeat_timing(rec: dict[str, Any]) -> tuple[float, float, int, int] | None:
     provenance = rec.get("provenance") or {}
     wall = wall_s(provenance)
     repeats = len((rec.get("metrics") or {}).get("tokens_per_s_runs") or ()) or 1
-    if wall is None or provenance.get("resumed_repeats") or provenance.get("paired_set"):
+    if wall is None or not own_wall(provenance):
         setup = sum(v for k, v in summary.items()
                     if k.startswith("phase_") and k != "phase_window_s" and isinstance(v, (int, float)))
     else:

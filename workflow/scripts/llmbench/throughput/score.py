@@ -26,8 +26,9 @@ from .. import estimate
 from ..cells import cell_from_dict
 from ..config import REPO_ROOT
 from ..models import ModelSpec
-from ..record import repeat_timing
+from ..record import own_wall, repeat_timing
 from ..report import paper_frame
+from ..report.catalog import SOURCES
 from . import calibrate
 from .model import TERMS, calibrated_constants, step_time_s, terms
 
@@ -119,10 +120,6 @@ def held_out(root: Path = REPO_ROOT) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.concat(cells, ignore_index=True), pd.concat(rows, ignore_index=True)
 
 
-#: The combined view's records that later runs of their cells superseded, beside records.csv
-SUPERSEDED_CSV = "records-superseded.csv"
-
-
 def repeat_rows(root: Path = REPO_ROOT) -> pd.DataFrame:
     """One row per ok training record and probe of the combined view on a calibration platform
     whose repeat llmbench.estimate predicts, those that later runs of their cells superseded
@@ -130,7 +127,8 @@ def repeat_rows(root: Path = REPO_ROOT) -> pd.DataFrame:
     llmbench.record.repeat_timing) and its set-up, the prediction and its start-up, and their
     ratio. The cell and model are the record's own (its ``cell`` and the model dimensions of
     its run spec)."""
-    tables = [root / calibrate.RECORDS_CSV, root / calibrate.RECORDS_CSV.with_name(SUPERSEDED_CSV)]
+    combined = root / calibrate.RECORDS_CSV.parent.parent  # the folder of the combined view's tables
+    tables = [root / calibrate.RECORDS_CSV, combined / SOURCES["superseded"]]
     df = pd.concat([pd.read_csv(t, low_memory=False) for t in tables if t.is_file()], ignore_index=True)
     df = df[df["stage"].isin(["pretrain", "finetune"]) & (df["status"] == "ok")
             & df["platform"].isin(calibrate.CALIBRATION_PLATFORMS)]
@@ -148,10 +146,9 @@ def repeat_rows(root: Path = REPO_ROOT) -> pd.DataFrame:
         provenance = rec.get("provenance") or {}
         rows.append({"record_path": path, "kind": kind, "steps": steps,
                      "launcher": (provenance.get("launchers") or ["?"])[0],
-                     "setup_from": "phases" if provenance.get("paired_set") or provenance.get("resumed_repeats")
-                     else "wall", "measured_s": setup + window, "predicted_s": pred.predicted_s,
-                     "setup_s": setup, "startup_predicted_s": pred.startup_s,
-                     "ratio": (setup + window) / pred.predicted_s})
+                     "setup_from": "wall" if own_wall(provenance) else "phases",
+                     "measured_s": setup + window, "predicted_s": pred.predicted_s, "setup_s": setup,
+                     "startup_predicted_s": pred.startup_s, "ratio": (setup + window) / pred.predicted_s})
     return pd.DataFrame(rows)
 
 

@@ -1,8 +1,10 @@
 """llmbench.serve: dialects, load generator and metrics, against protocol test doubles (no engine)."""
 
+import asyncio
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -214,6 +216,28 @@ def test_warmup_requests_are_sent_first_and_not_counted():
     prompts = [prompt_text(p) for p in make_prompts(8, 8, 1000, seed=0)]
     assert sorted(b["inputs"] for b in srv.stats.bodies[:3]) == sorted(prompts[:3])  # awaited before the load
     assert sorted(b["inputs"] for b in srv.stats.bodies[3:]) == sorted(prompts[3:])
+
+
+def test_a_connection_idle_past_the_keepalive_is_not_reused_for_the_measured_load():
+    """A warm-up's connections sit idle until the measured load starts; one reused after the
+    server's keep-alive closed it fails unanswered (as on vLLM's server, 5 s). The server here
+    drops a request on a connection idle longer than loadgen.KEEPALIVE_S + 0.1 s; the load
+    starts KEEPALIVE_S + 0.4 s after its warm-up (its window's entry waits), so a reused
+    connection would fail; none is."""
+    from llmbench.serve import loadgen
+
+    class Pause:
+        def __enter__(self):
+            time.sleep(loadgen.KEEPALIVE_S + 0.4)
+
+        def __exit__(self, *exc):
+            return False
+
+    spec = LoadSpec(num_requests=4, input_len=8, output_len=4, warmup_requests=2)
+    with FakeServer("openai", stale_after_s=loadgen.KEEPALIVE_S + 0.1) as srv:
+        res = asyncio.run(loadgen.run_load(srv.url, VLLM, spec, model="fake", vocab_size=1000, window=Pause()))
+    assert res.warmup_failed == 0 and [s.error for s in res.samples] == [""] * 4
+    assert srv.stats.received == 6
 
 
 def test_a_prompt_seed_draws_other_prompts_and_keeps_the_arrivals():

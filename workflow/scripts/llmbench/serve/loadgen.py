@@ -4,8 +4,8 @@ one streamed request each.
 Paper: a burst of 1000 synthetic requests of 512 input tokens sent at once by an asyncio
 HTTP client; throughput and latency CDFs. One aiohttp session with an unlimited
 connector, so every request really is in flight at once (aiohttp's default caps a
-session at 100 connections). A failed request is a sample with ok=False and its reason,
-never an exception out of run_load.
+session at 100 connections), whose idle connections are reused for KEEPALIVE_S only. A
+failed request is a sample with ok=False and its reason, never an exception out of run_load.
 
 The load kinds follow ``vllm bench serve``: a burst is its ``--request-rate inf``; poisson its
 ``--request-rate R`` (with ``ramp_up_s``, the rate grows linearly from 0 to R over the first
@@ -42,6 +42,13 @@ SCHEMA_VERSION = 1
 #: the config schema's load entry: LoadSpec's defaults and bounds are written there
 _SCHEMA = "/$defs/load"
 _DEFAULTS = schema_defaults(_SCHEMA)
+#: Seconds a pooled connection may sit idle and still carry the next request. aiohttp's
+#: default, 15 s, is above the 5 s after which uvicorn, and so vLLM's server
+#: (VLLM_HTTP_TIMEOUT_KEEP_ALIVE), closes an idle connection: a request sent on a connection
+#: the server is closing fails (ServerDisconnectedError) though the engine never saw it, as a
+#: warm-up's connection idle for about that long did in a measured burst. A connection idle
+#: longer than this (a warm-up's, one between sparse arrivals) is replaced by a new one.
+KEEPALIVE_S = 2.0
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -416,7 +423,7 @@ async def run_load(base_url: str, dialect: Dialect, spec: LoadSpec, model: str, 
     timeout = aiohttp.ClientTimeout(total=spec.request_timeout_s)
     tracing = aiohttp.TraceConfig()
     tracing.on_request_chunk_sent.append(_on_chunk_sent)
-    connector = aiohttp.TCPConnector(limit=0)
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
     async with aiohttp.ClientSession(connector=connector, trace_configs=[tracing]) as session:
         t_w = time.perf_counter()
         done = await asyncio.gather(*(_send(session, r, dialect, t_w, limit, timeout) for r in warmup))

@@ -45,9 +45,9 @@ _DEFAULTS = schema_defaults(_SCHEMA)
 #: Seconds a pooled connection may sit idle and still carry the next request. aiohttp's
 #: default, 15 s, is above the 5 s after which uvicorn, and so vLLM's server
 #: (VLLM_HTTP_TIMEOUT_KEEP_ALIVE), closes an idle connection: a request sent on a connection
-#: the server is closing fails (ServerDisconnectedError) though the engine never saw it, as a
-#: warm-up's connection idle for about that long did in a measured burst. A connection idle
-#: longer than this (a warm-up's, one between sparse arrivals) is replaced by a new one.
+#: the server is closing fails (ServerDisconnectedError) though the engine never saw it. A
+#: connection idle longer than this (a warm-up's, one between sparse arrivals) is replaced by
+#: a new one.
 KEEPALIVE_S = 2.0
 
 

@@ -263,11 +263,16 @@ def test_the_findings_table_judges_every_finding(workspace, R):
     assert len(decided) and (decided["ours_value"] != "n/a").all()
     md = (workspace / R / "tables/findings.md").read_text()
     assert md.startswith("### The verdict") and "holds" in md.splitlines()[2]
-    # what to run next: per undecided finding and machine kind, the cells of one paired set,
-    # those that may fit first (smallest set first)
+    # what to run next: per undecided finding (and undecided row of a decided one) the cells
+    # of one paired set, those that may fit first: whole findings, then inconclusive rows,
+    # then untestable ones, each part smallest set first
     plan = pd.read_csv(workspace / R / "tables/findings-missing.csv", keep_default_na=False)
     fits = plan[plan["note"] == ""]
-    assert (plan["note"].iloc[:len(fits)] == "").all() and fits["n_cells"].is_monotonic_increasing
+    assert (plan["note"].iloc[:len(fits)] == "").all()
+    row = fits["decided_elsewhere"] != ""
+    part = row.astype(int) + (row & (fits["verdict"] == "untestable")).astype(int)
+    assert part.is_monotonic_increasing
+    assert all(g["n_cells"].is_monotonic_increasing for _, g in fits.groupby(part))
     assert set(plan["finding"]) <= ids and (plan["cells"] != "").all()
 
 

@@ -303,6 +303,51 @@ def test_to_run_plans_the_smallest_paired_set_per_undecided_finding_on_given_mac
         findings.MachineKind.parse([{"platform": "h900", "gpus": 1}], ours)
 
 
+def test_to_run_plans_each_undecided_row_of_a_finding_decided_elsewhere_where_its_cells_fit(tmp_path):
+    """QLoRA under 0.7 of LoRA's memory holds for 7B on one H200 (memory is exact). The
+    finding is decided, so no smallest set for it; but its 13B row there is untestable (QL
+    not run) and a set of L and QL decides it; its 70B row (QL ran, L not) needs LoRA's 70B,
+    which cannot fit one H200: no set; the pair holds no row of it: no set either. With the
+    7B row gone the finding is undecided again: one smallest set for the whole finding."""
+    fs = load_entries(tmp_path, finding(id="ql-memory", stage="finetune", checks=[
+        {"metric": "peak_mem_gb", "relation": "ratio", "a": {"technique": "QL"}, "b": {"technique": "L"},
+         "expect": {"max": 0.7}}]))
+    measured = [("h200", "llama2-7b", "L", 1, 1, "ok", 900.0, 20.0), ("h200", "llama2-7b", "QL", 1, 1, "ok", 700.0, 8.0),
+                ("h200", "llama2-13b", "L", 1, 1, "ok", 600.0, 30.0), ("h200", "llama2-70b", "QL", 1, 1, "ok", 90.0, 40.0)]
+    ours = findings.facts(rows(*measured, stage="finetune"))
+    verdicts = {r["group"]["model"]: r["verdict"] for r in findings.evaluate_finding(fs[0], ours, findings.context(ours))}
+    assert verdicts == {"llama2-7b": "holds", "llama2-13b": "untestable", "llama2-70b": "untestable"}
+    kinds = findings.MachineKind.parse([{"platform": "h200", "gpus": [1, 2]}], ours)
+    plan = findings.to_run(fs, ours, kinds)
+    assert len(plan) == 1
+    row = plan.iloc[0]
+    assert (row["decided_elsewhere"], row["verdict"], row["gpus"], row["model"]) == ("holds", "untestable", 1,
+                                                                                     "llama2-13b")
+    assert row["cells"] == (
+        "finetune h200 llama2-13b deepspeed L bs1 g1; finetune h200 llama2-13b deepspeed QL bs1 g1")
+    assert row["note"] == ""
+    # without the row that decided it, one smallest set for the whole finding, as before
+    undecided = findings.facts(rows(*measured[2:], stage="finetune"))
+    whole = findings.to_run(fs, undecided, kinds)
+    assert len(whole) == 1 and whole.iloc[0]["decided_elsewhere"] == ""
+
+
+def test_a_finding_about_a_list_of_models_plans_cells_of_one_of_them(tmp_path):
+    """A finding whose where names two models judges each in its own row: a plan's cells are
+    of one model each (not the list's), and never of a model the list leaves out."""
+    fs = load_entries(tmp_path, finding(id="two-models", stage="finetune",
+                                        where={"batch_size": 1, "backend": "deepspeed",
+                                               "model": ["llama2-7b", "llama2-13b"]},
+                                        checks=[{"metric": "peak_mem_gb", "relation": "ratio", "a": {"technique": "QL"},
+                                                 "b": {"technique": "L"}, "expect": {"max": 0.7}}]))
+    kinds = findings.MachineKind.parse([{"platform": "h200", "gpus": [1]}], pd.DataFrame())
+    plan = findings.to_run(fs, findings.facts(rows(("h100", "llama2-7b", "L", 1, 1, "ok", 900.0, 20.0),
+                                                   stage="finetune")), kinds)
+    assert plan["model"].tolist() == ["llama2-13b"] or plan["model"].tolist() == ["llama2-7b"]
+    assert plan.iloc[0]["cells"] == (f"finetune h200 {plan.iloc[0]['model']} deepspeed L bs1 g1; "
+                                     f"finetune h200 {plan.iloc[0]['model']} deepspeed QL bs1 g1")
+
+
 def test_the_plan_gives_no_fit_note_to_a_cell_that_ran(tmp_path):
     """DeepSpeed's Z2 of llama2-7b on one H200 is predicted not to fit (its optimizer step over
     the 141 GiB with the margin), but a record of it ran ok: the plan to measure it again

@@ -1289,8 +1289,9 @@ class MachineKind:
         return [cls(p, int(g)) for p, g in sorted(set(zip(rows["platform"], rows["gpus"].fillna(1))))]
 
 
-TO_RUN_COLUMNS = ["finding", "verdict", "platform", "gpus", "model", "cells", "n_cells", "more_rounds", "round_s",
-                  "note"]
+TO_RUN_COLUMNS = ["finding", "verdict", "decided_elsewhere", "platform", "gpus", "model", "cells", "n_cells",
+                  "more_rounds", "round_s", "note"]
+DECIDED = ("holds", "contradicts", "partly")
 
 
 def _check_cells(f: Finding, c: Check, group: dict) -> list[dict]:
@@ -1299,7 +1300,9 @@ def _check_cells(f: Finding, c: Check, group: dict) -> list[dict]:
     for sel in (c.a, c.b):
         if sel is None:
             continue
-        spec = {"stage": f.stage, **group, **f.where, **sel}
+        # a where list (models, say) names the finding's groups: the group's own value is the cell's
+        where = {k: v for k, v in f.where.items() if not (isinstance(v, list) and k in group)}
+        spec = {"stage": f.stage, **group, **where, **sel}
         techs = spec.get("technique")
         for t in techs if isinstance(techs, list) else [techs]:
             one = {**spec, "technique": t} if t is not None else spec
@@ -1359,20 +1362,28 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
     smallest paired set that would decide it on the given machine kinds: the cells its
     undecided checks read there (those not run, not ok, or whose interval straddled the
     bound, measured again together), with whether they can fit (model states on the
-    kind's GPU count, then the memory model at batch 1; a cell with an ok record fits). A
-    check that reads a legacy engine's cell (LEGACY_ENGINES) plans none of its cells: the
-    other side alone would not decide it. A kind the claim's scope excludes (too few GPUs)
-    or whose platform the claim is not about is left out. ``judged``: as ``evaluate``'s."""
+    kind's GPU count, then the memory model at batch 1; a cell with an ok record fits). For
+    a finding that some group decided (``decided_elsewhere``: its verdict over those
+    groups), one set per undecided row of the verdict table on a given kind whose cells can
+    all fit: the finding holds (say) for 7B on one GPU and that row asks what would decide
+    it for 13B there; a kind with no row of it, or cells that cannot fit, gets none (the
+    verdict table's row already says why). A check that reads a legacy engine's cell
+    (LEGACY_ENGINES) plans none of its cells: the other side alone would not decide it. A
+    kind the claim's scope excludes (too few GPUs) or whose platform the claim is not
+    about is left out. ``judged``: as ``evaluate``'s."""
     ctx = ctx or context(ours)
     ours = _one_block(ours)
     out = []
     for f in findings:
         mine = judged[f.id] if judged is not None else evaluate_finding(f, ours, ctx)
         real = [r for r in mine if r["relevant"]]
-        if any(r["verdict"] in ("holds", "contradicts", "partly") for r in real):
-            continue
+        decided = [r for r in real if r["verdict"] in DECIDED]
+        elsewhere = (finding_verdicts(pd.DataFrame({"finding": f.id, "verdict": [r["verdict"] for r in decided]}))
+                     .iloc[0] if decided else "")
+        undecided = [r for r in real if r["verdict"] not in DECIDED]
         verdict = "inconclusive" if any(r["verdict"] == "inconclusive" for r in real) else "untestable"
-        models = [f.where["model"]] if isinstance(f.where.get("model"), str) else list(PAPER_MODELS)
+        where_model = f.where.get("model")
+        models = [where_model] if isinstance(where_model, str) else list(where_model or PAPER_MODELS)
         if "model" not in f.group_by:
             models = [None]
         candidates = _candidates(ours, f)
@@ -1384,6 +1395,12 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
                          if k in f.group_by and v is not None}
                 if any(_scope(c, f, {"gpus": kind.gpus}) for c in f.checks):
                     continue
+                if decided:  # only a row of this group that the table holds undecided
+                    rows_here = [r for r in undecided if all(r["group"].get(k) == v for k, v in group.items())]
+                    if not rows_here:
+                        continue
+                    verdict = "inconclusive" if any(r["verdict"] == "inconclusive" for r in rows_here) \
+                        else "untestable"
                 rows = _match(candidates, group)
                 cells, notes, rounds, stuck, took = {}, [], [], [], {}
                 for c in f.checks:
@@ -1412,8 +1429,9 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
                             continue  # it ran: no prediction says it cannot
                         if note := (_fit_note(spec) or _predicted_note(spec)):
                             notes.append(f"{text}: {note}")
-                if cells:
-                    out.append({"finding": f.id, "verdict": verdict, "platform": kind.platform, "gpus": kind.gpus,
+                if cells and not (decided and notes):
+                    out.append({"finding": f.id, "verdict": verdict, "decided_elsewhere": elsewhere,
+                                "platform": kind.platform, "gpus": kind.gpus,
                                 "model": model or "", "cells": "; ".join(sorted(cells)), "n_cells": len(cells),
                                 "more_rounds": max(rounds) if rounds else None,
                                 "round_s": (round(sum(took.values())) if all(v is not None for v in took.values())
@@ -1423,11 +1441,16 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
     df["more_rounds"] = df["more_rounds"].astype("Int64")
     df["round_s"] = df["round_s"].astype("Int64")
     df["_cannot"] = df["_unfit"] > 0
-    # per finding, its smallest set (one that may fit first, the fewest cells that cannot, then
-    # the fewest cells and GPUs)
-    df = df.sort_values(["_cannot", "_unfit", "n_cells", "gpus", "platform", "model"]).drop_duplicates("finding")
-    df = df.sort_values(["_cannot", "n_cells", "finding"], ignore_index=True)
-    return df.drop(columns=["_cannot", "_unfit"])
+    # 0: a finding no group decided; 1, 2: an inconclusive, an untestable row of a decided one
+    df["_row"] = (df["decided_elsewhere"] != "") * (1 + (df["verdict"] == "untestable"))
+    # per undecided finding, its smallest set (one that may fit first, the fewest cells that
+    # cannot, then the fewest cells and GPUs); a decided finding's rows each keep theirs
+    df = df.sort_values(["_cannot", "_unfit", "n_cells", "gpus", "platform", "model"])
+    df = df[(df["_row"] > 0) | ~df.duplicated("finding")]
+    # the sets that may fit first: whole findings, then rows of findings decided elsewhere
+    # (inconclusive ones, measured there, before untestable ones)
+    df = df.sort_values(["_cannot", "_row", "n_cells", "finding", "platform", "gpus", "model"], ignore_index=True)
+    return df.drop(columns=["_cannot", "_unfit", "_row"])
 
 
 def missing_cells(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind] | None = None,
@@ -1488,10 +1511,13 @@ NOTE = (
     "from below. `paper_value`/`paper_check`: the same comparison on the paper's printed numbers and whether they "
     "bear its own text out. `engines`: the serving engines and versions compared. The CSV adds `compares`, "
     "`machines`, `method` and `how`.")
-MISSING_HEADING = "What to run next: the smallest paired set that would decide each undecided finding"
-MISSING_LEAD = ("Per undecided finding, its smallest paired set on the machine kinds given (config "
-                "`findings_machines`; default: the platforms and GPU counts our records ran on): the cells its "
-                "undecided checks read there, to be measured together in one job; `more_rounds`, where a check "
+MISSING_HEADING = "What to run next: the paired sets that would decide each undecided finding and row"
+MISSING_LEAD = ("On the machine kinds given (config `findings_machines`; default: the platforms and GPU counts our "
+                "records ran on): per undecided finding, its smallest paired set; per finding decided elsewhere "
+                "(`decided_elsewhere`: its verdict there), a set for each of its undecided rows on these kinds "
+                "whose cells can all fit. The sets that may fit first (whole findings, then inconclusive rows, then "
+                "untestable ones); the first {shown} here, findings-missing.csv has them all. `cells`: the cells "
+                "its undecided checks read there, to be measured together in one job; `more_rounds`, where a check "
                 "already has paired rounds, how many more of them (a set measuring each repeat alike, pooled with "
                 "the earlier ones) would clear its nearest bound if the ratio and its spread held; `round_s`, the "
                 "seconds a round of these cells takes, where each has a record (a paired set's whose rounds the "
@@ -1499,7 +1525,7 @@ MISSING_LEAD = ("Per undecided finding, its smallest paired set on the machine k
                 "its measured step time, or an engine's start and its load; `note` names a cell that cannot fit "
                 "(model states alone, or the memory model at batch 1 under its backend; one that ran ok fits), "
                 "listed last, or a ratio too close to its bound for more rounds to decide.")
-MISSING_SHOWN = 15
+MISSING_SHOWN = 20
 
 
 #: Our own findings (catalog table findings-ours) have no paper side: these columns are left out.
@@ -1525,7 +1551,8 @@ def report_table(table: pd.DataFrame, missing: pd.DataFrame, name: str = "findin
     parts = [render.Part(frame=table.reindex(columns=shown), lead=summary_line(table) + "." + spread,
                          note=NOTE_OURS if ours else NOTE)]
     if len(missing):
-        parts.append(render.Part(frame=missing.head(MISSING_SHOWN), heading=MISSING_HEADING, lead=MISSING_LEAD))
+        parts.append(render.Part(frame=missing.head(MISSING_SHOWN), heading=MISSING_HEADING,
+                                 lead=MISSING_LEAD.format(shown=MISSING_SHOWN)))
     return render.Table(title=catalog.get("table", name).title, long=table[COLUMNS], parts=tuple(parts))
 
 

@@ -528,6 +528,23 @@ def _plan(tmp_path, rows, *entries):
     return findings.to_run(fs, ours, findings.MachineKind.parse([{"platform": "h200", "gpus": [1]}], ours)).iloc[0]
 
 
+def test_the_plan_says_how_many_repeats_a_new_record_needs_to_decide_an_undecided_value(tmp_path):
+    """A value check read from one record's three repeats (1100, 950, 1150 tok/s: log mean
+    6.969, sd 0.100) straddles its bound of 1000 (log 6.908, 0.061 away). At that spread,
+    t(N-1) 0.100 / sqrt(N) < 0.061 first at N = 13 (t(11) 2.20: 0.064; t(12) 2.18: 0.060): a
+    new record of 13 repeats, which would replace this one. A value sitting on its bound, or
+    read from one repeat (the pooled CV), gets no number."""
+    check = entry([{"metric": "tokens_per_s_per_gpu", "relation": "value", "a": {"technique": "Z2"},
+                    "expect": {"min": 1000}}], where={"batch_size": 1, "backend": "deepspeed", "model": "llama2-7b"})
+    rows = [row("Z2", [1100, 950, 1150])]
+    assert judge(tmp_path, rows, check).iloc[0].verdict == "inconclusive"
+    plan = _plan(tmp_path, rows, check)
+    assert plan["repeats"] == 13 and pd.isna(plan["more_rounds"])
+    assert pd.isna(_plan(tmp_path, [row("Z2", [1000 * math.exp(0.1), 1000 * math.exp(-0.1)])], check)["repeats"])
+    one = evidence.Estimate(1020.0, 900.0, 1150.0, "1", "machine", "t(2000); one repeat: pooled CV")
+    assert evidence.repeats_to_decide(one, 1000.0, None) is None
+
+
 def test_the_plan_says_how_many_more_paired_rounds_would_decide_an_undecided_ratio(tmp_path):
     """Four rounds whose log ratios are 0.05 +- 0.1 (sd 0.115): the interval straddles 1. With
     the same mean and spread, t(N-1) 0.115 / sqrt(N) < 0.05 first at N = 23 rounds in all:

@@ -407,16 +407,39 @@ def rounds_to_decide(est: Estimate | None, lo: float | None, hi: float | None) -
     the value to that bound, less the rounds there are. None where ``est`` is not paired by
     round (or by fewer than two), has no spread, sits on a bound, or would need more than
     MAX_ROUNDS in all. A planning figure, not a promise: the next rounds move the mean too."""
-    if est is None or est.pairing != "set" or est.rounds < 2 or est.value is None or est.lo <= 0:
+    if est is None or est.pairing != "set" or est.rounds < 2:
         return None
-    n = est.rounds
+    total = _total_to_decide(est, est.rounds, lo, hi)
+    return None if total is None else total - est.rounds
+
+
+def repeats_to_decide(est: Estimate | None, lo: float | None, hi: float | None) -> int | None:
+    """How many repeats a new record of one cell would need for its value (a value check
+    read from one record's own repeats, not paired by round) to clear the claim's nearest
+    bound if the value and its repeat-to-repeat spread stay as measured: the least N with
+    t(N-1) s / sqrt(N) under the log distance to that bound. A new record of the cell with
+    more repeats replaces the one read (the stronger protocol: report/runs.py), so N is all
+    its repeats, never pooled with the earlier ones. None where the value comes from fewer
+    than two repeats (the pooled CV), from paired rounds, has no spread, sits on a bound, or
+    would need more than MAX_ROUNDS. A planning figure, as rounds_to_decide's."""
+    if est is None or est.rounds or not est.n.isdigit() or int(est.n) < 2:
+        return None
+    return _total_to_decide(est, int(est.n), lo, hi)
+
+
+def _total_to_decide(est: Estimate, n: int, lo: float | None, hi: float | None) -> int | None:
+    """The least N over n, up to MAX_ROUNDS, with t(N-1) s / sqrt(N) under the log distance
+    from ``est``'s value to the claim's nearest bound, s the spread its interval of n
+    measurements implies (half-width = t(n-1) s / sqrt(n)); None without one."""
+    if est.value is None or est.lo <= 0:
+        return None
     spread = (math.log(est.hi) - math.log(est.lo)) / 2 * math.sqrt(n) / t975(n - 1)
     gaps = [abs(math.log(est.value) - math.log(b)) for b in (lo, hi) if b is not None and b > 0]
     if not gaps or spread <= 0 or min(gaps) == 0:
         return None
     for total in range(n + 1, MAX_ROUNDS + 1):
         if t975(total - 1) * spread / math.sqrt(total) < min(gaps):
-            return total - n
+            return total
     return None
 
 

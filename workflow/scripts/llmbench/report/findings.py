@@ -1290,7 +1290,7 @@ class MachineKind:
 
 
 TO_RUN_COLUMNS = ["finding", "verdict", "decided_elsewhere", "platform", "gpus", "model", "cells", "n_cells",
-                  "more_rounds", "round_s", "note"]
+                  "more_rounds", "repeats", "round_s", "note"]
 DECIDED = ("holds", "contradicts", "partly")
 
 
@@ -1402,7 +1402,7 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
                     verdict = "inconclusive" if any(r["verdict"] == "inconclusive" for r in rows_here) \
                         else "untestable"
                 rows = _match(candidates, group)
-                cells, notes, rounds, stuck, took = {}, [], [], [], {}
+                cells, notes, rounds, repeats, stuck, took = {}, [], [], [], [], {}
                 for c in f.checks:
                     o = evaluate_check(c, f, rows, group, ctx)
                     if o.verdict in ("holds", "contradicts"):
@@ -1418,6 +1418,8 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
                         else:
                             stuck.append(f"{c.label()} {o.estimate.text()}: more rounds of these cells would not "
                                          f"decide it ({evidence.MAX_ROUNDS} in all at its spread)")
+                    elif c.relation == "value" and (n := evidence.repeats_to_decide(o.estimate, c.lo, c.hi)):
+                        repeats.append(n)
                     for spec in specs:
                         if spec.get("platform") != kind.platform:
                             continue
@@ -1434,11 +1436,13 @@ def to_run(findings: list[Finding], ours: pd.DataFrame, kinds: list[MachineKind]
                                 "platform": kind.platform, "gpus": kind.gpus,
                                 "model": model or "", "cells": "; ".join(sorted(cells)), "n_cells": len(cells),
                                 "more_rounds": max(rounds) if rounds else None,
+                                "repeats": max(repeats) if repeats else None,
                                 "round_s": (round(sum(took.values())) if all(v is not None for v in took.values())
                                             else None),
                                 "note": "; ".join(notes + stuck), "_unfit": len(notes)})
     df = pd.DataFrame(out, columns=[*TO_RUN_COLUMNS, "_unfit"])
     df["more_rounds"] = df["more_rounds"].astype("Int64")
+    df["repeats"] = df["repeats"].astype("Int64")
     df["round_s"] = df["round_s"].astype("Int64")
     df["_cannot"] = df["_unfit"] > 0
     # 0: a finding no group decided; 1, 2: an inconclusive, an untestable row of a decided one
@@ -1519,7 +1523,9 @@ MISSING_LEAD = ("On the machine kinds given (config `findings_machines`; default
                 "untestable ones); the first {shown} here, findings-missing.csv has them all. `cells`: the cells "
                 "its undecided checks read there, to be measured together in one job; `more_rounds`, where a check "
                 "already has paired rounds, how many more of them (a set measuring each repeat alike, pooled with "
-                "the earlier ones) would clear its nearest bound if the ratio and its spread held; `round_s`, the "
+                "the earlier ones) would clear its nearest bound if the ratio and its spread held; `repeats`, where a "
+                "value check reads one record's repeats, how many a new record of the cell (replacing it, never "
+                "pooled) would need to clear its bound at that spread; `round_s`, the "
                 "seconds a round of these cells takes, where each has a record (a paired set's whose rounds the "
                 "check pooled, else the one the tables use): its start-up and its warm-up and measured steps at "
                 "its measured step time, or an engine's start and its load; `note` names a cell that cannot fit "

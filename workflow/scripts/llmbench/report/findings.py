@@ -37,6 +37,8 @@ from . import runs as runs_rule
 from . import tidy as tidy_table
 
 VERDICTS = ("holds", "contradicts", "partly", "inconclusive", "untestable")
+#: the verdicts that decide a row (the others leave it open)
+DECIDED = ("holds", "contradicts", "partly")
 RELATIONS = {
     "ratio": "metric(a) / metric(b)",
     "value": "metric(a)",
@@ -1291,7 +1293,6 @@ class MachineKind:
 
 TO_RUN_COLUMNS = ["finding", "verdict", "decided_elsewhere", "platform", "gpus", "model", "cells", "n_cells",
                   "more_rounds", "repeats", "round_s", "note"]
-DECIDED = ("holds", "contradicts", "partly")
 
 
 def _check_cells(f: Finding, c: Check, group: dict) -> list[dict]:
@@ -1475,7 +1476,7 @@ def finding_verdicts(table: pd.DataFrame) -> pd.Series:
     inconclusive and untestable."""
     def one(vs: pd.Series) -> str:
         s = set(vs)
-        decided = s & {"holds", "contradicts", "partly"}
+        decided = s & set(DECIDED)
         if len(decided) > 1:
             return "mixed"
         if decided:

@@ -388,40 +388,78 @@ def test_a_profiled_pair_of_several_repeats_has_the_interval_of_its_rounds(tmp_p
     assert "one measurement, no spread measured" in r.method
 
 
+def _repeat(opt, mlp):
+    """One profiled repeat (a record's summary repeat): phase times and module rows."""
+    rows = {"phase": ["forward", "forward", "forward", "optimizer"], "module": ["mlp", "qkv", "other", "other"],
+            "time_s": [mlp, 0.02, 0.03, opt], "share": [None] * 4, "gemm_time_s": [0.0] * 4,
+            "recompute_s": [0.0] * 4}
+    fwd = mlp + 0.05
+    return {"phases": {"forward_wall_s": fwd, "backward_wall_s": 2 * fwd, "optimizer_wall_s": opt}, "rows": rows}
+
+
+def _profiled(tech, reps, with_repeats=True, **kw):
+    """A torch-profiled cell's tidy row: its phase times the repeats' means, and the repeats."""
+    r = row(tech, [1000] * len(reps), stage="profile", **{"paired_set": "s1", **kw})
+    r.update(backend="torch", record_path=r["record_path"].replace("deepspeed", "torch"),
+             forward_wall_s=sum(x["phases"]["forward_wall_s"] for x in reps) / len(reps),
+             backward_wall_s=sum(x["phases"]["backward_wall_s"] for x in reps) / len(reps),
+             optimizer_wall_s=sum(x["phases"]["optimizer_wall_s"] for x in reps) / len(reps),
+             profile_repeats=json.dumps(reps) if with_repeats else None)
+    return r
+
+
 def test_a_profiled_pair_pairs_each_repeats_module_shares_and_phase_times(tmp_path):
     """Two torch-profiled cells of one set, three repeats each: every repeat's phase times and
     module rows (the record's summary repeats, the tidy table's profile_repeats) give that
     repeat's optimizer time and MLP share, derived as the means are, so the ratio pairs round
     by round; a machine that slowed in round 2 slows both sides."""
-    def repeat(opt, mlp):
-        rows = {"phase": ["forward", "forward", "forward", "optimizer"], "module": ["mlp", "qkv", "other", "other"],
-                "time_s": [mlp, 0.02, 0.03, opt], "share": [None] * 4, "gemm_time_s": [0.0] * 4,
-                "recompute_s": [0.0] * 4}
-        fwd = mlp + 0.05
-        return {"phases": {"forward_wall_s": fwd, "backward_wall_s": 2 * fwd, "optimizer_wall_s": opt}, "rows": rows}
-
-    def prof(tech, reps, with_repeats=True):
-        r = row(tech, [1000] * len(reps), paired_set="s1", stage="profile")
-        r.update(backend="torch", record_path=r["record_path"].replace("deepspeed", "torch"),
-                 forward_wall_s=sum(x["phases"]["forward_wall_s"] for x in reps) / len(reps),
-                 backward_wall_s=sum(x["phases"]["backward_wall_s"] for x in reps) / len(reps),
-                 optimizer_wall_s=sum(x["phases"]["optimizer_wall_s"] for x in reps) / len(reps),
-                 profile_repeats=json.dumps(reps) if with_repeats else None)
-        return r
-    a = [repeat(0.050, 0.05), repeat(0.060, 0.06), repeat(0.051, 0.05)]
-    b = [repeat(0.049, 0.05), repeat(0.059, 0.06), repeat(0.050, 0.05)]
+    a = [_repeat(0.050, 0.05), _repeat(0.060, 0.06), _repeat(0.051, 0.05)]
+    b = [_repeat(0.049, 0.05), _repeat(0.059, 0.06), _repeat(0.050, 0.05)]
     e = entry([{"metric": "optimizer_s", "relation": "ratio", "a": {"technique": "R"}, "b": {"technique": "Naive"},
                 "expect": {"about": 1.0}}], stage="profile", where={"backend": "torch"}, tolerance=0.05)
-    r = judge(tmp_path, [prof("R", a), prof("Naive", b)], e).iloc[0]
+    r = judge(tmp_path, [_profiled("R", a), _profiled("Naive", b)], e).iloc[0]
     assert r.pairing == "set" and r.method.startswith("paired rounds (3)") and r.verdict == "holds"
-    r = judge(tmp_path, [prof("R", a, False), prof("Naive", b, False)], e).iloc[0]
+    r = judge(tmp_path, [_profiled("R", a, False), _profiled("Naive", b, False)], e).iloc[0]
     assert "one measurement, no spread measured" in r.method
-    frame = pd.DataFrame([prof("R", a)]).reindex(columns=list(dict.fromkeys([*tidy.ALL_COLUMNS, "profile_repeats"])))
+    frame = pd.DataFrame([_profiled("R", a)]).reindex(columns=list(dict.fromkeys([*tidy.ALL_COLUMNS, "profile_repeats"])))
     runs = json.loads(findings.facts(frame).iloc[0]["kernel_runs"])
     assert runs["optimizer_s"] == pytest.approx([0.050, 0.060, 0.051])
     assert runs["mlp_forward_share"] == pytest.approx([0.05 / 0.10, 0.06 / 0.11, 0.05 / 0.10])
     assert runs["mlp_forward_busy_share"] == pytest.approx([0.05 / 0.07, 0.06 / 0.08, 0.05 / 0.07])  # less 'other'
     assert "tokens_per_s_per_gpu" not in runs and "peak_mem_gb" not in runs  # the record's, not a repeat's
+
+
+def test_profile_sets_pool_with_the_superseded_sets_own_repeats(tmp_path):
+    """Two paired sets of the same profiled cells, as the combined view passes them: the later
+    set's records in the tidy table, the earlier set's superseded. The profile table holds the
+    used records' module rows only, so a superseded record's shares are its own repeats'
+    means, never the used record's; and a share ratio pools both sets' rounds."""
+    late = {"R": [_repeat(0.05, 0.09)] * 3, "Naive": [_repeat(0.05, 0.05)] * 3}
+    early = {"R": [_repeat(0.05, 0.07), _repeat(0.05, 0.071), _repeat(0.05, 0.069)],
+             "Naive": [_repeat(0.05, 0.05), _repeat(0.05, 0.051), _repeat(0.05, 0.049)]}
+    used = [_profiled(t, reps, paired_set="late", run="b") for t, reps in late.items()]
+    old = [_profiled(t, reps, paired_set="early", run="a", machine="m0", superseded_by="b")
+           for t, reps in early.items()]
+    keys = dict(platform="h200", model="llama2-7b", backend="torch", batch_size=1, gpus=1)
+    profile_rows = pd.DataFrame([{**keys, "technique": t, **dict(zip(reps[0]["rows"], vals))}
+                                 for t, reps in late.items() for vals in zip(*reps[0]["rows"].values())])
+    cols = list(dict.fromkeys([*tidy.ALL_COLUMNS, "profile_repeats"]))
+    ours = findings.facts(pd.DataFrame(used).reindex(columns=cols), profile_rows,
+                          superseded=pd.DataFrame(old).reindex(columns=cols))
+    r_old = ours[(ours["run"] == "a") & (ours["technique"] == "R")].iloc[0]
+    r_new = ours[(ours["run"] == "b") & (ours["technique"] == "R")].iloc[0]
+    assert r_new["mlp_forward_share"] == pytest.approx(0.09 / 0.14)  # the profile table's rows
+    assert r_old["mlp_forward_share"] == pytest.approx((0.07 / 0.12 + 0.071 / 0.121 + 0.069 / 0.119) / 3)
+    path = tmp_path / "findings.yaml"
+    e = entry([{"metric": "mlp_forward_share", "relation": "ratio", "a": {"technique": "R"},
+                "b": {"technique": "Naive"}, "expect": {"about": 1.0}}], stage="profile", where={"backend": "torch"})
+    path.write_text(yaml.safe_dump({"findings": [e]}))
+    v = findings.evaluate(findings.load(path), ours, findings.derive(paper_frame.frame())).iloc[0]
+    assert v.pairing == "set" and "paired rounds (6 from 2 sets)" in v.method and v.runs == "a, b"
+    # without the earlier set, the later one alone (its three rounds)
+    v = findings.evaluate(findings.load(path), findings.facts(pd.DataFrame(used).reindex(columns=cols), profile_rows),
+                          findings.derive(paper_frame.frame())).iloc[0]
+    assert v.method.startswith("paired rounds (3)") and v.runs == "b"
 
 
 def test_a_serving_set_pairs_its_bursts_round_by_round(tmp_path):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
@@ -400,10 +401,12 @@ def facts(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None,
     probes), with per-GPU throughput, memory in GB, scaling efficiency and the metrics
     read from the per-row profile and microbenchmark tables; plus the training and serving
     records other runs of the same cells superseded (``superseded_by`` set), which pairing
-    may take a side from (one set, one machine), and each row's cell (``cell_id``)."""
+    may take a side from (one set, one machine, several sets pooled), and each row's cell
+    (``cell_id``). A superseded profile record's metrics are its own repeats' means
+    (``_own_profile_means``): the profile table holds the used record's module rows only."""
     df = tidy.copy()
     if superseded is not None and len(superseded):
-        extra = superseded[superseded["stage"].isin(["pretrain", "finetune", "serve"])]
+        extra = superseded[superseded["stage"].isin(["pretrain", "finetune", "serve", "profile"])]
         df = pd.concat([df, extra], ignore_index=True)
     df = df.copy()  # one block (the tidy table's many columns arrive fragmented)
     if "record_path" in df:
@@ -437,6 +440,9 @@ def facts(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None,
     if len(prof):
         prof = prof.assign(stage="profile")
         df = df.merge(prof, on=["stage"] + PROFILE_KEYS, how="left", suffixes=("", "_p"))
+        if "superseded_by" in df:  # the used record's module rows: not a superseded record's
+            df.loc[(df["stage"] == "profile") & df["superseded_by"].notna(),
+                   [c for c in prof.columns if c not in ["stage"] + PROFILE_KEYS]] = float("nan")
     if "profile_repeats" in df and (has := df["profile_repeats"].map(lambda v: isinstance(v, str) and v != "")).any():
         df["kernel_runs"] = df.get("kernel_runs", pd.Series(None, index=df.index)).astype(object)
         df.loc[has, "kernel_runs"] = [_with_profile_repeats(row) for _, row in df[has].iterrows()]
@@ -444,7 +450,23 @@ def facts(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None,
     if len(micro):
         df = df.merge(micro.assign(stage="micro"), on=["stage", "platform", "bench", "case", "gpus"], how="left",
                       suffixes=("", "_m"))
-    return derive(df)
+    return _own_profile_means(derive(df))
+
+
+def _own_profile_means(df: pd.DataFrame) -> pd.DataFrame:
+    """A superseded profile record (an earlier paired set of the same cells) pairs only
+    through its own repeats (``kernel_runs``): each metric its repeats give and the row lacks
+    is their mean, so that sets pool their rounds (_contexts); a record without per-repeat
+    breakdowns keeps only what its phase times give."""
+    if "superseded_by" not in df or "kernel_runs" not in df:
+        return df
+    old = (df["stage"] == "profile") & df["superseded_by"].notna() & df["kernel_runs"].map(
+        lambda v: isinstance(v, str) and v != "")
+    for i in df.index[old]:
+        for metric, vals in json.loads(df.at[i, "kernel_runs"]).items():
+            if metric in METRICS and vals and (metric not in df or pd.isna(df.at[i, metric])):
+                df.at[i, metric] = statistics.fmean(float(v) for v in vals)
+    return df
 
 
 def _paired_efficiency_runs(df: pd.DataFrame) -> pd.Series:

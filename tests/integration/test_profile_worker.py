@@ -14,6 +14,7 @@ from llmbench.cells import Cell
 from llmbench.models import ModelSpec
 from llmbench.platforms import Platform
 from llmbench.profile import attribution as attr
+from llmbench.profile import kernels
 from llmbench.protocol import Protocol
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,8 +88,8 @@ def test_worker_phases_add_up(runs):
         assert abs(res["unaccounted_s"]) < 1e-9
         assert res["unprofiled_step_time_s"] > 0 and res["tokens_per_s"] == pytest.approx(
             64 / res["unprofiled_step_time_s"])
-        trace = json.loads(open(res["trace"]).read())
-        names = {e.get("name") for e in trace["traceEvents"]}
+        assert res["trace"].endswith(kernels.TRACE_SUFFIX)  # gzipped beside the record
+        names = {e.get("name") for e in kernels.load_events(res["trace"])}
         assert {"llmbench/phase/forward", "llmbench/module/mlp", "aten::mm"} <= names
         assert res["method"] == attr.METHOD and res["versions"]["torch"]
         # a CPU has no device memory; the host's peak RSS holds at least the tiny model

@@ -26,15 +26,13 @@ and not Table XI's (modules). Pure: no torch import.
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .kernels import union_s
+from .kernels import load_events, union_s
 
 CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("comm", re.compile(r"^nccl", re.IGNORECASE)),
@@ -57,15 +55,6 @@ def kernel_class(name: str) -> str:
         if pattern.search(name):
             return cls
     return "element_wise"
-
-
-def load_events(path: Path | str) -> list[dict[str, Any]]:
-    """A Chrome trace's events (``.json`` or ``.json.gz``)."""
-    p = Path(path)
-    opener = gzip.open if p.name.endswith(".gz") else open
-    with opener(p, "rt") as fh:
-        data = json.load(fh)
-    return data["traceEvents"] if isinstance(data, dict) else data
 
 
 STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")

@@ -21,10 +21,28 @@ compute kernel overlaps (GPU only): what overlapping would still have to hide.
 
 from __future__ import annotations
 
+import gzip
+import json
 import re
 from collections import defaultdict
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
+
+#: how a worker names the Chrome trace it keeps beside its record: gzipped (torch.profiler
+#: writes ``.gz`` itself), a tenth of the text or less; Perfetto, chrome://tracing and
+#: TensorBoard open it as it is
+TRACE_SUFFIX = ".trace.json.gz"
+
+
+def load_events(path: Path | str) -> list[dict[str, Any]]:
+    """A Chrome trace's events (``.json`` or ``.json.gz``)."""
+    p = Path(path)
+    opener = gzip.open if p.name.endswith(".gz") else open
+    with opener(p, "rt") as fh:
+        data = json.load(fh)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
 
 COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "Reduce", "Broadcast", "SendRecv", "AllToAll")
 _NCCL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")

@@ -42,6 +42,7 @@ from .. import backends, techniques
 from ..spec import RunSpec
 from ..train import contract  # one contract (OOM marker, exit code) for every worker
 from . import attribution as attr
+from . import kernels
 
 SCHEMA_VERSION = 1
 #: The flags plain PyTorch runs (the registry's; the grid rejects the rest at config time).
@@ -258,7 +259,7 @@ def run(spec: RunSpec | dict, out: Path, trace_dir: Path) -> dict:
 
     peak = scenario.peak_memory(device, spec.platform.accelerator)
     trace_dir.mkdir(parents=True, exist_ok=True)
-    trace = trace_dir / f"{out.stem}.trace.json"
+    trace = trace_dir / f"{out.stem}{kernels.TRACE_SUFFIX}"
     prof.export_chrome_trace(str(trace))
     walls, profiled, basis = attr.step_walls(warm, measured, attr.PHASES, cuda)
     rows, phases = _attribute(prof, walls, profiled, proto.measured_steps, attr.PHASES, cuda)
@@ -349,7 +350,7 @@ def run_inference(spec: RunSpec | dict, out: Path, trace_dir: Path) -> dict:
         marks = generate(True)
     peak = scenario.peak_memory(device, spec.platform.accelerator)
     trace_dir.mkdir(parents=True, exist_ok=True)
-    trace = trace_dir / f"{out.stem}.trace.json"
+    trace = trace_dir / f"{out.stem}{kernels.TRACE_SUFFIX}"
     prof.export_chrome_trace(str(trace))
     walls, profiled, basis = attr.step_walls(warm, [marks], attr.INFERENCE_PHASES, cuda)
     rows, phases = _attribute(prof, walls, profiled, 1, attr.INFERENCE_PHASES, cuda)

@@ -8,7 +8,6 @@ llmbench.train.contract. With --trace-dir (profile cells) a Chrome trace is kept
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Callable
@@ -86,9 +85,9 @@ def profile_window(step, steps: int, synchronize, accelerator: str, trace_dir: P
     if rank != 0:
         return None
     trace_dir.mkdir(parents=True, exist_ok=True)
-    trace = trace_dir / f"{Path(out).stem}.rank0.trace.json"
+    trace = trace_dir / f"{Path(out).stem}.rank0{kernels.TRACE_SUFFIX}"
     prof.export_chrome_trace(str(trace))
-    events = json.loads(trace.read_text())["traceEvents"]
+    events = kernels.load_events(trace)
     return {**kernels.breakdown(events, steps, elapsed / steps, accelerator), "traces": [trace.name]}
 
 

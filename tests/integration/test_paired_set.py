@@ -135,6 +135,47 @@ def test_a_set_stopped_at_its_deadline_resumes_with_what_it_kept_in_the_same_ord
 
 
 
+def test_a_round_stopped_part_way_runs_whole_again_on_another_machine(paired_set, tmp_path, monkeypatch):
+    """The set of the test above, stopped after two of round 0's three repeats on one machine
+    and resumed on another (another boot id): round 0's two kept repeats are set aside and
+    run again with the third, so that the round pairs on one machine; what they measured is
+    in the records' provenance, not in their numbers. Resumed on the same machine, they are
+    kept (the test above)."""
+    specs, paths, plan = paired_set("rotate")
+    clock, boot = [1000.0], ["boot-a-1234"]
+    fake_time = SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0])
+    monkeypatch.setattr(launch, "time", fake_time)
+    monkeypatch.setattr(ledger, "time", fake_time)
+    monkeypatch.setattr(provenance, "boot_id", lambda: boot[0])
+    real, ran = launch.run_repeat, []
+
+    def taking_100_s(spec, workdir, index, *args):
+        ran.append((spec["cell"]["technique"], index))
+        outcome = real(spec, workdir, index, *args)
+        clock[0] += 100.0
+        return outcome
+
+    monkeypatch.setattr(launch, "run_repeat", taking_100_s)
+    monkeypatch.setenv("LLMBENCH_DEADLINE", "1250")
+    with pytest.raises(ledger.DeadlineStop):
+        run(specs, paths, plan, tmp_path / "set.log")
+    assert ran == [("Naive", 0), ("Z2", 0)]
+
+    ran.clear()
+    boot[0] = "boot-b-5678"
+    monkeypatch.setenv("LLMBENCH_DEADLINE", str(clock[0] + 1000))
+    records = run(specs, paths, plan, tmp_path / "set.log")
+    assert ran == [("Naive", 0), ("Z2", 0), ("Z3", 0), ("Z2", 1), ("Z3", 1), ("Naive", 1)]
+    assert [r.status for r in records] == ["ok"] * 3 and all(p.exists() for p in paths)
+    assert as_run(records) == [(0, 0), (1, 0), (2, 0), (1, 1), (2, 1), (0, 1)]
+    aside = [r.provenance.get("set_aside_repeats", []) for r in records]
+    assert [[(a["index"], a["boot_id"]) for a in x] for x in aside] == [[(0, "boot-a-1234")]] * 2 + [[]]
+    assert all(a["tokens_per_s"] > 0 for x in aside for a in x)
+    assert not any(r.provenance.get("resumed_repeats") for r in records)
+    assert "round 0 was stopped part-way on another machine" in (tmp_path / "set.log").read_text()
+    assert not list(tmp_path.rglob(".repeat-*.json")) and not list(tmp_path.rglob(".set-aside-*.json"))
+
+
 def test_a_set_stops_before_a_cell_whose_predicted_repeat_does_not_fit_the_time_left(paired_set, tmp_path,
                                                                                        monkeypatch):
     """Repeats of 20 s (the test's clock), 70 s to the deadline. Naive and Z2 run (no timing,

@@ -50,7 +50,8 @@ from . import backends, estimate, forkserver, gpus, nodes, provenance
 from .aggregate import Outcome
 from .cells import Cell
 from .ledger import (KEPT_STATUSES, REPEAT_MARGIN, REPEAT_VAR, deadline_from_env, deadline_stop, forget, keep_repeat,
-                     keep_stopped, kept_repeats, kept_started, repeat_from_env, stop_at_deadline, stopped_repeat)
+                     keep_stopped, kept_repeats, kept_started, repeat_from_env, set_aside, set_aside_repeats,
+                     stop_at_deadline, stopped_repeat)
 from .procs import (RssWatchdog, free_port, kill_group, last_error, oom_kills, says_oom, start_group, stop_group,
                     stop_groups_on_signal, tail, track)
 from .record import Record, write
@@ -386,7 +387,8 @@ def run_set(specs: Sequence[RunSpec | dict], record_paths: Sequence[Path], log: 
     caller timed, ``LLMBENCH_REPEAT_S``, in a job of one cell, else by its predicted repeat,
     llmbench.estimate, and one the throughput model cannot predict by the set's repeats so
     far): the finished repeats are kept, and the next run of the same cells resumes at the
-    same place of the same order.
+    same place of the same order (on another machine, a round stopped part-way is run whole
+    again: _rejoin_split_rounds).
 
     Every record's provenance gets ``repeat_started`` (when each repeat started) and
     ``machine`` (llmbench.provenance.machine); a set's records ``paired_set`` too: its
@@ -418,6 +420,8 @@ def run_set(specs: Sequence[RunSpec | dict], record_paths: Sequence[Path], log: 
             # lasts until one of another count, so the job ends holding the set's largest
             for run in sorted((r for r in runs if r.record is None), key=lambda r: r.cell.ranks_per_node):
                 _prepare(run, gpu_busy, log, deadline, given_s)
+            if plan:
+                _rejoin_split_rounds(runs, rounds, log)
             order: list[list[int]] = []
             for r, planned in enumerate(rounds):
                 order.append([i for i in planned if not runs[i].done])
@@ -433,6 +437,29 @@ def run_set(specs: Sequence[RunSpec | dict], record_paths: Sequence[Path], log: 
         for run in runs:
             if run.workdir is not None:
                 shutil.rmtree(run.workdir, ignore_errors=True)
+
+
+def _rejoin_split_rounds(runs: list[_Run], rounds: Sequence[Sequence[int]], log: Path) -> None:
+    """A set stopped in the middle of a round and resumed on another machine (boot id): the
+    round's kept repeats that ran elsewhere are set aside (llmbench.ledger.set_aside) and run
+    again here, so that the round's repeats all run on one machine and the round pairs (a
+    round split over two machines pairs nothing, llmbench.report.evidence). What they
+    measured stays in their records' provenance (``set_aside_repeats``), not in the numbers.
+    Only ok repeats are run again: an out-of-memory one ends its cell wherever it ran."""
+    here = provenance.boot_id()
+    for r, planned in enumerate(rounds):
+        todo = [i for i in planned if r not in runs[i].kept and not runs[i].done
+                and not any(runs[i].kept[k]["outcome"].status != "ok" for k in runs[i].kept if k < r)]
+        away = [i for i in planned if r in runs[i].kept and runs[i].kept[r].get("boot_id") != here
+                and runs[i].kept[r]["outcome"].status == "ok"]
+        if not (todo and away):
+            continue
+        for i in away:
+            set_aside(runs[i].keep_dir, r, runs[i].kept.pop(r))
+        with open(log, "a") as fh:
+            fh.write(f"=== round {r} was stopped part-way on another machine: "
+                     + "; ".join(f"{runs[i].label} repeat {r}" for i in away)
+                     + " set aside and run again here, so that the round pairs on one machine\n")
 
 
 def _prepare(run: _Run, gpu_busy: gpus.BusyPolicy | None, log: Path, deadline: float | None = None,
@@ -548,6 +575,11 @@ def _record(run: _Run, started: str, command: list[str], plan: dict[str, Any] | 
     if run.kept:  # the record says which repeats an earlier run made, where and when
         prov["resumed_repeats"] = [{k: run.kept[i].get(k) for k in ("index", "finished", "hostname", "boot_id",
                                                                       "git_sha")} for i in sorted(run.kept)]
+    if aside := set_aside_repeats(run.keep_dir):  # measured, run again on one machine with its round
+        prov["set_aside_repeats"] = [{**{k: a.get(k) for k in ("index", "finished", "hostname", "boot_id", "git_sha",
+                                                               "wall_s")},
+                                      "tokens_per_s": ((a.get("outcome") or {}).get("result") or {}).get("tokens_per_s")}
+                                     for a in aside]
     prov["machine"] = provenance.machine(prov)
     if plan:
         prov["paired_set"] = {"id": plan["id"], "cells": list(plan["cells"]), "order": order,

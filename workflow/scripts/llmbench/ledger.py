@@ -6,7 +6,9 @@ host and commit; keep_repeat) until the record is written. A cell (a set) stoppe
 repeats (a call's or allocation's deadline, a killed job) leaves no record, so the next run
 runs it again, and that run keeps the repeats of the very same spec and runs only the rest
 (kept_repeats; read_kept reads them without deleting); the record's
-``provenance.resumed_repeats`` names the kept ones, where and when they ran. The paper's
+``provenance.resumed_repeats`` names the kept ones, where and when they ran (a paired set's
+round stopped part-way and resumed on another machine runs whole again: its kept repeats
+are set aside, ``set_aside``, and named in ``provenance.set_aside_repeats``). The paper's
 protocol (three repeats of 30 + 100 steps) of a slow cell can so span several jobs that are
 each shorter than the cell.
 
@@ -62,6 +64,9 @@ from .spec import RunSpec, raw_of
 PARTIAL = ".repeat-{index}.json"
 #: A repeat stopped unfinished by a signal: how long it ran (keep_stopped; module docstring)
 STOPPED = ".stopped-repeat.json"
+#: A kept repeat of a paired set's round run again on another machine (set_aside): what it
+#: measured stays for the record's provenance, not for its numbers
+SET_ASIDE = ".set-aside-{index}-{boot}.json"
 #: The job's deadline, Unix seconds (module docstring)
 DEADLINE_VAR = "LLMBENCH_DEADLINE"
 #: A repeat starts only where the time left is at least this times the longest repeat so far
@@ -228,11 +233,35 @@ def stopped_repeat(keep_dir: Path, spec: RunSpec | dict | None = None) -> dict |
 
 
 def forget(keep_dir: Path, repeats: int) -> None:
-    """Delete what a cell of ``repeats`` repeats kept in ``keep_dir`` (its kept repeats and
-    its stopped-repeat marker): its record, now written, holds them."""
+    """Delete what a cell of ``repeats`` repeats kept in ``keep_dir`` (its kept repeats, the
+    ones set aside and its stopped-repeat marker): its record, now written, holds them."""
     for index in range(repeats):
         (keep_dir / PARTIAL.format(index=index)).unlink(missing_ok=True)
+    for path in keep_dir.glob(SET_ASIDE.format(index="*", boot="*")):
+        path.unlink(missing_ok=True)
     (keep_dir / STOPPED).unlink(missing_ok=True)
+
+
+def set_aside(keep_dir: Path, index: int, kept: dict) -> None:
+    """Move kept repeat ``index`` (what keep_repeat wrote, ``kept``) out of the repeats a run
+    resumes with, to be run again: a paired set's round that would otherwise span two
+    machines (llmbench.launch.run_set). Its file stays, renamed, until the record is written."""
+    path = keep_dir / PARTIAL.format(index=index)
+    boot = str(kept.get("boot_id") or "unknown")[:8]
+    if path.exists():
+        path.replace(keep_dir / SET_ASIDE.format(index=index, boot=boot))
+
+
+def set_aside_repeats(keep_dir: Path) -> list[dict]:
+    """The repeats set_aside moved out of ``keep_dir``'s kept ones (what keep_repeat wrote),
+    by index then finish time."""
+    out = []
+    for path in keep_dir.glob(SET_ASIDE.format(index="*", boot="*")):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(out, key=lambda d: (d.get("index", 0), str(d.get("finished"))))
 
 
 def kept_started(kept: dict) -> str | None:

@@ -97,17 +97,13 @@ def test_a_cell_whose_repeat_fails_stops_its_own_repeats_and_the_others_go_on(pa
     assert all(p.exists() for p in paths)
 
 
-def test_a_set_stopped_at_its_deadline_resumes_with_what_it_kept_in_the_same_order(paired_set, tmp_path, monkeypatch):
-    """Repeats of 100 s (the test's clock) and a deadline 250 s away: the first two repeats
-    start (none timed yet; then 150 s left > 1.2 x 100), the third does not (50 s). Nothing
-    is written but the two kept repeats; the next run, with time, runs the four others in
-    the planned order and writes the three records."""
-    specs, paths, plan = paired_set("rotate")
-    clock = [1000.0]
+def _repeats_of_100_s(monkeypatch):
+    """Every repeat takes 100 s of the test's clock (launch's repeat seconds, the ledger's
+    deadline clock, starting at 1000): (the clock, the (technique, repeat) run, in order)."""
+    clock, ran, real = [1000.0], [], launch.run_repeat
     fake_time = SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0])
-    monkeypatch.setattr(launch, "time", fake_time)  # a repeat's seconds
-    monkeypatch.setattr(ledger, "time", fake_time)  # the deadline's clock
-    real, ran = launch.run_repeat, []
+    monkeypatch.setattr(launch, "time", fake_time)
+    monkeypatch.setattr(ledger, "time", fake_time)
 
     def taking_100_s(spec, workdir, index, *args):
         ran.append((spec["cell"]["technique"], index))
@@ -116,6 +112,16 @@ def test_a_set_stopped_at_its_deadline_resumes_with_what_it_kept_in_the_same_ord
         return outcome
 
     monkeypatch.setattr(launch, "run_repeat", taking_100_s)
+    return clock, ran
+
+
+def test_a_set_stopped_at_its_deadline_resumes_with_what_it_kept_in_the_same_order(paired_set, tmp_path, monkeypatch):
+    """Repeats of 100 s (the test's clock) and a deadline 250 s away: the first two repeats
+    start (none timed yet; then 150 s left > 1.2 x 100), the third does not (50 s). Nothing
+    is written but the two kept repeats; the next run, with time, runs the four others in
+    the planned order and writes the three records."""
+    specs, paths, plan = paired_set("rotate")
+    clock, ran = _repeats_of_100_s(monkeypatch)
     monkeypatch.setenv("LLMBENCH_DEADLINE", "1250")
     with pytest.raises(ledger.DeadlineStop, match=r"stopped before runs/pretrain/cpu/tiny/deepspeed/Z3/bs1-g1/record"
                                                    r"\.json: repeat 0 \(of 0-1\) at the deadline: 50 s left"):
@@ -142,20 +148,9 @@ def test_a_round_stopped_part_way_runs_whole_again_on_another_machine(paired_set
     in the records' provenance, not in their numbers. Resumed on the same machine, they are
     kept (the test above)."""
     specs, paths, plan = paired_set("rotate")
-    clock, boot = [1000.0], ["boot-a-1234"]
-    fake_time = SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0])
-    monkeypatch.setattr(launch, "time", fake_time)
-    monkeypatch.setattr(ledger, "time", fake_time)
+    boot = ["boot-a-1234"]
     monkeypatch.setattr(provenance, "boot_id", lambda: boot[0])
-    real, ran = launch.run_repeat, []
-
-    def taking_100_s(spec, workdir, index, *args):
-        ran.append((spec["cell"]["technique"], index))
-        outcome = real(spec, workdir, index, *args)
-        clock[0] += 100.0
-        return outcome
-
-    monkeypatch.setattr(launch, "run_repeat", taking_100_s)
+    clock, ran = _repeats_of_100_s(monkeypatch)
     monkeypatch.setenv("LLMBENCH_DEADLINE", "1250")
     with pytest.raises(ledger.DeadlineStop):
         run(specs, paths, plan, tmp_path / "set.log")

@@ -178,6 +178,23 @@ def test_a_later_set_of_other_name_replicates_and_pools_with_the_earlier(tmp_pat
     assert r.pairing == "set" and r.method.startswith("paired rounds (5), t(4)") and r.runs == "a"
 
 
+def test_a_value_another_machine_decides_the_other_way_is_inconclusive(tmp_path):
+    """A value check reads the record the report uses; another record of the cell on
+    another machine, measured alike, that decides the check the other way makes it
+    inconclusive (the machines disagree); one that decides nothing leaves the verdict."""
+    used = row("F", [1100, 1105, 1095], machine="m1", run="a")
+    value = entry([{"metric": "tokens_per_s_per_gpu", "relation": "value", "a": {"technique": "F"},
+                    "expect": {"min": 1000.0}}])
+    r = judge(tmp_path, [used, row("F", [900, 905, 895], machine="m2", run="b", superseded_by="a")], value).iloc[0]
+    assert r.verdict == "inconclusive" and "the record of run b on another machine gives 900" in r.method
+    assert "machines disagree" in r.method and r.ours_value.startswith("tokens_per_s_per_gpu F: 1.1e+03")
+    r = judge(tmp_path, [used, row("F", [990, 1010, 1000], machine="m2", run="b", superseded_by="a")], value).iloc[0]
+    assert r.verdict == "holds" and "disagree" not in r.method
+    # on the same machine, the other record is the same machine's earlier measurement: no disagreement of machines
+    r = judge(tmp_path, [used, row("F", [900, 905, 895], machine="m1", run="b", superseded_by="a")], value).iloc[0]
+    assert r.verdict == "holds"
+
+
 def test_a_cross_machine_pair_carries_the_machine_spread_and_leaves_a_small_effect_undecided(tmp_path):
     # one cell measured on two machines, 20 % apart: the spread every cross-machine ratio carries
     spread = [row("R", [800, 805, 795], machine="m1", run="a"),

@@ -23,7 +23,7 @@ import math
 import re
 import statistics
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
@@ -674,6 +674,29 @@ def _side(rows: pd.DataFrame, metric: str, ctx: Context) -> evidence.Side | None
                          pace=paces.pop() if len(paces) == 1 else "")
 
 
+def _disagreeing(rows: pd.DataFrame, used: pd.DataFrame, metric: str, ctx: Context, check: Check,
+                 verdict: str) -> str | None:
+    """Of a value check's one cell (the record the report uses, ``used``), another record on
+    another machine whose repeats measure alike (_per_repeat) and that decides the check the
+    other way: said in words (the check is then inconclusive: the machines disagree), else
+    None. A record that decides nothing does not weigh against the used one's stronger or
+    later protocol."""
+    if len(used) != 1 or "cell_id" not in rows or "machine" not in rows:
+        return None
+    u = used.iloc[0]
+    others = rows[(rows["cell_id"] == u["cell_id"]) & rows["superseded_by"].notna() & (rows["status"] == "ok")
+                  & (rows["machine"].astype(str) != str(u["machine"]))]
+    alike = _per_repeat(used)
+    for _, o in others.iterrows():
+        one = others.loc[[o.name]]
+        if _per_repeat(one) != alike or (side := _side(one, metric, ctx)) is None:
+            continue
+        est = evidence.value(side, ctx.pooled)
+        if {verdict, evidence.judge(est, check.lo, check.hi, *check.strict())} == {"holds", "contradicts"}:
+            return f"the record of run {o['run']} on another machine gives {est.text()}: the machines disagree"
+    return None
+
+
 def _contexts(a: pd.DataFrame, b: pd.DataFrame) -> Iterator[tuple[str, pd.DataFrame, pd.DataFrame]]:
     """Where both sides can come from, strongest pairing first: paired sets, one machine,
     then the records the report uses (two machines, or one by chance). Where several sets
@@ -884,8 +907,11 @@ def _evaluate_one(check: Check, finding: Finding, grp: pd.DataFrame, group: dict
             return Outcome(None, "missing", [_why_missing(rows_a, metric, cell_a, spec_a, group)],
                            set(used["run"]) if len(rows_a) else set())
         est = evidence.value(side, ctx.pooled)
-        return Outcome(est, evidence.judge(est, check.lo, check.hi, *check.strict()), [], set(used["run"]),
-                       _ok_protocols(used))
+        verdict = evidence.judge(est, check.lo, check.hi, *check.strict())
+        if verdict in ("holds", "contradicts") and (other := _disagreeing(rows_a, used, metric, ctx, check, verdict)):
+            est = replace(est, method=f"{est.method}; {other}")
+            verdict = "inconclusive"
+        return Outcome(est, verdict, [], set(used["run"]), _ok_protocols(used))
     if check.relation == "ratio":
         sel_b = {**finding.where, **check.b}
         spec_b = {"stage": finding.stage, **group, **sel_b}

@@ -30,6 +30,7 @@ import psutil
 import pytest
 import yaml
 from workspaces import GridRun, record_mtimes, snakemake
+from llmbench.profile import kernels
 from llmbench.report import catalog
 
 pytestmark = pytest.mark.e2e
@@ -426,7 +427,7 @@ def test_the_profile_cell_breaks_a_step_down_by_phase_and_module(workspace, R, o
         assert s[f"{phase}_wall_s"] > 0
     assert r["metrics"]["tokens_per_s_mean"] > 0
     folder = workspace / R / "runs/profile/cpu/tiny/torch/Naive/bs2-g1"
-    assert any(t.name != "record.json" and json.loads(t.read_text()) for t in folder.glob("*.json"))
+    assert any(kernels.load_events(t) for t in folder.glob(f"*{kernels.TRACE_SUFFIX}"))  # gzipped
     assert {"qkv", "rope", "attn_scores", "softmax", "attn_values", "mlp", "rmsnorm", "lm_head"} <= set(rows["module"])
     phases = pd.read_csv(workspace / R / "tables/profile-phases.csv")
     mine = phases[(phases["platform"] == "cpu") & (phases["backend"] == "torch") & (phases["technique"] == "Naive")

@@ -399,8 +399,8 @@ def facts(tidy: pd.DataFrame, profile_rows: pd.DataFrame | None = None,
           micro_rows: pd.DataFrame | None = None, superseded: pd.DataFrame | None = None) -> pd.DataFrame:
     """Our records as the engine reads them: the tidy table, cells only (not search
     probes), with per-GPU throughput, memory in GB, scaling efficiency and the metrics
-    read from the per-row profile and microbenchmark tables; plus the training and serving
-    records other runs of the same cells superseded (``superseded_by`` set), which pairing
+    read from the per-row profile and microbenchmark tables; plus the training, serving and
+    profile records other runs of the same cells superseded (``superseded_by`` set), which pairing
     may take a side from (one set, one machine, several sets pooled), and each row's cell
     (``cell_id``). A superseded profile record's metrics are its own repeats' means
     (``_own_profile_means``): the profile table holds the used record's module rows only."""
